@@ -1,0 +1,162 @@
+//! The main job end to end on an embedded default: no AWS account, no outside service.
+//!
+//! Starts the real ironflow API in-process (router, in-memory store, reaper), creates a mix of
+//! runs through its internal API, then drives invocations through the same handler the Lambda
+//! runtime calls, each with a short simulated deadline, until every run is terminal. Prints each
+//! invocation's summary and a final table; exits 1 if a run is left non-terminal.
+//!
+//! `cargo run --bin ironflow-lambda-local` (`RUST_LOG=info` for the worker's logs).
+
+use std::collections::HashMap;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use ironflow_core::providers::claude::ClaudeCodeProvider;
+use ironflow_lambda::builder::LambdaWorkerBuilder;
+use ironflow_lambda::local::{LocalApi, new_run};
+use ironflow_lambda::{handler, orphans, workflows};
+use ironflow_store::entities::StepStatus;
+use ironflow_store::store::{RunStore, Store};
+use ironflow_worker::ApiRunStore;
+use lambda_runtime::{Context, LambdaEvent};
+use uuid::Uuid;
+
+/// Simulated invocation length: short, so that the multi-step workflow is handed back.
+const INVOCATION: Duration = Duration::from_secs(4);
+const MAX_INVOCATIONS: usize = 40;
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("off")),
+        )
+        .init();
+    match run().await {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::FAILURE,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run() -> Result<bool, Box<dyn std::error::Error>> {
+    orphans::become_subreaper();
+    let token = Uuid::new_v4().to_string();
+    let api = LocalApi::start(&token).await?;
+    println!("ironflow API (in-memory store) listening on {}", api.url());
+
+    let worker = LambdaWorkerBuilder::new(&api.url(), &token)
+        .provider(Arc::new(ClaudeCodeProvider::new()))
+        .register(workflows::QuickShell)
+        .register(workflows::MultiStep { step_secs: 1.2 })
+        .register(workflows::Flaky)
+        .register(workflows::AlwaysFails)
+        .max_runs_per_invocation(4)
+        .concurrency(2)
+        .function_timeout(INVOCATION)
+        .deadline_margin(Duration::from_millis(1000))
+        .min_claim_budget(Duration::from_millis(300))
+        .lease_ttl(Duration::from_secs(10))
+        .lease_refresh_interval(Duration::from_secs(1))
+        .poison_threshold(3)
+        .poison_cooldown(Duration::from_secs(60))
+        .build()?;
+
+    let client = ApiRunStore::new(&api.url(), &token);
+    let mut runs = Vec::new();
+    for (workflow, count) in [
+        ("quick-shell", 3),
+        ("multi-step", 2),
+        ("flaky", 1),
+        ("always-fails", 5),
+    ] {
+        for _ in 0..count {
+            runs.push(client.create_run(new_run(workflow, 0)).await?.into_run().id);
+        }
+    }
+    println!(
+        "created {} runs through POST /api/v1/internal/runs\n",
+        runs.len()
+    );
+
+    let mut invocations_per_run: HashMap<Uuid, usize> = HashMap::new();
+    for n in 1..=MAX_INVOCATIONS {
+        if all_terminal(api.store(), &runs).await {
+            break;
+        }
+        let mut context = Context::default();
+        context.request_id = format!("local-{n}");
+        context.deadline = epoch_ms() + INVOCATION.as_millis() as u64;
+        let response =
+            handler::handle(&worker, LambdaEvent::new(serde_json::json!({}), context)).await?;
+        println!("invocation {n}: {response}");
+        let claimed = response["runs"].as_array().map_or(0, Vec::len);
+        for r in response["runs"].as_array().into_iter().flatten() {
+            if let Some(id) = r["run_id"].as_str().and_then(|s| Uuid::parse_str(s).ok()) {
+                *invocations_per_run.entry(id).or_default() += 1;
+            }
+        }
+        if claimed == 0 {
+            // Nothing claimable right now (a lease waiting for the reaper): wait a little.
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    }
+
+    println!(
+        "\n{:<14} {:<38} {:<10} {:>11} {:>15}  error",
+        "workflow", "run", "state", "invocations", "steps done/all"
+    );
+    let mut ok = true;
+    for id in &runs {
+        let Some(run) = api.store().get_run(*id).await? else {
+            continue;
+        };
+        let steps = api.store().list_steps(*id).await?;
+        let done = steps
+            .iter()
+            .filter(|s| s.status.state == StepStatus::Completed)
+            .count();
+        ok &= run.status.state.is_terminal();
+        println!(
+            "{:<14} {:<38} {:<10} {:>11} {:>15}  {}",
+            run.workflow_name,
+            run.id,
+            run.status.state.to_string(),
+            invocations_per_run.get(id).copied().unwrap_or(0),
+            format!("{done}/{}", steps.len()),
+            run.error
+                .as_deref()
+                .unwrap_or("")
+                .chars()
+                .take(90)
+                .collect::<String>()
+        );
+    }
+    if ok {
+        println!("\nall {} runs are terminal", runs.len());
+    } else {
+        println!("\nsome runs are not terminal after {MAX_INVOCATIONS} invocations");
+    }
+    Ok(ok)
+}
+
+async fn all_terminal(store: &Arc<dyn Store>, runs: &[Uuid]) -> bool {
+    for id in runs {
+        match store.get_run(*id).await {
+            Ok(Some(run)) if run.status.state.is_terminal() => {}
+            _ => return false,
+        }
+    }
+    true
+}
+
+fn epoch_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}

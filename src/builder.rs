@@ -1,0 +1,473 @@
+//! The public builder, mirroring `ironflow_worker::WorkerBuilder`, and the worker it builds.
+//!
+//! Build once per cold start: the HTTP client, the engine and the settings are reused by every
+//! warm invocation of the same Lambda instance.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use ironflow_core::account_strategy::{AccountStrategy, LeastUtilized};
+use ironflow_core::decision::DecisionProvider;
+use ironflow_core::provider::AgentProvider;
+use ironflow_engine::accounts::AccountAwareProvider;
+use ironflow_engine::engine::Engine;
+use ironflow_engine::error::EngineError;
+use ironflow_engine::handler::WorkflowHandler;
+use ironflow_store::entities::{
+    WorkerCapabilities, WorkerTagError, normalize_worker_tags, validate_worker_tags,
+};
+use ironflow_store::store::Store;
+use ironflow_worker::ApiRunStore;
+use tracing::warn;
+
+use crate::config::{ConfigError, Settings, WorkerToken};
+use crate::poison::PoisonTable;
+use crate::poison::memory::MemoryPoisonTable;
+
+/// `build()` refused the configuration.
+#[derive(Debug, thiserror::Error)]
+pub enum BuildError {
+    /// No agent provider was set (`provider(...)`), as the reference worker requires.
+    #[error("LambdaWorkerBuilder: a provider is required (call .provider(...))")]
+    MissingProvider,
+    /// A worker tag is malformed, or there are too many.
+    #[error("invalid worker tag: {0}")]
+    InvalidTag(#[from] WorkerTagError),
+    /// The engine refused a handler (e.g. two handlers with one name).
+    #[error("could not register workflow handler: {0}")]
+    Register(#[source] EngineError),
+    /// A setting that cannot work.
+    #[error("invalid setting {setting}: {reason}")]
+    InvalidSetting {
+        /// The builder method (and environment variable) concerned.
+        setting: &'static str,
+        /// Why it cannot work, with the values involved.
+        reason: String,
+    },
+    /// An environment variable is missing or malformed (from [`LambdaWorkerBuilder::from_env`]).
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+}
+
+/// Builder for a [`LambdaWorker`].
+///
+/// # Examples
+///
+/// ```no_run
+/// use std::sync::Arc;
+/// use std::time::Duration;
+/// use ironflow_core::providers::claude::ClaudeCodeProvider;
+/// use ironflow_lambda::builder::LambdaWorkerBuilder;
+///
+/// # fn example() -> Result<(), ironflow_lambda::builder::BuildError> {
+/// let worker = LambdaWorkerBuilder::new("https://ironflow.example.com", "worker-token")
+///     .provider(Arc::new(ClaudeCodeProvider::new()))
+///     .max_runs_per_invocation(4)
+///     .concurrency(2)
+///     .deadline_margin(Duration::from_secs(10))
+///     .build()?;
+/// # Ok(())
+/// # }
+/// ```
+pub struct LambdaWorkerBuilder {
+    settings: Settings,
+    provider: Option<Arc<dyn AgentProvider>>,
+    decision_provider: Option<Arc<dyn DecisionProvider>>,
+    account_strategy: Option<Arc<dyn AccountStrategy>>,
+    handlers: Vec<Box<dyn WorkflowHandler>>,
+    poison_table: Option<Arc<dyn PoisonTable>>,
+}
+
+impl LambdaWorkerBuilder {
+    /// A builder for the API at `api_url` with the worker token, every other setting at its
+    /// default (see [`crate::config`]).
+    pub fn new(api_url: &str, worker_token: &str) -> Self {
+        Self::from_settings(Settings::new(api_url, WorkerToken::new(worker_token)))
+    }
+
+    /// A builder from the environment variables listed in [`crate::config`].
+    ///
+    /// # Errors
+    ///
+    /// [`BuildError::Config`] naming the missing or malformed variable.
+    pub fn from_env() -> Result<Self, BuildError> {
+        Ok(Self::from_settings(Settings::from_env()?))
+    }
+
+    /// A builder from already-loaded settings.
+    pub fn from_settings(settings: Settings) -> Self {
+        Self {
+            settings,
+            provider: None,
+            decision_provider: None,
+            account_strategy: None,
+            handlers: Vec::new(),
+            poison_table: None,
+        }
+    }
+
+    /// Set the agent provider for AI operations. Required.
+    pub fn provider(mut self, provider: Arc<dyn AgentProvider>) -> Self {
+        self.provider = Some(provider);
+        self
+    }
+
+    /// Set the [`DecisionProvider`] for `ctx.decision(...)` steps. Optional.
+    pub fn decision_provider(mut self, provider: Arc<dyn DecisionProvider>) -> Self {
+        self.decision_provider = Some(provider);
+        self
+    }
+
+    /// Set the strategy picking a provider account per agent step. Defaults to
+    /// [`LeastUtilized`].
+    pub fn account_strategy(mut self, strategy: Arc<dyn AccountStrategy>) -> Self {
+        self.account_strategy = Some(strategy);
+        self
+    }
+
+    /// How long an agent step may wait for provider-account capacity. Defaults to 6 hours,
+    /// in practice bounded by the run timeout and the invocation cutoff.
+    pub fn max_capacity_wait(mut self, wait: Duration) -> Self {
+        self.settings.max_capacity_wait = wait;
+        self
+    }
+
+    /// Register a workflow handler.
+    pub fn register(mut self, handler: impl WorkflowHandler + 'static) -> Self {
+        self.handlers.push(Box::new(handler));
+        self
+    }
+
+    /// Runs executing at once. Default 2; must be at least 1.
+    pub fn concurrency(mut self, n: usize) -> Self {
+        self.settings.concurrency = n;
+        self
+    }
+
+    /// Runs one invocation claims at most (N). Default 8; must be at least 1.
+    pub fn max_runs_per_invocation(mut self, n: usize) -> Self {
+        self.settings.max_runs_per_invocation = n;
+        self
+    }
+
+    /// A run attempt's time limit, counted from its first start across invocations.
+    /// Default 30 minutes.
+    pub fn run_timeout(mut self, timeout: Duration) -> Self {
+        self.settings.run_timeout = timeout;
+        self
+    }
+
+    /// Time kept free before the invocation deadline. Default 10 s; must be below the function
+    /// timeout. Keep it above ~8 s: a handback's status write may meet `ApiRunStore`'s retry
+    /// backoff (1 + 2 + 4 s).
+    pub fn deadline_margin(mut self, margin: Duration) -> Self {
+        self.settings.deadline_margin = margin;
+        self
+    }
+
+    /// No run is claimed once less than this is left before the cutoff. Default 2 s.
+    pub fn min_claim_budget(mut self, budget: Duration) -> Self {
+        self.settings.min_claim_budget = budget;
+        self
+    }
+
+    /// The function's configured timeout (the template's `Timeout`). Default 900 s.
+    pub fn function_timeout(mut self, timeout: Duration) -> Self {
+        self.settings.function_timeout = timeout;
+        self
+    }
+
+    /// Lease TTL requested on claim and refresh. Default 90 s. Once a lease expires, the API's
+    /// reaper requeues the run.
+    pub fn lease_ttl(mut self, ttl: Duration) -> Self {
+        self.settings.lease_ttl = ttl;
+        self
+    }
+
+    /// Lease refresh interval. Default 30 s; must be below the lease TTL.
+    pub fn lease_refresh_interval(mut self, interval: Duration) -> Self {
+        self.settings.lease_refresh_interval = interval;
+        self
+    }
+
+    /// Add worker tags. Each tag is 1 to 64 bytes of ASCII letters, digits and `- _ . : / =`,
+    /// at most 32 tags; surrounding whitespace and duplicates are dropped.
+    pub fn tags<I, S>(mut self, tags: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.settings.tags.extend(tags.into_iter().map(Into::into));
+        self
+    }
+
+    /// Prefix of the worker id. Each invocation claims under its own id,
+    /// `<prefix>-<request id>-<8 hex>`, so a lease tells which invocation holds it.
+    /// Default `lambda`.
+    pub fn worker_id_prefix(mut self, prefix: &str) -> Self {
+        self.settings.worker_id_prefix = prefix.to_string();
+        self
+    }
+
+    /// Consecutive failures that block a workflow (poison pill). Default 3; at least 1.
+    pub fn poison_threshold(mut self, n: u32) -> Self {
+        self.settings.poison.threshold = n;
+        self
+    }
+
+    /// How long a blocked workflow stays blocked after its last failure. Default 5 minutes.
+    pub fn poison_cooldown(mut self, cooldown: Duration) -> Self {
+        self.settings.poison.cooldown = cooldown;
+        self
+    }
+
+    /// The poison-pill table. Default: an in-memory table (per Lambda instance).
+    pub fn poison_table(mut self, table: Arc<dyn PoisonTable>) -> Self {
+        self.poison_table = Some(table);
+        self
+    }
+
+    /// Handbacks in a row without a completed step before a run is failed. Default 3.
+    pub fn max_handbacks_without_progress(mut self, n: u32) -> Self {
+        self.settings.max_handbacks_without_progress = n;
+        self
+    }
+
+    /// Build the worker: the API store, the engine with every handler, the capabilities.
+    ///
+    /// # Errors
+    ///
+    /// [`BuildError::MissingProvider`] without a provider, [`BuildError::InvalidTag`] for a
+    /// malformed tag, [`BuildError::Register`] when the engine refuses a handler, and
+    /// [`BuildError::InvalidSetting`] when N or the concurrency is zero, the refresh interval
+    /// is not below the lease TTL, or the margin is not below the function timeout.
+    pub fn build(self) -> Result<LambdaWorker, BuildError> {
+        let s = self.settings;
+        let provider = self.provider.ok_or(BuildError::MissingProvider)?;
+        validate_worker_tags(&s.tags)?;
+        check_settings(&s)?;
+        let tags = normalize_worker_tags(s.tags.clone());
+
+        let store: Arc<dyn Store> = Arc::new(ApiRunStore::new(&s.api_url, s.worker_token.expose()));
+        let strategy = self
+            .account_strategy
+            .unwrap_or_else(|| Arc::new(LeastUtilized));
+        let provider: Arc<dyn AgentProvider> = Arc::new(
+            AccountAwareProvider::new(provider, store.clone())
+                .with_strategy(strategy)
+                .with_max_capacity_wait(s.max_capacity_wait),
+        );
+        let mut engine = Engine::new(store, provider);
+        if let Some(decision) = self.decision_provider {
+            engine = engine.with_decision_provider(decision);
+        }
+        for handler in self.handlers {
+            engine
+                .register_boxed(handler)
+                .map_err(BuildError::Register)?;
+        }
+        let capabilities = WorkerCapabilities::new(registered_workflows(&engine), tags.clone());
+        engine.set_worker_tags(tags);
+
+        let poison_table = self
+            .poison_table
+            .unwrap_or_else(|| Arc::new(MemoryPoisonTable::new(s.poison)));
+
+        Ok(LambdaWorker {
+            engine: Arc::new(engine),
+            capabilities,
+            poison_table,
+            settings: s,
+        })
+    }
+}
+
+fn check_settings(s: &Settings) -> Result<(), BuildError> {
+    let invalid = |setting, reason: String| Err(BuildError::InvalidSetting { setting, reason });
+    if s.max_runs_per_invocation == 0 {
+        return invalid(
+            "max_runs_per_invocation (IRONFLOW_MAX_RUNS_PER_INVOCATION)",
+            "must be at least 1".into(),
+        );
+    }
+    if s.concurrency == 0 {
+        return invalid(
+            "concurrency (IRONFLOW_CONCURRENCY)",
+            "must be at least 1".into(),
+        );
+    }
+    if s.lease_refresh_interval >= s.lease_ttl {
+        return invalid(
+            "lease_refresh_interval (IRONFLOW_LEASE_REFRESH_INTERVAL_SECS)",
+            format!(
+                "{:?} is not below the lease TTL {:?}: the lease would expire between refreshes",
+                s.lease_refresh_interval, s.lease_ttl
+            ),
+        );
+    }
+    if s.lease_ttl < Duration::from_secs(1) {
+        return invalid(
+            "lease_ttl (IRONFLOW_LEASE_TTL_SECS)",
+            format!("{:?} is below 1 s, the API's lease resolution", s.lease_ttl),
+        );
+    }
+    if s.deadline_margin >= s.function_timeout {
+        return invalid(
+            "deadline_margin (IRONFLOW_DEADLINE_MARGIN_MS)",
+            format!(
+                "{:?} is not below the function timeout {:?}: no invocation would have time to run",
+                s.deadline_margin, s.function_timeout
+            ),
+        );
+    }
+    if s.poison.threshold == 0 {
+        return invalid(
+            "poison_threshold (IRONFLOW_POISON_THRESHOLD)",
+            "must be at least 1".into(),
+        );
+    }
+    if s.max_handbacks_without_progress == 0 {
+        return invalid(
+            "max_handbacks_without_progress (IRONFLOW_MAX_HANDBACKS_WITHOUT_PROGRESS)",
+            "must be at least 1".into(),
+        );
+    }
+    if s.run_timeout.is_zero() {
+        return invalid(
+            "run_timeout (IRONFLOW_RUN_TIMEOUT_SECS)",
+            "must be above zero".into(),
+        );
+    }
+    Ok(())
+}
+
+/// Sorted names of the registered workflows, sent with each claim so the API only hands out
+/// runs this worker can execute. The names travel as one comma-separated query parameter: if
+/// a name contains a comma, `None` (any workflow) is sent and tags alone route the runs.
+fn registered_workflows(engine: &Engine) -> Option<Vec<String>> {
+    let mut names: Vec<String> = engine
+        .handler_names()
+        .into_iter()
+        .map(str::to_string)
+        .collect();
+    if let Some(name) = names.iter().find(|n| n.contains(',')) {
+        warn!(workflow = %name, "workflow name contains a comma: claims will not filter by workflow");
+        return None;
+    }
+    names.sort();
+    Some(names)
+}
+
+/// The worker built once per cold start and shared by every invocation of the instance.
+pub struct LambdaWorker {
+    pub(crate) engine: Arc<Engine>,
+    pub(crate) capabilities: WorkerCapabilities,
+    pub(crate) poison_table: Arc<dyn PoisonTable>,
+    pub(crate) settings: Settings,
+}
+
+impl LambdaWorker {
+    /// What each claim asks the API for: the registered workflows (sorted, or `None` when a
+    /// name contains a comma) and the normalised tags.
+    pub fn capabilities(&self) -> &WorkerCapabilities {
+        &self.capabilities
+    }
+
+    /// The settings this worker runs with.
+    pub fn settings(&self) -> &Settings {
+        &self.settings
+    }
+
+    /// The engine (and through it the API store).
+    pub fn engine(&self) -> &Arc<Engine> {
+        &self.engine
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use ironflow_core::providers::claude::ClaudeCodeProvider;
+    use ironflow_engine::context::WorkflowContext;
+    use ironflow_engine::handler::HandlerFuture;
+
+    use super::*;
+
+    struct Named(&'static str);
+    impl WorkflowHandler for Named {
+        fn name(&self) -> &str {
+            self.0
+        }
+        fn execute<'a>(&'a self, _ctx: &'a mut WorkflowContext) -> HandlerFuture<'a> {
+            Box::pin(async { Ok(()) })
+        }
+    }
+
+    fn builder() -> LambdaWorkerBuilder {
+        LambdaWorkerBuilder::new("http://127.0.0.1:1", "token")
+            .provider(Arc::new(ClaudeCodeProvider::new()))
+    }
+
+    #[test]
+    fn missing_provider_is_refused() {
+        let err = LambdaWorkerBuilder::new("http://x", "t")
+            .build()
+            .err()
+            .unwrap();
+        assert!(matches!(err, BuildError::MissingProvider));
+    }
+
+    #[test]
+    fn tags_are_validated_and_normalised() {
+        assert!(matches!(
+            builder().tags(["bad tag"]).build().err().unwrap(),
+            BuildError::InvalidTag(_)
+        ));
+        let w = builder()
+            .tags(["region:eu", " gpu ", "gpu"])
+            .build()
+            .unwrap();
+        assert_eq!(
+            w.capabilities().tags,
+            vec!["gpu".to_string(), "region:eu".to_string()]
+        );
+    }
+
+    #[test]
+    fn comma_in_a_workflow_name_disables_the_workflow_filter() {
+        let w = builder()
+            .register(Named("a"))
+            .register(Named("b,c"))
+            .build()
+            .unwrap();
+        assert_eq!(w.capabilities().workflows, None);
+        let w = builder()
+            .register(Named("b"))
+            .register(Named("a"))
+            .build()
+            .unwrap();
+        assert_eq!(
+            w.capabilities().workflows,
+            Some(vec!["a".into(), "b".into()])
+        );
+    }
+
+    #[test]
+    fn settings_that_cannot_work_are_refused() {
+        let cases = [
+            builder().max_runs_per_invocation(0),
+            builder().concurrency(0),
+            builder()
+                .lease_ttl(Duration::from_secs(10))
+                .lease_refresh_interval(Duration::from_secs(10)),
+            builder()
+                .function_timeout(Duration::from_secs(10))
+                .deadline_margin(Duration::from_secs(10)),
+        ];
+        for b in cases {
+            assert!(matches!(
+                b.build().err().unwrap(),
+                BuildError::InvalidSetting { .. }
+            ));
+        }
+    }
+}

@@ -1,0 +1,341 @@
+//! Environment variables → typed settings.
+//!
+//! Read once per cold start by [`Settings::from_env`]. Every error names the variable, what
+//! was expected and (except for secrets) what was found; the worker token never appears in an
+//! error, a log line or a `Debug` rendering.
+//!
+//! | variable | meaning | default |
+//! |---|---|---|
+//! | `IRONFLOW_API_URL` | base URL of the ironflow API (`http(s)://host[:port]`) | required |
+//! | `IRONFLOW_WORKER_TOKEN` | the API's worker token | required |
+//! | `IRONFLOW_MAX_RUNS_PER_INVOCATION` | runs one invocation claims at most (N) | 8 |
+//! | `IRONFLOW_CONCURRENCY` | runs executing at once | 2 |
+//! | `IRONFLOW_RUN_TIMEOUT_SECS` | a run attempt's limit, counted from its first start | 1800 |
+//! | `IRONFLOW_DEADLINE_MARGIN_MS` | time kept free before the invocation deadline | 10000 |
+//! | `IRONFLOW_MIN_CLAIM_BUDGET_MS` | no claim with less time than this before the cutoff | 2000 |
+//! | `IRONFLOW_FUNCTION_TIMEOUT_SECS` | the function's configured timeout | 900 |
+//! | `IRONFLOW_LEASE_TTL_SECS` | lease TTL requested on claim and refresh | 90 |
+//! | `IRONFLOW_LEASE_REFRESH_INTERVAL_SECS` | lease refresh interval | 30 |
+//! | `IRONFLOW_WORKER_TAGS` | comma-separated worker tags | none |
+//! | `IRONFLOW_WORKER_ID_PREFIX` | prefix of the per-invocation worker id | `lambda` |
+//! | `IRONFLOW_POISON_THRESHOLD` | consecutive failures that block a workflow | 3 |
+//! | `IRONFLOW_POISON_COOLDOWN_SECS` | how long a blocked workflow stays blocked | 300 |
+//! | `IRONFLOW_MAX_HANDBACKS_WITHOUT_PROGRESS` | handbacks in a row without a completed step before the run is failed | 3 |
+//! | `IRONFLOW_MAX_CAPACITY_WAIT_SECS` | how long an agent step may wait for provider capacity | 21600 |
+
+use std::fmt;
+use std::str::FromStr;
+use std::time::Duration;
+
+use crate::poison::{DEFAULT_COOLDOWN, DEFAULT_THRESHOLD, PoisonPolicy};
+
+/// Default runs claimed per invocation (N).
+pub const DEFAULT_MAX_RUNS_PER_INVOCATION: usize = 8;
+/// Default number of runs executing at once, as the reference worker.
+pub const DEFAULT_CONCURRENCY: usize = 2;
+/// Default run timeout, as the reference worker: 30 minutes.
+pub const DEFAULT_RUN_TIMEOUT: Duration = Duration::from_secs(30 * 60);
+/// Default margin before the invocation deadline: 10 s. It leaves room for a handback whose
+/// status write meets `ApiRunStore`'s retry backoff (1 + 2 + 4 s on a 5xx or a cut connection).
+pub const DEFAULT_DEADLINE_MARGIN: Duration = Duration::from_secs(10);
+/// Default minimum time before the cutoff for a claim: 2 s.
+pub const DEFAULT_MIN_CLAIM_BUDGET: Duration = Duration::from_secs(2);
+/// Default function timeout assumed when none is configured: Lambda's maximum, 900 s.
+pub const DEFAULT_FUNCTION_TIMEOUT: Duration = Duration::from_secs(900);
+/// Default lease TTL, as the reference worker: 90 s.
+pub const DEFAULT_LEASE_TTL: Duration = Duration::from_secs(90);
+/// Default lease refresh interval, as the reference worker: 30 s.
+pub const DEFAULT_LEASE_REFRESH_INTERVAL: Duration = Duration::from_secs(30);
+/// Default prefix of worker ids.
+pub const DEFAULT_WORKER_ID_PREFIX: &str = "lambda";
+/// Default number of handbacks in a row without a completed step before a run is failed.
+pub const DEFAULT_MAX_HANDBACKS_WITHOUT_PROGRESS: u32 = 3;
+
+/// The API's worker token. Its `Debug` and `Display` print `***`.
+#[derive(Clone, PartialEq, Eq)]
+pub struct WorkerToken(String);
+
+impl WorkerToken {
+    /// Wrap a token.
+    pub fn new(token: impl Into<String>) -> Self {
+        Self(token.into())
+    }
+
+    /// The token itself, for the `Authorization` header only.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for WorkerToken {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("WorkerToken(***)")
+    }
+}
+
+impl fmt::Display for WorkerToken {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("***")
+    }
+}
+
+/// A missing or malformed environment variable.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum ConfigError {
+    /// A required variable is not set (or is empty).
+    #[error("environment variable {variable} is not set: expected {expected}")]
+    Missing {
+        /// The variable's name.
+        variable: &'static str,
+        /// The expected form.
+        expected: &'static str,
+    },
+    /// A variable is set to something this crate cannot use.
+    #[error("environment variable {variable} is invalid: expected {expected}, found {found:?}")]
+    Invalid {
+        /// The variable's name.
+        variable: &'static str,
+        /// The expected form.
+        expected: &'static str,
+        /// The value found (never the value of a secret).
+        found: String,
+    },
+}
+
+/// Every tunable of the worker, with the reference worker's defaults where it has one.
+///
+/// Built by [`Settings::from_env`] or [`Settings::new`]; handed to
+/// [`LambdaWorkerBuilder::from_settings`](crate::builder::LambdaWorkerBuilder::from_settings).
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// Base URL of the ironflow API (`IRONFLOW_API_URL`).
+    pub api_url: String,
+    /// The worker token (`IRONFLOW_WORKER_TOKEN`).
+    pub worker_token: WorkerToken,
+    /// Runs one invocation claims at most (N).
+    pub max_runs_per_invocation: usize,
+    /// Runs executing at once.
+    pub concurrency: usize,
+    /// A run attempt's limit, counted from its first start, across invocations.
+    pub run_timeout: Duration,
+    /// Time kept free before the invocation deadline; the cutoff is `deadline − margin`.
+    pub deadline_margin: Duration,
+    /// No run is claimed with less than this left before the cutoff.
+    pub min_claim_budget: Duration,
+    /// The function's configured timeout; the margin must be below it.
+    pub function_timeout: Duration,
+    /// Lease TTL requested on claim and on every refresh.
+    pub lease_ttl: Duration,
+    /// How often a running run's lease is refreshed; below `lease_ttl`.
+    pub lease_refresh_interval: Duration,
+    /// Worker tags, validated and normalised at build time.
+    pub tags: Vec<String>,
+    /// Prefix of the worker id; each invocation claims as `<prefix>-<request id>-<random>`.
+    pub worker_id_prefix: String,
+    /// Poison-pill threshold and cooldown.
+    pub poison: PoisonPolicy,
+    /// Handbacks in a row without a completed step before the run is failed.
+    pub max_handbacks_without_progress: u32,
+    /// How long an agent step may wait for provider-account capacity.
+    pub max_capacity_wait: Duration,
+}
+
+impl Settings {
+    /// Settings with every default, for `api_url` and `worker_token`.
+    pub fn new(api_url: &str, worker_token: WorkerToken) -> Self {
+        Self {
+            api_url: api_url.to_string(),
+            worker_token,
+            max_runs_per_invocation: DEFAULT_MAX_RUNS_PER_INVOCATION,
+            concurrency: DEFAULT_CONCURRENCY,
+            run_timeout: DEFAULT_RUN_TIMEOUT,
+            deadline_margin: DEFAULT_DEADLINE_MARGIN,
+            min_claim_budget: DEFAULT_MIN_CLAIM_BUDGET,
+            function_timeout: DEFAULT_FUNCTION_TIMEOUT,
+            lease_ttl: DEFAULT_LEASE_TTL,
+            lease_refresh_interval: DEFAULT_LEASE_REFRESH_INTERVAL,
+            tags: Vec::new(),
+            worker_id_prefix: DEFAULT_WORKER_ID_PREFIX.to_string(),
+            poison: PoisonPolicy {
+                threshold: DEFAULT_THRESHOLD,
+                cooldown: DEFAULT_COOLDOWN,
+            },
+            max_handbacks_without_progress: DEFAULT_MAX_HANDBACKS_WITHOUT_PROGRESS,
+            max_capacity_wait: ironflow_engine::accounts::DEFAULT_MAX_CAPACITY_WAIT,
+        }
+    }
+
+    /// Settings from the process environment (see the module table).
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError`] naming the first variable that is missing or malformed.
+    pub fn from_env() -> Result<Self, ConfigError> {
+        Self::from_lookup(|name| std::env::var(name).ok())
+    }
+
+    /// Settings from any variable lookup (the environment, a map in tests).
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError`] naming the first variable that is missing or malformed.
+    pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
+        let get = |name: &str| {
+            lookup(name)
+                .map(|v| v.trim().to_string())
+                .filter(|v| !v.is_empty())
+        };
+
+        let api_url = get("IRONFLOW_API_URL").ok_or(ConfigError::Missing {
+            variable: "IRONFLOW_API_URL",
+            expected: "the ironflow API's base URL, e.g. https://ironflow.example.com",
+        })?;
+        if !(api_url.starts_with("http://") || api_url.starts_with("https://"))
+            || api_url.contains(char::is_whitespace)
+        {
+            return Err(ConfigError::Invalid {
+                variable: "IRONFLOW_API_URL",
+                expected: "an http:// or https:// URL",
+                found: api_url,
+            });
+        }
+        let token = get("IRONFLOW_WORKER_TOKEN").ok_or(ConfigError::Missing {
+            variable: "IRONFLOW_WORKER_TOKEN",
+            expected: "the ironflow API's worker token (WORKER_TOKEN on the API)",
+        })?;
+
+        let mut s = Self::new(&api_url, WorkerToken::new(token));
+        let positive = "a whole number greater than 0";
+        let whole = "a whole number (0 or more)";
+
+        if let Some(v) = parse::<usize>(&get, "IRONFLOW_MAX_RUNS_PER_INVOCATION", positive, 1)? {
+            s.max_runs_per_invocation = v;
+        }
+        if let Some(v) = parse::<usize>(&get, "IRONFLOW_CONCURRENCY", positive, 1)? {
+            s.concurrency = v;
+        }
+        if let Some(v) = parse::<u64>(&get, "IRONFLOW_RUN_TIMEOUT_SECS", positive, 1)? {
+            s.run_timeout = Duration::from_secs(v);
+        }
+        if let Some(v) = parse::<u64>(&get, "IRONFLOW_DEADLINE_MARGIN_MS", whole, 0)? {
+            s.deadline_margin = Duration::from_millis(v);
+        }
+        if let Some(v) = parse::<u64>(&get, "IRONFLOW_MIN_CLAIM_BUDGET_MS", whole, 0)? {
+            s.min_claim_budget = Duration::from_millis(v);
+        }
+        if let Some(v) = parse::<u64>(&get, "IRONFLOW_FUNCTION_TIMEOUT_SECS", positive, 1)? {
+            s.function_timeout = Duration::from_secs(v);
+        }
+        if let Some(v) = parse::<u64>(&get, "IRONFLOW_LEASE_TTL_SECS", positive, 1)? {
+            s.lease_ttl = Duration::from_secs(v);
+        }
+        if let Some(v) = parse::<u64>(&get, "IRONFLOW_LEASE_REFRESH_INTERVAL_SECS", positive, 1)? {
+            s.lease_refresh_interval = Duration::from_secs(v);
+        }
+        if let Some(v) = get("IRONFLOW_WORKER_TAGS") {
+            s.tags = v.split(',').map(str::to_string).collect();
+        }
+        if let Some(v) = get("IRONFLOW_WORKER_ID_PREFIX") {
+            s.worker_id_prefix = v;
+        }
+        if let Some(v) = parse::<u32>(&get, "IRONFLOW_POISON_THRESHOLD", positive, 1)? {
+            s.poison.threshold = v;
+        }
+        if let Some(v) = parse::<u64>(&get, "IRONFLOW_POISON_COOLDOWN_SECS", whole, 0)? {
+            s.poison.cooldown = Duration::from_secs(v);
+        }
+        if let Some(v) = parse::<u32>(&get, "IRONFLOW_MAX_HANDBACKS_WITHOUT_PROGRESS", positive, 1)?
+        {
+            s.max_handbacks_without_progress = v;
+        }
+        if let Some(v) = parse::<u64>(&get, "IRONFLOW_MAX_CAPACITY_WAIT_SECS", whole, 0)? {
+            s.max_capacity_wait = Duration::from_secs(v);
+        }
+        Ok(s)
+    }
+}
+
+/// Parse an optional numeric variable no smaller than `min`.
+fn parse<T: FromStr + PartialOrd + From<u8>>(
+    get: &impl Fn(&str) -> Option<String>,
+    variable: &'static str,
+    expected: &'static str,
+    min: u8,
+) -> Result<Option<T>, ConfigError> {
+    let Some(raw) = get(variable) else {
+        return Ok(None);
+    };
+    match raw.parse::<T>() {
+        Ok(v) if v >= T::from(min) => Ok(Some(v)),
+        _ => Err(ConfigError::Invalid {
+            variable,
+            expected,
+            found: raw,
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use super::*;
+
+    fn lookup(vars: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
+        let map: HashMap<String, String> = vars
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        move |name| map.get(name).cloned()
+    }
+
+    const BASE: [(&str, &str); 2] = [
+        ("IRONFLOW_API_URL", "http://127.0.0.1:3000"),
+        ("IRONFLOW_WORKER_TOKEN", "s3cr3t-token"),
+    ];
+
+    #[test]
+    fn defaults_apply() {
+        let s = Settings::from_lookup(lookup(&BASE)).unwrap();
+        assert_eq!(s.max_runs_per_invocation, DEFAULT_MAX_RUNS_PER_INVOCATION);
+        assert_eq!(s.deadline_margin, DEFAULT_DEADLINE_MARGIN);
+        assert_eq!(s.worker_token.expose(), "s3cr3t-token");
+    }
+
+    #[test]
+    fn missing_url_names_the_variable() {
+        let err = Settings::from_lookup(lookup(&[("IRONFLOW_WORKER_TOKEN", "x")])).unwrap_err();
+        assert!(err.to_string().contains("IRONFLOW_API_URL"), "{err}");
+    }
+
+    #[test]
+    fn malformed_number_names_variable_expected_and_found() {
+        let mut vars = BASE.to_vec();
+        vars.push(("IRONFLOW_MAX_RUNS_PER_INVOCATION", "eight"));
+        let err = Settings::from_lookup(lookup(&vars)).unwrap_err();
+        assert_eq!(
+            err,
+            ConfigError::Invalid {
+                variable: "IRONFLOW_MAX_RUNS_PER_INVOCATION",
+                expected: "a whole number greater than 0",
+                found: "eight".into()
+            }
+        );
+    }
+
+    #[test]
+    fn zero_concurrency_is_refused() {
+        let mut vars = BASE.to_vec();
+        vars.push(("IRONFLOW_CONCURRENCY", "0"));
+        let err = Settings::from_lookup(lookup(&vars)).unwrap_err();
+        assert!(err.to_string().contains("IRONFLOW_CONCURRENCY"), "{err}");
+    }
+
+    #[test]
+    fn token_never_rendered() {
+        let s = Settings::from_lookup(lookup(&BASE)).unwrap();
+        assert!(!format!("{s:?}").contains("s3cr3t"));
+        let err = Settings::from_lookup(lookup(&[("IRONFLOW_API_URL", "ftp://x")])).unwrap_err();
+        assert!(!err.to_string().contains("s3cr3t"));
+    }
+}

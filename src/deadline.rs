@@ -1,0 +1,110 @@
+//! Invocation deadline arithmetic: from `Context.deadline` (ms since the Unix epoch) to the
+//! cutoff this invocation works against.
+//!
+//! Every conversion saturates: a deadline of `0`, one already past, or one absurdly far in the
+//! future never panics. A past deadline gives a cutoff that has already passed, so nothing is
+//! claimed.
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use tokio::time::Instant;
+
+/// The longest invocation this crate plans for. Lambda's own maximum is 15 minutes; a deadline
+/// further away than this (a bogus or hand-written `Context`) is clamped to it.
+pub const MAX_INVOCATION: Duration = Duration::from_secs(15 * 60);
+
+/// The time budget of one invocation, anchored on the monotonic clock.
+///
+/// `deadline` is when Lambda stops the invocation; `cutoff` is `deadline − margin`, the moment
+/// by which every run still executing must have been handed back.
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// use ironflow_lambda::deadline::Budget;
+///
+/// // A deadline already past: no time left, nothing will be claimed.
+/// let budget = Budget::from_epoch_ms(0, Duration::from_secs(10));
+/// assert_eq!(budget.until_cutoff(), Duration::ZERO);
+/// ```
+#[derive(Debug, Clone, Copy)]
+pub struct Budget {
+    deadline: Instant,
+    cutoff: Instant,
+}
+
+impl Budget {
+    /// Budget for a deadline given in milliseconds since the Unix epoch (`Context.deadline`),
+    /// with `margin` kept free before it.
+    pub fn from_epoch_ms(deadline_ms: u64, margin: Duration) -> Self {
+        let now_ms = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+        let left = Duration::from_millis(deadline_ms.saturating_sub(now_ms)).min(MAX_INVOCATION);
+        Self::from_time_left(left, margin)
+    }
+
+    /// Budget for an invocation with `left` time until its deadline (clamped to
+    /// [`MAX_INVOCATION`]).
+    pub fn from_time_left(left: Duration, margin: Duration) -> Self {
+        let now = Instant::now();
+        let left = left.min(MAX_INVOCATION);
+        let deadline = now + left;
+        let cutoff = now + left.saturating_sub(margin);
+        Self { deadline, cutoff }
+    }
+
+    /// When Lambda ends the invocation.
+    pub fn deadline(&self) -> Instant {
+        self.deadline
+    }
+
+    /// When every run still executing is handed back (`deadline − margin`).
+    pub fn cutoff(&self) -> Instant {
+        self.cutoff
+    }
+
+    /// Time left until the cutoff, zero once it has passed.
+    pub fn until_cutoff(&self) -> Duration {
+        self.cutoff.saturating_duration_since(Instant::now())
+    }
+
+    /// Time left until the deadline, zero once it has passed.
+    pub fn until_deadline(&self) -> Duration {
+        self.deadline.saturating_duration_since(Instant::now())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn zero_deadline_has_no_time_left() {
+        let budget = Budget::from_epoch_ms(0, Duration::from_secs(5));
+        assert_eq!(budget.until_cutoff(), Duration::ZERO);
+        assert_eq!(budget.until_deadline(), Duration::ZERO);
+    }
+
+    #[test]
+    fn absurd_deadline_is_clamped() {
+        let budget = Budget::from_epoch_ms(u64::MAX, Duration::from_secs(5));
+        assert!(budget.until_deadline() <= MAX_INVOCATION);
+        assert!(budget.until_cutoff() <= MAX_INVOCATION - Duration::from_secs(5));
+        assert!(budget.until_cutoff() > Duration::from_secs(60));
+    }
+
+    #[test]
+    fn margin_larger_than_time_left_leaves_no_cutoff_budget() {
+        let budget = Budget::from_time_left(Duration::from_secs(3), Duration::from_secs(10));
+        assert_eq!(budget.until_cutoff(), Duration::ZERO);
+        assert!(budget.until_deadline() > Duration::ZERO);
+    }
+
+    #[test]
+    fn cutoff_is_deadline_minus_margin() {
+        let budget = Budget::from_time_left(Duration::from_secs(60), Duration::from_secs(10));
+        assert_eq!(budget.deadline() - budget.cutoff(), Duration::from_secs(10));
+    }
+}

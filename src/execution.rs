@@ -1,0 +1,239 @@
+//! One claimed run, executed under its lease, its run deadline and the invocation cutoff,
+//! down to an [`Outcome`].
+//!
+//! ```text
+//! select {
+//!   engine.execute_handler_run(run)  → Completed │ Failed (already recorded by the engine)
+//!                                     │ Panicked → fail_or_schedule_retry (retryable)
+//!   lease lost                       → LeaseLost (no status write)
+//!   run deadline                     → TimedOut → fail_or_schedule_retry (retryable)
+//!   cutoff                           → handback (HandedBack, or Failed by the loop guard)
+//! }
+//! ```
+
+use std::any::Any;
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use ironflow_engine::engine::Engine;
+use ironflow_store::entities::{LeaseRequest, Run};
+use serde::Serialize;
+use tokio::time::{Instant, sleep_until, timeout_at};
+use tracing::{Instrument, error, info, info_span, warn};
+use uuid::Uuid;
+
+use crate::handback::{self, HandbackPolicy};
+use crate::lease::LeaseRefresher;
+
+/// How one run ended in this invocation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, PartialOrd, Ord)]
+#[serde(rename_all = "snake_case")]
+pub enum Outcome {
+    /// The handler finished; the engine recorded the run's status.
+    Completed,
+    /// The handler returned an error; the engine already recorded the failure or armed a retry.
+    Failed,
+    /// The run attempt outlived the run timeout; failed or scheduled for retry.
+    TimedOut,
+    /// The handler panicked; failed or scheduled for retry.
+    Panicked,
+    /// The lease went to someone else; nothing was written.
+    LeaseLost,
+    /// Still running at the cutoff: written back to Pending for the next invocation.
+    HandedBack,
+    /// Claimed while its workflow was blocked as a poison pill: failed without executing.
+    PoisonBlocked,
+}
+
+impl Outcome {
+    /// Whether the outcome counts as a failure of the workflow for the poison-pill table.
+    pub fn is_workflow_failure(self) -> bool {
+        matches!(self, Self::Failed | Self::TimedOut | Self::Panicked)
+    }
+}
+
+/// What became of one claimed run, as listed in the invocation summary.
+#[derive(Debug, Clone, Serialize)]
+pub struct RunReport {
+    /// The run's id.
+    pub run_id: Uuid,
+    /// Its workflow.
+    pub workflow: String,
+    /// How it ended in this invocation.
+    pub outcome: Outcome,
+    /// Time spent on it in this invocation, in milliseconds.
+    pub duration_ms: u64,
+    /// The error, for every outcome but Completed and a clean HandedBack.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    /// The run's attempt counter when claimed (`retry_count`), part of the failure id.
+    #[serde(skip)]
+    pub retry_count: u32,
+}
+
+/// Everything one execution needs, cloned out of the worker so it can run in its own task.
+#[derive(Clone)]
+pub(crate) struct ExecutionParams {
+    pub engine: Arc<Engine>,
+    pub lease: LeaseRequest,
+    pub refresh_interval: Duration,
+    pub run_timeout: Duration,
+    pub cutoff: Instant,
+    /// The invocation deadline: no status write may run past it.
+    pub deadline: Instant,
+    pub handback: HandbackPolicy,
+}
+
+/// Execute `run` (already claimed under `params.lease`) and return its report.
+pub(crate) async fn execute(params: ExecutionParams, run: Run) -> RunReport {
+    let span = info_span!("run", run_id = %run.id, workflow = %run.workflow_name);
+    execute_in_span(params, run).instrument(span).await
+}
+
+async fn execute_in_span(p: ExecutionParams, run: Run) -> RunReport {
+    let started = Instant::now();
+    let claimed_at = Utc::now();
+    let report = |outcome, error: Option<String>| RunReport {
+        run_id: run.id,
+        workflow: run.workflow_name.clone(),
+        outcome,
+        duration_ms: u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
+        error,
+        retry_count: run.retry_count,
+    };
+
+    let attempt_start = attempt_started_at(&p.engine, &run, claimed_at).await;
+    let used = (claimed_at - attempt_start).to_std().unwrap_or_default();
+    let run_deadline = started + p.run_timeout.saturating_sub(used);
+    let timeout_msg = format!(
+        "run timed out after {}s (counted from its attempt's first start at {})",
+        p.run_timeout.as_secs(),
+        attempt_start.to_rfc3339()
+    );
+
+    let refresher = LeaseRefresher::spawn(
+        p.engine.store().clone(),
+        run.id,
+        p.lease.clone(),
+        p.refresh_interval,
+        p.cutoff.min(run_deadline),
+    );
+    info!(attempt_started_at = %attempt_start, "executing run");
+    let engine = p.engine.clone();
+    let run_id = run.id;
+    let mut execution = tokio::spawn(async move { engine.execute_handler_run(run_id).await });
+
+    enum Stop {
+        Finished(Result<Result<(), String>, String>),
+        LeaseLost,
+        TimedOut,
+        Cutoff,
+    }
+    let stop = tokio::select! {
+        biased;
+        joined = &mut execution => Stop::Finished(match joined {
+            Ok(result) => Ok(result.map(|_| ()).map_err(|e| e.to_string())),
+            Err(join) if join.is_panic() => Err(panic_message(join.into_panic())),
+            Err(join) => Err(format!("execution task ended: {join}")),
+        }),
+        () = refresher.lost() => Stop::LeaseLost,
+        () = sleep_until(run_deadline) => Stop::TimedOut,
+        () = sleep_until(p.cutoff) => Stop::Cutoff,
+    };
+    let target = refresher.target();
+    refresher.stop().await;
+    if !matches!(stop, Stop::Finished(_)) {
+        // Drop the execution and wait until it is gone: its child processes die with it
+        // (kill_on_drop), and nothing it started can write to the API any more.
+        execution.abort();
+        let _ = execution.await;
+    }
+
+    match stop {
+        Stop::Finished(Ok(Ok(()))) => {
+            info!("run completed");
+            report(Outcome::Completed, None)
+        }
+        Stop::Finished(Ok(Err(e))) => {
+            // The engine routed this failure through fail_or_schedule_retry already: writing
+            // Failed again would cancel an armed retry.
+            error!(error = %e, "run failed");
+            report(Outcome::Failed, Some(e))
+        }
+        Stop::Finished(Err(panic)) => {
+            let msg = format!("run panicked: {panic}");
+            error!(error = %msg, "run panicked");
+            record_failure(&p, run.id, &msg).await;
+            report(Outcome::Panicked, Some(msg))
+        }
+        Stop::LeaseLost => {
+            warn!("abandoning run: lease lost");
+            report(
+                Outcome::LeaseLost,
+                Some("lease lost to another worker".into()),
+            )
+        }
+        Stop::TimedOut => {
+            error!(error = %timeout_msg, "run timed out");
+            record_failure(&p, run.id, &timeout_msg).await;
+            report(Outcome::TimedOut, Some(timeout_msg))
+        }
+        Stop::Cutoff => {
+            let executed = started.elapsed();
+            let (outcome, error) =
+                handback::hand_back(&p, &run, target, claimed_at, executed).await;
+            report(outcome, error)
+        }
+    }
+}
+
+/// Record a failure observed from outside the handler (timeout, panic) as retryable, bounded
+/// by the invocation deadline.
+async fn record_failure(p: &ExecutionParams, run_id: Uuid, msg: &str) {
+    let write = p
+        .engine
+        .fail_or_schedule_retry(run_id, msg, true, None, None);
+    match timeout_at(p.deadline, write).await {
+        Ok(Ok(status)) => info!(status = %status, "failure recorded"),
+        Ok(Err(e)) => error!(error = %e, "could not record the run's failure"),
+        Err(_) => error!("recording the run's failure ran into the invocation deadline"),
+    }
+}
+
+/// When the current attempt of `run` first started: the earliest step of the attempt, or now
+/// for a run that never executed (its recorded duration is zero) or whose attempt has no step
+/// yet. The claim resets `started_at`, so the steps are the durable record.
+async fn attempt_started_at(
+    engine: &Engine,
+    run: &Run,
+    claimed_at: DateTime<Utc>,
+) -> DateTime<Utc> {
+    if run.duration_ms == 0 {
+        return claimed_at;
+    }
+    let attempt = run.retry_count + 1;
+    match engine.store().list_steps(run.id).await {
+        Ok(steps) => steps
+            .iter()
+            .filter(|s| s.attempt == attempt)
+            .filter_map(|s| s.started_at.or(Some(s.created_at)))
+            .min()
+            .unwrap_or(claimed_at)
+            .min(claimed_at),
+        Err(e) => {
+            warn!(error = %e, "could not list steps to find the attempt's first start");
+            claimed_at
+        }
+    }
+}
+
+fn panic_message(payload: Box<dyn Any + Send>) -> String {
+    if let Some(s) = payload.downcast_ref::<&str>() {
+        (*s).to_string()
+    } else if let Some(s) = payload.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "non-string panic payload".to_string()
+    }
+}

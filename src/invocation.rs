@@ -1,0 +1,376 @@
+//! One invocation, top to bottom: budget, claim loop, joins, summary.
+//!
+//! ```text
+//! budget = Context.deadline − margin ("cutoff")
+//! while claimed < N and time before the cutoff ≥ minimum claim budget:
+//!     wait for a free slot (≤ concurrency)          a claimed run's lease is only refreshed
+//!     claim (ApiRunStore::pick_next_pending_for)    once it executes, so claim only then
+//!     poison-pill table: workflow blocked? → fail the run, with the reason
+//!     spawn its execution
+//! await every execution → outcomes → poison-pill table
+//! kill the processes runs left behind → summary
+//! ```
+//!
+//! Nothing outlives [`run`]: every execution, lease refresher and child process is finished or
+//! cancelled before it returns, because Lambda freezes the process after the response.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::time::Duration;
+
+use ironflow_store::entities::{LeaseRequest, Run};
+use ironflow_store::error::StoreError;
+use serde::Serialize;
+use tokio::sync::Semaphore;
+use tokio::task::JoinSet;
+use tokio::time::{Instant, sleep_until, timeout_at};
+use tracing::{Instrument, error, info, info_span, warn};
+use uuid::Uuid;
+
+use crate::builder::LambdaWorker;
+use crate::deadline::Budget;
+use crate::execution::{self, ExecutionParams, Outcome, RunReport};
+use crate::handback::HandbackPolicy;
+use crate::orphans::InvocationGuard;
+use crate::poison::{FailureCounter, PoisonPolicy, PoisonTable, now_ms};
+
+/// What one invocation is asked to do (from the trigger event).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct BatchRequest {
+    /// Claim at most this many runs instead of the configured N (never more than N).
+    pub max_runs: Option<usize>,
+}
+
+/// Why the claim loop stopped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StopReason {
+    /// N runs were claimed.
+    MaxRuns,
+    /// The API had no pending run this worker can take.
+    NoPendingRun,
+    /// Less than the minimum claim budget was left before the cutoff.
+    Cutoff,
+    /// A claim failed (API unreachable, auth refused...): see `errors`.
+    ClaimError,
+}
+
+/// The invocation's JSON summary, returned to direct and scheduled invocations and logged.
+#[derive(Debug, Clone, Serialize)]
+pub struct InvocationSummary {
+    /// Lambda's request id (`Context.request_id`).
+    pub request_id: String,
+    /// The worker id this invocation claimed under.
+    pub worker_id: String,
+    /// Runs claimed.
+    pub claimed: usize,
+    /// Runs per outcome.
+    pub outcomes: BTreeMap<Outcome, usize>,
+    /// Every claimed run, in claim order.
+    pub runs: Vec<RunReport>,
+    /// Why the claim loop stopped.
+    pub stop_reason: StopReason,
+    /// Errors that concern the batch rather than one run (claim failures).
+    pub errors: Vec<String>,
+    /// Time left before the invocation deadline at exit, in milliseconds.
+    pub time_left_ms: u64,
+    /// Processes left behind by runs and killed at the end of the invocation.
+    pub orphans_killed: usize,
+}
+
+impl InvocationSummary {
+    /// Runs that ended with `outcome`.
+    pub fn count(&self, outcome: Outcome) -> usize {
+        self.outcomes.get(&outcome).copied().unwrap_or(0)
+    }
+}
+
+/// Run one invocation of `worker` against `budget`.
+pub async fn run(
+    worker: &LambdaWorker,
+    request_id: &str,
+    budget: Budget,
+    request: &BatchRequest,
+) -> InvocationSummary {
+    let worker_id = format!(
+        "{}-{}-{}",
+        worker.settings.worker_id_prefix,
+        if request_id.is_empty() {
+            "local"
+        } else {
+            request_id
+        },
+        &Uuid::new_v4().simple().to_string()[..8]
+    );
+    let span = info_span!("invocation", request_id = %request_id, worker_id = %worker_id);
+    run_in_span(worker, request_id, worker_id, budget, request)
+        .instrument(span)
+        .await
+}
+
+async fn run_in_span(
+    worker: &LambdaWorker,
+    request_id: &str,
+    worker_id: String,
+    budget: Budget,
+    request: &BatchRequest,
+) -> InvocationSummary {
+    let s = &worker.settings;
+    let guard = InvocationGuard::enter();
+    let max_runs = request
+        .max_runs
+        .unwrap_or(s.max_runs_per_invocation)
+        .min(s.max_runs_per_invocation);
+    let lease = LeaseRequest {
+        worker_id: worker_id.clone(),
+        ttl: s.lease_ttl,
+    };
+    let params = ExecutionParams {
+        engine: worker.engine.clone(),
+        lease: lease.clone(),
+        refresh_interval: s.lease_refresh_interval,
+        run_timeout: s.run_timeout,
+        cutoff: budget.cutoff(),
+        deadline: budget.deadline(),
+        handback: HandbackPolicy {
+            max_without_progress: s.max_handbacks_without_progress,
+            stall_window: s.function_timeout.saturating_sub(s.deadline_margin) / 2,
+        },
+    };
+    let claim_window_end = budget.cutoff().checked_sub(s.min_claim_budget);
+    let mut poison = PoisonGate::new(worker.poison_table.clone(), s.poison);
+    let slots = Arc::new(Semaphore::new(s.concurrency));
+    let mut executions = JoinSet::new();
+    let mut reports: HashMap<Uuid, RunReport> = HashMap::new();
+    let mut order = Vec::new();
+    let mut errors = Vec::new();
+    info!(
+        max_runs,
+        until_cutoff_ms = budget.until_cutoff().as_millis() as u64,
+        "invocation started"
+    );
+
+    let stop_reason = loop {
+        if order.len() >= max_runs {
+            break StopReason::MaxRuns;
+        }
+        let Some(window_end) = claim_window_end.filter(|end| Instant::now() < *end) else {
+            break StopReason::Cutoff;
+        };
+        // Claim only once a slot is free: a claimed run's lease is refreshed only while it
+        // executes. Outcomes that arrive meanwhile reach the poison-pill table at once.
+        let permit = loop {
+            tokio::select! {
+                biased;
+                permit = slots.clone().acquire_owned() => break permit.ok(),
+                Some(joined) = executions.join_next(), if !executions.is_empty() => {
+                    settle(joined, &mut poison, &mut reports).await;
+                }
+                () = sleep_until(window_end) => break None,
+            }
+        };
+        let Some(permit) = permit else {
+            break StopReason::Cutoff;
+        };
+        let claimed = match timeout_at(window_end, claim(worker, &lease)).await {
+            Err(_) => break StopReason::Cutoff,
+            Ok(Ok(Some(run))) => run,
+            Ok(Ok(None)) => break StopReason::NoPendingRun,
+            Ok(Err(e)) => {
+                error!(error = %e, "claim failed");
+                errors.push(format!("claim failed: {e}"));
+                break StopReason::ClaimError;
+            }
+        };
+        order.push(claimed.id);
+        info!(run_id = %claimed.id, workflow = %claimed.workflow_name, "claimed run");
+
+        if let Some(reason) = poison.blocked_reason(&claimed.workflow_name).await {
+            let report = fail_blocked(worker, &claimed, reason, budget).await;
+            reports.insert(claimed.id, report);
+            continue;
+        }
+        let params = params.clone();
+        executions.spawn(async move {
+            let _slot = permit;
+            execution::execute(params, claimed).await
+        });
+    };
+
+    while let Some(joined) = executions.join_next().await {
+        settle(joined, &mut poison, &mut reports).await;
+    }
+    let orphans_killed = guard.finish().await;
+
+    let runs: Vec<RunReport> = order.iter().filter_map(|id| reports.remove(id)).collect();
+    let mut outcomes = BTreeMap::new();
+    for r in &runs {
+        *outcomes.entry(r.outcome).or_insert(0) += 1;
+    }
+    let summary = InvocationSummary {
+        request_id: request_id.to_string(),
+        worker_id,
+        claimed: order.len(),
+        outcomes,
+        runs,
+        stop_reason,
+        errors,
+        time_left_ms: u64::try_from(budget.until_deadline().as_millis()).unwrap_or(u64::MAX),
+        orphans_killed,
+    };
+    info!(
+        claimed = summary.claimed,
+        stop_reason = ?summary.stop_reason,
+        time_left_ms = summary.time_left_ms,
+        "invocation finished"
+    );
+    summary
+}
+
+/// Claim the next run this worker can take.
+///
+/// A transport failure (not an HTTP status) is retried once at once: after a long freeze, a
+/// pooled connection the server or a NAT gateway has meanwhile dropped fails the first request
+/// sent on it, and the retry goes out on a fresh connection. A lost claim response is safe to
+/// retry: the run it may have claimed sits under a lease nobody refreshes, and the reaper
+/// requeues it after the lease TTL.
+async fn claim(worker: &LambdaWorker, lease: &LeaseRequest) -> Result<Option<Run>, StoreError> {
+    let store = worker.engine.store();
+    let pick =
+        || store.pick_next_pending_for(Some(lease.clone()), Some(worker.capabilities.clone()));
+    match pick().await {
+        Err(StoreError::Database(msg)) if msg.starts_with("worker HTTP error") => {
+            warn!(error = %msg, "claim failed on the connection, retrying on a fresh one");
+            pick().await
+        }
+        other => other,
+    }
+}
+
+/// Turn a finished execution into its report and update the poison-pill table.
+async fn settle(
+    joined: Result<RunReport, tokio::task::JoinError>,
+    poison: &mut PoisonGate,
+    reports: &mut HashMap<Uuid, RunReport>,
+) {
+    // `execute` catches the handler's panics itself; a JoinError here is a bug of ours.
+    let report = match joined {
+        Ok(report) => report,
+        Err(e) => {
+            error!(error = %e, "execution task failed");
+            return;
+        }
+    };
+    poison.record(&report).await;
+    reports.insert(report.run_id, report);
+}
+
+/// Fail a claimed run of a blocked workflow without executing it.
+async fn fail_blocked(
+    worker: &LambdaWorker,
+    run: &Run,
+    reason: String,
+    budget: Budget,
+) -> RunReport {
+    warn!(run_id = %run.id, workflow = %run.workflow_name, error = %reason, "skipping run: poison pill");
+    let write = worker
+        .engine
+        .fail_or_schedule_retry(run.id, &reason, false, None, None);
+    let error = match timeout_at(budget.deadline(), write).await {
+        Ok(Ok(_)) => reason,
+        Ok(Err(e)) => format!("{reason} (recording it failed: {e})"),
+        Err(_) => format!("{reason} (recording it ran into the deadline)"),
+    };
+    RunReport {
+        run_id: run.id,
+        workflow: run.workflow_name.clone(),
+        outcome: Outcome::PoisonBlocked,
+        duration_ms: 0,
+        error: Some(error),
+        retry_count: run.retry_count,
+    }
+}
+
+/// The poison-pill table as seen by one invocation: each workflow's counter is read at most
+/// once, and a success writes only when a counter exists.
+struct PoisonGate {
+    table: Arc<dyn PoisonTable>,
+    policy: PoisonPolicy,
+    seen: HashMap<String, Option<FailureCounter>>,
+}
+
+impl PoisonGate {
+    fn new(table: Arc<dyn PoisonTable>, policy: PoisonPolicy) -> Self {
+        Self {
+            table,
+            policy,
+            seen: HashMap::new(),
+        }
+    }
+
+    async fn counter(&mut self, workflow: &str) -> Option<FailureCounter> {
+        if let Some(known) = self.seen.get(workflow) {
+            return *known;
+        }
+        let counter = match self.table.counter(workflow, now_ms()).await {
+            Ok(c) => c,
+            Err(e) => {
+                // Fail open: an unreachable table must not stop the fleet.
+                error!(workflow, error = %e, "poison-pill check failed: executing the run anyway");
+                return None;
+            }
+        };
+        self.seen.insert(workflow.to_string(), counter);
+        counter
+    }
+
+    /// Why `workflow` is blocked now, if it is.
+    async fn blocked_reason(&mut self, workflow: &str) -> Option<String> {
+        let counter = self.counter(workflow).await?;
+        let now = now_ms();
+        self.policy.is_blocked(&counter, now).then(|| {
+            let left = Duration::from_millis(
+                (counter.last_failure_ms + self.policy.cooldown.as_millis() as u64)
+                    .saturating_sub(now),
+            );
+            format!(
+                "workflow '{workflow}' is blocked as a poison pill: {} consecutive failures \
+                 (threshold {}); blocked for another {}s",
+                counter.consecutive_failures,
+                self.policy.threshold,
+                left.as_secs()
+            )
+        })
+    }
+
+    async fn record(&mut self, report: &RunReport) {
+        let workflow = report.workflow.as_str();
+        if report.outcome.is_workflow_failure() {
+            let failure_id = format!("{}/{}", report.run_id, report.retry_count);
+            match self
+                .table
+                .record_failure(workflow, &failure_id, now_ms())
+                .await
+            {
+                Ok(counter) => {
+                    if counter.consecutive_failures >= self.policy.threshold {
+                        warn!(
+                            workflow,
+                            consecutive_failures = counter.consecutive_failures,
+                            "workflow flagged as poison pill"
+                        );
+                    }
+                    self.seen.insert(workflow.to_string(), Some(counter));
+                }
+                Err(e) => error!(workflow, error = %e, "could not record the failure"),
+            }
+        } else if report.outcome == Outcome::Completed && self.counter(workflow).await.is_some() {
+            match self.table.reset(workflow).await {
+                Ok(()) => {
+                    self.seen.insert(workflow.to_string(), None);
+                }
+                Err(e) => error!(workflow, error = %e, "could not reset the failure counter"),
+            }
+        }
+    }
+}

@@ -1,0 +1,51 @@
+//! # ironflow-lambda
+//!
+//! ironflow's worker made serverless: each AWS Lambda invocation claims up to N pending
+//! ironflow runs from the API (`/api/v1/internal/*`), executes them with `ironflow-engine`
+//! under a lease refresher bounded by the invocation deadline and the run timeout, and hands
+//! every run still executing back to Pending before the deadline, for the next invocation to
+//! resume by replay.
+//!
+//! Build a [`builder::LambdaWorker`] once per cold start and hand each event to
+//! [`handler::handle`]:
+//!
+//! ```no_run
+//! use std::sync::Arc;
+//! use ironflow_core::providers::claude::ClaudeCodeProvider;
+//! use ironflow_lambda::builder::LambdaWorkerBuilder;
+//! use lambda_runtime::{service_fn, LambdaEvent};
+//!
+//! # async fn example() -> Result<(), lambda_runtime::Error> {
+//! let worker = Arc::new(
+//!     LambdaWorkerBuilder::from_env()?
+//!         .provider(Arc::new(ClaudeCodeProvider::new()))
+//!         .register(ironflow_lambda::workflows::QuickShell)
+//!         .build()?,
+//! );
+//! lambda_runtime::run(service_fn(move |event: LambdaEvent<serde_json::Value>| {
+//!     let worker = worker.clone();
+//!     async move { ironflow_lambda::handler::handle(&worker, event).await }
+//! }))
+//! .await
+//! # }
+//! ```
+//!
+//! Modules, in the order of one invocation: [`config`] and [`builder`] (cold start),
+//! [`handler`] and [`trigger`] (event in), [`deadline`] and [`invocation`] (the batch),
+//! [`execution`], [`lease`] and [`handback`] (one run), [`poison`] (the poison-pill table),
+//! [`orphans`] (no process outlives the invocation).
+
+pub mod builder;
+pub mod config;
+pub mod deadline;
+pub mod execution;
+pub mod handback;
+pub mod handler;
+pub mod invocation;
+pub mod lease;
+#[cfg(feature = "local")]
+pub mod local;
+pub mod orphans;
+pub mod poison;
+pub mod trigger;
+pub mod workflows;

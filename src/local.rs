@@ -1,0 +1,144 @@
+//! The real ironflow API, embedded: its router over an in-memory store, served on
+//! `127.0.0.1:<free port>`, with its background tasks (reaper, schedule ticker, waker).
+//!
+//! Used by the local runner (`ironflow-lambda-local`) and the tests; behind the `local`
+//! feature (on by default; the deployable function is built without it).
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use axum::extract::Request;
+use axum::middleware::{self, Next};
+use axum::response::Response;
+use ironflow_api::routes::{RouterConfig, create_router};
+use ironflow_api::state::AppState;
+use ironflow_auth::jwt::JwtConfig;
+use ironflow_core::providers::claude::ClaudeCodeProvider;
+use ironflow_engine::engine::Engine;
+use ironflow_engine::notify::Event;
+use ironflow_store::memory::InMemoryStore;
+use ironflow_store::store::Store;
+use tokio::net::TcpListener;
+use tokio::sync::broadcast;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+/// The embedded API could not start.
+#[derive(Debug, thiserror::Error)]
+#[error("could not start the embedded ironflow API on 127.0.0.1: {0}")]
+pub struct LocalApiError(#[from] std::io::Error);
+
+/// A running embedded API. Stops when dropped.
+pub struct LocalApi {
+    addr: SocketAddr,
+    token: String,
+    store: Arc<dyn Store>,
+    requests: Arc<AtomicU64>,
+    background: CancellationToken,
+    server: JoinHandle<()>,
+}
+
+impl LocalApi {
+    /// Start the API with `worker_token` as its worker token.
+    ///
+    /// # Errors
+    ///
+    /// [`LocalApiError`] when no loopback port can be bound.
+    pub async fn start(worker_token: &str) -> Result<Self, LocalApiError> {
+        let store: Arc<dyn Store> = Arc::new(InMemoryStore::new());
+        let engine = Arc::new(Engine::new(
+            store.clone(),
+            Arc::new(ClaudeCodeProvider::new()),
+        ));
+        let jwt = Arc::new(JwtConfig {
+            secret: uuid::Uuid::new_v4().to_string(),
+            access_token_ttl_secs: 900,
+            refresh_token_ttl_secs: 604_800,
+            cookie_domain: None,
+            cookie_secure: false,
+        });
+        let (events, _) = broadcast::channel::<Event>(1024);
+        let state = AppState::new(store.clone(), engine, jwt, worker_token.to_string(), events);
+        let background = state.spawn_background_tasks().await;
+
+        let requests = Arc::new(AtomicU64::new(0));
+        let counter = requests.clone();
+        let config = RouterConfig {
+            rate_limit_auth: None,
+            rate_limit_general: None,
+            ..RouterConfig::default()
+        };
+        let app = create_router(state, config).layer(middleware::from_fn(
+            move |req: Request, next: Next| {
+                let counter = counter.clone();
+                async move {
+                    counter.fetch_add(1, Ordering::SeqCst);
+                    let response: Response = next.run(req).await;
+                    response
+                }
+            },
+        ));
+        let listener = TcpListener::bind("127.0.0.1:0").await?;
+        let addr = listener.local_addr()?;
+        let server = tokio::spawn(async move {
+            let _ = axum::serve(listener, app).await;
+        });
+        Ok(Self {
+            addr,
+            token: worker_token.to_string(),
+            store,
+            requests,
+            background,
+            server,
+        })
+    }
+
+    /// The API's base URL, e.g. `http://127.0.0.1:41234`.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// The worker token the API accepts.
+    pub fn token(&self) -> &str {
+        &self.token
+    }
+
+    /// The API's own store, to inspect runs and steps directly.
+    pub fn store(&self) -> &Arc<dyn Store> {
+        &self.store
+    }
+
+    /// HTTP requests the API has received so far.
+    pub fn requests(&self) -> u64 {
+        self.requests.load(Ordering::SeqCst)
+    }
+}
+
+impl Drop for LocalApi {
+    fn drop(&mut self) {
+        self.background.cancel();
+        self.server.abort();
+    }
+}
+
+/// A [`NewRun`](ironflow_store::entities::NewRun) of `workflow` with an empty payload, created
+/// manually, with `max_retries` retries.
+pub fn new_run(workflow: &str, max_retries: u32) -> ironflow_store::entities::NewRun {
+    ironflow_store::entities::NewRun {
+        workflow_name: workflow.to_string(),
+        trigger: ironflow_store::entities::TriggerKind::Manual,
+        payload: serde_json::json!({}),
+        max_retries,
+        handler_version: None,
+        labels: Default::default(),
+        scheduled_at: None,
+        created_by: None,
+        idempotency_key: None,
+        concurrency_key: None,
+        concurrency_limits: Vec::new(),
+        max_cost_usd: None,
+        priority: 0,
+        worker_tags: Vec::new(),
+    }
+}

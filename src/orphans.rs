@@ -1,0 +1,156 @@
+//! No process started by a run outlives the invocation.
+//!
+//! ironflow's shell steps kill their direct child on drop (`kill_on_drop`), but a command's own
+//! children (`sh -c 'slow & wait'`, a build tool's workers) are re-parented and would live on
+//! into the frozen process, or the next invocation. At cold start the worker makes itself a
+//! *child subreaper* (Linux `PR_SET_CHILD_SUBREAPER`), so such orphans are re-parented to it
+//! rather than to init; at the end of each invocation [`sweep`] kills every descendant that is
+//! left and reaps it.
+//!
+//! The worker owns every child process of its process: it starts none of its own that must
+//! survive an invocation. When several invocations run in one process (tests), only the last
+//! one to finish sweeps.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use tracing::{info, warn};
+
+static ACTIVE: Mutex<usize> = Mutex::new(0);
+
+/// Make this process the subreaper of its descendants. Call once at cold start; harmless to
+/// call again. Returns `false` (and logs) where the kernel refuses.
+pub fn become_subreaper() -> bool {
+    // SAFETY: prctl with PR_SET_CHILD_SUBREAPER takes one integer argument and touches no
+    // memory of ours.
+    let rc = unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
+    if rc != 0 {
+        warn!(error = %std::io::Error::last_os_error(), "could not become child subreaper");
+    }
+    rc == 0
+}
+
+/// Marks one invocation as active until dropped; see [`InvocationGuard::finish`].
+pub struct InvocationGuard {
+    finished: bool,
+}
+
+impl InvocationGuard {
+    /// Register an active invocation.
+    pub fn enter() -> Self {
+        *ACTIVE
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) += 1;
+        Self { finished: false }
+    }
+
+    /// End the invocation; if it was the last active one, kill and reap every descendant
+    /// process left. Returns how many processes were killed.
+    pub async fn finish(mut self) -> usize {
+        self.finished = true;
+        let last = {
+            let mut active = ACTIVE
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            *active = active.saturating_sub(1);
+            *active == 0
+        };
+        if !last {
+            return 0;
+        }
+        match tokio::task::spawn_blocking(|| sweep(Duration::from_secs(2))).await {
+            Ok(killed) => killed,
+            Err(e) => {
+                warn!(error = %e, "orphan sweep task failed");
+                0
+            }
+        }
+    }
+}
+
+impl Drop for InvocationGuard {
+    fn drop(&mut self) {
+        if !self.finished {
+            let mut active = ACTIVE
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            *active = active.saturating_sub(1);
+        }
+    }
+}
+
+/// Kill every descendant of this process with SIGKILL, then reap the ones that are its direct
+/// children, waiting at most `wait` for them to exit. Returns how many were killed.
+pub fn sweep(wait: Duration) -> usize {
+    let me = std::process::id() as i32;
+    let descendants = descendants_of(me);
+    if descendants.is_empty() {
+        return 0;
+    }
+    for pid in &descendants {
+        // SAFETY: kill(2) on a pid we just read from /proc; at worst it no longer exists.
+        unsafe { libc::kill(*pid, libc::SIGKILL) };
+    }
+    info!(
+        count = descendants.len(),
+        "killed processes left over by runs"
+    );
+    let deadline = std::time::Instant::now() + wait;
+    let children: Vec<i32> = {
+        let parents = parent_map();
+        descendants
+            .iter()
+            .copied()
+            .filter(|p| parents.get(p) == Some(&me))
+            .collect()
+    };
+    let mut pending: HashSet<i32> = children.into_iter().collect();
+    while !pending.is_empty() && std::time::Instant::now() < deadline {
+        pending.retain(|pid| {
+            let mut status = 0;
+            // SAFETY: waitpid on one of our own children, non-blocking.
+            let rc = unsafe { libc::waitpid(*pid, &mut status, libc::WNOHANG) };
+            rc == 0
+        });
+        if !pending.is_empty() {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+    descendants.len()
+}
+
+/// Every process whose chain of parents leads to `root`.
+fn descendants_of(root: i32) -> Vec<i32> {
+    let parents = parent_map();
+    let mut children: HashMap<i32, Vec<i32>> = HashMap::new();
+    for (pid, ppid) in &parents {
+        children.entry(*ppid).or_default().push(*pid);
+    }
+    let mut out = Vec::new();
+    let mut stack = vec![root];
+    while let Some(p) = stack.pop() {
+        for c in children.get(&p).into_iter().flatten() {
+            out.push(*c);
+            stack.push(*c);
+        }
+    }
+    out
+}
+
+/// pid → parent pid, read from `/proc/<pid>/stat` (empty where /proc is unreadable).
+fn parent_map() -> HashMap<i32, i32> {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return HashMap::new();
+    };
+    dir.filter_map(Result::ok)
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .filter_map(|pid| {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+            // The command name (field 2) is in parentheses and may hold spaces: read after it.
+            let rest = &stat[stat.rfind(')')? + 2..];
+            let ppid = rest.split_whitespace().nth(1)?.parse::<i32>().ok()?;
+            Some((pid, ppid))
+        })
+        .collect()
+}
