@@ -16,9 +16,8 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
-use std::time::Duration;
 
-use ironflow_store::entities::{LeaseRequest, Run};
+use ironflow_store::entities::{LeaseRequest, Run, WorkerCapabilities};
 use ironflow_store::error::StoreError;
 use serde::Serialize;
 use tokio::sync::Semaphore;
@@ -32,7 +31,7 @@ use crate::deadline::Budget;
 use crate::execution::{self, ExecutionParams, Outcome, RunReport};
 use crate::handback::HandbackPolicy;
 use crate::orphans::InvocationGuard;
-use crate::poison::{FailureCounter, PoisonPolicy, PoisonTable, now_ms};
+use crate::poison::gate::PoisonGate;
 
 /// What one invocation is asked to do (from the trigger event).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -150,6 +149,7 @@ async fn run_in_span(
         "invocation started"
     );
 
+    let capabilities = poison.capabilities_for_claim(&worker.capabilities).await;
     let stop_reason = loop {
         if order.len() >= max_runs {
             break StopReason::MaxRuns;
@@ -172,7 +172,7 @@ async fn run_in_span(
         let Some(permit) = permit else {
             break StopReason::Cutoff;
         };
-        let claimed = match timeout_at(window_end, claim(worker, &lease)).await {
+        let claimed = match timeout_at(window_end, claim(worker, &lease, &capabilities)).await {
             Err(_) => break StopReason::Cutoff,
             Ok(Ok(Some(run))) => run,
             Ok(Ok(None)) => break StopReason::NoPendingRun,
@@ -185,6 +185,7 @@ async fn run_in_span(
         order.push(claimed.id);
         info!(run_id = %claimed.id, workflow = %claimed.workflow_name, "claimed run");
 
+        poison.on_claim(&claimed).await;
         if let Some(reason) = poison.blocked_reason(&claimed.workflow_name).await {
             let report = fail_blocked(worker, &claimed, reason, budget).await;
             reports.insert(claimed.id, report);
@@ -234,10 +235,13 @@ async fn run_in_span(
 /// sent on it, and the retry goes out on a fresh connection. A lost claim response is safe to
 /// retry: the run it may have claimed sits under a lease nobody refreshes, and the reaper
 /// requeues it after the lease TTL.
-async fn claim(worker: &LambdaWorker, lease: &LeaseRequest) -> Result<Option<Run>, StoreError> {
+async fn claim(
+    worker: &LambdaWorker,
+    lease: &LeaseRequest,
+    capabilities: &WorkerCapabilities,
+) -> Result<Option<Run>, StoreError> {
     let store = worker.engine.store();
-    let pick =
-        || store.pick_next_pending_for(Some(lease.clone()), Some(worker.capabilities.clone()));
+    let pick = || store.pick_next_pending_for(Some(lease.clone()), Some(capabilities.clone()));
     match pick().await {
         Err(StoreError::Database(msg)) if msg.starts_with("worker HTTP error") => {
             warn!(error = %msg, "claim failed on the connection, retrying on a fresh one");
@@ -288,89 +292,5 @@ async fn fail_blocked(
         duration_ms: 0,
         error: Some(error),
         retry_count: run.retry_count,
-    }
-}
-
-/// The poison-pill table as seen by one invocation: each workflow's counter is read at most
-/// once, and a success writes only when a counter exists.
-struct PoisonGate {
-    table: Arc<dyn PoisonTable>,
-    policy: PoisonPolicy,
-    seen: HashMap<String, Option<FailureCounter>>,
-}
-
-impl PoisonGate {
-    fn new(table: Arc<dyn PoisonTable>, policy: PoisonPolicy) -> Self {
-        Self {
-            table,
-            policy,
-            seen: HashMap::new(),
-        }
-    }
-
-    async fn counter(&mut self, workflow: &str) -> Option<FailureCounter> {
-        if let Some(known) = self.seen.get(workflow) {
-            return *known;
-        }
-        let counter = match self.table.counter(workflow, now_ms()).await {
-            Ok(c) => c,
-            Err(e) => {
-                // Fail open: an unreachable table must not stop the fleet.
-                error!(workflow, error = %e, "poison-pill check failed: executing the run anyway");
-                return None;
-            }
-        };
-        self.seen.insert(workflow.to_string(), counter);
-        counter
-    }
-
-    /// Why `workflow` is blocked now, if it is.
-    async fn blocked_reason(&mut self, workflow: &str) -> Option<String> {
-        let counter = self.counter(workflow).await?;
-        let now = now_ms();
-        self.policy.is_blocked(&counter, now).then(|| {
-            let left = Duration::from_millis(
-                (counter.last_failure_ms + self.policy.cooldown.as_millis() as u64)
-                    .saturating_sub(now),
-            );
-            format!(
-                "workflow '{workflow}' is blocked as a poison pill: {} consecutive failures \
-                 (threshold {}); blocked for another {}s",
-                counter.consecutive_failures,
-                self.policy.threshold,
-                left.as_secs()
-            )
-        })
-    }
-
-    async fn record(&mut self, report: &RunReport) {
-        let workflow = report.workflow.as_str();
-        if report.outcome.is_workflow_failure() {
-            let failure_id = format!("{}/{}", report.run_id, report.retry_count);
-            match self
-                .table
-                .record_failure(workflow, &failure_id, now_ms())
-                .await
-            {
-                Ok(counter) => {
-                    if counter.consecutive_failures >= self.policy.threshold {
-                        warn!(
-                            workflow,
-                            consecutive_failures = counter.consecutive_failures,
-                            "workflow flagged as poison pill"
-                        );
-                    }
-                    self.seen.insert(workflow.to_string(), Some(counter));
-                }
-                Err(e) => error!(workflow, error = %e, "could not record the failure"),
-            }
-        } else if report.outcome == Outcome::Completed && self.counter(workflow).await.is_some() {
-            match self.table.reset(workflow).await {
-                Ok(()) => {
-                    self.seen.insert(workflow.to_string(), None);
-                }
-                Err(e) => error!(workflow, error = %e, "could not reset the failure counter"),
-            }
-        }
     }
 }

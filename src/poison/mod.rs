@@ -8,6 +8,7 @@
 //! Lambda instances do not persist between calls, so the production table is shared (see the
 //! DynamoDB implementation); [`memory::MemoryPoisonTable`] is the local and test default.
 
+pub mod gate;
 pub mod memory;
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
