@@ -20,9 +20,11 @@ use ironflow_store::store::Store;
 use ironflow_worker::ApiRunStore;
 use tracing::warn;
 
+use crate::api::{ApiError, InternalApi};
 use crate::config::{ConfigError, Settings, WorkerToken};
 use crate::poison::PoisonTable;
 use crate::poison::memory::MemoryPoisonTable;
+use crate::wake::{WakeUps, Waker};
 
 /// `build()` refused the configuration.
 #[derive(Debug, thiserror::Error)]
@@ -47,6 +49,9 @@ pub enum BuildError {
     /// An environment variable is missing or malformed (from [`LambdaWorkerBuilder::from_env`]).
     #[error(transparent)]
     Config(#[from] ConfigError),
+    /// The HTTP client for the API routes `ApiRunStore` does not cover could not be built.
+    #[error(transparent)]
+    Api(#[from] ApiError),
 }
 
 /// Builder for a [`LambdaWorker`].
@@ -76,6 +81,7 @@ pub struct LambdaWorkerBuilder {
     account_strategy: Option<Arc<dyn AccountStrategy>>,
     handlers: Vec<Box<dyn WorkflowHandler>>,
     poison_table: Option<Arc<dyn PoisonTable>>,
+    waker: Option<Waker>,
 }
 
 impl LambdaWorkerBuilder {
@@ -103,6 +109,7 @@ impl LambdaWorkerBuilder {
             account_strategy: None,
             handlers: Vec::new(),
             poison_table: None,
+            waker: None,
         }
     }
 
@@ -227,6 +234,13 @@ impl LambdaWorkerBuilder {
         self
     }
 
+    /// Send wake-ups to an SQS queue after a batch that handed runs back or left a backlog
+    /// (see [`crate::wake`]; from the environment: [`Waker::from_env`]). Default: none.
+    pub fn wake_ups(mut self, waker: Waker) -> Self {
+        self.waker = Some(waker);
+        self
+    }
+
     /// Handbacks in a row without a completed step before a run is failed. Default 3.
     pub fn max_handbacks_without_progress(mut self, n: u32) -> Self {
         self.settings.max_handbacks_without_progress = n;
@@ -272,11 +286,19 @@ impl LambdaWorkerBuilder {
         let poison_table = self
             .poison_table
             .unwrap_or_else(|| Arc::new(MemoryPoisonTable::new(s.poison)));
+        let wake = match self.waker {
+            Some(waker) => Some(WakeUps {
+                waker,
+                api: InternalApi::new(&s.api_url, s.worker_token.clone())?,
+            }),
+            None => None,
+        };
 
         Ok(LambdaWorker {
             engine: Arc::new(engine),
             capabilities,
             poison_table,
+            wake,
             settings: s,
         })
     }
@@ -363,6 +385,7 @@ pub struct LambdaWorker {
     pub(crate) engine: Arc<Engine>,
     pub(crate) capabilities: WorkerCapabilities,
     pub(crate) poison_table: Arc<dyn PoisonTable>,
+    pub(crate) wake: Option<WakeUps>,
     pub(crate) settings: Settings,
 }
 

@@ -1,43 +1,231 @@
 //! The Lambda function handler: the one code path both the Lambda runtime
 //! (`src/bin/ironflow-lambda.rs`) and the local runner drive.
+//!
+//! ```text
+//! event ──trigger──▶ Schedule │ Direct            ──▶ one batch ──▶ summary JSON
+//!                    Sqs (wake-ups, rejected)     ──▶ one batch ──▶ {"batchItemFailures": [...]}
+//!                    invalid                      ──▶ error, nothing claimed
+//! ```
+//!
+//! **When the handler returns an error.** An invalid event (nothing claimed), an SQS record
+//! without a message id (on purpose: it cannot be reported, so SQS retries the whole batch), and
+//! a schedule or direct invocation whose batch could not run at all: nothing was claimed because
+//! a claim failed (API unreachable, auth refused) or no time was left. Such an error shows in the
+//! function's `Errors` metric and reaches an asynchronous invocation's on-failure destination.
+//! A batch that ran is never an error, whatever became of its runs (failed runs, a claim error
+//! after some claims, a wake-up that could not be sent): the summary reports them, and a retry
+//! by Lambda would only claim more runs. For SQS, a batch that could not run lists every record
+//! in `batchItemFailures` (SQS retries them) instead of failing the invocation.
 
-use lambda_runtime::LambdaEvent;
+use aws_lambda_events::event::sqs::SqsBatchResponse;
+use lambda_runtime::{Context, LambdaEvent};
 use serde_json::Value;
-use tracing::info;
+use tracing::{info, warn};
 
 use crate::builder::LambdaWorker;
 use crate::deadline::Budget;
-use crate::invocation::{self, InvocationSummary};
-use crate::trigger::{self, TriggerError};
+use crate::invocation::{self, BatchRequest, InvocationSummary, StopReason};
+use crate::trigger::{self, Trigger, TriggerError};
 
-/// Handle one invocation event: parse the trigger, run the batch against the invocation
-/// deadline (`Context.deadline`, ms since the epoch), and return the summary as JSON.
+/// `Context.deadline` values below this (10¹² ms since the epoch, September 2001) are not real
+/// deadlines: Lambda always sends one in the future, `cargo lambda watch` sends a constant
+/// 600 000 ms and a hand-built `Context` has 0. With such a value the invocation gets the
+/// configured function timeout (`IRONFLOW_FUNCTION_TIMEOUT_SECS`) from now.
+pub const EMULATED_DEADLINE_BELOW_MS: u64 = 1_000_000_000_000;
+
+/// What the handler answers.
+#[derive(Debug, Clone)]
+pub enum Response {
+    /// A schedule tick or a direct invocation: the batch's summary.
+    Summary(InvocationSummary),
+    /// An SQS event: the partial batch response, and the summary of the batch (`None` when no
+    /// record was a valid wake-up, so no batch ran).
+    Sqs {
+        /// `{"batchItemFailures": [{"itemIdentifier": "<messageId>"}]}`.
+        batch_response: SqsBatchResponse,
+        /// The batch's summary, logged.
+        summary: Option<InvocationSummary>,
+    },
+}
+
+impl Response {
+    /// The JSON returned to Lambda: the summary, or exactly the partial batch response.
+    pub fn to_json(&self) -> Value {
+        let json = match self {
+            Self::Summary(summary) => serde_json::to_value(summary),
+            Self::Sqs { batch_response, .. } => serde_json::to_value(batch_response),
+        };
+        json.unwrap_or(Value::Null)
+    }
+
+    /// The batch's summary, when a batch ran.
+    pub fn summary(&self) -> Option<&InvocationSummary> {
+        match self {
+            Self::Summary(summary) => Some(summary),
+            Self::Sqs { summary, .. } => summary.as_ref(),
+        }
+    }
+}
+
+/// The invocation fails.
+#[derive(Debug, thiserror::Error)]
+pub enum HandlerError {
+    /// The event cannot start a batch; nothing was claimed.
+    #[error(transparent)]
+    InvalidEvent(#[from] TriggerError),
+    /// A schedule or direct invocation whose batch could not run at all.
+    #[error("the batch could not run: {reason} (request {request_id}; its summary is in the log)")]
+    BatchNotRun {
+        /// Lambda's request id.
+        request_id: String,
+        /// Why (the claim error, or the lack of time).
+        reason: String,
+    },
+}
+
+impl From<HandlerError> for lambda_runtime::Diagnostic {
+    fn from(e: HandlerError) -> Self {
+        match e {
+            HandlerError::InvalidEvent(e) => e.into(),
+            e @ HandlerError::BatchNotRun { .. } => Self {
+                error_type: "BatchNotRun".to_string(),
+                error_message: e.to_string(),
+            },
+        }
+    }
+}
+
+/// Handle one invocation event and return the JSON Lambda sends back: the summary for a
+/// schedule or direct invocation, the partial batch response for SQS.
 ///
 /// # Errors
 ///
-/// [`TriggerError`] when the event cannot start a batch; nothing is claimed then. A batch
-/// whose runs failed is not an error: the summary reports each run.
+/// [`HandlerError`]: see the module docs for when.
 pub async fn handle(
     worker: &LambdaWorker,
     event: LambdaEvent<Value>,
-) -> Result<Value, TriggerError> {
-    let summary = handle_summary(worker, event).await?;
-    Ok(serde_json::to_value(&summary).unwrap_or(Value::Null))
+) -> Result<Value, HandlerError> {
+    handle_response(worker, event)
+        .await
+        .map(|response| response.to_json())
 }
 
-/// [`handle`], returning the typed summary.
+/// [`handle`], returning the typed response.
 ///
 /// # Errors
 ///
-/// [`TriggerError`] when the event cannot start a batch.
-pub async fn handle_summary(
+/// [`HandlerError`]: see the module docs for when.
+pub async fn handle_response(
     worker: &LambdaWorker,
     event: LambdaEvent<Value>,
-) -> Result<InvocationSummary, TriggerError> {
+) -> Result<Response, HandlerError> {
     let (payload, context) = event.into_parts();
-    let request = trigger::parse_event(&payload, worker.settings().max_runs_per_invocation)?;
-    let budget = Budget::from_epoch_ms(context.deadline, worker.settings().deadline_margin);
-    let summary = invocation::run(worker, &context.request_id, budget, &request).await;
+    let trigger = match trigger::parse_event(&payload, worker.settings().max_runs_per_invocation) {
+        Ok(trigger) => trigger,
+        Err(e) => {
+            warn!(request_id = %context.request_id, error = %e, "invalid event: nothing claimed");
+            return Err(e.into());
+        }
+    };
+    match trigger {
+        Trigger::Schedule(tick) => {
+            info!(time = %tick.time, rule = tick.rule.as_deref().unwrap_or(""), "schedule tick");
+            one_batch(worker, &context, &BatchRequest::default()).await
+        }
+        Trigger::Direct(direct) => {
+            info!(max_runs = ?direct.request.max_runs, reason = direct.reason.as_deref().unwrap_or(""),
+                "direct invocation");
+            one_batch(worker, &context, &direct.request).await
+        }
+        Trigger::Sqs(wake_ups) => {
+            for rejected in &wake_ups.rejected {
+                warn!(message_id = %rejected.message_id, error = %rejected.error,
+                    "malformed wake-up: reported as a batch item failure");
+            }
+            for w in &wake_ups.accepted {
+                info!(message_id = %w.message_id, max_runs = ?w.max_runs,
+                    reason = w.reason.as_deref().unwrap_or(""), "wake-up");
+            }
+            let mut batch_response = SqsBatchResponse::default();
+            let Some(request) = wake_ups.batch_request() else {
+                batch_response.set_failures(wake_ups.rejected.iter().map(|r| &r.message_id));
+                return Ok(Response::Sqs {
+                    batch_response,
+                    summary: None,
+                });
+            };
+            let summary = run_batch(worker, &context, &request).await;
+            match could_not_run(&summary) {
+                Some(reason) => {
+                    warn!(error = %reason, records = wake_ups.accepted.len() + wake_ups.rejected.len(),
+                        "the batch could not run: every record is reported for SQS to retry");
+                    batch_response.set_failures(wake_ups.all_message_ids());
+                }
+                None => {
+                    batch_response.set_failures(wake_ups.rejected.iter().map(|r| &r.message_id));
+                }
+            }
+            Ok(Response::Sqs {
+                batch_response,
+                summary: Some(summary),
+            })
+        }
+    }
+}
+
+/// A schedule tick or direct invocation: the batch, and an error when it could not run.
+async fn one_batch(
+    worker: &LambdaWorker,
+    context: &Context,
+    request: &BatchRequest,
+) -> Result<Response, HandlerError> {
+    let summary = run_batch(worker, context, request).await;
+    match could_not_run(&summary) {
+        Some(reason) => Err(HandlerError::BatchNotRun {
+            request_id: context.request_id.clone(),
+            reason,
+        }),
+        None => Ok(Response::Summary(summary)),
+    }
+}
+
+async fn run_batch(
+    worker: &LambdaWorker,
+    context: &Context,
+    request: &BatchRequest,
+) -> InvocationSummary {
+    let settings = worker.settings();
+    let budget = if context.deadline < EMULATED_DEADLINE_BELOW_MS {
+        warn!(
+            deadline_ms = context.deadline,
+            function_timeout_secs = settings.function_timeout.as_secs(),
+            "Context.deadline is not a real deadline (an emulator?): using IRONFLOW_FUNCTION_TIMEOUT_SECS from now"
+        );
+        Budget::from_time_left(settings.function_timeout, settings.deadline_margin)
+    } else {
+        Budget::from_epoch_ms(context.deadline, settings.deadline_margin)
+    };
+    let summary = invocation::run(worker, &context.request_id, budget, request).await;
     info!(summary = %serde_json::to_string(&summary).unwrap_or_default(), "invocation summary");
-    Ok(summary)
+    summary
+}
+
+/// Why the batch could not run at all, if it could not: nothing claimed, and the claim loop
+/// stopped on a claim error (API unreachable, auth refused) or for lack of time.
+pub fn could_not_run(summary: &InvocationSummary) -> Option<String> {
+    if summary.claimed > 0 {
+        return None;
+    }
+    match summary.stop_reason {
+        StopReason::ClaimError => Some(if summary.errors.is_empty() {
+            "a claim failed".to_string()
+        } else {
+            summary.errors.join("; ")
+        }),
+        StopReason::Cutoff => Some(
+            "no time left to claim a run before the cutoff (deadline − IRONFLOW_DEADLINE_MARGIN_MS − IRONFLOW_MIN_CLAIM_BUDGET_MS)"
+                .to_string(),
+        ),
+        StopReason::MaxRuns | StopReason::NoPendingRun => None,
+    }
 }

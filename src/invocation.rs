@@ -8,11 +8,14 @@
 //!     poison-pill table: workflow blocked? → fail the run, with the reason
 //!     spawn its execution
 //! await every execution → outcomes → poison-pill table
-//! kill the processes runs left behind → summary
+//! kill the processes runs left behind
+//! wake-ups: runs handed back, or N taken with runs still pending → SQS (crate::wake)
+//! → summary
 //! ```
 //!
-//! Nothing outlives [`run`]: every execution, lease refresher and child process is finished or
-//! cancelled before it returns, because Lambda freezes the process after the response.
+//! Nothing outlives [`run`]: every execution, lease refresher, child process and wake-up send is
+//! finished or cancelled before it returns, because Lambda freezes the process after the
+//! response.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -32,6 +35,7 @@ use crate::execution::{self, ExecutionParams, Outcome, RunReport};
 use crate::handback::HandbackPolicy;
 use crate::orphans::InvocationGuard;
 use crate::poison::gate::PoisonGate;
+use crate::wake::{self, BatchEnd, WakeReport};
 
 /// What one invocation is asked to do (from the trigger event).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -75,6 +79,9 @@ pub struct InvocationSummary {
     pub time_left_ms: u64,
     /// Processes left behind by runs and killed at the end of the invocation.
     pub orphans_killed: usize,
+    /// The wake-ups sent after the batch; absent without a wake queue (`IRONFLOW_WAKE_QUEUE_URL`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub wake_ups: Option<WakeReport>,
 }
 
 impl InvocationSummary {
@@ -208,6 +215,14 @@ async fn run_in_span(
     for r in &runs {
         *outcomes.entry(r.outcome).or_insert(0) += 1;
     }
+    let end = BatchEnd {
+        request_id,
+        handed_back: outcomes.get(&Outcome::HandedBack).copied().unwrap_or(0),
+        filled: stop_reason == StopReason::MaxRuns,
+        capabilities: &capabilities,
+        budget,
+    };
+    let wake_ups = wake::after_batch(worker, end).await;
     let summary = InvocationSummary {
         request_id: request_id.to_string(),
         worker_id,
@@ -218,6 +233,7 @@ async fn run_in_span(
         errors,
         time_left_ms: u64::try_from(budget.until_deadline().as_millis()).unwrap_or(u64::MAX),
         orphans_killed,
+        wake_ups,
     };
     info!(
         claimed = summary.claimed,

@@ -33,8 +33,10 @@
 //! Modules, in the order of one invocation: [`config`] and [`builder`] (cold start),
 //! [`handler`] and [`trigger`] (event in), [`deadline`] and [`invocation`] (the batch),
 //! [`execution`], [`lease`] and [`handback`] (one run), [`poison`] (the poison-pill table),
-//! [`orphans`] (no process outlives the invocation).
+//! [`orphans`] (no process outlives the invocation), [`wake`] and [`api`] (wake-ups after the
+//! batch).
 
+pub mod api;
 pub mod builder;
 pub mod config;
 pub mod deadline;
@@ -48,4 +50,5 @@ pub mod local;
 pub mod orphans;
 pub mod poison;
 pub mod trigger;
+pub mod wake;
 pub mod workflows;

@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use ironflow_core::providers::claude::ClaudeCodeProvider;
 use ironflow_lambda::builder::LambdaWorkerBuilder;
+use ironflow_lambda::wake::Waker;
 use ironflow_lambda::{handler, orphans, workflows};
 use lambda_runtime::{Error, LambdaEvent, service_fn};
 use serde_json::Value;
@@ -22,15 +23,17 @@ async fn main() -> Result<(), Error> {
         .init();
 
     orphans::become_subreaper();
-    let worker = Arc::new(
-        LambdaWorkerBuilder::from_env()?
-            .provider(Arc::new(ClaudeCodeProvider::new()))
-            .register(workflows::QuickShell)
-            .register(workflows::MultiStep { step_secs: 5.0 })
-            .register(workflows::Flaky)
-            .register(workflows::AlwaysFails)
-            .build()?,
-    );
+    let mut builder = LambdaWorkerBuilder::from_env()?
+        .provider(Arc::new(ClaudeCodeProvider::new()))
+        .register(workflows::QuickShell)
+        .register(workflows::MultiStep { step_secs: 5.0 })
+        .register(workflows::Flaky)
+        .register(workflows::AlwaysFails);
+    // Wake-ups when IRONFLOW_WAKE_QUEUE_URL is set (the SQS client honours AWS_ENDPOINT_URL).
+    if let Some(waker) = Waker::from_env().await? {
+        builder = builder.wake_ups(waker);
+    }
+    let worker = Arc::new(builder.build()?);
     lambda_runtime::run(service_fn(move |event: LambdaEvent<Value>| {
         let worker = worker.clone();
         async move { handler::handle(&worker, event).await }
