@@ -1,0 +1,560 @@
+//! Triggers and wake-ups through the handler, in-process, against the real ironflow API
+//! (`LocalApi`) and moto's SQS (`IRONFLOW_TEST_MOTO_ENDPOINT`, started by `./scripts/test`).
+//!
+//! The sample events in `events/` are the inputs; responses are compared as exact JSON.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use aws_sdk_sqs::types::QueueAttributeName;
+use ironflow_core::providers::claude::ClaudeCodeProvider;
+use ironflow_lambda::builder::LambdaWorkerBuilder;
+use ironflow_lambda::handler::{self, HandlerError, Response};
+use ironflow_lambda::local::{LocalApi, new_run};
+use ironflow_lambda::trigger::TriggerError;
+use ironflow_lambda::wake::{WakeSettings, WakeTrigger, Waker};
+use ironflow_lambda::workflows;
+use ironflow_store::entities::RunStatus;
+use ironflow_store::store::Store;
+use lambda_runtime::{Context, LambdaEvent};
+use serde_json::{Value, json};
+use uuid::Uuid;
+
+const TOKEN: &str = "triggers-test-token";
+
+fn sample(name: &str) -> Value {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("events")
+        .join(name);
+    serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap()
+}
+
+fn epoch_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64
+}
+
+/// An event with a real deadline `left` from now.
+fn event(payload: Value, left: Duration) -> LambdaEvent<Value> {
+    let mut context = Context::default();
+    context.request_id = Uuid::new_v4().to_string();
+    context.deadline = epoch_ms() + left.as_millis() as u64;
+    LambdaEvent::new(payload, context)
+}
+
+/// N = 2, as the samples assume.
+fn builder(api_url: &str, token: &str) -> LambdaWorkerBuilder {
+    LambdaWorkerBuilder::new(api_url, token)
+        .provider(Arc::new(ClaudeCodeProvider::new()))
+        .register(workflows::QuickShell)
+        .register(workflows::MultiStep { step_secs: 30.0 })
+        .max_runs_per_invocation(2)
+        .concurrency(2)
+        .function_timeout(Duration::from_secs(30))
+        .deadline_margin(Duration::from_millis(1500))
+        .min_claim_budget(Duration::from_millis(200))
+        .lease_ttl(Duration::from_secs(10))
+        .lease_refresh_interval(Duration::from_secs(1))
+}
+
+async fn create(api: &LocalApi, workflow: &str, count: usize) -> Vec<Uuid> {
+    let mut ids = Vec::new();
+    for _ in 0..count {
+        ids.push(
+            api.store()
+                .create_run(new_run(workflow, 0))
+                .await
+                .unwrap()
+                .into_run()
+                .id,
+        );
+    }
+    ids
+}
+
+async fn states(store: &Arc<dyn Store>, ids: &[Uuid]) -> Vec<RunStatus> {
+    let mut out = Vec::new();
+    for id in ids {
+        out.push(store.get_run(*id).await.unwrap().unwrap().status.state);
+    }
+    out
+}
+
+/// A loopback URL nothing listens on.
+async fn unreachable_url() -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    drop(listener);
+    format!("http://{addr}")
+}
+
+fn failures(ids: &[&str]) -> Value {
+    json!({"batchItemFailures": ids.iter().map(|id| json!({"itemIdentifier": id})).collect::<Vec<_>>()})
+}
+
+const WAKE_IDS: [&str; 3] = [
+    "9a1b7c6e-0d2f-4c1e-9a55-000000000001",
+    "9a1b7c6e-0d2f-4c1e-9a55-000000000002",
+    "9a1b7c6e-0d2f-4c1e-9a55-000000000003",
+];
+const MALFORMED_ID: &str = "5c0ffee0-1111-4a2b-8c3d-000000000002";
+
+// --- events in, responses out ------------------------------------------------------------
+
+#[tokio::test]
+async fn sqs_wake_ups_run_one_batch_and_answer_an_empty_failure_list() {
+    let api = LocalApi::start(TOKEN).await.unwrap();
+    let worker = builder(&api.url(), TOKEN).build().unwrap();
+    let runs = create(&api, "quick-shell", 2).await;
+
+    let response = handler::handle_response(
+        &worker,
+        event(sample("sqs-wake-ups.json"), Duration::from_secs(30)),
+    )
+    .await
+    .unwrap();
+    assert_eq!(response.to_json(), json!({"batchItemFailures": []}));
+    let summary = response.summary().unwrap();
+    assert_eq!(summary.claimed, 2, "{summary:?}");
+    assert_eq!(
+        states(api.store(), &runs).await,
+        [RunStatus::Completed, RunStatus::Completed]
+    );
+}
+
+#[tokio::test]
+async fn a_malformed_body_fails_only_its_own_record() {
+    let api = LocalApi::start(TOKEN).await.unwrap();
+    let worker = builder(&api.url(), TOKEN).build().unwrap();
+    let runs = create(&api, "quick-shell", 1).await;
+
+    let response = handler::handle(
+        &worker,
+        event(sample("sqs-one-malformed.json"), Duration::from_secs(30)),
+    )
+    .await
+    .unwrap();
+    assert_eq!(response, failures(&[MALFORMED_ID]));
+    assert_eq!(states(api.store(), &runs).await, [RunStatus::Completed]);
+}
+
+#[tokio::test]
+async fn only_malformed_records_run_no_batch() {
+    let api = LocalApi::start(TOKEN).await.unwrap();
+    let worker = builder(&api.url(), TOKEN).build().unwrap();
+    let runs = create(&api, "quick-shell", 1).await;
+    let mut event_json = sample("sqs-one-malformed.json");
+    event_json["Records"][0]["body"] = json!("[not, an, object]");
+    let first = event_json["Records"][0]["messageId"]
+        .as_str()
+        .unwrap()
+        .to_string();
+
+    let response = handler::handle_response(&worker, event(event_json, Duration::from_secs(30)))
+        .await
+        .unwrap();
+    assert_eq!(response.to_json(), failures(&[&first, MALFORMED_ID]));
+    assert!(response.summary().is_none());
+    assert_eq!(states(api.store(), &runs).await, [RunStatus::Pending]);
+}
+
+#[tokio::test]
+async fn sqs_batch_that_cannot_run_lists_every_record() {
+    // The API unreachable.
+    let worker = builder(&unreachable_url().await, TOKEN).build().unwrap();
+    let response = handler::handle(
+        &worker,
+        event(sample("sqs-wake-ups.json"), Duration::from_secs(30)),
+    )
+    .await
+    .unwrap();
+    assert_eq!(response, failures(&WAKE_IDS));
+
+    // Auth refused: the record with a malformed body is listed as well, once.
+    let api = LocalApi::start(TOKEN).await.unwrap();
+    let runs = create(&api, "quick-shell", 1).await;
+    let worker = builder(&api.url(), "wrong-token").build().unwrap();
+    let response = handler::handle(
+        &worker,
+        event(sample("sqs-one-malformed.json"), Duration::from_secs(30)),
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        response,
+        failures(&["5c0ffee0-1111-4a2b-8c3d-000000000001", MALFORMED_ID])
+    );
+    assert_eq!(states(api.store(), &runs).await, [RunStatus::Pending]);
+}
+
+#[tokio::test]
+async fn sqs_batch_without_time_left_lists_every_record_and_claims_nothing() {
+    let api = LocalApi::start(TOKEN).await.unwrap();
+    let worker = builder(&api.url(), TOKEN).build().unwrap();
+    let runs = create(&api, "quick-shell", 1).await;
+    // 1 s left, below the 1.5 s margin: the cutoff has already passed.
+    let response = handler::handle(
+        &worker,
+        event(sample("sqs-wake-ups.json"), Duration::from_secs(1)),
+    )
+    .await
+    .unwrap();
+    assert_eq!(response, failures(&WAKE_IDS));
+    assert_eq!(states(api.store(), &runs).await, [RunStatus::Pending]);
+}
+
+#[tokio::test]
+async fn schedule_and_direct_batches_that_cannot_run_are_errors() {
+    let worker = builder(&unreachable_url().await, TOKEN).build().unwrap();
+    for name in [
+        "schedule.json",
+        "schedule-custom-input.json",
+        "direct-empty.json",
+    ] {
+        let err = handler::handle(&worker, event(sample(name), Duration::from_secs(30)))
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(err, HandlerError::BatchNotRun { .. }),
+            "{name}: {err}"
+        );
+        assert!(err.to_string().contains("claim failed"), "{name}: {err}");
+        let diagnostic = lambda_runtime::Diagnostic::from(err);
+        assert_eq!(diagnostic.error_type, "BatchNotRun");
+    }
+}
+
+#[tokio::test]
+async fn invalid_events_are_refused_before_any_call_to_the_api() {
+    let api = LocalApi::start(TOKEN).await.unwrap();
+    let worker = builder(&api.url(), TOKEN).build().unwrap();
+    let runs = create(&api, "quick-shell", 1).await;
+    let before = api.requests();
+
+    for (name, kind) in [
+        ("invalid-max-runs.json", "InvalidEvent"),
+        ("invalid-not-an-object.json", "InvalidEvent"),
+        ("invalid-s3-notification.json", "InvalidEvent"),
+        (
+            "invalid-sqs-without-message-id.json",
+            "UnreportableSqsRecord",
+        ),
+    ] {
+        let err = handler::handle(&worker, event(sample(name), Duration::from_secs(30)))
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(err, HandlerError::InvalidEvent(_)),
+            "{name}: {err}"
+        );
+        assert_eq!(
+            lambda_runtime::Diagnostic::from(err).error_type,
+            kind,
+            "{name}"
+        );
+    }
+    let err = handler::handle(
+        &worker,
+        event(sample("invalid-max-runs.json"), Duration::from_secs(30)),
+    )
+    .await
+    .unwrap_err();
+    assert!(matches!(
+        err,
+        HandlerError::InvalidEvent(TriggerError::InvalidField {
+            field: "max_runs",
+            ..
+        })
+    ));
+    assert!(err.to_string().contains("1 to 2"), "{err}");
+
+    assert_eq!(api.requests(), before, "an invalid event reached the API");
+    assert_eq!(states(api.store(), &runs).await, [RunStatus::Pending]);
+}
+
+#[tokio::test]
+async fn overrides_and_custom_inputs_size_the_batch() {
+    let api = LocalApi::start(TOKEN).await.unwrap();
+    let worker = builder(&api.url(), TOKEN).build().unwrap();
+    create(&api, "quick-shell", 6).await;
+
+    for (name, claimed) in [
+        ("direct-overrides.json", 1),
+        ("schedule-custom-input.json", 2),
+        ("schedule.json", 2),
+        ("direct-empty.json", 1),
+    ] {
+        let response =
+            handler::handle_response(&worker, event(sample(name), Duration::from_secs(30)))
+                .await
+                .unwrap();
+        let Response::Summary(summary) = response else {
+            panic!("{name}: not a summary")
+        };
+        assert_eq!(summary.claimed, claimed, "{name}: {summary:?}");
+        assert!(summary.wake_ups.is_none(), "no wake queue configured");
+    }
+}
+
+#[tokio::test]
+async fn emulated_deadline_gets_the_function_timeout() {
+    let api = LocalApi::start(TOKEN).await.unwrap();
+    let worker = builder(&api.url(), TOKEN).build().unwrap();
+    let runs = create(&api, "quick-shell", 1).await;
+    // cargo lambda watch sends Lambda-Runtime-Deadline-Ms: 600000 (1970).
+    let mut context = Context::default();
+    context.request_id = "emulated".into();
+    context.deadline = 600_000;
+    let response = handler::handle(&worker, LambdaEvent::new(json!({}), context))
+        .await
+        .unwrap();
+    assert_eq!(response["claimed"], 1, "{response}");
+    assert_eq!(states(api.store(), &runs).await, [RunStatus::Completed]);
+}
+
+// --- wake-ups (moto's SQS) ----------------------------------------------------------------
+
+fn moto_endpoint() -> String {
+    std::env::var("IRONFLOW_TEST_MOTO_ENDPOINT").unwrap_or_else(|_| {
+        panic!("IRONFLOW_TEST_MOTO_ENDPOINT is not set: run the tests with ./scripts/test, which starts moto's server")
+    })
+}
+
+fn sqs_client() -> aws_sdk_sqs::Client {
+    let config = aws_sdk_sqs::Config::builder()
+        .behavior_version(aws_sdk_sqs::config::BehaviorVersion::latest())
+        .region(aws_sdk_sqs::config::Region::new("us-east-1"))
+        .credentials_provider(aws_sdk_sqs::config::Credentials::new(
+            "testing", "testing", None, None, "test",
+        ))
+        .endpoint_url(moto_endpoint())
+        .build();
+    aws_sdk_sqs::Client::from_conf(config)
+}
+
+async fn new_queue(sqs: &aws_sdk_sqs::Client) -> String {
+    sqs.create_queue()
+        .queue_name(format!("wake-{}", Uuid::new_v4().simple()))
+        .send()
+        .await
+        .unwrap()
+        .queue_url()
+        .unwrap()
+        .to_string()
+}
+
+async fn queue_depth(sqs: &aws_sdk_sqs::Client, url: &str) -> (u64, u64) {
+    let out = sqs
+        .get_queue_attributes()
+        .queue_url(url)
+        .attribute_names(QueueAttributeName::ApproximateNumberOfMessages)
+        .attribute_names(QueueAttributeName::ApproximateNumberOfMessagesDelayed)
+        .send()
+        .await
+        .unwrap();
+    let get = |name| {
+        out.attributes()
+            .and_then(|a| a.get(&name))
+            .map_or(0, |v| v.parse().unwrap())
+    };
+    (
+        get(QueueAttributeName::ApproximateNumberOfMessages),
+        get(QueueAttributeName::ApproximateNumberOfMessagesDelayed),
+    )
+}
+
+/// Receive (and delete) every visible message, waiting for `expected` of them.
+async fn drain(sqs: &aws_sdk_sqs::Client, url: &str, expected: usize) -> Vec<Value> {
+    let mut bodies = Vec::new();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while bodies.len() < expected && tokio::time::Instant::now() < deadline {
+        let out = sqs
+            .receive_message()
+            .queue_url(url)
+            .max_number_of_messages(10)
+            .wait_time_seconds(1)
+            .send()
+            .await
+            .unwrap();
+        for m in out.messages() {
+            bodies.push(serde_json::from_str(m.body().unwrap()).unwrap());
+            sqs.delete_message()
+                .queue_url(url)
+                .receipt_handle(m.receipt_handle().unwrap())
+                .send()
+                .await
+                .unwrap();
+        }
+    }
+    bodies
+}
+
+fn waker(sqs: &aws_sdk_sqs::Client, url: &str, max: usize, delay_secs: u64) -> Waker {
+    let mut settings = WakeSettings::new(url);
+    settings.max_per_invocation = max;
+    settings.handback_delay = Duration::from_secs(delay_secs);
+    Waker::new(sqs.clone(), settings)
+}
+
+#[tokio::test]
+async fn a_filled_batch_sends_what_the_backlog_needs_minus_what_is_queued() {
+    let sqs = sqs_client();
+    let url = new_queue(&sqs).await;
+    let api = LocalApi::start(TOKEN).await.unwrap();
+    let worker = builder(&api.url(), TOKEN)
+        .wake_ups(waker(&sqs, &url, 3, 0))
+        .build()
+        .unwrap();
+    create(&api, "quick-shell", 5).await;
+
+    // Claims 2 of 5: 3 pending → ceil(3 / 2) = 2 wake-ups.
+    let response = handler::handle(&worker, event(json!({}), Duration::from_secs(30)))
+        .await
+        .unwrap();
+    let wake = &response["wake_ups"];
+    assert_eq!(
+        (
+            wake["trigger"].clone(),
+            wake["pending_runs"].clone(),
+            wake["queued"].clone(),
+            wake["sent"].clone()
+        ),
+        (json!("backlog"), json!(3), json!(0), json!(2)),
+        "{response}"
+    );
+    assert_eq!(queue_depth(&sqs, &url).await, (2, 0));
+
+    // Claims 2 more: 1 pending → 1 wake-up needed, 2 already queued → none sent.
+    let response = handler::handle(&worker, event(json!({}), Duration::from_secs(30)))
+        .await
+        .unwrap();
+    assert_eq!(response["wake_ups"]["sent"], 0, "{response}");
+    assert_eq!(response["wake_ups"]["queued"], 2, "{response}");
+
+    let bodies = drain(&sqs, &url, 2).await;
+    assert_eq!(bodies.len(), 2);
+    for body in &bodies {
+        assert_eq!(body["reason"], "backlog");
+        assert_eq!(body["pending_runs"], 3);
+    }
+    // Each wake-up is a valid wake-up for the queue-triggered function.
+    let records: Vec<Value> = bodies
+        .iter()
+        .enumerate()
+        .map(|(i, b)| json!({"messageId": format!("w{i}"), "body": b.to_string(), "eventSource": "aws:sqs"}))
+        .collect();
+    let response = handler::handle(
+        &worker,
+        event(json!({"Records": records}), Duration::from_secs(30)),
+    )
+    .await
+    .unwrap();
+    assert_eq!(response, json!({"batchItemFailures": []}));
+}
+
+#[tokio::test]
+async fn wake_ups_are_capped_per_invocation() {
+    let sqs = sqs_client();
+    let url = new_queue(&sqs).await;
+    let api = LocalApi::start(TOKEN).await.unwrap();
+    let worker = builder(&api.url(), TOKEN)
+        .max_runs_per_invocation(1)
+        .wake_ups(waker(&sqs, &url, 2, 0))
+        .build()
+        .unwrap();
+    create(&api, "quick-shell", 7).await;
+
+    let response = handler::handle(&worker, event(json!({}), Duration::from_secs(30)))
+        .await
+        .unwrap();
+    assert_eq!(response["wake_ups"]["pending_runs"], 6, "{response}");
+    assert_eq!(response["wake_ups"]["sent"], 2, "{response}");
+    assert_eq!(queue_depth(&sqs, &url).await, (2, 0));
+}
+
+#[tokio::test]
+async fn no_backlog_no_wake_up() {
+    let sqs = sqs_client();
+    let url = new_queue(&sqs).await;
+    let api = LocalApi::start(TOKEN).await.unwrap();
+    let worker = builder(&api.url(), TOKEN)
+        .wake_ups(waker(&sqs, &url, 3, 0))
+        .build()
+        .unwrap();
+    create(&api, "quick-shell", 1).await;
+
+    let response = handler::handle(&worker, event(json!({}), Duration::from_secs(30)))
+        .await
+        .unwrap();
+    assert_eq!(response["stop_reason"], "no_pending_run", "{response}");
+    assert_eq!(
+        response["wake_ups"],
+        json!({"trigger": null, "pending_runs": null, "queued": null, "sent": 0, "delay_secs": 0, "errors": []})
+    );
+    assert_eq!(queue_depth(&sqs, &url).await, (0, 0));
+}
+
+#[tokio::test]
+async fn a_handback_sends_a_delayed_wake_up() {
+    let sqs = sqs_client();
+    let url = new_queue(&sqs).await;
+    let api = LocalApi::start(TOKEN).await.unwrap();
+    // A delay far longer than the test: the message is still delayed when we look.
+    let worker = builder(&api.url(), TOKEN)
+        .wake_ups(waker(&sqs, &url, 3, 600))
+        .build()
+        .unwrap();
+    let runs = create(&api, "multi-step", 1).await;
+
+    // 4 s left, 1.5 s margin: the 30 s step is handed back at the cutoff.
+    let response = handler::handle_response(&worker, event(json!({}), Duration::from_secs(4)))
+        .await
+        .unwrap();
+    let summary = response.summary().unwrap();
+    let wake = summary.wake_ups.as_ref().unwrap();
+    assert_eq!(wake.trigger, Some(WakeTrigger::HandedBack), "{summary:?}");
+    assert_eq!(
+        (wake.pending_runs, wake.sent, wake.delay_secs),
+        (Some(1), 1, 600)
+    );
+    assert_eq!(states(api.store(), &runs).await, [RunStatus::Pending]);
+    assert_eq!(queue_depth(&sqs, &url).await, (0, 1));
+}
+
+#[tokio::test]
+async fn a_failed_send_is_reported_and_does_not_fail_the_batch() {
+    let sqs = sqs_client();
+    let missing = format!(
+        "{}/000000000000/no-such-queue-{}",
+        moto_endpoint(),
+        Uuid::new_v4().simple()
+    );
+    let api = LocalApi::start(TOKEN).await.unwrap();
+    let worker = builder(&api.url(), TOKEN)
+        .wake_ups(waker(&sqs, &missing, 3, 0))
+        .build()
+        .unwrap();
+    let runs = create(&api, "quick-shell", 3).await;
+
+    let response = handler::handle_response(&worker, event(json!({}), Duration::from_secs(30)))
+        .await
+        .unwrap();
+    let summary = response.summary().unwrap();
+    assert_eq!(summary.claimed, 2);
+    let wake = summary.wake_ups.as_ref().unwrap();
+    assert_eq!(wake.sent, 0);
+    assert!(
+        wake.errors
+            .iter()
+            .any(|e| e.contains("sending wake-ups failed")),
+        "{wake:?}"
+    );
+    let done = states(api.store(), &runs).await;
+    assert_eq!(
+        done.iter().filter(|s| **s == RunStatus::Completed).count(),
+        2
+    );
+}
