@@ -1,0 +1,482 @@
+//! End to end under cargo-lambda: the deployable function (`src/bin/ironflow-lambda.rs`) runs
+//! under `cargo lambda watch`, talks to the real ironflow API (`LocalApi`, started in this test)
+//! and to moto's SQS (`IRONFLOW_TEST_MOTO_ENDPOINT`), and every sample in `events/` is sent with
+//! `cargo lambda invoke --data-file`.
+//!
+//! Needs `./scripts/test`: it installs cargo-lambda into `.venv` (`IRONFLOW_TEST_CARGO_LAMBDA`)
+//! and starts moto. Every process the test starts is stopped when it ends, pass or fail.
+//!
+//! The function runs with N = 2 and a 10 s function timeout (`cargo lambda watch` sends no real
+//! deadline: the function falls back to `IRONFLOW_FUNCTION_TIMEOUT_SECS`), so the `multi-step`
+//! workflow (three 5 s steps) is handed back and finished through wake-ups.
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use aws_sdk_sqs::types::Message;
+use ironflow_lambda::local::{LocalApi, new_run};
+use ironflow_lambda::orphans;
+use ironflow_store::entities::RunStatus;
+use ironflow_store::store::Store;
+use serde_json::{Value, json};
+use tokio::time::{Instant, sleep, timeout};
+use uuid::Uuid;
+
+const TOKEN: &str = "cargo-lambda-e2e-token";
+const FUNCTION: &str = "ironflow-lambda";
+/// Generous bounds for a loaded 2-core machine: conditions are polled, never timed.
+const INVOKE_TIMEOUT: Duration = Duration::from_secs(180);
+const BUILD_TIMEOUT: Duration = Duration::from_secs(1200);
+
+fn manifest_dir() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn required_env(name: &str) -> String {
+    std::env::var(name).unwrap_or_else(|_| {
+        panic!("{name} is not set: run the tests with ./scripts/test, which installs cargo-lambda into .venv and starts moto's server")
+    })
+}
+
+fn free_port() -> u16 {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.local_addr().unwrap().port()
+}
+
+/// `cargo lambda watch` running the function; stopped (with the function and anything else
+/// this test started) when dropped.
+struct Watch {
+    child: Child,
+    port: u16,
+    log: PathBuf,
+}
+
+impl Watch {
+    fn start(cargo_lambda: &str, envs: &[(&str, String)]) -> Self {
+        let port = free_port();
+        let log = manifest_dir().join(format!("target/e2e-cargo-lambda-watch-{port}.log"));
+        let out = File::create(&log).unwrap();
+        let mut command = Command::new(cargo_lambda);
+        command
+            .current_dir(manifest_dir())
+            .args(["lambda", "watch", "--bin", FUNCTION, "--ignore-changes"])
+            .args(["--invoke-address", "127.0.0.1", "--invoke-port"])
+            .arg(port.to_string())
+            .env_remove("AWS_PROFILE")
+            .env_remove("AWS_SESSION_TOKEN")
+            .stdin(Stdio::null())
+            .stdout(out.try_clone().unwrap())
+            .stderr(out);
+        for (k, v) in envs {
+            command.env(k, v);
+        }
+        std::os::unix::process::CommandExt::process_group(&mut command, 0);
+        let child = command.spawn().unwrap();
+        Self { child, port, log }
+    }
+
+    fn log_tail(&self) -> String {
+        let log = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let lines: Vec<&str> = log.lines().collect();
+        lines[lines.len().saturating_sub(60)..].join("\n")
+    }
+
+    /// Wait until the invoke port accepts connections.
+    async fn ready(&mut self) {
+        let deadline = Instant::now() + Duration::from_secs(120);
+        loop {
+            if tokio::net::TcpStream::connect(("127.0.0.1", self.port))
+                .await
+                .is_ok()
+            {
+                return;
+            }
+            if let Ok(Some(status)) = self.child.try_wait() {
+                panic!("cargo lambda watch exited ({status}):\n{}", self.log_tail());
+            }
+            assert!(
+                Instant::now() < deadline,
+                "cargo lambda watch did not listen on {}:\n{}",
+                self.port,
+                self.log_tail()
+            );
+            sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    /// `cargo lambda invoke` with `args` (`--data-file F` or `--data-ascii S`).
+    async fn invoke(&self, args: &[&str]) -> Invoked {
+        let cargo_lambda = required_env("IRONFLOW_TEST_CARGO_LAMBDA");
+        let mut command = tokio::process::Command::new(cargo_lambda);
+        command
+            .current_dir(manifest_dir())
+            .args(["lambda", "invoke", FUNCTION, "--output-format", "json"])
+            .args(["--invoke-address", "127.0.0.1", "--invoke-port"])
+            .arg(self.port.to_string())
+            .args(args)
+            .kill_on_drop(true);
+        let output = timeout(INVOKE_TIMEOUT, command.output())
+            .await
+            .unwrap_or_else(|_| panic!("invoke {args:?} timed out:\n{}", self.log_tail()))
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&output.stdout).to_string();
+        Invoked {
+            ok: output.status.success(),
+            json: serde_json::from_str(&stdout).ok(),
+            stdout,
+            stderr: String::from_utf8_lossy(&output.stderr).to_string(),
+        }
+    }
+
+    async fn invoke_file(&self, path: &Path) -> Invoked {
+        self.invoke(&["--data-file", path.to_str().unwrap()]).await
+    }
+
+    async fn invoke_sample(&self, name: &str) -> Invoked {
+        self.invoke_file(&manifest_dir().join("events").join(name))
+            .await
+    }
+}
+
+impl Drop for Watch {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!("--- cargo lambda watch log (tail) ---\n{}", self.log_tail());
+        }
+        let pgid = self.child.id() as i32;
+        // SAFETY: kill(2) on the process group this test created for cargo lambda watch.
+        unsafe { libc::kill(-pgid, libc::SIGTERM) };
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while std::time::Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        // The function runs in a process group of its own: as this process is a subreaper, it
+        // is still a descendant, and nothing this test started outlives it.
+        orphans::sweep(Duration::from_secs(5));
+    }
+}
+
+struct Invoked {
+    ok: bool,
+    json: Option<Value>,
+    stdout: String,
+    stderr: String,
+}
+
+impl Invoked {
+    fn response(&self, what: &str) -> &Value {
+        assert!(self.ok, "{what} failed: {}\n{}", self.stderr, self.stdout);
+        self.json
+            .as_ref()
+            .unwrap_or_else(|| panic!("{what}: not JSON: {}", self.stdout))
+    }
+
+    fn error(&self, what: &str, error_type: &str) {
+        assert!(!self.ok, "{what} did not fail: {}", self.stdout);
+        assert!(
+            self.stderr.contains(error_type),
+            "{what}: expected {error_type}: {}",
+            self.stderr
+        );
+    }
+}
+
+// --- moto's SQS -------------------------------------------------------------------------------
+
+fn sqs_client(endpoint: &str) -> aws_sdk_sqs::Client {
+    let config = aws_sdk_sqs::Config::builder()
+        .behavior_version(aws_sdk_sqs::config::BehaviorVersion::latest())
+        .region(aws_sdk_sqs::config::Region::new("us-east-1"))
+        .credentials_provider(aws_sdk_sqs::config::Credentials::new(
+            "testing", "testing", None, None, "test",
+        ))
+        .endpoint_url(endpoint)
+        .build();
+    aws_sdk_sqs::Client::from_conf(config)
+}
+
+/// Receive wake-ups until `at_least` have arrived (or 60 s passed); deletes nothing.
+async fn receive(sqs: &aws_sdk_sqs::Client, url: &str, at_least: usize) -> Vec<Message> {
+    let mut messages: Vec<Message> = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while messages.len() < at_least && Instant::now() < deadline {
+        let out = sqs
+            .receive_message()
+            .queue_url(url)
+            .max_number_of_messages(10)
+            .visibility_timeout(300)
+            .wait_time_seconds(1)
+            .send()
+            .await
+            .unwrap();
+        messages.extend(out.messages().iter().cloned());
+    }
+    messages
+}
+
+async fn delete(sqs: &aws_sdk_sqs::Client, url: &str, messages: &[Message]) {
+    for m in messages {
+        sqs.delete_message()
+            .queue_url(url)
+            .receipt_handle(m.receipt_handle().unwrap())
+            .send()
+            .await
+            .unwrap();
+    }
+}
+
+/// The SQS event Lambda's event source mapping would build from `messages`, written to a file
+/// for `--data-file`.
+fn sqs_event_file(messages: &[Message], queue_arn: &str) -> PathBuf {
+    let records: Vec<Value> = messages
+        .iter()
+        .map(|m| {
+            json!({
+                "messageId": m.message_id(),
+                "receiptHandle": m.receipt_handle(),
+                "body": m.body(),
+                "attributes": {"ApproximateReceiveCount": "1"},
+                "messageAttributes": {},
+                "md5OfBody": m.md5_of_body(),
+                "eventSource": "aws:sqs",
+                "eventSourceARN": queue_arn,
+                "awsRegion": "us-east-1",
+            })
+        })
+        .collect();
+    let path = std::env::temp_dir().join(format!("ironflow-e2e-sqs-{}.json", Uuid::new_v4()));
+    std::fs::write(&path, json!({ "Records": records }).to_string()).unwrap();
+    path
+}
+
+async fn states(store: &std::sync::Arc<dyn Store>, ids: &[Uuid]) -> Vec<RunStatus> {
+    let mut out = Vec::new();
+    for id in ids {
+        out.push(store.get_run(*id).await.unwrap().unwrap().status.state);
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn samples_through_cargo_lambda_watch() {
+    let cargo_lambda = required_env("IRONFLOW_TEST_CARGO_LAMBDA");
+    let moto = required_env("IRONFLOW_TEST_MOTO_ENDPOINT");
+    orphans::become_subreaper();
+
+    // The real ironflow API, in this process.
+    let api = LocalApi::start(TOKEN).await.unwrap();
+    let sqs = sqs_client(&moto);
+    let queue_url = sqs
+        .create_queue()
+        .queue_name(format!("e2e-wake-{}", Uuid::new_v4().simple()))
+        .send()
+        .await
+        .unwrap()
+        .queue_url()
+        .unwrap()
+        .to_string();
+    let queue_arn = "arn:aws:sqs:us-east-1:123456789012:e2e-wake";
+
+    // Build the function (fresh after the test build: this only checks it), then run it under
+    // cargo lambda watch.
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let mut build = tokio::process::Command::new(cargo);
+    build
+        .current_dir(manifest_dir())
+        .args(["build", "--bin", FUNCTION])
+        .kill_on_drop(true);
+    let status = timeout(BUILD_TIMEOUT, build.status())
+        .await
+        .expect("building the function timed out")
+        .unwrap();
+    assert!(status.success(), "cargo build --bin {FUNCTION} failed");
+
+    let envs = [
+        ("IRONFLOW_API_URL", api.url()),
+        ("IRONFLOW_WORKER_TOKEN", TOKEN.to_string()),
+        ("IRONFLOW_MAX_RUNS_PER_INVOCATION", "2".into()),
+        ("IRONFLOW_CONCURRENCY", "2".into()),
+        ("IRONFLOW_FUNCTION_TIMEOUT_SECS", "10".into()),
+        ("IRONFLOW_DEADLINE_MARGIN_MS", "2000".into()),
+        ("IRONFLOW_MIN_CLAIM_BUDGET_MS", "500".into()),
+        ("IRONFLOW_LEASE_TTL_SECS", "10".into()),
+        ("IRONFLOW_LEASE_REFRESH_INTERVAL_SECS", "2".into()),
+        ("IRONFLOW_WAKE_QUEUE_URL", queue_url.clone()),
+        ("IRONFLOW_MAX_WAKEUPS_PER_INVOCATION", "3".into()),
+        ("IRONFLOW_WAKE_DELAY_SECS", "1".into()),
+        ("AWS_ENDPOINT_URL", moto.clone()),
+        ("AWS_ACCESS_KEY_ID", "testing".into()),
+        ("AWS_SECRET_ACCESS_KEY", "testing".into()),
+        ("AWS_REGION", "us-east-1".into()),
+        ("RUST_LOG", "info".into()),
+    ];
+    let mut watch = Watch::start(&cargo_lambda, &envs);
+    watch.ready().await;
+
+    let mut quick = Vec::new();
+    for _ in 0..6 {
+        let run = api.store().create_run(new_run("quick-shell", 0)).await;
+        quick.push(run.unwrap().into_run().id);
+    }
+
+    // Invalid events: clear errors, nothing claimed.
+    for (name, error_type) in [
+        ("invalid-max-runs.json", "InvalidEvent"),
+        ("invalid-not-an-object.json", "InvalidEvent"),
+        ("invalid-s3-notification.json", "InvalidEvent"),
+        (
+            "invalid-sqs-without-message-id.json",
+            "UnreportableSqsRecord",
+        ),
+    ] {
+        watch.invoke_sample(name).await.error(name, error_type);
+    }
+    watch
+        .invoke(&["--data-ascii", "not json"])
+        .await
+        .error("invalid JSON", "DeserializeError");
+    let too_many = watch.invoke_sample("invalid-max-runs.json").await;
+    assert!(
+        too_many.stderr.contains("from 1 to 2"),
+        "{}",
+        too_many.stderr
+    );
+    assert!(
+        states(api.store(), &quick)
+            .await
+            .iter()
+            .all(|s| *s == RunStatus::Pending),
+        "an invalid event claimed a run"
+    );
+
+    // Standard schedule: N = 2 claimed, 4 left → ceil(4 / 2) = 2 wake-ups.
+    let invoked = watch.invoke_sample("schedule.json").await;
+    let summary = invoked.response("schedule.json");
+    assert_eq!(summary["claimed"], 2, "{summary}");
+    assert_eq!(summary["outcomes"], json!({"completed": 2}), "{summary}");
+    assert_eq!(summary["stop_reason"], "max_runs", "{summary}");
+    assert_eq!(
+        summary["wake_ups"],
+        json!({"trigger": "backlog", "pending_runs": 4, "queued": 0, "sent": 2,
+               "delay_secs": 0, "errors": []}),
+        "{summary}"
+    );
+
+    // Custom constant input {"source": "my-schedule", "max_runs": 2}: one batch of 2; 2 left
+    // need 1 wake-up, 2 are queued: none sent.
+    let invoked = watch.invoke_sample("schedule-custom-input.json").await;
+    let summary = invoked.response("schedule-custom-input.json");
+    assert_eq!(summary["claimed"], 2, "{summary}");
+    assert_eq!(summary["wake_ups"]["queued"], 2, "{summary}");
+    assert_eq!(summary["wake_ups"]["sent"], 0, "{summary}");
+
+    // Direct with overrides, then direct {}: 1 and the last 1.
+    let invoked = watch.invoke_sample("direct-overrides.json").await;
+    assert_eq!(invoked.response("direct-overrides.json")["claimed"], 1);
+    let invoked = watch.invoke_sample("direct-empty.json").await;
+    let summary = invoked.response("direct-empty.json");
+    assert_eq!(summary["claimed"], 1, "{summary}");
+    assert_eq!(summary["stop_reason"], "no_pending_run", "{summary}");
+    assert_eq!(summary["wake_ups"]["trigger"], Value::Null, "{summary}");
+    assert_eq!(
+        states(api.store(), &quick).await,
+        vec![RunStatus::Completed; 6]
+    );
+
+    // SQS: exact partial batch responses.
+    let invoked = watch.invoke_sample("sqs-wake-ups.json").await;
+    assert_eq!(
+        invoked.response("sqs-wake-ups.json"),
+        &json!({"batchItemFailures": []})
+    );
+    let invoked = watch.invoke_sample("sqs-one-malformed.json").await;
+    assert_eq!(
+        invoked.response("sqs-one-malformed.json"),
+        &json!({"batchItemFailures": [{"itemIdentifier": "5c0ffee0-1111-4a2b-8c3d-000000000002"}]})
+    );
+
+    // The schedule's two wake-ups are on the queue; served, they find nothing left.
+    let wake_ups = receive(&sqs, &queue_url, 2).await;
+    assert_eq!(wake_ups.len(), 2, "wake-ups on the queue");
+    for m in &wake_ups {
+        let body: Value = serde_json::from_str(m.body().unwrap()).unwrap();
+        assert_eq!(body["reason"], "backlog", "{body}");
+        assert_eq!(body["pending_runs"], 4, "{body}");
+    }
+    let file = sqs_event_file(&wake_ups, queue_arn);
+    let invoked = watch.invoke_file(&file).await;
+    assert_eq!(
+        invoked.response("queued wake-ups"),
+        &json!({"batchItemFailures": []})
+    );
+    delete(&sqs, &queue_url, &wake_ups).await;
+    let _ = std::fs::remove_file(file);
+
+    // A run longer than one invocation: handed back, then finished by the wake-ups its
+    // handbacks send, this test playing the event source mapping.
+    let long = api
+        .store()
+        .create_run(new_run("multi-step", 0))
+        .await
+        .unwrap()
+        .into_run()
+        .id;
+    let invoked = watch.invoke_sample("direct-empty.json").await;
+    let summary = invoked.response("multi-step, first invocation");
+    assert_eq!(summary["outcomes"], json!({"handed_back": 1}), "{summary}");
+    assert_eq!(summary["wake_ups"]["trigger"], "handed_back", "{summary}");
+    assert_eq!(summary["wake_ups"]["sent"], 1, "{summary}");
+    assert_eq!(summary["wake_ups"]["delay_secs"], 1, "{summary}");
+    let mut hops = 0;
+    while states(api.store(), &[long]).await != [RunStatus::Completed] {
+        hops += 1;
+        assert!(hops <= 5, "multi-step not completed after {hops} wake-ups");
+        let wake_ups = receive(&sqs, &queue_url, 1).await;
+        assert_eq!(
+            wake_ups.len(),
+            1,
+            "a wake-up after the handback (hop {hops})"
+        );
+        let body: Value = serde_json::from_str(wake_ups[0].body().unwrap()).unwrap();
+        assert_eq!(body["reason"], "handed_back", "{body}");
+        let file = sqs_event_file(&wake_ups, queue_arn);
+        let invoked = watch.invoke_file(&file).await;
+        assert_eq!(
+            invoked.response("wake-up after a handback"),
+            &json!({"batchItemFailures": []})
+        );
+        delete(&sqs, &queue_url, &wake_ups).await;
+        let _ = std::fs::remove_file(file);
+    }
+    assert!(hops >= 1, "multi-step finished without a wake-up");
+    // The hop that completed the run handed nothing back and left no backlog: no wake-up.
+    let attributes = sqs
+        .get_queue_attributes()
+        .queue_url(&queue_url)
+        .attribute_names(aws_sdk_sqs::types::QueueAttributeName::All)
+        .send()
+        .await
+        .unwrap();
+    let count = |name: &str| {
+        attributes
+            .attributes()
+            .and_then(|a| a.get(&aws_sdk_sqs::types::QueueAttributeName::from(name)))
+            .map_or(0, |v| v.parse::<u64>().unwrap())
+    };
+    assert_eq!(
+        (
+            count("ApproximateNumberOfMessages"),
+            count("ApproximateNumberOfMessagesDelayed"),
+            count("ApproximateNumberOfMessagesNotVisible")
+        ),
+        (0, 0, 0),
+        "wake-ups left on the queue"
+    );
+}
