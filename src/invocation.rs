@@ -162,10 +162,11 @@ async fn run_in_span(
         let permit = loop {
             tokio::select! {
                 biased;
-                permit = slots.clone().acquire_owned() => break permit.ok(),
+                // Settle finished runs first, so that a claim sees their poison-pill counts.
                 Some(joined) = executions.join_next(), if !executions.is_empty() => {
                     settle(joined, &mut poison, &mut reports).await;
                 }
+                permit = slots.clone().acquire_owned() => break permit.ok(),
                 () = sleep_until(window_end) => break None,
             }
         };
