@@ -23,6 +23,7 @@ use tracing::warn;
 use crate::config::{ConfigError, Settings, WorkerToken};
 use crate::poison::PoisonTable;
 use crate::poison::memory::MemoryPoisonTable;
+use crate::pool::{DEFAULT_IDLE_PROBE_AFTER, PoolWarden};
 
 /// `build()` refused the configuration.
 #[derive(Debug, thiserror::Error)]
@@ -76,6 +77,7 @@ pub struct LambdaWorkerBuilder {
     account_strategy: Option<Arc<dyn AccountStrategy>>,
     handlers: Vec<Box<dyn WorkflowHandler>>,
     poison_table: Option<Arc<dyn PoisonTable>>,
+    idle_probe_after: Duration,
 }
 
 impl LambdaWorkerBuilder {
@@ -103,6 +105,7 @@ impl LambdaWorkerBuilder {
             account_strategy: None,
             handlers: Vec::new(),
             poison_table: None,
+            idle_probe_after: DEFAULT_IDLE_PROBE_AFTER,
         }
     }
 
@@ -233,6 +236,13 @@ impl LambdaWorkerBuilder {
         self
     }
 
+    /// Idle gap after which an invocation first probes the HTTP connection pool for
+    /// connections dropped during the freeze (see [`crate::pool`]). Default 10 s.
+    pub fn idle_probe_after(mut self, gap: Duration) -> Self {
+        self.idle_probe_after = gap;
+        self
+    }
+
     /// Build the worker: the API store, the engine with every handler, the capabilities.
     ///
     /// # Errors
@@ -277,6 +287,7 @@ impl LambdaWorkerBuilder {
             engine: Arc::new(engine),
             capabilities,
             poison_table,
+            pool: PoolWarden::new(self.idle_probe_after),
             settings: s,
         })
     }
@@ -363,6 +374,7 @@ pub struct LambdaWorker {
     pub(crate) engine: Arc<Engine>,
     pub(crate) capabilities: WorkerCapabilities,
     pub(crate) poison_table: Arc<dyn PoisonTable>,
+    pub(crate) pool: PoolWarden,
     pub(crate) settings: Settings,
 }
 

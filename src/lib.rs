@@ -33,7 +33,8 @@
 //! Modules, in the order of one invocation: [`config`] and [`builder`] (cold start),
 //! [`handler`] and [`trigger`] (event in), [`deadline`] and [`invocation`] (the batch),
 //! [`execution`], [`lease`] and [`handback`] (one run), [`poison`] (the poison-pill table),
-//! [`orphans`] (no process outlives the invocation).
+//! [`orphans`] (no process outlives the invocation), [`pool`] (stale connections after a
+//! freeze).
 
 pub mod builder;
 pub mod config;
@@ -47,5 +48,6 @@ pub mod lease;
 pub mod local;
 pub mod orphans;
 pub mod poison;
+pub mod pool;
 pub mod trigger;
 pub mod workflows;
