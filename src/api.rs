@@ -95,10 +95,24 @@ impl InternalApi {
     /// Pending runs a worker with `capabilities` can take
     /// (`GET /api/v1/internal/runs/pending-count`, `data.pending_runs`).
     ///
+    /// A transport error is retried once at once: after a freeze, the pooled connection this
+    /// client kept may have been dropped by the API or a NAT gateway, and the first request on it
+    /// fails (see [`crate::pool`]); the request is a read, safe to repeat.
+    ///
     /// # Errors
     ///
-    /// [`ApiError`] on a transport error, a non-2xx status or an unexpected body.
+    /// [`ApiError`] on a transport error (twice), a non-2xx status or an unexpected body.
     pub async fn pending_runs(&self, capabilities: &WorkerCapabilities) -> Result<u64, ApiError> {
+        match self.pending_runs_once(capabilities).await {
+            Err(ApiError::Transport { source, .. }) => {
+                tracing::debug!(error = %source, "pending count failed on the connection, retrying");
+                self.pending_runs_once(capabilities).await
+            }
+            other => other,
+        }
+    }
+
+    async fn pending_runs_once(&self, capabilities: &WorkerCapabilities) -> Result<u64, ApiError> {
         #[derive(Deserialize)]
         struct Envelope {
             data: PendingCount,

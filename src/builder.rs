@@ -24,6 +24,7 @@ use crate::api::{ApiError, InternalApi};
 use crate::config::{ConfigError, Settings, WorkerToken};
 use crate::poison::PoisonTable;
 use crate::poison::memory::MemoryPoisonTable;
+use crate::pool::{DEFAULT_IDLE_PROBE_AFTER, PoolWarden};
 use crate::wake::{WakeUps, Waker};
 
 /// `build()` refused the configuration.
@@ -82,6 +83,7 @@ pub struct LambdaWorkerBuilder {
     handlers: Vec<Box<dyn WorkflowHandler>>,
     poison_table: Option<Arc<dyn PoisonTable>>,
     waker: Option<Waker>,
+    idle_probe_after: Duration,
 }
 
 impl LambdaWorkerBuilder {
@@ -110,6 +112,7 @@ impl LambdaWorkerBuilder {
             handlers: Vec::new(),
             poison_table: None,
             waker: None,
+            idle_probe_after: DEFAULT_IDLE_PROBE_AFTER,
         }
     }
 
@@ -247,6 +250,13 @@ impl LambdaWorkerBuilder {
         self
     }
 
+    /// Idle gap after which an invocation first probes the HTTP connection pool for
+    /// connections dropped during the freeze (see [`crate::pool`]). Default 10 s.
+    pub fn idle_probe_after(mut self, gap: Duration) -> Self {
+        self.idle_probe_after = gap;
+        self
+    }
+
     /// Build the worker: the API store, the engine with every handler, the capabilities.
     ///
     /// # Errors
@@ -299,6 +309,7 @@ impl LambdaWorkerBuilder {
             capabilities,
             poison_table,
             wake,
+            pool: PoolWarden::new(self.idle_probe_after),
             settings: s,
         })
     }
@@ -386,6 +397,7 @@ pub struct LambdaWorker {
     pub(crate) capabilities: WorkerCapabilities,
     pub(crate) poison_table: Arc<dyn PoisonTable>,
     pub(crate) wake: Option<WakeUps>,
+    pub(crate) pool: PoolWarden,
     pub(crate) settings: Settings,
 }
 

@@ -80,6 +80,8 @@ pub enum HandlerError {
         request_id: String,
         /// Why (the claim error, or the lack of time).
         reason: String,
+        /// The batch's summary (nothing claimed, `stop_reason` `claim_error` or `cutoff`).
+        summary: Box<InvocationSummary>,
     },
 }
 
@@ -184,6 +186,7 @@ async fn one_batch(
         Some(reason) => Err(HandlerError::BatchNotRun {
             request_id: context.request_id.clone(),
             reason,
+            summary: Box::new(summary),
         }),
         None => Ok(Response::Summary(summary)),
     }

@@ -156,6 +156,13 @@ async fn run_in_span(
         "invocation started"
     );
 
+    if let Some(end) = claim_window_end.filter(|end| Instant::now() < *end) {
+        let probes = 2 * s.concurrency + 2;
+        worker
+            .pool
+            .before_claims(worker.engine.store().as_ref(), probes, end)
+            .await;
+    }
     let capabilities = poison.capabilities_for_claim(&worker.capabilities).await;
     let stop_reason = loop {
         if order.len() >= max_runs {
@@ -169,10 +176,11 @@ async fn run_in_span(
         let permit = loop {
             tokio::select! {
                 biased;
-                permit = slots.clone().acquire_owned() => break permit.ok(),
+                // Settle finished runs first, so that a claim sees their poison-pill counts.
                 Some(joined) = executions.join_next(), if !executions.is_empty() => {
                     settle(joined, &mut poison, &mut reports).await;
                 }
+                permit = slots.clone().acquire_owned() => break permit.ok(),
                 () = sleep_until(window_end) => break None,
             }
         };
@@ -209,6 +217,7 @@ async fn run_in_span(
         settle(joined, &mut poison, &mut reports).await;
     }
     let orphans_killed = guard.finish().await;
+    worker.pool.after_invocation();
 
     let runs: Vec<RunReport> = order.iter().filter_map(|id| reports.remove(id)).collect();
     let mut outcomes = BTreeMap::new();
@@ -246,26 +255,36 @@ async fn run_in_span(
 
 /// Claim the next run this worker can take.
 ///
-/// A transport failure (not an HTTP status) is retried once at once: after a long freeze, a
-/// pooled connection the server or a NAT gateway has meanwhile dropped fails the first request
-/// sent on it, and the retry goes out on a fresh connection. A lost claim response is safe to
-/// retry: the run it may have claimed sits under a lease nobody refreshes, and the reaper
-/// requeues it after the lease TTL.
+/// A transport failure (not an HTTP status) is retried at once, up to [`CLAIM_ATTEMPTS`] in
+/// all: a pooled connection dropped during a freeze fails the request sent on it and is
+/// evicted, and the retry goes out on another one (see [`crate::pool`]). A lost claim response
+/// is safe to retry: the run it may have claimed sits under a lease nobody refreshes, and the
+/// API's reaper requeues it after the lease TTL.
 async fn claim(
     worker: &LambdaWorker,
     lease: &LeaseRequest,
     capabilities: &WorkerCapabilities,
 ) -> Result<Option<Run>, StoreError> {
     let store = worker.engine.store();
-    let pick = || store.pick_next_pending_for(Some(lease.clone()), Some(capabilities.clone()));
-    match pick().await {
-        Err(StoreError::Database(msg)) if msg.starts_with("worker HTTP error") => {
-            warn!(error = %msg, "claim failed on the connection, retrying on a fresh one");
-            pick().await
+    let mut attempt = 1;
+    loop {
+        let result = store
+            .pick_next_pending_for(Some(lease.clone()), Some(capabilities.clone()))
+            .await;
+        match result {
+            Err(StoreError::Database(msg))
+                if msg.starts_with("worker HTTP error") && attempt < CLAIM_ATTEMPTS =>
+            {
+                warn!(error = %msg, attempt, "claim failed on the connection, retrying");
+                attempt += 1;
+            }
+            other => return other,
         }
-        other => other,
     }
 }
+
+/// Attempts of a claim that fails on the connection.
+const CLAIM_ATTEMPTS: u32 = 3;
 
 /// Turn a finished execution into its report and update the poison-pill table.
 async fn settle(

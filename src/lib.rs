@@ -33,8 +33,8 @@
 //! Modules, in the order of one invocation: [`config`] and [`builder`] (cold start),
 //! [`handler`] and [`trigger`] (event in), [`deadline`] and [`invocation`] (the batch),
 //! [`execution`], [`lease`] and [`handback`] (one run), [`poison`] (the poison-pill table),
-//! [`orphans`] (no process outlives the invocation), [`wake`] and [`api`] (wake-ups after the
-//! batch).
+//! [`orphans`] (no process outlives the invocation), [`pool`] (stale connections after a
+//! freeze), [`wake`] and [`api`] (wake-ups after the batch).
 
 pub mod api;
 pub mod builder;
@@ -49,6 +49,7 @@ pub mod lease;
 pub mod local;
 pub mod orphans;
 pub mod poison;
+pub mod pool;
 pub mod trigger;
 pub mod wake;
 pub mod workflows;

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use ironflow_core::providers::claude::ClaudeCodeProvider;
-use ironflow_lambda::builder::LambdaWorkerBuilder;
+use ironflow_lambda::builder::{BuildError, LambdaWorker, LambdaWorkerBuilder};
 use ironflow_lambda::wake::Waker;
 use ironflow_lambda::{handler, orphans, workflows};
 use lambda_runtime::{Error, LambdaEvent, service_fn};
@@ -23,20 +23,33 @@ async fn main() -> Result<(), Error> {
         .init();
 
     orphans::become_subreaper();
+    let worker = match build_worker().await {
+        Ok(worker) => Arc::new(worker),
+        Err(e) => {
+            // Stop the cold start with the error in the logs (never the token): Lambda reports
+            // the init failure and retries the cold start on the next event.
+            tracing::error!(error = %e, "cold start failed");
+            return Err(e.into());
+        }
+    };
+    lambda_runtime::run(service_fn(move |event: LambdaEvent<Value>| {
+        let worker = worker.clone();
+        async move { handler::handle(&worker, event).await }
+    }))
+    .await
+}
+
+/// Settings from the environment, the example workflows, the default provider, and wake-ups
+/// when `IRONFLOW_WAKE_QUEUE_URL` is set (the SQS client honours `AWS_ENDPOINT_URL`).
+async fn build_worker() -> Result<LambdaWorker, BuildError> {
     let mut builder = LambdaWorkerBuilder::from_env()?
         .provider(Arc::new(ClaudeCodeProvider::new()))
         .register(workflows::QuickShell)
         .register(workflows::MultiStep { step_secs: 5.0 })
         .register(workflows::Flaky)
         .register(workflows::AlwaysFails);
-    // Wake-ups when IRONFLOW_WAKE_QUEUE_URL is set (the SQS client honours AWS_ENDPOINT_URL).
     if let Some(waker) = Waker::from_env().await? {
         builder = builder.wake_ups(waker);
     }
-    let worker = Arc::new(builder.build()?);
-    lambda_runtime::run(service_fn(move |event: LambdaEvent<Value>| {
-        let worker = worker.clone();
-        async move { handler::handle(&worker, event).await }
-    }))
-    .await
+    builder.build()
 }
