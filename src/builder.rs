@@ -237,6 +237,14 @@ impl LambdaWorkerBuilder {
         self
     }
 
+    /// Invocation length used when `Context.deadline` has already passed, as under an emulator
+    /// (`cargo lambda watch` sends a deadline in 1970). Default: none, a past deadline claims
+    /// nothing. Lambda always sends a future deadline, so this never applies there.
+    pub fn emulated_invocation(mut self, length: Duration) -> Self {
+        self.settings.emulated_invocation = Some(length);
+        self
+    }
+
     /// Send wake-ups to an SQS queue after a batch that handed runs back or left a backlog
     /// (see [`crate::wake`]; from the environment: [`Waker::from_env`]). Default: none.
     pub fn wake_ups(mut self, waker: Waker) -> Self {
@@ -350,6 +358,17 @@ fn check_settings(s: &Settings) -> Result<(), BuildError> {
             format!(
                 "{:?} is not below the function timeout {:?}: no invocation would have time to run",
                 s.deadline_margin, s.function_timeout
+            ),
+        );
+    }
+    if let Some(length) = s.emulated_invocation
+        && length <= s.deadline_margin
+    {
+        return invalid(
+            "emulated_invocation (IRONFLOW_EMULATED_INVOCATION_SECS)",
+            format!(
+                "{length:?} is not above the deadline margin {:?}: no emulated invocation would have time to run",
+                s.deadline_margin
             ),
         );
     }

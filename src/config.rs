@@ -22,6 +22,7 @@
 //! | `IRONFLOW_POISON_COOLDOWN_SECS` | how long a blocked workflow stays blocked | 300 |
 //! | `IRONFLOW_MAX_HANDBACKS_WITHOUT_PROGRESS` | handbacks in a row without a completed step before the run is failed | 3 |
 //! | `IRONFLOW_MAX_CAPACITY_WAIT_SECS` | how long an agent step may wait for provider capacity | 21600 |
+//! | `IRONFLOW_EMULATED_INVOCATION_SECS` | invocation length when `Context.deadline` has already passed, as under `cargo lambda watch`; never needed on Lambda | none |
 
 use std::fmt;
 use std::str::FromStr;
@@ -138,6 +139,11 @@ pub struct Settings {
     pub max_handbacks_without_progress: u32,
     /// How long an agent step may wait for provider-account capacity.
     pub max_capacity_wait: Duration,
+    /// Invocation length used when `Context.deadline` has already passed
+    /// (`IRONFLOW_EMULATED_INVOCATION_SECS`): `cargo lambda watch` sends a deadline in 1970.
+    /// `None` (the default): a past deadline claims nothing. Lambda always sends a future
+    /// deadline, so this never applies there.
+    pub emulated_invocation: Option<Duration>,
 }
 
 impl Settings {
@@ -162,6 +168,7 @@ impl Settings {
             },
             max_handbacks_without_progress: DEFAULT_MAX_HANDBACKS_WITHOUT_PROGRESS,
             max_capacity_wait: ironflow_engine::accounts::DEFAULT_MAX_CAPACITY_WAIT,
+            emulated_invocation: None,
         }
     }
 
@@ -250,6 +257,9 @@ impl Settings {
         }
         if let Some(v) = parse::<u64>(&get, "IRONFLOW_MAX_CAPACITY_WAIT_SECS", whole, 0)? {
             s.max_capacity_wait = Duration::from_secs(v);
+        }
+        if let Some(v) = parse::<u64>(&get, "IRONFLOW_EMULATED_INVOCATION_SECS", positive, 1)? {
+            s.emulated_invocation = Some(Duration::from_secs(v));
         }
         Ok(s)
     }

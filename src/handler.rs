@@ -17,6 +17,8 @@
 //! by Lambda would only claim more runs. For SQS, a batch that could not run lists every record
 //! in `batchItemFailures` (SQS retries them) instead of failing the invocation.
 
+use std::time::{SystemTime, UNIX_EPOCH};
+
 use aws_lambda_events::event::sqs::SqsBatchResponse;
 use lambda_runtime::{Context, LambdaEvent};
 use serde_json::Value;
@@ -26,12 +28,6 @@ use crate::builder::LambdaWorker;
 use crate::deadline::Budget;
 use crate::invocation::{self, BatchRequest, InvocationSummary, StopReason};
 use crate::trigger::{self, Trigger, TriggerError};
-
-/// `Context.deadline` values below this (10¹² ms since the epoch, September 2001) are not real
-/// deadlines: Lambda always sends one in the future, `cargo lambda watch` sends a constant
-/// 600 000 ms and a hand-built `Context` has 0. With such a value the invocation gets the
-/// configured function timeout (`IRONFLOW_FUNCTION_TIMEOUT_SECS`) from now.
-pub const EMULATED_DEADLINE_BELOW_MS: u64 = 1_000_000_000_000;
 
 /// What the handler answers.
 #[derive(Debug, Clone)]
@@ -198,15 +194,20 @@ async fn run_batch(
     request: &BatchRequest,
 ) -> InvocationSummary {
     let settings = worker.settings();
-    let budget = if context.deadline < EMULATED_DEADLINE_BELOW_MS {
-        warn!(
-            deadline_ms = context.deadline,
-            function_timeout_secs = settings.function_timeout.as_secs(),
-            "Context.deadline is not a real deadline (an emulator?): using IRONFLOW_FUNCTION_TIMEOUT_SECS from now"
-        );
-        Budget::from_time_left(settings.function_timeout, settings.deadline_margin)
-    } else {
-        Budget::from_epoch_ms(context.deadline, settings.deadline_margin)
+    let now_ms = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+    let budget = match settings.emulated_invocation {
+        // An emulator's deadline (cargo lambda watch sends one in 1970): the configured length.
+        Some(length) if context.deadline <= now_ms => {
+            info!(
+                deadline_ms = context.deadline,
+                invocation_secs = length.as_secs(),
+                "Context.deadline has passed: emulated invocation (IRONFLOW_EMULATED_INVOCATION_SECS)"
+            );
+            Budget::from_time_left(length, settings.deadline_margin)
+        }
+        _ => Budget::from_epoch_ms(context.deadline, settings.deadline_margin),
     };
     let summary = invocation::run(worker, &context.request_id, budget, request).await;
     info!(summary = %serde_json::to_string(&summary).unwrap_or_default(), "invocation summary");

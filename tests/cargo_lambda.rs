@@ -6,9 +6,9 @@
 //! Needs `./scripts/test`: it installs cargo-lambda into `.venv` (`IRONFLOW_TEST_CARGO_LAMBDA`)
 //! and starts moto. Every process the test starts is stopped when it ends, pass or fail.
 //!
-//! The function runs with N = 2 and a 10 s function timeout (`cargo lambda watch` sends no real
-//! deadline: the function falls back to `IRONFLOW_FUNCTION_TIMEOUT_SECS`), so the `multi-step`
-//! workflow (three 5 s steps) is handed back and finished through wake-ups.
+//! The function runs with N = 2 and 10 s invocations (`cargo lambda watch` sends a deadline in
+//! 1970: `IRONFLOW_EMULATED_INVOCATION_SECS` gives each invocation its length), so the
+//! `multi-step` workflow (three 5 s steps) is handed back and finished through wake-ups.
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
@@ -304,6 +304,7 @@ async fn samples_through_cargo_lambda_watch() {
         ("IRONFLOW_MAX_RUNS_PER_INVOCATION", "2".into()),
         ("IRONFLOW_CONCURRENCY", "2".into()),
         ("IRONFLOW_FUNCTION_TIMEOUT_SECS", "10".into()),
+        ("IRONFLOW_EMULATED_INVOCATION_SECS", "10".into()),
         ("IRONFLOW_DEADLINE_MARGIN_MS", "2000".into()),
         ("IRONFLOW_MIN_CLAIM_BUDGET_MS", "500".into()),
         ("IRONFLOW_LEASE_TTL_SECS", "10".into()),

@@ -300,19 +300,41 @@ async fn overrides_and_custom_inputs_size_the_batch() {
 }
 
 #[tokio::test]
-async fn emulated_deadline_gets_the_function_timeout() {
+async fn a_past_deadline_gets_the_emulated_invocation_only_when_configured() {
     let api = LocalApi::start(TOKEN).await.unwrap();
-    let worker = builder(&api.url(), TOKEN).build().unwrap();
     let runs = create(&api, "quick-shell", 1).await;
     // cargo lambda watch sends Lambda-Runtime-Deadline-Ms: 600000 (1970).
-    let mut context = Context::default();
-    context.request_id = "emulated".into();
-    context.deadline = 600_000;
-    let response = handler::handle(&worker, LambdaEvent::new(json!({}), context))
-        .await
+    let emulated = || {
+        let mut context = Context::default();
+        context.request_id = "emulated".into();
+        context.deadline = 600_000;
+        LambdaEvent::new(json!({}), context)
+    };
+
+    let plain = builder(&api.url(), TOKEN).build().unwrap();
+    let err = handler::handle(&plain, emulated()).await.unwrap_err();
+    assert!(err.to_string().contains("no time left"), "{err}");
+    assert_eq!(states(api.store(), &runs).await, [RunStatus::Pending]);
+
+    let emulator = builder(&api.url(), TOKEN)
+        .emulated_invocation(Duration::from_secs(20))
+        .build()
         .unwrap();
+    let response = handler::handle(&emulator, emulated()).await.unwrap();
     assert_eq!(response["claimed"], 1, "{response}");
     assert_eq!(states(api.store(), &runs).await, [RunStatus::Completed]);
+
+    let too_short = builder(&api.url(), TOKEN)
+        .emulated_invocation(Duration::from_secs(1))
+        .build()
+        .err()
+        .unwrap();
+    assert!(
+        too_short
+            .to_string()
+            .contains("IRONFLOW_EMULATED_INVOCATION_SECS"),
+        "{too_short}"
+    );
 }
 
 // --- wake-ups (moto's SQS) ----------------------------------------------------------------
