@@ -160,6 +160,9 @@ impl Drop for Watch {
         // The function runs in a process group of its own: as this process is a subreaper, it
         // is still a descendant, and nothing this test started outlives it.
         orphans::sweep(Duration::from_secs(5));
+        if !std::thread::panicking() {
+            let _ = std::fs::remove_file(&self.log);
+        }
     }
 }
 
