@@ -20,6 +20,9 @@ use ironflow_store::store::Store;
 use ironflow_worker::ApiRunStore;
 use tracing::warn;
 
+use crate::api::artifacts::ApiArtifactSink;
+use crate::api::logs::LogForwarder;
+use crate::api::{ApiClient, ClientError};
 use crate::config::{ConfigError, Settings, WorkerToken};
 use crate::poison::PoisonTable;
 use crate::poison::memory::MemoryPoisonTable;
@@ -45,6 +48,9 @@ pub enum BuildError {
         /// Why it cannot work, with the values involved.
         reason: String,
     },
+    /// The HTTP client for the API could not be built.
+    #[error(transparent)]
+    Client(#[from] ClientError),
     /// An environment variable is missing or malformed (from [`LambdaWorkerBuilder::from_env`]).
     #[error(transparent)]
     Config(#[from] ConfigError),
@@ -230,6 +236,13 @@ impl LambdaWorkerBuilder {
         self
     }
 
+    /// Dead man's switch URL pinged with `HEAD` once per invocation that completed its batch.
+    /// Default none.
+    pub fn heartbeat_url(mut self, url: &str) -> Self {
+        self.settings.heartbeat_url = Some(url.to_string());
+        self
+    }
+
     /// Handbacks in a row without a completed step before a run is failed. Default 3.
     pub fn max_handbacks_without_progress(mut self, n: u32) -> Self {
         self.settings.max_handbacks_without_progress = n;
@@ -279,6 +292,12 @@ impl LambdaWorkerBuilder {
         let capabilities = WorkerCapabilities::new(registered_workflows(&engine), tags.clone());
         engine.set_worker_tags(tags);
 
+        // Step logs and artifacts travel through the API: the worker holds no storage credential.
+        let api = ApiClient::new(&s.api_url, s.worker_token.clone())?;
+        let (log_sender, log_receiver) = ironflow_engine::log_sender::channel();
+        engine.set_log_sender(log_sender);
+        engine.set_artifact_sink(Arc::new(ApiArtifactSink::new(api.clone())));
+
         let poison_table = self
             .poison_table
             .unwrap_or_else(|| Arc::new(MemoryPoisonTable::new(s.poison)));
@@ -288,6 +307,8 @@ impl LambdaWorkerBuilder {
             capabilities,
             poison_table,
             pool: PoolWarden::new(self.idle_probe_after),
+            logs: Arc::new(LogForwarder::new(api.clone(), log_receiver)),
+            api,
             settings: s,
         })
     }
@@ -375,6 +396,8 @@ pub struct LambdaWorker {
     pub(crate) capabilities: WorkerCapabilities,
     pub(crate) poison_table: Arc<dyn PoisonTable>,
     pub(crate) pool: PoolWarden,
+    pub(crate) logs: Arc<LogForwarder>,
+    pub(crate) api: ApiClient,
     pub(crate) settings: Settings,
 }
 

@@ -36,16 +36,20 @@
 //! [`orphans`] (no process outlives the invocation), [`pool`] (stale connections after a
 //! freeze).
 
+pub mod api;
 pub mod builder;
 pub mod config;
 pub mod deadline;
 pub mod execution;
 pub mod handback;
 pub mod handler;
+pub mod heartbeat;
 pub mod invocation;
 pub mod lease;
 #[cfg(feature = "local")]
 pub mod local;
+pub mod logging;
+pub mod metrics;
 pub mod orphans;
 pub mod poison;
 pub mod pool;
