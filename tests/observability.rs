@@ -211,14 +211,8 @@ async fn metrics_are_recorded_in_embedded_metric_format() {
     let h = Harness::start().await;
     let worker = h
         .builder()
-        .register(ShellWorkflow {
-            name: "ok",
-            steps: vec![("s", "true".into())],
-        })
-        .register(ShellWorkflow {
-            name: "ko",
-            steps: vec![("s", "false".into())],
-        })
+        .register(ShellWorkflow::one("ok", "true"))
+        .register(ShellWorkflow::one("ko", "false"))
         .build()
         .unwrap();
     h.create("ok", 0).await;
@@ -260,14 +254,8 @@ async fn json_logs_carry_request_and_run_ids_and_never_the_token() {
     let heartbeat_secret = "hb-secret-path-1234";
     let worker = h
         .builder()
-        .register(ShellWorkflow {
-            name: "stuck",
-            steps: vec![("hang", "echo hi; sleep 600".into())],
-        })
-        .register(ShellWorkflow {
-            name: "ko",
-            steps: vec![("s", "false".into())],
-        })
+        .register(ShellWorkflow::one("stuck", "echo hi; sleep 600"))
+        .register(ShellWorkflow::one("ko", "false"))
         .heartbeat_url(&format!("http://127.0.0.1:9/{heartbeat_secret}"))
         .build()
         .unwrap();
@@ -335,10 +323,7 @@ async fn the_heartbeat_is_pinged_once_per_completed_batch_and_a_failed_ping_is_h
     tokio::spawn(async move { axum::serve(listener, app).await });
 
     let h = Harness::start().await;
-    let quick = || ShellWorkflow {
-        name: "quick",
-        steps: vec![("s", "true".into())],
-    };
+    let quick = || ShellWorkflow::one("quick", "true");
     let worker = h
         .builder()
         .register(quick())

@@ -141,6 +141,16 @@ pub struct ShellWorkflow {
     pub steps: Vec<(&'static str, String)>,
 }
 
+impl ShellWorkflow {
+    /// A workflow of one shell step `step` running `cmd`.
+    pub fn one(name: &'static str, cmd: &str) -> Self {
+        Self {
+            name,
+            steps: vec![("step", cmd.to_string())],
+        }
+    }
+}
+
 impl WorkflowHandler for ShellWorkflow {
     fn name(&self) -> &str {
         self.name
