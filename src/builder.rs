@@ -20,12 +20,14 @@ use ironflow_store::store::Store;
 use ironflow_worker::ApiRunStore;
 use tracing::warn;
 
-use crate::api::{ApiError, InternalApi};
+use crate::api::artifacts::ApiArtifactSink;
+use crate::api::logs::LogForwarder;
+use crate::api::{ApiClient, ClientError};
 use crate::config::{ConfigError, Settings, WorkerToken};
 use crate::poison::PoisonTable;
 use crate::poison::memory::MemoryPoisonTable;
 use crate::pool::{DEFAULT_IDLE_PROBE_AFTER, PoolWarden};
-use crate::wake::{WakeUps, Waker};
+use crate::wake::Waker;
 
 /// `build()` refused the configuration.
 #[derive(Debug, thiserror::Error)]
@@ -47,12 +49,12 @@ pub enum BuildError {
         /// Why it cannot work, with the values involved.
         reason: String,
     },
+    /// The HTTP client for the API could not be built.
+    #[error(transparent)]
+    Client(#[from] ClientError),
     /// An environment variable is missing or malformed (from [`LambdaWorkerBuilder::from_env`]).
     #[error(transparent)]
     Config(#[from] ConfigError),
-    /// The HTTP client for the API routes `ApiRunStore` does not cover could not be built.
-    #[error(transparent)]
-    Api(#[from] ApiError),
 }
 
 /// Builder for a [`LambdaWorker`].
@@ -82,8 +84,8 @@ pub struct LambdaWorkerBuilder {
     account_strategy: Option<Arc<dyn AccountStrategy>>,
     handlers: Vec<Box<dyn WorkflowHandler>>,
     poison_table: Option<Arc<dyn PoisonTable>>,
-    waker: Option<Waker>,
     idle_probe_after: Duration,
+    waker: Option<Waker>,
 }
 
 impl LambdaWorkerBuilder {
@@ -111,8 +113,8 @@ impl LambdaWorkerBuilder {
             account_strategy: None,
             handlers: Vec::new(),
             poison_table: None,
-            waker: None,
             idle_probe_after: DEFAULT_IDLE_PROBE_AFTER,
+            waker: None,
         }
     }
 
@@ -237,6 +239,13 @@ impl LambdaWorkerBuilder {
         self
     }
 
+    /// Dead man's switch URL pinged with `HEAD` once per invocation that completed its batch.
+    /// Default none.
+    pub fn heartbeat_url(mut self, url: &str) -> Self {
+        self.settings.heartbeat_url = Some(url.to_string());
+        self
+    }
+
     /// Invocation length used when `Context.deadline` has already passed, as under an emulator
     /// (`cargo lambda watch` sends a deadline in 1970). Default: none, a past deadline claims
     /// nothing. Lambda always sends a future deadline, so this never applies there.
@@ -301,23 +310,24 @@ impl LambdaWorkerBuilder {
         let capabilities = WorkerCapabilities::new(registered_workflows(&engine), tags.clone());
         engine.set_worker_tags(tags);
 
+        // Step logs and artifacts travel through the API: the worker holds no storage credential.
+        let api = ApiClient::new(&s.api_url, s.worker_token.clone())?;
+        let (log_sender, log_receiver) = ironflow_engine::log_sender::channel();
+        engine.set_log_sender(log_sender);
+        engine.set_artifact_sink(Arc::new(ApiArtifactSink::new(api.clone())));
+
         let poison_table = self
             .poison_table
             .unwrap_or_else(|| Arc::new(MemoryPoisonTable::new(s.poison)));
-        let wake = match self.waker {
-            Some(waker) => Some(WakeUps {
-                waker,
-                api: InternalApi::new(&s.api_url, s.worker_token.clone())?,
-            }),
-            None => None,
-        };
 
         Ok(LambdaWorker {
             engine: Arc::new(engine),
             capabilities,
             poison_table,
-            wake,
             pool: PoolWarden::new(self.idle_probe_after),
+            logs: Arc::new(LogForwarder::new(api.clone(), log_receiver)),
+            api,
+            wake: self.waker,
             settings: s,
         })
     }
@@ -415,8 +425,10 @@ pub struct LambdaWorker {
     pub(crate) engine: Arc<Engine>,
     pub(crate) capabilities: WorkerCapabilities,
     pub(crate) poison_table: Arc<dyn PoisonTable>,
-    pub(crate) wake: Option<WakeUps>,
     pub(crate) pool: PoolWarden,
+    pub(crate) logs: Arc<LogForwarder>,
+    pub(crate) api: ApiClient,
+    pub(crate) wake: Option<Waker>,
     pub(crate) settings: Settings,
 }
 

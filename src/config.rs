@@ -22,6 +22,7 @@
 //! | `IRONFLOW_POISON_COOLDOWN_SECS` | how long a blocked workflow stays blocked | 300 |
 //! | `IRONFLOW_MAX_HANDBACKS_WITHOUT_PROGRESS` | handbacks in a row without a completed step before the run is failed | 3 |
 //! | `IRONFLOW_MAX_CAPACITY_WAIT_SECS` | how long an agent step may wait for provider capacity | 21600 |
+//! | `IRONFLOW_HEARTBEAT_URL` | dead man's switch pinged (HEAD) after each completed batch | none |
 //! | `IRONFLOW_EMULATED_INVOCATION_SECS` | invocation length when `Context.deadline` has already passed, as under `cargo lambda watch`; never needed on Lambda | none |
 
 use std::fmt;
@@ -139,6 +140,9 @@ pub struct Settings {
     pub max_handbacks_without_progress: u32,
     /// How long an agent step may wait for provider-account capacity.
     pub max_capacity_wait: Duration,
+    /// Dead man's switch URL pinged with `HEAD` after each completed batch
+    /// (`IRONFLOW_HEARTBEAT_URL`). Never logged: it usually embeds a secret.
+    pub heartbeat_url: Option<String>,
     /// Invocation length used when `Context.deadline` has already passed
     /// (`IRONFLOW_EMULATED_INVOCATION_SECS`): `cargo lambda watch` sends a deadline in 1970.
     /// `None` (the default): a past deadline claims nothing. Lambda always sends a future
@@ -168,6 +172,7 @@ impl Settings {
             },
             max_handbacks_without_progress: DEFAULT_MAX_HANDBACKS_WITHOUT_PROGRESS,
             max_capacity_wait: ironflow_engine::accounts::DEFAULT_MAX_CAPACITY_WAIT,
+            heartbeat_url: None,
             emulated_invocation: None,
         }
     }
@@ -257,6 +262,16 @@ impl Settings {
         }
         if let Some(v) = parse::<u64>(&get, "IRONFLOW_MAX_CAPACITY_WAIT_SECS", whole, 0)? {
             s.max_capacity_wait = Duration::from_secs(v);
+        }
+        if let Some(v) = get("IRONFLOW_HEARTBEAT_URL") {
+            if !(v.starts_with("http://") || v.starts_with("https://")) {
+                return Err(ConfigError::Invalid {
+                    variable: "IRONFLOW_HEARTBEAT_URL",
+                    expected: "an http:// or https:// URL",
+                    found: "(not shown: heartbeat URLs usually embed a secret)".to_string(),
+                });
+            }
+            s.heartbeat_url = Some(v);
         }
         if let Some(v) = parse::<u64>(&get, "IRONFLOW_EMULATED_INVOCATION_SECS", positive, 1)? {
             s.emulated_invocation = Some(Duration::from_secs(v));

@@ -171,6 +171,30 @@ pub async fn handle_response(
     }
 }
 
+/// The summary of the event's batch, whatever became of it: a batch that could not run is a
+/// summary here, not an error (that is [`handle`]'s response policy). For tests and tools that
+/// look at the batch rather than at Lambda's response.
+///
+/// # Errors
+///
+/// [`TriggerError`] when the event cannot start a batch, including an SQS event none of whose
+/// records is a valid wake-up (no batch runs).
+pub async fn handle_summary(
+    worker: &LambdaWorker,
+    event: LambdaEvent<Value>,
+) -> Result<InvocationSummary, TriggerError> {
+    match handle_response(worker, event).await {
+        Ok(response) => response
+            .summary()
+            .cloned()
+            .ok_or_else(|| TriggerError::Unsupported {
+                what: "no record of this SQS event is a valid wake-up: no batch ran".into(),
+            }),
+        Err(HandlerError::BatchNotRun { summary, .. }) => Ok(*summary),
+        Err(HandlerError::InvalidEvent(e)) => Err(e),
+    }
+}
+
 /// A schedule tick or direct invocation: the batch, and an error when it could not run.
 async fn one_batch(
     worker: &LambdaWorker,

@@ -19,6 +19,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
+use std::time::Duration;
 
 use ironflow_store::entities::{LeaseRequest, Run, WorkerCapabilities};
 use ironflow_store::error::StoreError;
@@ -26,9 +27,11 @@ use serde::Serialize;
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 use tokio::time::{Instant, sleep_until, timeout_at};
+use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, error, info, info_span, warn};
 use uuid::Uuid;
 
+use crate::api::logs::FlushReport;
 use crate::builder::LambdaWorker;
 use crate::deadline::Budget;
 use crate::execution::{self, ExecutionParams, Outcome, RunReport};
@@ -36,6 +39,7 @@ use crate::handback::HandbackPolicy;
 use crate::orphans::InvocationGuard;
 use crate::poison::gate::PoisonGate;
 use crate::wake::{self, BatchEnd, WakeReport};
+use crate::{heartbeat, metrics};
 
 /// What one invocation is asked to do (from the trigger event).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -79,6 +83,12 @@ pub struct InvocationSummary {
     pub time_left_ms: u64,
     /// Processes left behind by runs and killed at the end of the invocation.
     pub orphans_killed: usize,
+    /// Step log lines forwarded to the API (and lost).
+    pub logs: FlushReport,
+    /// Whether the heartbeat ping succeeded; absent without `IRONFLOW_HEARTBEAT_URL` or when
+    /// the batch did not complete.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub heartbeat: Option<bool>,
     /// The wake-ups sent after the batch; absent without a wake queue (`IRONFLOW_WAKE_QUEUE_URL`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub wake_ups: Option<WakeReport>,
@@ -144,6 +154,17 @@ async fn run_in_span(
         },
     };
     let claim_window_end = budget.cutoff().checked_sub(s.min_claim_budget);
+    // Our own last writes (log pushes, heartbeat) end a little before the deadline, so that
+    // the response still goes out in time.
+    let last_write = budget
+        .deadline()
+        .checked_sub(RESPONSE_RESERVE)
+        .unwrap_or_else(Instant::now);
+    let log_pump_stop = CancellationToken::new();
+    let log_pump = {
+        let (logs, stop) = (worker.logs.clone(), log_pump_stop.clone());
+        tokio::spawn(async move { logs.pump(stop, last_write).await })
+    };
     let mut poison = PoisonGate::new(worker.poison_table.clone(), s.poison);
     let slots = Arc::new(Semaphore::new(s.concurrency));
     let mut executions = JoinSet::new();
@@ -207,16 +228,29 @@ async fn run_in_span(
             continue;
         }
         let params = params.clone();
-        executions.spawn(async move {
-            let _slot = permit;
-            execution::execute(params, claimed).await
-        });
+        executions.spawn(
+            async move {
+                let _slot = permit;
+                execution::execute(params, claimed).await
+            }
+            .instrument(tracing::Span::current()),
+        );
     };
 
     while let Some(joined) = executions.join_next().await {
         settle(joined, &mut poison, &mut reports).await;
     }
+    // Every run has stopped: what they printed is queued; send it all before returning.
+    log_pump_stop.cancel();
+    let mut logs = log_pump.await.unwrap_or_default();
+    logs += worker.logs.flush(last_write).await;
     let orphans_killed = guard.finish().await;
+    let heartbeat = match &s.heartbeat_url {
+        Some(url) if errors.is_empty() => {
+            Some(heartbeat::ping(worker.api.http(), url, last_write).await)
+        }
+        _ => None,
+    };
     worker.pool.after_invocation();
 
     let runs: Vec<RunReport> = order.iter().filter_map(|id| reports.remove(id)).collect();
@@ -242,8 +276,11 @@ async fn run_in_span(
         errors,
         time_left_ms: u64::try_from(budget.until_deadline().as_millis()).unwrap_or(u64::MAX),
         orphans_killed,
+        logs,
+        heartbeat,
         wake_ups,
     };
+    metrics::record(&summary);
     info!(
         claimed = summary.claimed,
         stop_reason = ?summary.stop_reason,
@@ -282,6 +319,9 @@ async fn claim(
         }
     }
 }
+
+/// Time kept for the response after our last write to the API: 250 ms.
+const RESPONSE_RESERVE: Duration = Duration::from_millis(250);
 
 /// Attempts of a claim that fails on the connection.
 const CLAIM_ATTEMPTS: u32 = 3;

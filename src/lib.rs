@@ -43,10 +43,13 @@ pub mod deadline;
 pub mod execution;
 pub mod handback;
 pub mod handler;
+pub mod heartbeat;
 pub mod invocation;
 pub mod lease;
 #[cfg(feature = "local")]
 pub mod local;
+pub mod logging;
+pub mod metrics;
 pub mod orphans;
 pub mod poison;
 pub mod pool;

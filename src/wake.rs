@@ -34,7 +34,6 @@ use serde::Serialize;
 use tokio::time::{Instant, timeout_at};
 use tracing::{info, warn};
 
-use crate::api::InternalApi;
 use crate::builder::LambdaWorker;
 use crate::config::ConfigError;
 use crate::deadline::Budget;
@@ -170,13 +169,6 @@ impl Waker {
     }
 }
 
-/// A [`Waker`] with the API client that counts the backlog, as the worker holds it.
-#[derive(Debug, Clone)]
-pub(crate) struct WakeUps {
-    pub waker: Waker,
-    pub api: InternalApi,
-}
-
 /// Why wake-ups were considered after a batch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -249,7 +241,7 @@ pub(crate) struct BatchEnd<'a> {
 
 /// Send the wake-ups the batch calls for. `None` when the worker has no wake queue.
 pub(crate) async fn after_batch(worker: &LambdaWorker, end: BatchEnd<'_>) -> Option<WakeReport> {
-    let wake = worker.wake.as_ref()?;
+    let waker = worker.wake.as_ref()?;
     let trigger = if end.handed_back > 0 {
         Some(WakeTrigger::HandedBack)
     } else if end.filled {
@@ -276,9 +268,9 @@ pub(crate) async fn after_batch(worker: &LambdaWorker, end: BatchEnd<'_>) -> Opt
         report.errors.push(error);
         return Some(report);
     };
-    let settings = &wake.waker.settings;
+    let settings = &waker.settings;
 
-    report.pending_runs = match timeout_at(until, wake.api.pending_runs(end.capabilities)).await {
+    report.pending_runs = match timeout_at(until, worker.api.pending_runs(end.capabilities)).await {
         Ok(Ok(n)) => Some(n),
         Ok(Err(e)) => fail(&mut report, format!("pending count failed: {e}")),
         Err(_) => fail(&mut report, "pending count ran into the deadline".into()),
@@ -289,7 +281,7 @@ pub(crate) async fn after_batch(worker: &LambdaWorker, end: BatchEnd<'_>) -> Opt
     }
     // The SDK's futures are deep: boxed, they keep the handler's future within the compiler's
     // layout depth.
-    report.queued = match timeout_at(until, Box::pin(queued_wake_ups(&wake.waker))).await {
+    report.queued = match timeout_at(until, Box::pin(queued_wake_ups(waker))).await {
         Ok(Ok(n)) => Some(n),
         Ok(Err(e)) => fail(
             &mut report,
@@ -323,7 +315,7 @@ pub(crate) async fn after_batch(worker: &LambdaWorker, end: BatchEnd<'_>) -> Opt
     .to_string();
     match timeout_at(
         until,
-        Box::pin(send(&wake.waker, count, &body, report.delay_secs)),
+        Box::pin(send(waker, count, &body, report.delay_secs)),
     )
     .await
     {

@@ -40,6 +40,29 @@ fn required_env(name: &str) -> String {
     })
 }
 
+/// The variables cargo sets for this test (`CARGO_MANIFEST_DIR`, `CARGO_PKG_*`, ...). Build
+/// scripts such as ring's rerun when they change, so a cargo started with them (the build below,
+/// the `cargo run` of `cargo lambda watch`) would rebuild those crates, and the next
+/// `./scripts/test` again: they are removed from the environment of what this test starts.
+fn cargo_test_variables() -> Vec<String> {
+    const PREFIXES: [&str; 6] = [
+        "CARGO_PKG_",
+        "CARGO_MANIFEST_",
+        "CARGO_BIN_",
+        "CARGO_CRATE_",
+        "CARGO_PRIMARY_PACKAGE",
+        "CARGO_TARGET_TMPDIR",
+    ];
+    std::env::vars()
+        .map(|(name, _)| name)
+        .filter(|name| {
+            PREFIXES.iter().any(|p| name.starts_with(p))
+                || name == "CARGO_RUSTC_CURRENT_DIR"
+                || name == "OUT_DIR"
+        })
+        .collect()
+}
+
 fn free_port() -> u16 {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     listener.local_addr().unwrap().port()
@@ -69,6 +92,9 @@ impl Watch {
             .stdin(Stdio::null())
             .stdout(out.try_clone().unwrap())
             .stderr(out);
+        for name in cargo_test_variables() {
+            command.env_remove(name);
+        }
         for (k, v) in envs {
             command.env(k, v);
         }
@@ -295,6 +321,9 @@ async fn samples_through_cargo_lambda_watch() {
         .current_dir(manifest_dir())
         .args(["build", "--bin", FUNCTION])
         .kill_on_drop(true);
+    for name in cargo_test_variables() {
+        build.env_remove(name);
+    }
     let status = timeout(BUILD_TIMEOUT, build.status())
         .await
         .expect("building the function timed out")

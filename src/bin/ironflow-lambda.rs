@@ -6,22 +6,13 @@ use std::sync::Arc;
 use ironflow_core::providers::claude::ClaudeCodeProvider;
 use ironflow_lambda::builder::{BuildError, LambdaWorker, LambdaWorkerBuilder};
 use ironflow_lambda::wake::Waker;
-use ironflow_lambda::{handler, orphans, workflows};
+use ironflow_lambda::{handler, logging, metrics, orphans, workflows};
 use lambda_runtime::{Error, LambdaEvent, service_fn};
 use serde_json::Value;
 
 #[tokio::main]
 async fn main() -> Result<(), Error> {
-    tracing_subscriber::fmt()
-        .json()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .with_current_span(true)
-        .without_time()
-        .init();
-
+    logging::init(logging::filter(), std::io::stdout);
     orphans::become_subreaper();
     let worker = match build_worker().await {
         Ok(worker) => Arc::new(worker),
@@ -32,9 +23,21 @@ async fn main() -> Result<(), Error> {
             return Err(e.into());
         }
     };
+    let function = std::env::var("AWS_LAMBDA_FUNCTION_NAME").unwrap_or_else(|_| "local".into());
+    let namespace =
+        std::env::var("IRONFLOW_METRICS_NAMESPACE").unwrap_or_else(|_| "ironflow-lambda".into());
+    let collector = metrics::install(&namespace, &function);
     lambda_runtime::run(service_fn(move |event: LambdaEvent<Value>| {
         let worker = worker.clone();
-        async move { handler::handle(&worker, event).await }
+        async move {
+            let response = handler::handle(&worker, event).await;
+            // The metrics document goes out before the response: the process may be frozen
+            // right after it.
+            if let Some(collector) = collector {
+                metrics::flush(collector, std::io::stdout().lock());
+            }
+            response
+        }
     }))
     .await
 }

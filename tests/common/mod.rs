@@ -12,7 +12,7 @@ use ironflow_engine::config::ShellConfig;
 use ironflow_engine::context::WorkflowContext;
 use ironflow_engine::handler::{HandlerFuture, WorkflowHandler};
 use ironflow_lambda::builder::{LambdaWorker, LambdaWorkerBuilder};
-use ironflow_lambda::handler::{self, HandlerError};
+use ironflow_lambda::handler;
 use ironflow_lambda::invocation::InvocationSummary;
 use ironflow_lambda::local::{LocalApi, new_run};
 use ironflow_lambda::orphans;
@@ -94,9 +94,7 @@ impl Harness {
             .expect("invocation accepted")
     }
 
-    /// One invocation of `event` (a schedule or direct event) with `deadline_ms` as
-    /// `Context.deadline`: its batch's summary, also when the batch could not run (the handler
-    /// answers an error carrying it then), or the error refusing the event.
+    /// One invocation of `event` with `deadline_ms` as `Context.deadline`.
     pub async fn invoke_event(
         &self,
         worker: &LambdaWorker,
@@ -106,14 +104,7 @@ impl Harness {
         let mut context = Context::default();
         context.request_id = format!("req-{}", Uuid::new_v4());
         context.deadline = deadline_ms;
-        match handler::handle_response(worker, LambdaEvent::new(event, context)).await {
-            Ok(response) => Ok(response
-                .summary()
-                .cloned()
-                .expect("a schedule or direct event runs a batch")),
-            Err(HandlerError::BatchNotRun { summary, .. }) => Ok(*summary),
-            Err(HandlerError::InvalidEvent(e)) => Err(e),
-        }
+        handler::handle_summary(worker, LambdaEvent::new(event, context)).await
     }
 }
 
@@ -148,6 +139,16 @@ pub fn executions(path: &Path) -> usize {
 pub struct ShellWorkflow {
     pub name: &'static str,
     pub steps: Vec<(&'static str, String)>,
+}
+
+impl ShellWorkflow {
+    /// A workflow of one shell step `step` running `cmd`.
+    pub fn one(name: &'static str, cmd: &str) -> Self {
+        Self {
+            name,
+            steps: vec![("step", cmd.to_string())],
+        }
+    }
 }
 
 impl WorkflowHandler for ShellWorkflow {
