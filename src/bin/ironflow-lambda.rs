@@ -29,6 +29,10 @@ async fn main() -> Result<(), Error> {
             .register(workflows::MultiStep { step_secs: 5.0 })
             .register(workflows::Flaky)
             .register(workflows::AlwaysFails)
+            // IRONFLOW_POISON_TABLE set: the shared DynamoDB table, checked now (a missing
+            // table stops the cold start with its name); unset: the in-memory table.
+            .connect_poison_table()
+            .await?
             .build()?,
     );
     lambda_runtime::run(service_fn(move |event: LambdaEvent<Value>| {
