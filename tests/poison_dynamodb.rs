@@ -806,34 +806,7 @@ async fn a_run_recovered_from_a_dead_invocation_counts_as_a_failure() {
 
     // An invocation claims a run and dies: nobody refreshes or hands back its 1 s lease.
     let victim = create_runs(&api, "quick-shell", 1, 3).await[0];
-    let dead = ApiRunStore::new(&api.url(), api.token());
-    let claimed = dead
-        .pick_next_pending_for(
-            Some(LeaseRequest {
-                worker_id: "lambda-dead-invocation".into(),
-                ttl: Duration::from_secs(1),
-            }),
-            None,
-        )
-        .await
-        .unwrap()
-        .unwrap();
-    assert_eq!(claimed.id, victim);
-    // The API's reaper requeues it once the lease has expired (its tick, called directly).
-    let store = api.store().clone();
-    wait_for(
-        Duration::from_secs(30),
-        "the reaper to requeue the run",
-        || {
-            let store = store.clone();
-            async move {
-                store.reap_expired_leases(10).await.unwrap();
-                let run = store.get_run(victim).await.unwrap().unwrap();
-                run.status.state == RunStatus::Pending && run.lease_recoveries == 1
-            }
-        },
-    )
-    .await;
+    kill_holding_invocation(&api, victim).await;
 
     // The next invocation counts the death as a failure: with threshold 1 the workflow is
     // blocked and the run is failed instead of executed.
@@ -863,6 +836,71 @@ async fn a_run_recovered_from_a_dead_invocation_counts_as_a_failure() {
             .await
             .unwrap()
     );
+}
+
+/// Make `victim` look like the run of an invocation that died: claim it under a 1 s lease that
+/// nobody refreshes, then let the API's reaper (its tick, called directly) requeue it.
+async fn kill_holding_invocation(api: &LocalApi, victim: Uuid) {
+    let dead = ApiRunStore::new(&api.url(), api.token());
+    let claimed = dead
+        .pick_next_pending_for(
+            Some(LeaseRequest {
+                worker_id: "lambda-dead-invocation".into(),
+                ttl: Duration::from_secs(1),
+            }),
+            None,
+        )
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(claimed.id, victim);
+    let store = api.store().clone();
+    wait_for(
+        Duration::from_secs(30),
+        "the reaper to requeue the run",
+        || {
+            let store = store.clone();
+            async move {
+                store.reap_expired_leases(10).await.unwrap();
+                let run = store.get_run(victim).await.unwrap().unwrap();
+                run.status.state == RunStatus::Pending && run.lease_recoveries == 1
+            }
+        },
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_defer_mode_a_run_whose_recovery_blocks_its_workflow_goes_back_to_pending() {
+    let ep = moto_endpoint();
+    let name = create_table(&ep).await;
+    let api = LocalApi::start(&Uuid::new_v4().to_string()).await.unwrap();
+    let p = policy(1, Duration::from_secs(3600));
+    let t = Arc::new(connect(&ep, &name, "fn", p).await);
+    let w = worker(&api, t.clone(), p, PoisonMode::Defer);
+
+    let victim = create_runs(&api, "always-fails", 1, 3).await[0];
+    kill_holding_invocation(&api, victim).await;
+
+    // Not blocked when the invocation reads the counters, so the run is claimed; its lease
+    // recovery then blocks the workflow (threshold 1): defer mode writes it back to Pending.
+    let s = invoke(&w, 1).await;
+    assert_eq!(
+        outcomes_of(&s, "always-fails"),
+        vec![Outcome::PoisonBlocked],
+        "{s:?}"
+    );
+    let error = s.runs[0].error.as_deref().unwrap();
+    assert!(error.contains("written back to Pending"), "{error}");
+    let run = api.store().get_run(victim).await.unwrap().unwrap();
+    assert_eq!(run.status.state, RunStatus::Pending);
+    assert_eq!(run.retry_count, 0, "not failed, not retried");
+
+    // The next invocations leave it alone until the cooldown ends.
+    let s = invoke(&w, 2).await;
+    assert!(s.runs.is_empty(), "{s:?}");
+    assert_eq!(s.stop_reason, StopReason::NoPendingRun);
+    assert_eq!(state(&api, victim).await, RunStatus::Pending);
 }
 
 // --- fail open ----------------------------------------------------------------------------
