@@ -911,6 +911,8 @@ struct OwnMoto {
     pid: i32,
     endpoint: String,
     script: Option<PathBuf>,
+    /// The server's output, kept only if the test fails.
+    log: PathBuf,
 }
 
 /// moto's own server application (what `moto_server` runs), served one request at a time.
@@ -973,6 +975,7 @@ impl OwnMoto {
             pid,
             endpoint: format!("http://127.0.0.1:{port}"),
             script: None,
+            log,
         };
         let url = format!("{}/moto-api/data.json", me.endpoint);
         wait_for(
@@ -998,6 +1001,9 @@ impl Drop for OwnMoto {
         self.kill();
         if let Some(script) = &self.script {
             let _ = std::fs::remove_file(script);
+        }
+        if !std::thread::panicking() {
+            let _ = std::fs::remove_file(&self.log);
         }
     }
 }
