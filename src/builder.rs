@@ -20,10 +20,14 @@ use ironflow_store::store::Store;
 use ironflow_worker::ApiRunStore;
 use tracing::warn;
 
+use crate::api::artifacts::ApiArtifactSink;
+use crate::api::logs::LogForwarder;
+use crate::api::{ApiClient, ClientError};
 use crate::config::{ConfigError, Settings, WorkerToken};
 use crate::poison::dynamodb::{DynamoPoisonTable, DynamoSetupError};
 use crate::poison::memory::MemoryPoisonTable;
 use crate::poison::{PoisonMode, PoisonTable};
+use crate::pool::{DEFAULT_IDLE_PROBE_AFTER, PoolWarden};
 
 /// `build()` refused the configuration.
 #[derive(Debug, thiserror::Error)]
@@ -45,6 +49,9 @@ pub enum BuildError {
         /// Why it cannot work, with the values involved.
         reason: String,
     },
+    /// The HTTP client for the API could not be built.
+    #[error(transparent)]
+    Client(#[from] ClientError),
     /// An environment variable is missing or malformed (from [`LambdaWorkerBuilder::from_env`]).
     #[error(transparent)]
     Config(#[from] ConfigError),
@@ -91,6 +98,7 @@ pub struct LambdaWorkerBuilder {
     account_strategy: Option<Arc<dyn AccountStrategy>>,
     handlers: Vec<Box<dyn WorkflowHandler>>,
     poison_table: Option<Arc<dyn PoisonTable>>,
+    idle_probe_after: Duration,
 }
 
 impl LambdaWorkerBuilder {
@@ -118,6 +126,7 @@ impl LambdaWorkerBuilder {
             account_strategy: None,
             handlers: Vec::new(),
             poison_table: None,
+            idle_probe_after: DEFAULT_IDLE_PROBE_AFTER,
         }
     }
 
@@ -281,9 +290,23 @@ impl LambdaWorkerBuilder {
         Ok(self)
     }
 
+    /// Dead man's switch URL pinged with `HEAD` once per invocation that completed its batch.
+    /// Default none.
+    pub fn heartbeat_url(mut self, url: &str) -> Self {
+        self.settings.heartbeat_url = Some(url.to_string());
+        self
+    }
+
     /// Handbacks in a row without a completed step before a run is failed. Default 3.
     pub fn max_handbacks_without_progress(mut self, n: u32) -> Self {
         self.settings.max_handbacks_without_progress = n;
+        self
+    }
+
+    /// Idle gap after which an invocation first probes the HTTP connection pool for
+    /// connections dropped during the freeze (see [`crate::pool`]). Default 10 s.
+    pub fn idle_probe_after(mut self, gap: Duration) -> Self {
+        self.idle_probe_after = gap;
         self
     }
 
@@ -323,6 +346,12 @@ impl LambdaWorkerBuilder {
         let capabilities = WorkerCapabilities::new(registered_workflows(&engine), tags.clone());
         engine.set_worker_tags(tags);
 
+        // Step logs and artifacts travel through the API: the worker holds no storage credential.
+        let api = ApiClient::new(&s.api_url, s.worker_token.clone())?;
+        let (log_sender, log_receiver) = ironflow_engine::log_sender::channel();
+        engine.set_log_sender(log_sender);
+        engine.set_artifact_sink(Arc::new(ApiArtifactSink::new(api.clone())));
+
         let poison_table = match (self.poison_table, &s.poison_table) {
             (Some(table), _) => table,
             (None, Some(name)) => {
@@ -348,6 +377,9 @@ impl LambdaWorkerBuilder {
             capabilities,
             poison_table,
             poison_mode,
+            pool: PoolWarden::new(self.idle_probe_after),
+            logs: Arc::new(LogForwarder::new(api.clone(), log_receiver)),
+            api,
             settings: s,
         })
     }
@@ -435,6 +467,9 @@ pub struct LambdaWorker {
     pub(crate) capabilities: WorkerCapabilities,
     pub(crate) poison_table: Arc<dyn PoisonTable>,
     pub(crate) poison_mode: PoisonMode,
+    pub(crate) pool: PoolWarden,
+    pub(crate) logs: Arc<LogForwarder>,
+    pub(crate) api: ApiClient,
     pub(crate) settings: Settings,
 }
 

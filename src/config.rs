@@ -25,6 +25,7 @@
 //! | `IRONFLOW_POISON_MODE` | `fail` or `defer`: what happens to runs of a blocked workflow | `fail` |
 //! | `IRONFLOW_MAX_HANDBACKS_WITHOUT_PROGRESS` | handbacks in a row without a completed step before the run is failed | 3 |
 //! | `IRONFLOW_MAX_CAPACITY_WAIT_SECS` | how long an agent step may wait for provider capacity | 21600 |
+//! | `IRONFLOW_HEARTBEAT_URL` | dead man's switch pinged (HEAD) after each completed batch | none |
 
 use std::fmt;
 use std::str::FromStr;
@@ -155,6 +156,9 @@ pub struct Settings {
     pub max_handbacks_without_progress: u32,
     /// How long an agent step may wait for provider-account capacity.
     pub max_capacity_wait: Duration,
+    /// Dead man's switch URL pinged with `HEAD` after each completed batch
+    /// (`IRONFLOW_HEARTBEAT_URL`). Never logged: it usually embeds a secret.
+    pub heartbeat_url: Option<String>,
 }
 
 impl Settings {
@@ -182,6 +186,7 @@ impl Settings {
             poison_mode: PoisonMode::Fail,
             max_handbacks_without_progress: DEFAULT_MAX_HANDBACKS_WITHOUT_PROGRESS,
             max_capacity_wait: ironflow_engine::accounts::DEFAULT_MAX_CAPACITY_WAIT,
+            heartbeat_url: None,
         }
     }
 
@@ -303,6 +308,16 @@ impl Settings {
         }
         if let Some(v) = parse::<u64>(&get, "IRONFLOW_MAX_CAPACITY_WAIT_SECS", whole, 0)? {
             s.max_capacity_wait = Duration::from_secs(v);
+        }
+        if let Some(v) = get("IRONFLOW_HEARTBEAT_URL") {
+            if !(v.starts_with("http://") || v.starts_with("https://")) {
+                return Err(ConfigError::Invalid {
+                    variable: "IRONFLOW_HEARTBEAT_URL",
+                    expected: "an http:// or https:// URL",
+                    found: "(not shown: heartbeat URLs usually embed a secret)".to_string(),
+                });
+            }
+            s.heartbeat_url = Some(v);
         }
         Ok(s)
     }

@@ -18,6 +18,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
+use std::time::Duration;
 
 use ironflow_store::entities::{LeaseRequest, Run, RunStatus, RunUpdate, WorkerCapabilities};
 use ironflow_store::error::StoreError;
@@ -25,9 +26,11 @@ use serde::Serialize;
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 use tokio::time::{Instant, sleep_until, timeout_at};
+use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, error, info, info_span, warn};
 use uuid::Uuid;
 
+use crate::api::logs::FlushReport;
 use crate::builder::LambdaWorker;
 use crate::deadline::Budget;
 use crate::execution::{self, ExecutionParams, Outcome, RunReport};
@@ -35,6 +38,7 @@ use crate::handback::HandbackPolicy;
 use crate::orphans::InvocationGuard;
 use crate::poison::PoisonMode;
 use crate::poison::gate::PoisonGate;
+use crate::{heartbeat, metrics};
 
 /// What one invocation is asked to do (from the trigger event).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -78,6 +82,12 @@ pub struct InvocationSummary {
     pub time_left_ms: u64,
     /// Processes left behind by runs and killed at the end of the invocation.
     pub orphans_killed: usize,
+    /// Step log lines forwarded to the API (and lost).
+    pub logs: FlushReport,
+    /// Whether the heartbeat ping succeeded; absent without `IRONFLOW_HEARTBEAT_URL` or when
+    /// the batch did not complete.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub heartbeat: Option<bool>,
     /// Poison-pill table calls that failed in this invocation; each failed open (the run
     /// executed, the failure was not counted).
     pub poison_table_errors: u32,
@@ -143,6 +153,17 @@ async fn run_in_span(
         },
     };
     let claim_window_end = budget.cutoff().checked_sub(s.min_claim_budget);
+    // Our own last writes (log pushes, heartbeat) end a little before the deadline, so that
+    // the response still goes out in time.
+    let last_write = budget
+        .deadline()
+        .checked_sub(RESPONSE_RESERVE)
+        .unwrap_or_else(Instant::now);
+    let log_pump_stop = CancellationToken::new();
+    let log_pump = {
+        let (logs, stop) = (worker.logs.clone(), log_pump_stop.clone());
+        tokio::spawn(async move { logs.pump(stop, last_write).await })
+    };
     let mut poison = PoisonGate::new(worker.poison_table.clone(), s.poison, worker.poison_mode);
     let slots = Arc::new(Semaphore::new(s.concurrency));
     let mut executions = JoinSet::new();
@@ -155,6 +176,13 @@ async fn run_in_span(
         "invocation started"
     );
 
+    if let Some(end) = claim_window_end.filter(|end| Instant::now() < *end) {
+        let probes = 2 * s.concurrency + 2;
+        worker
+            .pool
+            .before_claims(worker.engine.store().as_ref(), probes, end)
+            .await;
+    }
     let stop_reason = loop {
         if order.len() >= max_runs {
             break StopReason::MaxRuns;
@@ -167,10 +195,11 @@ async fn run_in_span(
         let permit = loop {
             tokio::select! {
                 biased;
-                permit = slots.clone().acquire_owned() => break permit.ok(),
+                // Settle finished runs first, so that a claim sees their poison-pill counts.
                 Some(joined) = executions.join_next(), if !executions.is_empty() => {
                     settle(joined, &mut poison, &mut reports).await;
                 }
+                permit = slots.clone().acquire_owned() => break permit.ok(),
                 () = sleep_until(window_end) => break None,
             }
         };
@@ -202,16 +231,30 @@ async fn run_in_span(
             continue;
         }
         let params = params.clone();
-        executions.spawn(async move {
-            let _slot = permit;
-            execution::execute(params, claimed).await
-        });
+        executions.spawn(
+            async move {
+                let _slot = permit;
+                execution::execute(params, claimed).await
+            }
+            .instrument(tracing::Span::current()),
+        );
     };
 
     while let Some(joined) = executions.join_next().await {
         settle(joined, &mut poison, &mut reports).await;
     }
+    // Every run has stopped: what they printed is queued; send it all before returning.
+    log_pump_stop.cancel();
+    let mut logs = log_pump.await.unwrap_or_default();
+    logs += worker.logs.flush(last_write).await;
     let orphans_killed = guard.finish().await;
+    let heartbeat = match &s.heartbeat_url {
+        Some(url) if errors.is_empty() => {
+            Some(heartbeat::ping(worker.api.http(), url, last_write).await)
+        }
+        _ => None,
+    };
+    worker.pool.after_invocation();
 
     let runs: Vec<RunReport> = order.iter().filter_map(|id| reports.remove(id)).collect();
     let mut outcomes = BTreeMap::new();
@@ -228,8 +271,11 @@ async fn run_in_span(
         errors,
         time_left_ms: u64::try_from(budget.until_deadline().as_millis()).unwrap_or(u64::MAX),
         orphans_killed,
+        logs,
+        heartbeat,
         poison_table_errors: poison.table_errors(),
     };
+    metrics::record(&summary);
     info!(
         claimed = summary.claimed,
         stop_reason = ?summary.stop_reason,
@@ -241,26 +287,39 @@ async fn run_in_span(
 
 /// Claim the next run this worker can take.
 ///
-/// A transport failure (not an HTTP status) is retried once at once: after a long freeze, a
-/// pooled connection the server or a NAT gateway has meanwhile dropped fails the first request
-/// sent on it, and the retry goes out on a fresh connection. A lost claim response is safe to
-/// retry: the run it may have claimed sits under a lease nobody refreshes, and the reaper
-/// requeues it after the lease TTL.
+/// A transport failure (not an HTTP status) is retried at once, up to [`CLAIM_ATTEMPTS`] in
+/// all: a pooled connection dropped during a freeze fails the request sent on it and is
+/// evicted, and the retry goes out on another one (see [`crate::pool`]). A lost claim response
+/// is safe to retry: the run it may have claimed sits under a lease nobody refreshes, and the
+/// API's reaper requeues it after the lease TTL.
 async fn claim(
     worker: &LambdaWorker,
     lease: &LeaseRequest,
     capabilities: &WorkerCapabilities,
 ) -> Result<Option<Run>, StoreError> {
     let store = worker.engine.store();
-    let pick = || store.pick_next_pending_for(Some(lease.clone()), Some(capabilities.clone()));
-    match pick().await {
-        Err(StoreError::Database(msg)) if msg.starts_with("worker HTTP error") => {
-            warn!(error = %msg, "claim failed on the connection, retrying on a fresh one");
-            pick().await
+    let mut attempt = 1;
+    loop {
+        let result = store
+            .pick_next_pending_for(Some(lease.clone()), Some(capabilities.clone()))
+            .await;
+        match result {
+            Err(StoreError::Database(msg))
+                if msg.starts_with("worker HTTP error") && attempt < CLAIM_ATTEMPTS =>
+            {
+                warn!(error = %msg, attempt, "claim failed on the connection, retrying");
+                attempt += 1;
+            }
+            other => return other,
         }
-        other => other,
     }
 }
+
+/// Time kept for the response after our last write to the API: 250 ms.
+const RESPONSE_RESERVE: Duration = Duration::from_millis(250);
+
+/// Attempts of a claim that fails on the connection.
+const CLAIM_ATTEMPTS: u32 = 3;
 
 /// Turn a finished execution into its report and update the poison-pill table.
 async fn settle(
