@@ -13,7 +13,7 @@ use serde_json::Value;
 async fn main() -> Result<(), Error> {
     logging::init(logging::filter(), std::io::stdout);
     orphans::become_subreaper();
-    let worker = match build_worker() {
+    let worker = match build_worker().await {
         Ok(worker) => Arc::new(worker),
         Err(e) => {
             // Stop the cold start with the error in the logs (never the token): Lambda reports
@@ -42,12 +42,16 @@ async fn main() -> Result<(), Error> {
 }
 
 /// Settings from the environment, the example workflows, the default provider.
-fn build_worker() -> Result<LambdaWorker, BuildError> {
+async fn build_worker() -> Result<LambdaWorker, BuildError> {
     LambdaWorkerBuilder::from_env()?
         .provider(Arc::new(ClaudeCodeProvider::new()))
         .register(workflows::QuickShell)
         .register(workflows::MultiStep { step_secs: 5.0 })
         .register(workflows::Flaky)
         .register(workflows::AlwaysFails)
+        // IRONFLOW_POISON_TABLE set: the shared DynamoDB table, checked now (a missing table
+        // stops the cold start with its name); unset: the in-memory table.
+        .connect_poison_table()
+        .await?
         .build()
 }
