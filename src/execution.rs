@@ -42,7 +42,8 @@ pub enum Outcome {
     LeaseLost,
     /// Still running at the cutoff: written back to Pending for the next invocation.
     HandedBack,
-    /// Claimed while its workflow was blocked as a poison pill: failed without executing.
+    /// Claimed while its workflow was blocked as a poison pill: failed without executing
+    /// (fail mode), or written back to Pending without executing (defer mode).
     PoisonBlocked,
 }
 

@@ -5,7 +5,9 @@
 //! while claimed < N and time before the cutoff ≥ minimum claim budget:
 //!     wait for a free slot (≤ concurrency)          a claimed run's lease is only refreshed
 //!     claim (ApiRunStore::pick_next_pending_for)    once it executes, so claim only then
-//!     poison-pill table: workflow blocked? → fail the run, with the reason
+//!     poison-pill table: run recovered from a dead invocation? → count a failure;
+//!                        workflow blocked? → fail the run (fail mode) or write it back to
+//!                        Pending (defer mode, whose claims leave blocked workflows out)
 //!     spawn its execution
 //! await every execution → outcomes → poison-pill table
 //! kill the processes runs left behind
@@ -21,7 +23,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
-use ironflow_store::entities::{LeaseRequest, Run, WorkerCapabilities};
+use ironflow_store::entities::{LeaseRequest, Run, RunStatus, RunUpdate, WorkerCapabilities};
 use ironflow_store::error::StoreError;
 use serde::Serialize;
 use tokio::sync::Semaphore;
@@ -37,6 +39,7 @@ use crate::deadline::Budget;
 use crate::execution::{self, ExecutionParams, Outcome, RunReport};
 use crate::handback::HandbackPolicy;
 use crate::orphans::InvocationGuard;
+use crate::poison::PoisonMode;
 use crate::poison::gate::PoisonGate;
 use crate::wake::{self, BatchEnd, WakeReport};
 use crate::{heartbeat, metrics};
@@ -89,6 +92,9 @@ pub struct InvocationSummary {
     /// the batch did not complete.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub heartbeat: Option<bool>,
+    /// Poison-pill table calls that failed in this invocation; each failed open (the run
+    /// executed, the failure was not counted).
+    pub poison_table_errors: u32,
     /// The wake-ups sent after the batch; absent without a wake queue (`IRONFLOW_WAKE_QUEUE_URL`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub wake_ups: Option<WakeReport>,
@@ -165,7 +171,7 @@ async fn run_in_span(
         let (logs, stop) = (worker.logs.clone(), log_pump_stop.clone());
         tokio::spawn(async move { logs.pump(stop, last_write).await })
     };
-    let mut poison = PoisonGate::new(worker.poison_table.clone(), s.poison);
+    let mut poison = PoisonGate::new(worker.poison_table.clone(), s.poison, worker.poison_mode);
     let slots = Arc::new(Semaphore::new(s.concurrency));
     let mut executions = JoinSet::new();
     let mut reports: HashMap<Uuid, RunReport> = HashMap::new();
@@ -184,7 +190,6 @@ async fn run_in_span(
             .before_claims(worker.engine.store().as_ref(), probes, end)
             .await;
     }
-    let capabilities = poison.capabilities_for_claim(&worker.capabilities).await;
     let stop_reason = loop {
         if order.len() >= max_runs {
             break StopReason::MaxRuns;
@@ -208,6 +213,8 @@ async fn run_in_span(
         let Some(permit) = permit else {
             break StopReason::Cutoff;
         };
+        // Defer mode: blocked workflows are left out (read once, then from the gate's cache).
+        let capabilities = poison.capabilities_for_claim(&worker.capabilities).await;
         let claimed = match timeout_at(window_end, claim(worker, &lease, &capabilities)).await {
             Err(_) => break StopReason::Cutoff,
             Ok(Ok(Some(run))) => run,
@@ -223,7 +230,10 @@ async fn run_in_span(
 
         poison.on_claim(&claimed).await;
         if let Some(reason) = poison.blocked_reason(&claimed.workflow_name).await {
-            let report = fail_blocked(worker, &claimed, reason, budget).await;
+            let report = match poison.mode() {
+                PoisonMode::Fail => fail_blocked(worker, &claimed, reason, budget).await,
+                PoisonMode::Defer => defer_blocked(worker, &claimed, reason, budget).await,
+            };
             reports.insert(claimed.id, report);
             continue;
         }
@@ -258,14 +268,22 @@ async fn run_in_span(
     for r in &runs {
         *outcomes.entry(r.outcome).or_insert(0) += 1;
     }
-    let end = BatchEnd {
-        request_id,
-        handed_back: outcomes.get(&Outcome::HandedBack).copied().unwrap_or(0),
-        filled: stop_reason == StopReason::MaxRuns,
-        capabilities: &capabilities,
-        budget,
+    let wake_ups = match worker.wake {
+        None => None,
+        Some(_) => {
+            // The backlog is counted with what the next claim would ask for (defer mode leaves
+            // out the workflows the poison-pill table blocks: their runs wake nobody).
+            let capabilities = poison.capabilities_for_claim(&worker.capabilities).await;
+            let end = BatchEnd {
+                request_id,
+                handed_back: outcomes.get(&Outcome::HandedBack).copied().unwrap_or(0),
+                filled: stop_reason == StopReason::MaxRuns,
+                capabilities: &capabilities,
+                budget,
+            };
+            wake::after_batch(worker, end).await
+        }
     };
-    let wake_ups = wake::after_batch(worker, end).await;
     let summary = InvocationSummary {
         request_id: request_id.to_string(),
         worker_id,
@@ -278,6 +296,7 @@ async fn run_in_span(
         orphans_killed,
         logs,
         heartbeat,
+        poison_table_errors: poison.table_errors(),
         wake_ups,
     };
     metrics::record(&summary);
@@ -359,6 +378,42 @@ async fn fail_blocked(
         Ok(Ok(_)) => reason,
         Ok(Err(e)) => format!("{reason} (recording it failed: {e})"),
         Err(_) => format!("{reason} (recording it ran into the deadline)"),
+    };
+    RunReport {
+        run_id: run.id,
+        workflow: run.workflow_name.clone(),
+        outcome: Outcome::PoisonBlocked,
+        duration_ms: 0,
+        error: Some(error),
+        retry_count: run.retry_count,
+    }
+}
+
+/// Defer mode: a run claimed while its workflow is blocked (the block came from this claim's
+/// own lease recovery, or from another instance after this invocation read the counter) is
+/// written back to Pending without executing; the following claims leave its workflow out.
+async fn defer_blocked(
+    worker: &LambdaWorker,
+    run: &Run,
+    reason: String,
+    budget: Budget,
+) -> RunReport {
+    warn!(run_id = %run.id, workflow = %run.workflow_name, error = %reason, "deferring run: poison pill");
+    let update = RunUpdate {
+        status: Some(RunStatus::Pending),
+        ..RunUpdate::default()
+    };
+    let write = worker.engine.store().update_run(run.id, update);
+    let error = match timeout_at(budget.deadline(), write).await {
+        Ok(Ok(())) => format!("{reason}; written back to Pending (defer mode)"),
+        Ok(Err(e)) => format!(
+            "{reason}; writing it back to Pending failed ({e}): the API's reaper will requeue it \
+             once its lease expires"
+        ),
+        Err(_) => format!(
+            "{reason}; writing it back to Pending ran into the deadline: the API's reaper will \
+             requeue it once its lease expires"
+        ),
     };
     RunReport {
         run_id: run.id,

@@ -13,6 +13,7 @@
 //! | `RunsCompleted`, `RunsFailed`, `RunsTimedOut`, `RunsPanicked`, `RunsHandedBack`, `LeasesLost`, `PoisonPillSkips` | Count | function, workflow |
 //! | `ApiErrors` | Count | function |
 //! | `LogLinesDropped` | Count | function |
+//! | `PoisonTableErrors` | Count | function |
 //! | `TimeLeftAtExit` | Milliseconds | function |
 //! | `Backlog` | Count | function (when the pending count is known) |
 //!
@@ -32,6 +33,9 @@ pub const RUNS_CLAIMED: &str = "RunsClaimed";
 pub const API_ERRORS: &str = "ApiErrors";
 /// `LogLinesDropped`: step log lines the API did not receive.
 pub const LOG_LINES_DROPPED: &str = "LogLinesDropped";
+/// `PoisonTableErrors`: poison-pill table calls that failed (each failed open: the run
+/// executed, the count was not updated).
+pub const POISON_TABLE_ERRORS: &str = "PoisonTableErrors";
 /// `TimeLeftAtExit`: milliseconds left before the invocation deadline when the batch ended.
 pub const TIME_LEFT_AT_EXIT: &str = "TimeLeftAtExit";
 /// `Backlog`: pending runs this worker can take, as the API counted them after the batch.
@@ -61,6 +65,11 @@ pub fn install(namespace: &str, function: &str) -> Option<&'static Collector> {
             describe_counter!(RUNS_CLAIMED, Unit::Count, "runs claimed");
             describe_counter!(API_ERRORS, Unit::Count, "failed API calls");
             describe_counter!(LOG_LINES_DROPPED, Unit::Count, "step log lines lost");
+            describe_counter!(
+                POISON_TABLE_ERRORS,
+                Unit::Count,
+                "failed poison-pill table calls"
+            );
             describe_gauge!(TIME_LEFT_AT_EXIT, Unit::Milliseconds, "time left at exit");
             describe_gauge!(BACKLOG, Unit::Count, "pending runs");
             Some(collector)
@@ -80,6 +89,7 @@ pub fn record(summary: &InvocationSummary) {
     }
     counter!(API_ERRORS).increment((summary.errors.len() + summary.logs.failed_calls) as u64);
     counter!(LOG_LINES_DROPPED).increment(summary.logs.dropped as u64);
+    counter!(POISON_TABLE_ERRORS).increment(u64::from(summary.poison_table_errors));
     gauge!(TIME_LEFT_AT_EXIT).set(summary.time_left_ms as f64);
 }
 

@@ -42,15 +42,20 @@ async fn main() -> Result<(), Error> {
     .await
 }
 
-/// Settings from the environment, the example workflows, the default provider, and wake-ups
-/// when `IRONFLOW_WAKE_QUEUE_URL` is set (the SQS client honours `AWS_ENDPOINT_URL`).
+/// Settings from the environment, the example workflows, the default provider, the poison-pill
+/// table, and wake-ups when `IRONFLOW_WAKE_QUEUE_URL` is set (the SQS client honours
+/// `AWS_ENDPOINT_URL`).
 async fn build_worker() -> Result<LambdaWorker, BuildError> {
     let mut builder = LambdaWorkerBuilder::from_env()?
         .provider(Arc::new(ClaudeCodeProvider::new()))
         .register(workflows::QuickShell)
         .register(workflows::MultiStep { step_secs: 5.0 })
         .register(workflows::Flaky)
-        .register(workflows::AlwaysFails);
+        .register(workflows::AlwaysFails)
+        // IRONFLOW_POISON_TABLE set: the shared DynamoDB table, checked now (a missing table
+        // stops the cold start with its name); unset: the in-memory table.
+        .connect_poison_table()
+        .await?;
     if let Some(waker) = Waker::from_env().await? {
         builder = builder.wake_ups(waker);
     }
