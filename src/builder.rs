@@ -6,6 +6,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use aws_config::SdkConfig;
 use ironflow_core::account_strategy::{AccountStrategy, LeastUtilized};
 use ironflow_core::decision::DecisionProvider;
 use ironflow_core::provider::AgentProvider;
@@ -23,6 +24,7 @@ use tracing::warn;
 use crate::config::{ConfigError, Settings, WorkerToken};
 use crate::poison::PoisonTable;
 use crate::poison::memory::MemoryPoisonTable;
+use crate::secrets::{self, SecretError};
 
 /// `build()` refused the configuration.
 #[derive(Debug, thiserror::Error)]
@@ -47,6 +49,10 @@ pub enum BuildError {
     /// An environment variable is missing or malformed (from [`LambdaWorkerBuilder::from_env`]).
     #[error(transparent)]
     Config(#[from] ConfigError),
+    /// The worker token could not be read from Secrets Manager (from
+    /// [`LambdaWorkerBuilder::from_env_and_secrets`]).
+    #[error(transparent)]
+    Secret(#[from] SecretError),
 }
 
 /// Builder for a [`LambdaWorker`].
@@ -92,6 +98,36 @@ impl LambdaWorkerBuilder {
     /// [`BuildError::Config`] naming the missing or malformed variable.
     pub fn from_env() -> Result<Self, BuildError> {
         Ok(Self::from_settings(Settings::from_env()?))
+    }
+
+    /// A builder from the environment, as [`LambdaWorkerBuilder::from_env`], with the worker
+    /// token read once from Secrets Manager when `IRONFLOW_WORKER_TOKEN` is unset and
+    /// `IRONFLOW_WORKER_TOKEN_SECRET_ARN` is set (see [`crate::secrets`]). `aws` is the AWS
+    /// configuration loaded at cold start (`aws_config::load_defaults`). This is what the
+    /// deployed function calls.
+    ///
+    /// # Errors
+    ///
+    /// [`BuildError::Secret`] naming the variable and the secret's ARN when the secret cannot
+    /// be read, [`BuildError::Config`] naming a missing or malformed variable.
+    pub async fn from_env_and_secrets(aws: &SdkConfig) -> Result<Self, BuildError> {
+        Self::from_lookup_and_secrets(|name| std::env::var(name).ok(), aws).await
+    }
+
+    /// [`LambdaWorkerBuilder::from_env_and_secrets`] with variables from any lookup (a map in
+    /// tests).
+    ///
+    /// # Errors
+    ///
+    /// As [`LambdaWorkerBuilder::from_env_and_secrets`].
+    pub async fn from_lookup_and_secrets(
+        lookup: impl Fn(&str) -> Option<String>,
+        aws: &SdkConfig,
+    ) -> Result<Self, BuildError> {
+        let token = secrets::worker_token_from_lookup(&lookup, aws).await?;
+        Ok(Self::from_settings(Settings::from_lookup_with_token(
+            lookup, token,
+        )?))
     }
 
     /// A builder from already-loaded settings.

@@ -30,7 +30,7 @@
 //! # }
 //! ```
 //!
-//! Modules, in the order of one invocation: [`config`] and [`builder`] (cold start),
+//! Modules, in the order of one invocation: [`config`], [`secrets`] and [`builder`] (cold start),
 //! [`handler`] and [`trigger`] (event in), [`deadline`] and [`invocation`] (the batch),
 //! [`execution`], [`lease`] and [`handback`] (one run), [`poison`] (the poison-pill table),
 //! [`orphans`] (no process outlives the invocation).
@@ -47,5 +47,6 @@ pub mod lease;
 pub mod local;
 pub mod orphans;
 pub mod poison;
+pub mod secrets;
 pub mod trigger;
 pub mod workflows;

@@ -1,5 +1,6 @@
 //! The deployable function: the example workflows, configured from the environment
-//! (see the README), run by the Lambda runtime. Locally: `cargo lambda watch`.
+//! (see the README; the worker token from Secrets Manager when `IRONFLOW_WORKER_TOKEN_SECRET_ARN`
+//! is set), run by the Lambda runtime. Locally: `cargo lambda watch`.
 
 use std::sync::Arc;
 
@@ -22,8 +23,11 @@ async fn main() -> Result<(), Error> {
         .init();
 
     orphans::become_subreaper();
+    // Region, credentials and endpoint from the Lambda environment, shared by every AWS client.
+    let aws = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
     let worker = Arc::new(
-        LambdaWorkerBuilder::from_env()?
+        LambdaWorkerBuilder::from_env_and_secrets(&aws)
+            .await?
             .provider(Arc::new(ClaudeCodeProvider::new()))
             .register(workflows::QuickShell)
             .register(workflows::MultiStep { step_secs: 5.0 })
