@@ -90,7 +90,11 @@ fn role_statements(t: &Value) -> Vec<Value> {
     let policies = resource(t, "WorkerRole")["Properties"]["Policies"]
         .as_array()
         .unwrap();
-    assert_eq!(policies.len(), 1, "one inline policy, mirrored by infra/iam-policy.json");
+    assert_eq!(
+        policies.len(),
+        1,
+        "one inline policy, mirrored by infra/iam-policy.json"
+    );
     policies[0]["PolicyDocument"]["Statement"]
         .as_array()
         .unwrap()
@@ -118,7 +122,10 @@ fn the_function_is_the_arm64_cargo_lambda_build_of_the_deployable_binary() {
     let t = template();
     let f = resource(&t, "WorkerFunction");
     assert_eq!(f["Metadata"]["BuildMethod"], "rust-cargolambda");
-    assert_eq!(f["Metadata"]["BuildProperties"]["Binary"], "ironflow-lambda");
+    assert_eq!(
+        f["Metadata"]["BuildProperties"]["Binary"],
+        "ironflow-lambda"
+    );
     let p = &f["Properties"];
     assert_eq!(p["Runtime"], "provided.al2023");
     assert_eq!(p["Architectures"], json!(["arm64"]));
@@ -152,13 +159,19 @@ fn the_wake_queue_visibility_timeout_is_at_least_six_function_timeouts() {
         .map(|v| v.as_i64().unwrap())
         .collect();
     assert!(allowed.contains(&param_default(&t, "FunctionTimeout")));
-    assert!(allowed.iter().all(|&s| (1..=900).contains(&s)), "Lambda allows 1..=900 s");
+    assert!(
+        allowed.iter().all(|&s| (1..=900).contains(&s)),
+        "Lambda allows 1..=900 s"
+    );
 
     let rows = t["Mappings"]["VisibilityTimeoutByFunctionTimeout"]
         .as_object()
         .unwrap();
     let keys: BTreeSet<i64> = rows.keys().map(|k| k.parse().unwrap()).collect();
-    assert_eq!(keys, allowed, "one mapping row per allowed function timeout");
+    assert_eq!(
+        keys, allowed,
+        "one mapping row per allowed function timeout"
+    );
     for (timeout, row) in rows {
         let timeout: i64 = timeout.parse().unwrap();
         let visibility = row["Seconds"].as_i64().unwrap();
@@ -210,7 +223,10 @@ fn wake_ups_report_partial_batch_failures_with_bounded_concurrency() {
     assert_eq!(sqs.len(), 1, "one SQS event source: the wake-up queue");
     let p = &sqs[0]["Properties"];
     assert_eq!(p["Queue"], json!({"Fn::GetAtt": ["WakeQueue", "Arn"]}));
-    assert_eq!(p["FunctionResponseTypes"], json!(["ReportBatchItemFailures"]));
+    assert_eq!(
+        p["FunctionResponseTypes"],
+        json!(["ReportBatchItemFailures"])
+    );
     assert_eq!(p["BatchSize"], json!({"Ref": "WakeBatchSize"}));
     assert_eq!(
         p["MaximumBatchingWindowInSeconds"],
@@ -433,7 +449,10 @@ fn iam_allows_only_named_actions_on_this_stacks_resources() {
                     "Ref {name} is not an ARN parameter"
                 );
                 let pattern = t["Parameters"][name]["AllowedPattern"].as_str().unwrap();
-                assert!(pattern.contains("arn:aws"), "{name} must be constrained to an ARN");
+                assert!(
+                    pattern.contains("arn:aws"),
+                    "{name} must be constrained to an ARN"
+                );
             } else {
                 panic!("resource {r} is neither this stack's resource nor an ARN parameter");
             }
@@ -483,7 +502,11 @@ fn as_placeholders(v: &Value) -> Value {
         Value::Object(map) if map.len() == 1 => {
             let (key, arg) = map.iter().next().unwrap();
             match key.as_str() {
-                "Fn::GetAtt" => json!(format!("${{{}{}}}", arg[0].as_str().unwrap(), arg[1].as_str().unwrap())),
+                "Fn::GetAtt" => json!(format!(
+                    "${{{}{}}}",
+                    arg[0].as_str().unwrap(),
+                    arg[1].as_str().unwrap()
+                )),
                 "Ref" => json!(format!("${{{}}}", arg.as_str().unwrap())),
                 "Fn::Sub" => json!(arg.as_str().unwrap().replace("${AWS::", "${")),
                 _ => Value::Object(
@@ -557,11 +580,17 @@ fn outputs_give_an_operator_every_name_and_address() {
     let outputs = t["Outputs"].as_object().unwrap();
     for (name, value) in [
         ("WorkerFunctionName", json!({"Ref": "WorkerFunction"})),
-        ("WorkerFunctionArn", json!({"Fn::GetAtt": ["WorkerFunction", "Arn"]})),
+        (
+            "WorkerFunctionArn",
+            json!({"Fn::GetAtt": ["WorkerFunction", "Arn"]}),
+        ),
         ("WorkerLogGroupName", json!({"Ref": "WorkerLogGroup"})),
         ("WakeQueueUrl", json!({"Ref": "WakeQueue"})),
         ("DeadLetterQueueUrl", json!({"Ref": "DeadLetterQueue"})),
-        ("DeadLetterQueueArn", json!({"Fn::GetAtt": ["DeadLetterQueue", "Arn"]})),
+        (
+            "DeadLetterQueueArn",
+            json!({"Fn::GetAtt": ["DeadLetterQueue", "Arn"]}),
+        ),
         ("PoisonTableName", json!({"Ref": "PoisonTable"})),
     ] {
         assert_eq!(outputs[name]["Value"], value, "output {name}");
@@ -664,7 +693,10 @@ async fn the_local_stack_creates_what_the_template_declares() {
         ttl.attribute_name(),
         declared["TimeToLiveSpecification"]["AttributeName"].as_str()
     );
-    assert_eq!(ttl.time_to_live_status().map(|s| s.as_str()), Some("ENABLED"));
+    assert_eq!(
+        ttl.time_to_live_status().map(|s| s.as_str()),
+        Some("ENABLED")
+    );
 
     // The queues.
     let sqs = aws_sdk_sqs::Client::new(&aws);
@@ -683,7 +715,10 @@ async fn the_local_stack_creates_what_the_template_declares() {
     let attr = |name: QueueAttributeName| attrs.get(&name).cloned().unwrap_or_default();
     let timeout = param_default(&t, "FunctionTimeout").to_string();
     let visibility = &t["Mappings"]["VisibilityTimeoutByFunctionTimeout"][&timeout]["Seconds"];
-    assert_eq!(attr(QueueAttributeName::VisibilityTimeout), visibility.to_string());
+    assert_eq!(
+        attr(QueueAttributeName::VisibilityTimeout),
+        visibility.to_string()
+    );
     assert_eq!(attr(QueueAttributeName::SqsManagedSseEnabled), "true");
     let redrive: Value = serde_json::from_str(&attr(QueueAttributeName::RedrivePolicy)).unwrap();
     assert_eq!(
