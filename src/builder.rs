@@ -21,9 +21,14 @@ use ironflow_store::store::Store;
 use ironflow_worker::ApiRunStore;
 use tracing::warn;
 
+use crate::api::artifacts::ApiArtifactSink;
+use crate::api::logs::LogForwarder;
+use crate::api::{ApiClient, ClientError};
 use crate::config::{ConfigError, Settings, WorkerToken};
-use crate::poison::PoisonTable;
+use crate::poison::dynamodb::{DynamoPoisonTable, DynamoSetupError};
 use crate::poison::memory::MemoryPoisonTable;
+use crate::poison::{PoisonMode, PoisonTable};
+use crate::pool::{DEFAULT_IDLE_PROBE_AFTER, PoolWarden};
 use crate::secrets::{self, SecretError};
 
 /// `build()` refused the configuration.
@@ -46,9 +51,26 @@ pub enum BuildError {
         /// Why it cannot work, with the values involved.
         reason: String,
     },
+    /// The HTTP client for the API could not be built.
+    #[error(transparent)]
+    Client(#[from] ClientError),
     /// An environment variable is missing or malformed (from [`LambdaWorkerBuilder::from_env`]).
     #[error(transparent)]
     Config(#[from] ConfigError),
+    /// The DynamoDB poison-pill table (`IRONFLOW_POISON_TABLE`) cannot be used: it does not
+    /// exist, has the wrong key schema, or cannot be described.
+    #[error(transparent)]
+    PoisonTable(#[from] DynamoSetupError),
+    /// `IRONFLOW_POISON_TABLE` is set but `build()` was called without
+    /// [`LambdaWorkerBuilder::connect_poison_table`] (or [`LambdaWorkerBuilder::poison_table`]).
+    #[error(
+        "IRONFLOW_POISON_TABLE is set to {table} but the table was not connected: call \
+         .connect_poison_table().await before .build()"
+    )]
+    PoisonTableNotConnected {
+        /// The configured table name.
+        table: String,
+    },
     /// The worker token could not be read from Secrets Manager (from
     /// [`LambdaWorkerBuilder::from_env_and_secrets`]).
     #[error(transparent)]
@@ -82,6 +104,7 @@ pub struct LambdaWorkerBuilder {
     account_strategy: Option<Arc<dyn AccountStrategy>>,
     handlers: Vec<Box<dyn WorkflowHandler>>,
     poison_table: Option<Arc<dyn PoisonTable>>,
+    idle_probe_after: Duration,
 }
 
 impl LambdaWorkerBuilder {
@@ -139,6 +162,7 @@ impl LambdaWorkerBuilder {
             account_strategy: None,
             handlers: Vec::new(),
             poison_table: None,
+            idle_probe_after: DEFAULT_IDLE_PROBE_AFTER,
         }
     }
 
@@ -257,15 +281,68 @@ impl LambdaWorkerBuilder {
         self
     }
 
-    /// The poison-pill table. Default: an in-memory table (per Lambda instance).
+    /// The poison-pill table. Default: an in-memory table (per Lambda instance), or the
+    /// DynamoDB table named by `IRONFLOW_POISON_TABLE` once
+    /// [`LambdaWorkerBuilder::connect_poison_table`] has connected it.
     pub fn poison_table(mut self, table: Arc<dyn PoisonTable>) -> Self {
         self.poison_table = Some(table);
+        self
+    }
+
+    /// What happens to the runs of a blocked workflow (`IRONFLOW_POISON_MODE`): `Fail`
+    /// (default) fails a claimed run; `Defer` leaves blocked workflows out of the claim so
+    /// their runs stay Pending until the cooldown ends. Defer needs the registered workflow
+    /// list on claims: with a comma in a workflow name it falls back to `Fail` (with a
+    /// warning at build time).
+    pub fn poison_mode(mut self, mode: PoisonMode) -> Self {
+        self.settings.poison_mode = mode;
+        self
+    }
+
+    /// Connect the DynamoDB poison-pill table named by `IRONFLOW_POISON_TABLE`
+    /// ([`Settings::poison_table`]) under `IRONFLOW_POISON_NAMESPACE`, with the AWS
+    /// configuration from the environment, and check that it exists (`DescribeTable`). Does
+    /// nothing when no table is configured or one was set with
+    /// [`LambdaWorkerBuilder::poison_table`]. Call it once per cold start, after the poison
+    /// threshold and cooldown are final (the table applies the cooldown).
+    ///
+    /// # Errors
+    ///
+    /// [`BuildError::PoisonTable`] naming the table when it does not exist, has another key
+    /// schema, or cannot be described.
+    pub async fn connect_poison_table(mut self) -> Result<Self, BuildError> {
+        if self.poison_table.is_some() {
+            return Ok(self);
+        }
+        if let Some(name) = self.settings.poison_table.clone() {
+            let table = DynamoPoisonTable::connect(
+                &name,
+                &self.settings.poison_namespace,
+                self.settings.poison,
+            )
+            .await?;
+            self.poison_table = Some(Arc::new(table));
+        }
+        Ok(self)
+    }
+
+    /// Dead man's switch URL pinged with `HEAD` once per invocation that completed its batch.
+    /// Default none.
+    pub fn heartbeat_url(mut self, url: &str) -> Self {
+        self.settings.heartbeat_url = Some(url.to_string());
         self
     }
 
     /// Handbacks in a row without a completed step before a run is failed. Default 3.
     pub fn max_handbacks_without_progress(mut self, n: u32) -> Self {
         self.settings.max_handbacks_without_progress = n;
+        self
+    }
+
+    /// Idle gap after which an invocation first probes the HTTP connection pool for
+    /// connections dropped during the freeze (see [`crate::pool`]). Default 10 s.
+    pub fn idle_probe_after(mut self, gap: Duration) -> Self {
+        self.idle_probe_after = gap;
         self
     }
 
@@ -305,14 +382,40 @@ impl LambdaWorkerBuilder {
         let capabilities = WorkerCapabilities::new(registered_workflows(&engine), tags.clone());
         engine.set_worker_tags(tags);
 
-        let poison_table = self
-            .poison_table
-            .unwrap_or_else(|| Arc::new(MemoryPoisonTable::new(s.poison)));
+        // Step logs and artifacts travel through the API: the worker holds no storage credential.
+        let api = ApiClient::new(&s.api_url, s.worker_token.clone())?;
+        let (log_sender, log_receiver) = ironflow_engine::log_sender::channel();
+        engine.set_log_sender(log_sender);
+        engine.set_artifact_sink(Arc::new(ApiArtifactSink::new(api.clone())));
+
+        let poison_table = match (self.poison_table, &s.poison_table) {
+            (Some(table), _) => table,
+            (None, Some(name)) => {
+                return Err(BuildError::PoisonTableNotConnected {
+                    table: name.clone(),
+                });
+            }
+            (None, None) => Arc::new(MemoryPoisonTable::new(s.poison)),
+        };
+        let poison_mode = if s.poison_mode == PoisonMode::Defer && capabilities.workflows.is_none()
+        {
+            warn!(
+                "IRONFLOW_POISON_MODE=defer needs the registered workflow list on claims, and a \
+                 workflow name contains a comma: falling back to fail mode"
+            );
+            PoisonMode::Fail
+        } else {
+            s.poison_mode
+        };
 
         Ok(LambdaWorker {
             engine: Arc::new(engine),
             capabilities,
             poison_table,
+            poison_mode,
+            pool: PoolWarden::new(self.idle_probe_after),
+            logs: Arc::new(LogForwarder::new(api.clone(), log_receiver)),
+            api,
             settings: s,
         })
     }
@@ -399,6 +502,10 @@ pub struct LambdaWorker {
     pub(crate) engine: Arc<Engine>,
     pub(crate) capabilities: WorkerCapabilities,
     pub(crate) poison_table: Arc<dyn PoisonTable>,
+    pub(crate) poison_mode: PoisonMode,
+    pub(crate) pool: PoolWarden,
+    pub(crate) logs: Arc<LogForwarder>,
+    pub(crate) api: ApiClient,
     pub(crate) settings: Settings,
 }
 
@@ -407,6 +514,12 @@ impl LambdaWorker {
     /// name contains a comma) and the normalised tags.
     pub fn capabilities(&self) -> &WorkerCapabilities {
         &self.capabilities
+    }
+
+    /// The poison-pill mode invocations apply: the configured one, except `Defer` falls back
+    /// to `Fail` when claims cannot filter by workflow (a comma in a workflow name).
+    pub fn poison_mode(&self) -> PoisonMode {
+        self.poison_mode
     }
 
     /// The settings this worker runs with.
@@ -485,6 +598,35 @@ mod tests {
             w.capabilities().workflows,
             Some(vec!["a".into(), "b".into()])
         );
+    }
+
+    #[test]
+    fn defer_mode_falls_back_to_fail_without_a_workflow_list() {
+        let w = builder()
+            .register(Named("a,b"))
+            .poison_mode(PoisonMode::Defer)
+            .build()
+            .unwrap();
+        assert_eq!(w.poison_mode(), PoisonMode::Fail);
+        let w = builder()
+            .register(Named("a"))
+            .poison_mode(PoisonMode::Defer)
+            .build()
+            .unwrap();
+        assert_eq!(w.poison_mode(), PoisonMode::Defer);
+    }
+
+    #[test]
+    fn a_configured_table_must_be_connected() {
+        let mut settings = Settings::new("http://127.0.0.1:1", WorkerToken::new("t"));
+        settings.poison_table = Some("ironflow-poison".into());
+        let err = LambdaWorkerBuilder::from_settings(settings)
+            .provider(Arc::new(ClaudeCodeProvider::new()))
+            .build()
+            .err()
+            .unwrap();
+        assert!(err.to_string().contains("ironflow-poison"), "{err}");
+        assert!(err.to_string().contains("connect_poison_table"), "{err}");
     }
 
     #[test]

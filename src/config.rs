@@ -21,14 +21,18 @@
 //! | `IRONFLOW_WORKER_ID_PREFIX` | prefix of the per-invocation worker id | `lambda` |
 //! | `IRONFLOW_POISON_THRESHOLD` | consecutive failures that block a workflow | 3 |
 //! | `IRONFLOW_POISON_COOLDOWN_SECS` | how long a blocked workflow stays blocked | 300 |
+//! | `IRONFLOW_POISON_TABLE` | DynamoDB table of the poison-pill counters | none: in-memory table |
+//! | `IRONFLOW_POISON_NAMESPACE` | key prefix in that table (no `#`) | `AWS_LAMBDA_FUNCTION_NAME`, else `ironflow` |
+//! | `IRONFLOW_POISON_MODE` | `fail` or `defer`: what happens to runs of a blocked workflow | `fail` |
 //! | `IRONFLOW_MAX_HANDBACKS_WITHOUT_PROGRESS` | handbacks in a row without a completed step before the run is failed | 3 |
 //! | `IRONFLOW_MAX_CAPACITY_WAIT_SECS` | how long an agent step may wait for provider capacity | 21600 |
+//! | `IRONFLOW_HEARTBEAT_URL` | dead man's switch pinged (HEAD) after each completed batch | none |
 
 use std::fmt;
 use std::str::FromStr;
 use std::time::Duration;
 
-use crate::poison::{DEFAULT_COOLDOWN, DEFAULT_THRESHOLD, PoisonPolicy};
+use crate::poison::{DEFAULT_COOLDOWN, DEFAULT_THRESHOLD, PoisonMode, PoisonPolicy};
 
 /// Default runs claimed per invocation (N).
 pub const DEFAULT_MAX_RUNS_PER_INVOCATION: usize = 8;
@@ -49,6 +53,11 @@ pub const DEFAULT_LEASE_TTL: Duration = Duration::from_secs(90);
 pub const DEFAULT_LEASE_REFRESH_INTERVAL: Duration = Duration::from_secs(30);
 /// Default prefix of worker ids.
 pub const DEFAULT_WORKER_ID_PREFIX: &str = "lambda";
+/// Default namespace of the poison-pill table's keys when `AWS_LAMBDA_FUNCTION_NAME` is unset.
+pub const DEFAULT_POISON_NAMESPACE: &str = "ironflow";
+/// Longest accepted poison-pill namespace, in bytes.
+pub const MAX_POISON_NAMESPACE_LEN: usize = 200;
+
 /// Default number of handbacks in a row without a completed step before a run is failed.
 pub const DEFAULT_MAX_HANDBACKS_WITHOUT_PROGRESS: u32 = 3;
 
@@ -136,10 +145,22 @@ pub struct Settings {
     pub worker_id_prefix: String,
     /// Poison-pill threshold and cooldown.
     pub poison: PoisonPolicy,
+    /// The DynamoDB table of the poison-pill counters (`IRONFLOW_POISON_TABLE`, a table name
+    /// or ARN); `None` uses the in-memory table (per Lambda instance).
+    pub poison_table: Option<String>,
+    /// Prefix of every key in the poison-pill table, so several functions can share one table
+    /// (`IRONFLOW_POISON_NAMESPACE`; default the function's name, `AWS_LAMBDA_FUNCTION_NAME`,
+    /// else `ironflow`). Non-empty, at most 200 bytes, no `#`.
+    pub poison_namespace: String,
+    /// What happens to runs of a blocked workflow (`IRONFLOW_POISON_MODE`, default `fail`).
+    pub poison_mode: PoisonMode,
     /// Handbacks in a row without a completed step before the run is failed.
     pub max_handbacks_without_progress: u32,
     /// How long an agent step may wait for provider-account capacity.
     pub max_capacity_wait: Duration,
+    /// Dead man's switch URL pinged with `HEAD` after each completed batch
+    /// (`IRONFLOW_HEARTBEAT_URL`). Never logged: it usually embeds a secret.
+    pub heartbeat_url: Option<String>,
 }
 
 impl Settings {
@@ -162,8 +183,12 @@ impl Settings {
                 threshold: DEFAULT_THRESHOLD,
                 cooldown: DEFAULT_COOLDOWN,
             },
+            poison_table: None,
+            poison_namespace: DEFAULT_POISON_NAMESPACE.to_string(),
+            poison_mode: PoisonMode::Fail,
             max_handbacks_without_progress: DEFAULT_MAX_HANDBACKS_WITHOUT_PROGRESS,
             max_capacity_wait: ironflow_engine::accounts::DEFAULT_MAX_CAPACITY_WAIT,
+            heartbeat_url: None,
         }
     }
 
@@ -268,6 +293,39 @@ impl Settings {
         if let Some(v) = parse::<u64>(&get, "IRONFLOW_POISON_COOLDOWN_SECS", whole, 0)? {
             s.poison.cooldown = Duration::from_secs(v);
         }
+        if let Some(v) = get("IRONFLOW_POISON_TABLE") {
+            if !is_table_name_or_arn(&v) {
+                return Err(ConfigError::Invalid {
+                    variable: "IRONFLOW_POISON_TABLE",
+                    expected: "a DynamoDB table name (3 to 255 of A-Z a-z 0-9 _ - .) or table ARN",
+                    found: v,
+                });
+            }
+            s.poison_table = Some(v);
+        }
+        let namespace = get("IRONFLOW_POISON_NAMESPACE");
+        let explicit = namespace.is_some();
+        if let Some(v) = namespace.or_else(|| get("AWS_LAMBDA_FUNCTION_NAME")) {
+            if !is_namespace(&v) {
+                return Err(ConfigError::Invalid {
+                    variable: if explicit {
+                        "IRONFLOW_POISON_NAMESPACE"
+                    } else {
+                        "AWS_LAMBDA_FUNCTION_NAME (default of IRONFLOW_POISON_NAMESPACE)"
+                    },
+                    expected: "1 to 200 bytes without '#' or control characters",
+                    found: v,
+                });
+            }
+            s.poison_namespace = v;
+        }
+        if let Some(v) = get("IRONFLOW_POISON_MODE") {
+            s.poison_mode = v.parse().map_err(|_| ConfigError::Invalid {
+                variable: "IRONFLOW_POISON_MODE",
+                expected: "fail or defer",
+                found: v,
+            })?;
+        }
         if let Some(v) = parse::<u32>(&get, "IRONFLOW_MAX_HANDBACKS_WITHOUT_PROGRESS", positive, 1)?
         {
             s.max_handbacks_without_progress = v;
@@ -275,8 +333,43 @@ impl Settings {
         if let Some(v) = parse::<u64>(&get, "IRONFLOW_MAX_CAPACITY_WAIT_SECS", whole, 0)? {
             s.max_capacity_wait = Duration::from_secs(v);
         }
+        if let Some(v) = get("IRONFLOW_HEARTBEAT_URL") {
+            if !(v.starts_with("http://") || v.starts_with("https://")) {
+                return Err(ConfigError::Invalid {
+                    variable: "IRONFLOW_HEARTBEAT_URL",
+                    expected: "an http:// or https:// URL",
+                    found: "(not shown: heartbeat URLs usually embed a secret)".to_string(),
+                });
+            }
+            s.heartbeat_url = Some(v);
+        }
         Ok(s)
     }
+}
+
+/// A DynamoDB table name (3 to 255 of `A-Z a-z 0-9 _ - .`) or a table ARN
+/// (`arn:<partition>:dynamodb:<region>:<account>:table/<name>`).
+pub fn is_table_name_or_arn(v: &str) -> bool {
+    let is_name = |n: &str| {
+        (3..=255).contains(&n.len())
+            && n.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.'))
+    };
+    if let Some(rest) = v.strip_prefix("arn:") {
+        let parts: Vec<&str> = rest.splitn(5, ':').collect();
+        return parts.len() == 5
+            && parts[1] == "dynamodb"
+            && parts[4].strip_prefix("table/").is_some_and(is_name);
+    }
+    is_name(v)
+}
+
+/// A poison-pill namespace: 1 to [`MAX_POISON_NAMESPACE_LEN`] bytes, no `#` (the key
+/// separator) and no control character.
+pub fn is_namespace(v: &str) -> bool {
+    !v.is_empty()
+        && v.len() <= MAX_POISON_NAMESPACE_LEN
+        && !v.chars().any(|c| c == '#' || c.is_control())
 }
 
 /// Parse an optional numeric variable no smaller than `min`.
@@ -353,6 +446,57 @@ mod tests {
         vars.push(("IRONFLOW_CONCURRENCY", "0"));
         let err = Settings::from_lookup(lookup(&vars)).unwrap_err();
         assert!(err.to_string().contains("IRONFLOW_CONCURRENCY"), "{err}");
+    }
+
+    #[test]
+    fn poison_table_variables() {
+        let s = Settings::from_lookup(lookup(&BASE)).unwrap();
+        assert_eq!(s.poison_table, None);
+        assert_eq!(s.poison_namespace, DEFAULT_POISON_NAMESPACE);
+        assert_eq!(s.poison_mode, PoisonMode::Fail);
+
+        let mut vars = BASE.to_vec();
+        vars.push(("AWS_LAMBDA_FUNCTION_NAME", "my-fn"));
+        vars.push(("IRONFLOW_POISON_TABLE", "ironflow-poison"));
+        vars.push(("IRONFLOW_POISON_MODE", "defer"));
+        let s = Settings::from_lookup(lookup(&vars)).unwrap();
+        assert_eq!(s.poison_table.as_deref(), Some("ironflow-poison"));
+        assert_eq!(s.poison_namespace, "my-fn");
+        assert_eq!(s.poison_mode, PoisonMode::Defer);
+
+        vars.push(("IRONFLOW_POISON_NAMESPACE", "shared-a"));
+        let s = Settings::from_lookup(lookup(&vars)).unwrap();
+        assert_eq!(s.poison_namespace, "shared-a");
+
+        let arn = "arn:aws:dynamodb:eu-west-1:123456789012:table/ironflow-poison";
+        let mut vars = BASE.to_vec();
+        vars.push(("IRONFLOW_POISON_TABLE", arn));
+        let s = Settings::from_lookup(lookup(&vars)).unwrap();
+        assert_eq!(s.poison_table.as_deref(), Some(arn));
+    }
+
+    #[test]
+    fn malformed_poison_variables_name_the_variable() {
+        for (variable, value, expected) in [
+            ("IRONFLOW_POISON_MODE", "skip", "fail or defer"),
+            ("IRONFLOW_POISON_TABLE", "no spaces", "DynamoDB table name"),
+            ("IRONFLOW_POISON_TABLE", "ab", "DynamoDB table name"),
+            (
+                "IRONFLOW_POISON_TABLE",
+                "arn:aws:s3:::bucket",
+                "DynamoDB table name",
+            ),
+            ("IRONFLOW_POISON_NAMESPACE", "a#b", "without '#'"),
+        ] {
+            let mut vars = BASE.to_vec();
+            vars.push((variable, value));
+            let err = Settings::from_lookup(lookup(&vars)).unwrap_err();
+            let text = err.to_string();
+            assert!(
+                text.contains(variable) && text.contains(expected) && text.contains(value),
+                "{text}"
+            );
+        }
     }
 
     #[test]

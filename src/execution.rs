@@ -42,7 +42,8 @@ pub enum Outcome {
     LeaseLost,
     /// Still running at the cutoff: written back to Pending for the next invocation.
     HandedBack,
-    /// Claimed while its workflow was blocked as a poison pill: failed without executing.
+    /// Claimed while its workflow was blocked as a poison pill: failed without executing
+    /// (fail mode), or written back to Pending without executing (defer mode).
     PoisonBlocked,
 }
 
@@ -122,7 +123,10 @@ async fn execute_in_span(p: ExecutionParams, run: Run) -> RunReport {
     info!(attempt_started_at = %attempt_start, "executing run");
     let engine = p.engine.clone();
     let run_id = run.id;
-    let mut execution = tokio::spawn(async move { engine.execute_handler_run(run_id).await });
+    let mut execution = tokio::spawn(
+        async move { engine.execute_handler_run(run_id).await }
+            .instrument(tracing::Span::current()),
+    );
 
     enum Stop {
         Finished(Result<Result<(), String>, String>),

@@ -5,7 +5,9 @@
 //! while claimed < N and time before the cutoff ≥ minimum claim budget:
 //!     wait for a free slot (≤ concurrency)          a claimed run's lease is only refreshed
 //!     claim (ApiRunStore::pick_next_pending_for)    once it executes, so claim only then
-//!     poison-pill table: workflow blocked? → fail the run, with the reason
+//!     poison-pill table: run recovered from a dead invocation? → count a failure;
+//!                        workflow blocked? → fail the run (fail mode) or write it back to
+//!                        Pending (defer mode, whose claims leave blocked workflows out)
 //!     spawn its execution
 //! await every execution → outcomes → poison-pill table
 //! kill the processes runs left behind → summary
@@ -16,22 +18,27 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
+use std::time::Duration;
 
-use ironflow_store::entities::{LeaseRequest, Run, WorkerCapabilities};
+use ironflow_store::entities::{LeaseRequest, Run, RunStatus, RunUpdate, WorkerCapabilities};
 use ironflow_store::error::StoreError;
 use serde::Serialize;
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 use tokio::time::{Instant, sleep_until, timeout_at};
+use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, error, info, info_span, warn};
 use uuid::Uuid;
 
+use crate::api::logs::FlushReport;
 use crate::builder::LambdaWorker;
 use crate::deadline::Budget;
 use crate::execution::{self, ExecutionParams, Outcome, RunReport};
 use crate::handback::HandbackPolicy;
 use crate::orphans::InvocationGuard;
+use crate::poison::PoisonMode;
 use crate::poison::gate::PoisonGate;
+use crate::{heartbeat, metrics};
 
 /// What one invocation is asked to do (from the trigger event).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -75,6 +82,15 @@ pub struct InvocationSummary {
     pub time_left_ms: u64,
     /// Processes left behind by runs and killed at the end of the invocation.
     pub orphans_killed: usize,
+    /// Step log lines forwarded to the API (and lost).
+    pub logs: FlushReport,
+    /// Whether the heartbeat ping succeeded; absent without `IRONFLOW_HEARTBEAT_URL` or when
+    /// the batch did not complete.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub heartbeat: Option<bool>,
+    /// Poison-pill table calls that failed in this invocation; each failed open (the run
+    /// executed, the failure was not counted).
+    pub poison_table_errors: u32,
 }
 
 impl InvocationSummary {
@@ -137,7 +153,18 @@ async fn run_in_span(
         },
     };
     let claim_window_end = budget.cutoff().checked_sub(s.min_claim_budget);
-    let mut poison = PoisonGate::new(worker.poison_table.clone(), s.poison);
+    // Our own last writes (log pushes, heartbeat) end a little before the deadline, so that
+    // the response still goes out in time.
+    let last_write = budget
+        .deadline()
+        .checked_sub(RESPONSE_RESERVE)
+        .unwrap_or_else(Instant::now);
+    let log_pump_stop = CancellationToken::new();
+    let log_pump = {
+        let (logs, stop) = (worker.logs.clone(), log_pump_stop.clone());
+        tokio::spawn(async move { logs.pump(stop, last_write).await })
+    };
+    let mut poison = PoisonGate::new(worker.poison_table.clone(), s.poison, worker.poison_mode);
     let slots = Arc::new(Semaphore::new(s.concurrency));
     let mut executions = JoinSet::new();
     let mut reports: HashMap<Uuid, RunReport> = HashMap::new();
@@ -149,7 +176,13 @@ async fn run_in_span(
         "invocation started"
     );
 
-    let capabilities = poison.capabilities_for_claim(&worker.capabilities).await;
+    if let Some(end) = claim_window_end.filter(|end| Instant::now() < *end) {
+        let probes = 2 * s.concurrency + 2;
+        worker
+            .pool
+            .before_claims(worker.engine.store().as_ref(), probes, end)
+            .await;
+    }
     let stop_reason = loop {
         if order.len() >= max_runs {
             break StopReason::MaxRuns;
@@ -162,16 +195,19 @@ async fn run_in_span(
         let permit = loop {
             tokio::select! {
                 biased;
-                permit = slots.clone().acquire_owned() => break permit.ok(),
+                // Settle finished runs first, so that a claim sees their poison-pill counts.
                 Some(joined) = executions.join_next(), if !executions.is_empty() => {
                     settle(joined, &mut poison, &mut reports).await;
                 }
+                permit = slots.clone().acquire_owned() => break permit.ok(),
                 () = sleep_until(window_end) => break None,
             }
         };
         let Some(permit) = permit else {
             break StopReason::Cutoff;
         };
+        // Defer mode: blocked workflows are left out (read once, then from the gate's cache).
+        let capabilities = poison.capabilities_for_claim(&worker.capabilities).await;
         let claimed = match timeout_at(window_end, claim(worker, &lease, &capabilities)).await {
             Err(_) => break StopReason::Cutoff,
             Ok(Ok(Some(run))) => run,
@@ -187,21 +223,38 @@ async fn run_in_span(
 
         poison.on_claim(&claimed).await;
         if let Some(reason) = poison.blocked_reason(&claimed.workflow_name).await {
-            let report = fail_blocked(worker, &claimed, reason, budget).await;
+            let report = match poison.mode() {
+                PoisonMode::Fail => fail_blocked(worker, &claimed, reason, budget).await,
+                PoisonMode::Defer => defer_blocked(worker, &claimed, reason, budget).await,
+            };
             reports.insert(claimed.id, report);
             continue;
         }
         let params = params.clone();
-        executions.spawn(async move {
-            let _slot = permit;
-            execution::execute(params, claimed).await
-        });
+        executions.spawn(
+            async move {
+                let _slot = permit;
+                execution::execute(params, claimed).await
+            }
+            .instrument(tracing::Span::current()),
+        );
     };
 
     while let Some(joined) = executions.join_next().await {
         settle(joined, &mut poison, &mut reports).await;
     }
+    // Every run has stopped: what they printed is queued; send it all before returning.
+    log_pump_stop.cancel();
+    let mut logs = log_pump.await.unwrap_or_default();
+    logs += worker.logs.flush(last_write).await;
     let orphans_killed = guard.finish().await;
+    let heartbeat = match &s.heartbeat_url {
+        Some(url) if errors.is_empty() => {
+            Some(heartbeat::ping(worker.api.http(), url, last_write).await)
+        }
+        _ => None,
+    };
+    worker.pool.after_invocation();
 
     let runs: Vec<RunReport> = order.iter().filter_map(|id| reports.remove(id)).collect();
     let mut outcomes = BTreeMap::new();
@@ -218,7 +271,11 @@ async fn run_in_span(
         errors,
         time_left_ms: u64::try_from(budget.until_deadline().as_millis()).unwrap_or(u64::MAX),
         orphans_killed,
+        logs,
+        heartbeat,
+        poison_table_errors: poison.table_errors(),
     };
+    metrics::record(&summary);
     info!(
         claimed = summary.claimed,
         stop_reason = ?summary.stop_reason,
@@ -230,26 +287,39 @@ async fn run_in_span(
 
 /// Claim the next run this worker can take.
 ///
-/// A transport failure (not an HTTP status) is retried once at once: after a long freeze, a
-/// pooled connection the server or a NAT gateway has meanwhile dropped fails the first request
-/// sent on it, and the retry goes out on a fresh connection. A lost claim response is safe to
-/// retry: the run it may have claimed sits under a lease nobody refreshes, and the reaper
-/// requeues it after the lease TTL.
+/// A transport failure (not an HTTP status) is retried at once, up to [`CLAIM_ATTEMPTS`] in
+/// all: a pooled connection dropped during a freeze fails the request sent on it and is
+/// evicted, and the retry goes out on another one (see [`crate::pool`]). A lost claim response
+/// is safe to retry: the run it may have claimed sits under a lease nobody refreshes, and the
+/// API's reaper requeues it after the lease TTL.
 async fn claim(
     worker: &LambdaWorker,
     lease: &LeaseRequest,
     capabilities: &WorkerCapabilities,
 ) -> Result<Option<Run>, StoreError> {
     let store = worker.engine.store();
-    let pick = || store.pick_next_pending_for(Some(lease.clone()), Some(capabilities.clone()));
-    match pick().await {
-        Err(StoreError::Database(msg)) if msg.starts_with("worker HTTP error") => {
-            warn!(error = %msg, "claim failed on the connection, retrying on a fresh one");
-            pick().await
+    let mut attempt = 1;
+    loop {
+        let result = store
+            .pick_next_pending_for(Some(lease.clone()), Some(capabilities.clone()))
+            .await;
+        match result {
+            Err(StoreError::Database(msg))
+                if msg.starts_with("worker HTTP error") && attempt < CLAIM_ATTEMPTS =>
+            {
+                warn!(error = %msg, attempt, "claim failed on the connection, retrying");
+                attempt += 1;
+            }
+            other => return other,
         }
-        other => other,
     }
 }
+
+/// Time kept for the response after our last write to the API: 250 ms.
+const RESPONSE_RESERVE: Duration = Duration::from_millis(250);
+
+/// Attempts of a claim that fails on the connection.
+const CLAIM_ATTEMPTS: u32 = 3;
 
 /// Turn a finished execution into its report and update the poison-pill table.
 async fn settle(
@@ -284,6 +354,42 @@ async fn fail_blocked(
         Ok(Ok(_)) => reason,
         Ok(Err(e)) => format!("{reason} (recording it failed: {e})"),
         Err(_) => format!("{reason} (recording it ran into the deadline)"),
+    };
+    RunReport {
+        run_id: run.id,
+        workflow: run.workflow_name.clone(),
+        outcome: Outcome::PoisonBlocked,
+        duration_ms: 0,
+        error: Some(error),
+        retry_count: run.retry_count,
+    }
+}
+
+/// Defer mode: a run claimed while its workflow is blocked (the block came from this claim's
+/// own lease recovery, or from another instance after this invocation read the counter) is
+/// written back to Pending without executing; the following claims leave its workflow out.
+async fn defer_blocked(
+    worker: &LambdaWorker,
+    run: &Run,
+    reason: String,
+    budget: Budget,
+) -> RunReport {
+    warn!(run_id = %run.id, workflow = %run.workflow_name, error = %reason, "deferring run: poison pill");
+    let update = RunUpdate {
+        status: Some(RunStatus::Pending),
+        ..RunUpdate::default()
+    };
+    let write = worker.engine.store().update_run(run.id, update);
+    let error = match timeout_at(budget.deadline(), write).await {
+        Ok(Ok(())) => format!("{reason}; written back to Pending (defer mode)"),
+        Ok(Err(e)) => format!(
+            "{reason}; writing it back to Pending failed ({e}): the API's reaper will requeue it \
+             once its lease expires"
+        ),
+        Err(_) => format!(
+            "{reason}; writing it back to Pending ran into the deadline: the API's reaper will \
+             requeue it once its lease expires"
+        ),
     };
     RunReport {
         run_id: run.id,

@@ -16,7 +16,7 @@ use ironflow_store::store::Store;
 use tokio::task::JoinHandle;
 use tokio::time::{Instant, sleep_until, timeout_at};
 use tokio_util::sync::CancellationToken;
-use tracing::{info, warn};
+use tracing::{Instrument, info, warn};
 use uuid::Uuid;
 
 /// A running refresher. Dropping it without [`LeaseRefresher::stop`] aborts the task too.
@@ -37,15 +37,18 @@ impl LeaseRefresher {
     ) -> Self {
         let lost = CancellationToken::new();
         let target = Arc::new(Mutex::new(run_id));
-        let handle = tokio::spawn(refresh(
-            store,
-            run_id,
-            lease,
-            interval,
-            until,
-            lost.clone(),
-            target.clone(),
-        ));
+        let handle = tokio::spawn(
+            refresh(
+                store,
+                run_id,
+                lease,
+                interval,
+                until,
+                lost.clone(),
+                target.clone(),
+            )
+            .instrument(tracing::Span::current()),
+        );
         Self {
             lost,
             target,

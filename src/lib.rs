@@ -33,20 +33,26 @@
 //! Modules, in the order of one invocation: [`config`], [`secrets`] and [`builder`] (cold start),
 //! [`handler`] and [`trigger`] (event in), [`deadline`] and [`invocation`] (the batch),
 //! [`execution`], [`lease`] and [`handback`] (one run), [`poison`] (the poison-pill table),
-//! [`orphans`] (no process outlives the invocation).
+//! [`orphans`] (no process outlives the invocation), [`pool`] (stale connections after a
+//! freeze).
 
+pub mod api;
 pub mod builder;
 pub mod config;
 pub mod deadline;
 pub mod execution;
 pub mod handback;
 pub mod handler;
+pub mod heartbeat;
 pub mod invocation;
 pub mod lease;
 #[cfg(feature = "local")]
 pub mod local;
+pub mod logging;
+pub mod metrics;
 pub mod orphans;
 pub mod poison;
+pub mod pool;
 pub mod secrets;
 pub mod trigger;
 pub mod workflows;

@@ -46,6 +46,27 @@ impl LocalApi {
     ///
     /// [`LocalApiError`] when no loopback port can be bound.
     pub async fn start(worker_token: &str) -> Result<Self, LocalApiError> {
+        Self::start_with(worker_token, None).await
+    }
+
+    /// Start the API with artifact storage in `dir` (a local blob store), so that steps can
+    /// upload their declared outputs.
+    ///
+    /// # Errors
+    ///
+    /// [`LocalApiError`] when no loopback port can be bound.
+    pub async fn start_with_artifacts(
+        worker_token: &str,
+        dir: &std::path::Path,
+    ) -> Result<Self, LocalApiError> {
+        let blob = Arc::new(ironflow_artifacts::local::LocalBlobStore::new(dir));
+        Self::start_with(worker_token, Some(blob)).await
+    }
+
+    async fn start_with(
+        worker_token: &str,
+        blob: Option<Arc<dyn ironflow_artifacts::blob_store::BlobStore>>,
+    ) -> Result<Self, LocalApiError> {
         let store: Arc<dyn Store> = Arc::new(InMemoryStore::new());
         let engine = Arc::new(Engine::new(
             store.clone(),
@@ -59,7 +80,10 @@ impl LocalApi {
             cookie_secure: false,
         });
         let (events, _) = broadcast::channel::<Event>(1024);
-        let state = AppState::new(store.clone(), engine, jwt, worker_token.to_string(), events);
+        let mut state = AppState::new(store.clone(), engine, jwt, worker_token.to_string(), events);
+        if let Some(blob) = blob {
+            state = state.with_blob_store(blob);
+        }
         let background = state.spawn_background_tasks().await;
 
         let requests = Arc::new(AtomicU64::new(0));

@@ -120,6 +120,11 @@ pub fn sweep(wait: Duration) -> usize {
     descendants.len()
 }
 
+/// The pids of every live descendant of this process (read from `/proc`).
+pub fn descendants() -> Vec<i32> {
+    descendants_of(std::process::id() as i32)
+}
+
 /// Every process whose chain of parents leads to `root`.
 fn descendants_of(root: i32) -> Vec<i32> {
     let parents = parent_map();

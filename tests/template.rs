@@ -10,6 +10,7 @@ use std::process::Command;
 
 use aws_config::{BehaviorVersion, Region, SdkConfig};
 use aws_sdk_sqs::types::QueueAttributeName;
+use ironflow_lambda::poison::dynamodb::{PARTITION_KEY, TTL_ATTRIBUTE};
 use serde_json::{Value, json};
 
 fn root() -> PathBuf {
@@ -292,15 +293,14 @@ fn the_poison_table_has_the_key_and_ttl_the_code_uses() {
     let p = &resource(&t, "PoisonTable")["Properties"];
     assert_eq!(
         p["KeySchema"],
-        json!([{"AttributeName": "pk", "KeyType": "HASH"}])
+        json!([{"AttributeName": PARTITION_KEY, "KeyType": "HASH"}])
     );
     assert_eq!(
         p["AttributeDefinitions"],
-        json!([{"AttributeName": "pk", "AttributeType": "S"}])
+        json!([{"AttributeName": PARTITION_KEY, "AttributeType": "S"}])
     );
-    // The TTL attribute the poison-pill table writes (epoch seconds). TODO(merge): compare with
-    // the constant the DynamoDB poison table exports once it is on main.
-    assert_eq!(p["TimeToLiveSpecification"]["AttributeName"], "expires_at");
+    // The TTL attribute the poison-pill table writes (epoch seconds).
+    assert_eq!(p["TimeToLiveSpecification"]["AttributeName"], TTL_ATTRIBUTE);
     assert_eq!(p["TimeToLiveSpecification"]["Enabled"], true);
     assert_eq!(p["BillingMode"], "PAY_PER_REQUEST");
     assert_eq!(p["SSESpecification"]["SSEEnabled"], true);
@@ -336,6 +336,8 @@ fn the_environment_is_what_the_worker_reads_and_holds_no_token() {
         "IRONFLOW_POISON_COOLDOWN_SECS",
         "IRONFLOW_WAKE_QUEUE_URL",
         "IRONFLOW_MAX_WAKEUPS_PER_INVOCATION",
+        "IRONFLOW_METRICS_NAMESPACE",
+        "IRONFLOW_HEARTBEAT_URL",
     ]
     .into();
     assert_eq!(names, expected);
@@ -353,11 +355,15 @@ fn the_environment_is_what_the_worker_reads_and_holds_no_token() {
             "parameter {name} looks like a token"
         );
     }
-    // Every numeric setting's default is one the worker accepts.
+    assert!(
+        t["Parameters"]["HeartbeatUrl"]["NoEcho"] == true,
+        "the heartbeat URL embeds a secret: NoEcho"
+    );
+    // Every setting's default is one the worker accepts (resources and pseudo parameters aside).
     let lookup = |name: &str| -> Option<String> {
         let value = env.get(name)?;
         let param = value.get("Ref")?.as_str()?;
-        let default = &t["Parameters"][param]["Default"];
+        let default = t["Parameters"].get(param)?.get("Default")?;
         Some(match default {
             Value::String(s) => s.clone(),
             other => other.to_string(),
@@ -467,7 +473,6 @@ fn iam_allows_only_named_actions_on_this_stacks_resources() {
         "dynamodb:DescribeTable",
         "dynamodb:GetItem",
         "dynamodb:BatchGetItem",
-        "dynamodb:PutItem",
         "dynamodb:UpdateItem",
         "dynamodb:DeleteItem",
         // Wake-ups sent by the worker (SendMessageBatch is authorised by sqs:SendMessage).
@@ -493,6 +498,97 @@ fn iam_allows_only_named_actions_on_this_stacks_resources() {
             }
         }
     }
+}
+
+/// The AWS SDK operations (as the Rust SDKs name their builder methods) and the IAM action
+/// each needs.
+const SDK_CALLS: &[(&str, &str)] = &[
+    (".describe_table()", "dynamodb:DescribeTable"),
+    (".get_item()", "dynamodb:GetItem"),
+    (".batch_get_item()", "dynamodb:BatchGetItem"),
+    (".put_item()", "dynamodb:PutItem"),
+    (".update_item()", "dynamodb:UpdateItem"),
+    (".delete_item()", "dynamodb:DeleteItem"),
+    (".query()", "dynamodb:Query"),
+    (".scan()", "dynamodb:Scan"),
+    (".batch_write_item()", "dynamodb:BatchWriteItem"),
+    (".transact_write_items()", "dynamodb:PutItem"),
+    (".transact_get_items()", "dynamodb:GetItem"),
+    (".send_message()", "sqs:SendMessage"),
+    (".send_message_batch()", "sqs:SendMessage"),
+    (".receive_message()", "sqs:ReceiveMessage"),
+    (".delete_message()", "sqs:DeleteMessage"),
+    (".delete_message_batch()", "sqs:DeleteMessage"),
+    (
+        ".change_message_visibility()",
+        "sqs:ChangeMessageVisibility",
+    ),
+    (".get_queue_attributes()", "sqs:GetQueueAttributes"),
+    (".get_queue_url()", "sqs:GetQueueUrl"),
+    (".get_secret_value()", "secretsmanager:GetSecretValue"),
+];
+
+/// What Lambda's SQS poller calls with the function's role, whether the code does or not.
+const EVENT_SOURCE_ACTIONS: &[&str] = &[
+    "sqs:ReceiveMessage",
+    "sqs:DeleteMessage",
+    "sqs:GetQueueAttributes",
+];
+
+fn rust_sources(dir: &Path, out: &mut Vec<(PathBuf, String)>) {
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            rust_sources(&path, out);
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            let text = std::fs::read_to_string(&path).unwrap();
+            out.push((path, text));
+        }
+    }
+}
+
+/// The role and the code agree: every AWS call in `src/` is allowed (moto does not check IAM,
+/// so nothing else would catch an AccessDenied before production), and for each service the
+/// code talks to, the role allows nothing the code does not call.
+#[test]
+fn the_role_allows_exactly_the_aws_calls_the_code_makes() {
+    let mut sources = Vec::new();
+    rust_sources(&root().join("src"), &mut sources);
+    let mut used: BTreeMap<&str, Vec<String>> = BTreeMap::new();
+    for (path, text) in &sources {
+        for (method, action) in SDK_CALLS {
+            if text.contains(method) {
+                used.entry(action)
+                    .or_default()
+                    .push(path.strip_prefix(root()).unwrap().display().to_string());
+            }
+        }
+    }
+    let t = template();
+    let granted: BTreeSet<String> = role_statements(&t)
+        .iter()
+        .flat_map(|s| strings(&s["Action"]))
+        .collect();
+    for (action, files) in &used {
+        assert!(
+            granted.contains(*action),
+            "{files:?} call {action}, which WorkerRole does not allow (template.yaml and \
+             infra/iam-policy.json)"
+        );
+    }
+    let services_used: BTreeSet<&str> = used.keys().map(|a| a.split(':').next().unwrap()).collect();
+    for action in &granted {
+        let service = action.split(':').next().unwrap();
+        if services_used.contains(service) && !EVENT_SOURCE_ACTIONS.contains(&action.as_str()) {
+            assert!(
+                used.contains_key(action.as_str()),
+                "WorkerRole allows {action}, which no code in src/ calls"
+            );
+        }
+    }
+    // The poison-pill table and the worker token are read by this code; the wake-ups' SQS
+    // calls arrive with their own module.
+    assert!(services_used.contains("dynamodb") && services_used.contains("secretsmanager"));
 }
 
 /// The template's expressions as the placeholders of infra/iam-policy.json:

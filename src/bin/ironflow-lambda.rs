@@ -5,39 +5,58 @@
 use std::sync::Arc;
 
 use ironflow_core::providers::claude::ClaudeCodeProvider;
-use ironflow_lambda::builder::LambdaWorkerBuilder;
-use ironflow_lambda::{handler, orphans, workflows};
+use ironflow_lambda::builder::{BuildError, LambdaWorker, LambdaWorkerBuilder};
+use ironflow_lambda::{handler, logging, metrics, orphans, workflows};
 use lambda_runtime::{Error, LambdaEvent, service_fn};
 use serde_json::Value;
 
 #[tokio::main]
 async fn main() -> Result<(), Error> {
-    tracing_subscriber::fmt()
-        .json()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .with_current_span(true)
-        .without_time()
-        .init();
-
+    logging::init(logging::filter(), std::io::stdout);
     orphans::become_subreaper();
-    // Region, credentials and endpoint from the Lambda environment, shared by every AWS client.
-    let aws = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
-    let worker = Arc::new(
-        LambdaWorkerBuilder::from_env_and_secrets(&aws)
-            .await?
-            .provider(Arc::new(ClaudeCodeProvider::new()))
-            .register(workflows::QuickShell)
-            .register(workflows::MultiStep { step_secs: 5.0 })
-            .register(workflows::Flaky)
-            .register(workflows::AlwaysFails)
-            .build()?,
-    );
+    let worker = match build_worker().await {
+        Ok(worker) => Arc::new(worker),
+        Err(e) => {
+            // Stop the cold start with the error in the logs (never the token): Lambda reports
+            // the init failure and retries the cold start on the next event.
+            tracing::error!(error = %e, "cold start failed");
+            return Err(e.into());
+        }
+    };
+    let function = std::env::var("AWS_LAMBDA_FUNCTION_NAME").unwrap_or_else(|_| "local".into());
+    let namespace =
+        std::env::var("IRONFLOW_METRICS_NAMESPACE").unwrap_or_else(|_| "ironflow-lambda".into());
+    let collector = metrics::install(&namespace, &function);
     lambda_runtime::run(service_fn(move |event: LambdaEvent<Value>| {
         let worker = worker.clone();
-        async move { handler::handle(&worker, event).await }
+        async move {
+            let response = handler::handle(&worker, event).await;
+            // The metrics document goes out before the response: the process may be frozen
+            // right after it.
+            if let Some(collector) = collector {
+                metrics::flush(collector, std::io::stdout().lock());
+            }
+            response
+        }
     }))
     .await
+}
+
+/// Settings from the environment (the worker token from Secrets Manager when only
+/// IRONFLOW_WORKER_TOKEN_SECRET_ARN is set), the example workflows, the default provider.
+async fn build_worker() -> Result<LambdaWorker, BuildError> {
+    // Region, credentials and endpoint from the Lambda environment.
+    let aws = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
+    LambdaWorkerBuilder::from_env_and_secrets(&aws)
+        .await?
+        .provider(Arc::new(ClaudeCodeProvider::new()))
+        .register(workflows::QuickShell)
+        .register(workflows::MultiStep { step_secs: 5.0 })
+        .register(workflows::Flaky)
+        .register(workflows::AlwaysFails)
+        // IRONFLOW_POISON_TABLE set: the shared DynamoDB table, checked now (a missing table
+        // stops the cold start with its name); unset: the in-memory table.
+        .connect_poison_table()
+        .await?
+        .build()
 }

@@ -1,35 +1,87 @@
 //! The poison-pill table as one invocation sees it.
 //!
-//! Each workflow's counter is read at most once per invocation and cached; a success writes
-//! only when a counter exists; failures update the cache with the count the table returns, so
-//! later claims of the same invocation see it. Every table error fails open: logged with the
-//! table's name and cause, and the run executes.
+//! Each workflow's counter is read at most once per invocation and cached (in defer mode, the
+//! counters of every registered workflow in one batch read before the first claim); a success
+//! writes only when a counter exists; failures update the cache with the count the table
+//! returns, so later claims of the same invocation see it. A run claimed with
+//! `lease_recoveries > 0` costs one conditional write (and a failure write when the count is
+//! new); a run with `lease_recoveries == 0` costs nothing.
+//!
+//! Every table error fails open: the run executes, an error log names the table and the AWS
+//! error, and [`PoisonGate::table_errors`] counts it (the invocation summary's
+//! `poison_table_errors`, the hook for a metric). After [`MAX_TABLE_ERRORS`] errors the gate
+//! stops calling the table for the rest of the invocation, so an unreachable table costs an
+//! invocation a few bounded timeouts, not one per run.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use ironflow_store::entities::{Run, WorkerCapabilities};
-use tracing::{error, warn};
+use tracing::{error, info, warn};
 
-use super::{FailureCounter, PoisonPolicy, PoisonTable, now_ms};
+use super::{FailureCounter, PoisonError, PoisonMode, PoisonPolicy, PoisonTable, now_ms};
 use crate::execution::{Outcome, RunReport};
+
+/// Table errors after which an invocation stops calling the table (fails open for the rest of
+/// it): 3.
+pub const MAX_TABLE_ERRORS: u32 = 3;
 
 /// The poison-pill table as seen by one invocation: each workflow's counter is read at most
 /// once, and a success writes only when a counter exists.
 pub struct PoisonGate {
     table: Arc<dyn PoisonTable>,
     policy: PoisonPolicy,
+    mode: PoisonMode,
     seen: HashMap<String, Option<FailureCounter>>,
+    errors: u32,
 }
 
 impl PoisonGate {
-    /// A gate over `table` for one invocation.
-    pub fn new(table: Arc<dyn PoisonTable>, policy: PoisonPolicy) -> Self {
+    /// A gate over `table` for one invocation. `mode` is the effective mode: the builder
+    /// turns `defer` into `fail` when claims cannot filter by workflow.
+    pub fn new(table: Arc<dyn PoisonTable>, policy: PoisonPolicy, mode: PoisonMode) -> Self {
         Self {
             table,
             policy,
+            mode,
             seen: HashMap::new(),
+            errors: 0,
+        }
+    }
+
+    /// The mode this gate applies.
+    pub fn mode(&self) -> PoisonMode {
+        self.mode
+    }
+
+    /// Table calls that failed in this invocation (each one failed open). The invocation
+    /// summary reports it as `poison_table_errors`.
+    pub fn table_errors(&self) -> u32 {
+        self.errors
+    }
+
+    fn table_usable(&self) -> bool {
+        self.errors < MAX_TABLE_ERRORS
+    }
+
+    /// Log a failed table call (the table's name and the AWS error with its source chain are
+    /// in `e`) and count it.
+    fn table_error(&mut self, workflow: Option<&str>, e: &PoisonError, consequence: &str) {
+        self.errors += 1;
+        error!(
+            table = %self.table.name(),
+            workflow = workflow.unwrap_or(""),
+            error = %e,
+            poison_table_errors = self.errors,
+            "poison-pill table call failed: {consequence}"
+        );
+        if !self.table_usable() {
+            error!(
+                table = %self.table.name(),
+                "{MAX_TABLE_ERRORS} poison-pill table errors: not calling it again in this \
+                 invocation (every run executes)"
+            );
         }
     }
 
@@ -37,16 +89,28 @@ impl PoisonGate {
         if let Some(known) = self.seen.get(workflow) {
             return *known;
         }
+        if !self.table_usable() {
+            return None;
+        }
         let counter = match self.table.counter(workflow, now_ms()).await {
             Ok(c) => c,
             Err(e) => {
-                // Fail open: an unreachable table must not stop the fleet.
-                error!(workflow, error = %e, "poison-pill check failed: executing the run anyway");
-                return None;
+                // Fail open: an unreachable table must not stop the fleet. Cached as
+                // unknown-so-absent: no second read of this workflow in this invocation.
+                self.table_error(Some(workflow), &e, "executing the run anyway");
+                None
             }
         };
         self.seen.insert(workflow.to_string(), counter);
         counter
+    }
+
+    fn blocked_now(&self, workflow: &str, now: u64) -> bool {
+        self.seen
+            .get(workflow)
+            .copied()
+            .flatten()
+            .is_some_and(|c| self.policy.is_blocked(&c, now))
     }
 
     /// Why `workflow` is blocked now, if it is.
@@ -68,47 +132,255 @@ impl PoisonGate {
         })
     }
 
+    async fn record_failure(&mut self, workflow: &str, failure_id: &str) {
+        if !self.table_usable() {
+            return;
+        }
+        match self
+            .table
+            .record_failure(workflow, failure_id, now_ms())
+            .await
+        {
+            Ok(counter) => {
+                if counter.consecutive_failures >= self.policy.threshold {
+                    warn!(
+                        workflow,
+                        consecutive_failures = counter.consecutive_failures,
+                        "workflow flagged as poison pill"
+                    );
+                }
+                self.seen.insert(workflow.to_string(), Some(counter));
+            }
+            Err(e) => self.table_error(Some(workflow), &e, "the failure is not counted"),
+        }
+    }
+
     /// Count a finished run's outcome: failures increment, a success resets.
     pub async fn record(&mut self, report: &RunReport) {
         let workflow = report.workflow.as_str();
         if report.outcome.is_workflow_failure() {
             let failure_id = format!("{}/{}", report.run_id, report.retry_count);
-            match self
-                .table
-                .record_failure(workflow, &failure_id, now_ms())
-                .await
-            {
-                Ok(counter) => {
-                    if counter.consecutive_failures >= self.policy.threshold {
-                        warn!(
-                            workflow,
-                            consecutive_failures = counter.consecutive_failures,
-                            "workflow flagged as poison pill"
-                        );
-                    }
-                    self.seen.insert(workflow.to_string(), Some(counter));
-                }
-                Err(e) => error!(workflow, error = %e, "could not record the failure"),
-            }
+            self.record_failure(workflow, &failure_id).await;
         } else if report.outcome == Outcome::Completed && self.counter(workflow).await.is_some() {
+            if !self.table_usable() {
+                return;
+            }
             match self.table.reset(workflow).await {
                 Ok(()) => {
                     self.seen.insert(workflow.to_string(), None);
                 }
-                Err(e) => error!(workflow, error = %e, "could not reset the failure counter"),
+                Err(e) => self.table_error(Some(workflow), &e, "the counter is not reset"),
             }
         }
     }
 
-    /// The capabilities to claim with. Fail mode (the default) claims every registered
-    /// workflow and fails runs of blocked ones.
+    /// The capabilities to claim with; called before every claim (free after the first: the
+    /// counters are cached).
+    ///
+    /// Fail mode (the default) claims every registered workflow and fails runs of blocked
+    /// ones. Defer mode reads the counters of every registered workflow in one batch (once
+    /// per invocation) and leaves the blocked ones out, so their runs stay Pending. If every
+    /// registered workflow is blocked, the list is empty and the claim finds nothing.
     pub async fn capabilities_for_claim(
         &mut self,
         registered: &WorkerCapabilities,
     ) -> WorkerCapabilities {
-        registered.clone()
+        if self.mode == PoisonMode::Fail {
+            return registered.clone();
+        }
+        // The builder never hands defer mode a worker without a workflow list.
+        let Some(workflows) = registered.workflows.as_ref() else {
+            return registered.clone();
+        };
+        let missing: Vec<String> = workflows
+            .iter()
+            .filter(|w| !self.seen.contains_key(*w))
+            .cloned()
+            .collect();
+        if !missing.is_empty() {
+            let found = if self.table_usable() {
+                match self.table.counters(&missing, now_ms()).await {
+                    Ok(found) => found,
+                    Err(e) => {
+                        self.table_error(None, &e, "claiming every registered workflow");
+                        HashMap::new()
+                    }
+                }
+            } else {
+                HashMap::new()
+            };
+            for w in missing {
+                let counter = found.get(&w).copied();
+                self.seen.insert(w, counter);
+            }
+        }
+        let now = now_ms();
+        let (allowed, blocked): (Vec<String>, Vec<String>) = workflows
+            .iter()
+            .cloned()
+            .partition(|w| !self.blocked_now(w, now));
+        if !blocked.is_empty() {
+            info!(blocked = ?blocked, "defer mode: not claiming runs of blocked workflows");
+        }
+        WorkerCapabilities::new(Some(allowed), registered.tags.clone())
     }
 
-    /// Called with every claimed run, before [`PoisonGate::blocked_reason`].
-    pub async fn on_claim(&mut self, _run: &Run) {}
+    /// Called with every claimed run, before [`PoisonGate::blocked_reason`]: a run whose
+    /// `lease_recoveries` is above what this function last saw for it was held by an
+    /// invocation that died (function timeout, out of memory) before handing it back, and
+    /// that counts as one failure of its workflow (id `<run id>/lease-recovery/<n>`). A run
+    /// never recovered costs nothing.
+    pub async fn on_claim(&mut self, run: &Run) {
+        let recoveries = run.lease_recoveries;
+        if recoveries == 0 || !self.table_usable() {
+            return;
+        }
+        let workflow = run.workflow_name.as_str();
+        match self
+            .table
+            .observe_lease_recoveries(run.id, recoveries, now_ms())
+            .await
+        {
+            Ok(true) => {
+                warn!(
+                    run_id = %run.id,
+                    workflow,
+                    lease_recoveries = recoveries,
+                    "run recovered after its lease expired: the invocation that held it died; \
+                     counting a failure of its workflow"
+                );
+                let failure_id = format!("{}/lease-recovery/{recoveries}", run.id);
+                self.record_failure(workflow, &failure_id).await;
+            }
+            Ok(false) => {}
+            Err(e) => self.table_error(Some(workflow), &e, "the lease recovery is not counted"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use async_trait::async_trait;
+    use uuid::Uuid;
+
+    use super::*;
+    use crate::poison::memory::MemoryPoisonTable;
+
+    fn policy() -> PoisonPolicy {
+        PoisonPolicy {
+            threshold: 2,
+            cooldown: Duration::from_secs(60),
+        }
+    }
+
+    fn report(workflow: &str, outcome: Outcome) -> RunReport {
+        RunReport {
+            run_id: Uuid::new_v4(),
+            workflow: workflow.into(),
+            outcome,
+            duration_ms: 1,
+            error: None,
+            retry_count: 0,
+        }
+    }
+
+    /// Fault injection: a table that always fails, counting the calls it receives (a stub on
+    /// purpose, the DynamoDB table is tested against moto in tests/poison_dynamodb.rs).
+    #[derive(Default)]
+    struct Broken {
+        calls: std::sync::atomic::AtomicU32,
+    }
+
+    impl Broken {
+        fn fail<T>(&self) -> Result<T, PoisonError> {
+            self.calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            Err(PoisonError {
+                table: "broken".into(),
+                operation: "read",
+                cause: "unreachable".into(),
+            })
+        }
+    }
+
+    #[async_trait]
+    impl PoisonTable for Broken {
+        fn name(&self) -> &str {
+            "broken"
+        }
+        async fn counter(&self, _: &str, _: u64) -> Result<Option<FailureCounter>, PoisonError> {
+            self.fail()
+        }
+        async fn record_failure(
+            &self,
+            _: &str,
+            _: &str,
+            _: u64,
+        ) -> Result<FailureCounter, PoisonError> {
+            self.fail()
+        }
+        async fn reset(&self, _: &str) -> Result<(), PoisonError> {
+            self.fail()
+        }
+        async fn observe_lease_recoveries(
+            &self,
+            _: Uuid,
+            _: u32,
+            _: u64,
+        ) -> Result<bool, PoisonError> {
+            self.fail()
+        }
+    }
+
+    #[tokio::test]
+    async fn defer_mode_leaves_blocked_workflows_out_of_the_claim() {
+        let table = Arc::new(MemoryPoisonTable::new(policy()));
+        for id in ["a", "b"] {
+            table.record_failure("bad", id, now_ms()).await.unwrap();
+        }
+        let registered =
+            WorkerCapabilities::new(Some(vec!["bad".into(), "good".into()]), vec!["gpu".into()]);
+        let mut gate = PoisonGate::new(table.clone(), policy(), PoisonMode::Defer);
+        let caps = gate.capabilities_for_claim(&registered).await;
+        assert_eq!(caps.workflows, Some(vec!["good".to_string()]));
+        assert_eq!(caps.tags, vec!["gpu".to_string()]);
+
+        let mut gate = PoisonGate::new(table, policy(), PoisonMode::Fail);
+        assert_eq!(gate.capabilities_for_claim(&registered).await, registered);
+    }
+
+    #[tokio::test]
+    async fn a_failure_in_the_invocation_blocks_the_next_claim_in_defer_mode() {
+        let table = Arc::new(MemoryPoisonTable::new(policy()));
+        let registered = WorkerCapabilities::new(Some(vec!["wf".into()]), vec![]);
+        let mut gate = PoisonGate::new(table, policy(), PoisonMode::Defer);
+        assert_eq!(
+            gate.capabilities_for_claim(&registered).await.workflows,
+            Some(vec!["wf".to_string()])
+        );
+        gate.record(&report("wf", Outcome::Failed)).await;
+        gate.record(&report("wf", Outcome::TimedOut)).await;
+        assert_eq!(
+            gate.capabilities_for_claim(&registered).await.workflows,
+            Some(vec![])
+        );
+        assert!(gate.blocked_reason("wf").await.is_some());
+    }
+
+    #[tokio::test]
+    async fn table_errors_fail_open_and_stop_after_the_limit() {
+        let table = Arc::new(Broken::default());
+        let mut gate = PoisonGate::new(table.clone(), policy(), PoisonMode::Fail);
+        assert_eq!(gate.blocked_reason("a").await, None);
+        // Cached: the same workflow is not read again.
+        assert_eq!(gate.blocked_reason("a").await, None);
+        gate.record(&report("a", Outcome::Failed)).await;
+        gate.record(&report("b", Outcome::Failed)).await;
+        gate.record(&report("c", Outcome::Failed)).await;
+        assert_eq!(gate.blocked_reason("d").await, None);
+        assert_eq!(gate.table_errors(), MAX_TABLE_ERRORS);
+        assert_eq!(
+            table.calls.load(std::sync::atomic::Ordering::SeqCst),
+            MAX_TABLE_ERRORS
+        );
+    }
 }

@@ -3,17 +3,25 @@
 //! Counters live as long as the process: across the invocations of one warm Lambda instance,
 //! not across instances. Use the DynamoDB table in production.
 
-use std::collections::HashMap;
-use std::sync::Mutex;
-
 use async_trait::async_trait;
+use std::collections::{HashMap, HashSet};
+use std::sync::Mutex;
+use uuid::Uuid;
 
-use super::{FailureCounter, PoisonError, PoisonPolicy, PoisonTable};
+use super::{FailureCounter, PoisonError, PoisonPolicy, PoisonTable, RUN_RETENTION, duration_ms};
 
 #[derive(Debug)]
 struct Entry {
     counter: FailureCounter,
-    last_failure_id: String,
+    /// Ids of the failures counted in the current streak.
+    failure_ids: HashSet<String>,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    workflows: HashMap<String, Entry>,
+    /// Run id → (last `lease_recoveries` seen, when it was seen in ms since the epoch).
+    runs: HashMap<Uuid, (u32, u64)>,
 }
 
 /// A [`PoisonTable`] in a mutex-guarded map.
@@ -36,7 +44,7 @@ struct Entry {
 #[derive(Debug)]
 pub struct MemoryPoisonTable {
     policy: PoisonPolicy,
-    entries: Mutex<HashMap<String, Entry>>,
+    state: Mutex<State>,
 }
 
 impl MemoryPoisonTable {
@@ -44,14 +52,14 @@ impl MemoryPoisonTable {
     pub fn new(policy: PoisonPolicy) -> Self {
         Self {
             policy,
-            entries: Mutex::new(HashMap::new()),
+            state: Mutex::new(State::default()),
         }
     }
 
-    fn entries(&self) -> std::sync::MutexGuard<'_, HashMap<String, Entry>> {
+    fn state(&self) -> std::sync::MutexGuard<'_, State> {
         // A panic while holding this lock cannot leave a map half-updated: every update is a
         // single insert or remove. Recover the guard instead of propagating the poison.
-        self.entries
+        self.state
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
@@ -69,7 +77,8 @@ impl PoisonTable for MemoryPoisonTable {
         now_ms: u64,
     ) -> Result<Option<FailureCounter>, PoisonError> {
         Ok(self
-            .entries()
+            .state()
+            .workflows
             .get(workflow)
             .map(|e| e.counter)
             .filter(|c| !self.policy.is_expired(c, now_ms)))
@@ -81,29 +90,52 @@ impl PoisonTable for MemoryPoisonTable {
         failure_id: &str,
         now_ms: u64,
     ) -> Result<FailureCounter, PoisonError> {
-        let mut entries = self.entries();
-        let entry = entries.entry(workflow.to_string()).or_insert(Entry {
-            counter: FailureCounter {
-                consecutive_failures: 0,
-                last_failure_ms: now_ms,
-            },
-            last_failure_id: String::new(),
-        });
-        if entry.last_failure_id == failure_id {
+        let mut state = self.state();
+        let entry = state
+            .workflows
+            .entry(workflow.to_string())
+            .or_insert(Entry {
+                counter: FailureCounter {
+                    consecutive_failures: 0,
+                    last_failure_ms: now_ms,
+                },
+                failure_ids: HashSet::new(),
+            });
+        if entry.failure_ids.contains(failure_id) {
             return Ok(entry.counter);
         }
         if self.policy.is_expired(&entry.counter, now_ms) {
             entry.counter.consecutive_failures = 0;
+            entry.failure_ids.clear();
         }
         entry.counter.consecutive_failures = entry.counter.consecutive_failures.saturating_add(1);
         entry.counter.last_failure_ms = now_ms;
-        entry.last_failure_id = failure_id.to_string();
+        entry.failure_ids.insert(failure_id.to_string());
         Ok(entry.counter)
     }
 
     async fn reset(&self, workflow: &str) -> Result<(), PoisonError> {
-        self.entries().remove(workflow);
+        self.state().workflows.remove(workflow);
         Ok(())
+    }
+
+    async fn observe_lease_recoveries(
+        &self,
+        run_id: Uuid,
+        lease_recoveries: u32,
+        now_ms: u64,
+    ) -> Result<bool, PoisonError> {
+        let retention = duration_ms(RUN_RETENTION);
+        let mut state = self.state();
+        state
+            .runs
+            .retain(|_, (_, seen_ms)| now_ms.saturating_sub(*seen_ms) < retention);
+        let seen = state.runs.get(&run_id).map_or(0, |(n, _)| *n);
+        if lease_recoveries <= seen {
+            return Ok(false);
+        }
+        state.runs.insert(run_id, (lease_recoveries, now_ms));
+        Ok(true)
     }
 }
 
@@ -136,11 +168,12 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn same_failure_id_counts_once() {
+    async fn same_failure_id_counts_once_even_after_others() {
         let t = table();
         t.record_failure("wf", "run/1", 1_000).await.unwrap();
+        t.record_failure("wf", "other/1", 1_000).await.unwrap();
         let c = t.record_failure("wf", "run/1", 1_001).await.unwrap();
-        assert_eq!(c.consecutive_failures, 1);
+        assert_eq!(c.consecutive_failures, 2);
     }
 
     #[tokio::test]
@@ -151,5 +184,18 @@ mod tests {
         assert_eq!(t.counter("wf", 61_000).await.unwrap(), None);
         let c = t.record_failure("wf", "c", 61_000).await.unwrap();
         assert_eq!(c.consecutive_failures, 1);
+    }
+
+    #[tokio::test]
+    async fn lease_recoveries_count_once_per_increase() {
+        let t = table();
+        let run = Uuid::new_v4();
+        assert!(t.observe_lease_recoveries(run, 1, 1_000).await.unwrap());
+        assert!(!t.observe_lease_recoveries(run, 1, 2_000).await.unwrap());
+        assert!(t.observe_lease_recoveries(run, 2, 3_000).await.unwrap());
+        assert!(!t.observe_lease_recoveries(run, 1, 4_000).await.unwrap());
+        // Forgotten after the retention: seen again as new.
+        let later = 3_000 + duration_ms(RUN_RETENTION);
+        assert!(t.observe_lease_recoveries(run, 2, later).await.unwrap());
     }
 }

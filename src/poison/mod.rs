@@ -5,21 +5,37 @@
 //! the counter; LeaseLost and HandedBack outcomes do not count either way. A counter whose
 //! cooldown has passed counts as absent, and the next failure starts counting afresh.
 //!
-//! Lambda instances do not persist between calls, so the production table is shared (see the
-//! DynamoDB implementation); [`memory::MemoryPoisonTable`] is the local and test default.
+//! New in the serverless form: a run claimed with a `lease_recoveries` above what this function
+//! last saw for it means the invocation that held it died (function timeout, out of memory)
+//! without handing it back; that counts as a failure of its workflow too (see
+//! [`PoisonTable::observe_lease_recoveries`] and [`gate::PoisonGate::on_claim`]).
+//!
+//! Lambda instances do not persist between calls, so the production table is shared
+//! ([`dynamodb::DynamoPoisonTable`], selected by `IRONFLOW_POISON_TABLE`);
+//! [`memory::MemoryPoisonTable`] is the local and test default.
 
+pub mod dynamodb;
 pub mod gate;
 pub mod memory;
 
+use std::collections::HashMap;
+use std::fmt;
+use std::str::FromStr;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
+use uuid::Uuid;
 
 /// Default number of consecutive failures that blocks a workflow (`IRONFLOW_POISON_THRESHOLD`).
 pub const DEFAULT_THRESHOLD: u32 = 3;
 /// Default time a blocked workflow stays blocked after its last failure
 /// (`IRONFLOW_POISON_COOLDOWN_SECS`).
 pub const DEFAULT_COOLDOWN: Duration = Duration::from_secs(5 * 60);
+
+/// How long a table remembers the `lease_recoveries` it saw for a run: 7 days after the last
+/// increase (in DynamoDB, the run item's `expires_at`). A run claimed again after that with the
+/// same value counts one more failure.
+pub const RUN_RETENTION: Duration = Duration::from_secs(7 * 24 * 3600);
 
 /// One workflow's consecutive-failure counter as stored in the table.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -60,6 +76,53 @@ impl PoisonPolicy {
     }
 }
 
+/// What happens to the runs of a blocked workflow (`IRONFLOW_POISON_MODE`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum PoisonMode {
+    /// `fail` (default, the reference worker's behaviour): a claimed run of a blocked workflow
+    /// is failed at once with the reason (`fail_or_schedule_retry`, so a retry may follow).
+    #[default]
+    Fail,
+    /// `defer`: blocked workflows are left out of the claim's capabilities, so their runs stay
+    /// Pending and are not claimed until the cooldown ends. Needs the registered workflow
+    /// list: with a comma in a workflow name (no workflow filter on claims) it acts as `fail`.
+    Defer,
+}
+
+impl PoisonMode {
+    /// The variable's spelling: `fail` or `defer`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Fail => "fail",
+            Self::Defer => "defer",
+        }
+    }
+}
+
+impl fmt::Display for PoisonMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// `IRONFLOW_POISON_MODE` is neither `fail` nor `defer`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("expected fail or defer, found {0:?}")]
+pub struct ParsePoisonModeError(pub String);
+
+impl FromStr for PoisonMode {
+    type Err = ParsePoisonModeError;
+
+    /// `fail` or `defer`, case-insensitive, surrounding whitespace ignored.
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "fail" => Ok(Self::Fail),
+            "defer" => Ok(Self::Defer),
+            _ => Err(ParsePoisonModeError(s.to_string())),
+        }
+    }
+}
+
 /// A poison-pill table could not be read or written.
 ///
 /// The invocation fails open on it: the run executes, and the error is logged with the table
@@ -69,7 +132,8 @@ impl PoisonPolicy {
 pub struct PoisonError {
     /// The table's name (e.g. the DynamoDB table name, or `memory`).
     pub table: String,
-    /// What was attempted: `read`, `record failure`, `reset`.
+    /// What was attempted: `read`, `batch read`, `record failure`, `reset`,
+    /// `observe lease recoveries`.
     pub operation: &'static str,
     /// The underlying error, rendered.
     pub cause: String,
@@ -77,9 +141,9 @@ pub struct PoisonError {
 
 /// Storage of the consecutive-failure counters, one per workflow.
 ///
-/// Implementations: [`memory::MemoryPoisonTable`] (one process) and the DynamoDB table (shared
-/// by every Lambda instance). Each takes the [`PoisonPolicy`] at construction so that it can
-/// treat an expired counter as absent.
+/// Implementations: [`memory::MemoryPoisonTable`] (one process) and
+/// [`dynamodb::DynamoPoisonTable`] (shared by every Lambda instance). Each takes the
+/// [`PoisonPolicy`] at construction so that it can treat an expired counter as absent.
 #[async_trait]
 pub trait PoisonTable: Send + Sync {
     /// The table's name, for logs and errors.
@@ -94,9 +158,12 @@ pub trait PoisonTable: Send + Sync {
 
     /// Count one failure of `workflow` and return the new counter.
     ///
-    /// Atomic across concurrent callers. `failure_id` identifies this failure (run id and
-    /// attempt): recording the same id twice in a row counts it once, so a write retried after
-    /// a lost response is harmless. An expired counter restarts at 1.
+    /// Atomic across concurrent callers: N concurrent failures add exactly N. `failure_id`
+    /// identifies this failure (`<run id>/<retry_count>`, or
+    /// `<run id>/lease-recovery/<lease_recoveries>`): an id already counted in the current
+    /// streak is not counted again (the counter is returned as it is), so a write retried after
+    /// a lost response is harmless even when other failures were recorded in between. An
+    /// expired counter (or none) restarts at 1.
     async fn record_failure(
         &self,
         workflow: &str,
@@ -104,8 +171,40 @@ pub trait PoisonTable: Send + Sync {
         now_ms: u64,
     ) -> Result<FailureCounter, PoisonError>;
 
+    /// The live counters of `workflows`, in as few reads as the table allows (one batch read
+    /// for DynamoDB). A workflow without a live counter is absent from the map.
+    ///
+    /// The default reads each workflow with [`PoisonTable::counter`].
+    async fn counters(
+        &self,
+        workflows: &[String],
+        now_ms: u64,
+    ) -> Result<HashMap<String, FailureCounter>, PoisonError> {
+        let mut found = HashMap::new();
+        for workflow in workflows {
+            if let Some(counter) = self.counter(workflow, now_ms).await? {
+                found.insert(workflow.clone(), counter);
+            }
+        }
+        Ok(found)
+    }
+
     /// Forget the counter of `workflow` after a success.
     async fn reset(&self, workflow: &str) -> Result<(), PoisonError>;
+
+    /// Note that run `run_id` was claimed with `lease_recoveries` (> 0) and say whether that
+    /// is above what this function last saw for it: `true` means one more invocation holding
+    /// the run died since, and the caller counts it as a failure of the run's workflow.
+    ///
+    /// Atomic across concurrent callers: of two callers that observe the same new value, one
+    /// gets `true`. Idempotent: a call retried after a lost response still returns `true` to
+    /// the caller whose write it was. Never seen before counts as 0.
+    async fn observe_lease_recoveries(
+        &self,
+        run_id: Uuid,
+        lease_recoveries: u32,
+        now_ms: u64,
+    ) -> Result<bool, PoisonError>;
 }
 
 /// Milliseconds since the Unix epoch, now (0 if the clock is before 1970).
@@ -115,7 +214,8 @@ pub fn now_ms() -> u64 {
         .map_or(0, duration_ms)
 }
 
-fn duration_ms(d: Duration) -> u64 {
+/// `d` in whole milliseconds, saturating.
+pub(crate) fn duration_ms(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
@@ -142,5 +242,17 @@ mod tests {
         assert!(policy.is_blocked(&two, 10_999));
         assert!(!policy.is_blocked(&two, 11_000));
         assert!(policy.is_expired(&two, 11_000));
+    }
+
+    #[test]
+    fn mode_parses_fail_and_defer_only() {
+        assert_eq!("fail".parse::<PoisonMode>(), Ok(PoisonMode::Fail));
+        assert_eq!(" Defer ".parse::<PoisonMode>(), Ok(PoisonMode::Defer));
+        assert_eq!(
+            "skip".parse::<PoisonMode>(),
+            Err(ParsePoisonModeError("skip".into()))
+        );
+        assert_eq!(PoisonMode::default(), PoisonMode::Fail);
+        assert_eq!(PoisonMode::Defer.to_string(), "defer");
     }
 }

@@ -1,0 +1,221 @@
+//! Step logs: the engine's log lines (`Engine::set_log_sender`) forwarded to
+//! `POST /api/v1/internal/runs/{id}/logs`.
+//!
+//! Lines are grouped by run, step and stream, in order, and sent in batches of at most
+//! [`MAX_LINES_PER_CALL`] (the API's limit). During an invocation a pump flushes every
+//! [`FLUSH_INTERVAL`]; at the end of the invocation, after every execution has stopped, a last
+//! flush sends everything left, a handed-back run's partial output included. Nothing is sent
+//! after the handler returns.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use ironflow_engine::log_sender::{LogLine, LogReceiver};
+use ironflow_store::entities::LogStream;
+use serde::Serialize;
+use tokio::sync::Mutex;
+use tokio::time::{Instant, timeout_at};
+use tokio_util::sync::CancellationToken;
+use tracing::warn;
+use uuid::Uuid;
+
+use super::{ApiClient, CALL_TIMEOUT};
+
+/// The API takes at most 1000 lines per call.
+pub const MAX_LINES_PER_CALL: usize = 1000;
+/// How often the pump flushes during an invocation: 500 ms.
+pub const FLUSH_INTERVAL: Duration = Duration::from_millis(500);
+
+/// What one flush did.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct FlushReport {
+    /// Lines the API accepted.
+    pub sent: usize,
+    /// Lines lost: the API refused them or could not be reached before the deadline.
+    pub dropped: usize,
+    /// Calls that failed.
+    pub failed_calls: usize,
+}
+
+impl std::ops::AddAssign for FlushReport {
+    fn add_assign(&mut self, other: Self) {
+        self.sent += other.sent;
+        self.dropped += other.dropped;
+        self.failed_calls += other.failed_calls;
+    }
+}
+
+/// Owns the engine's log receiver and pushes its lines to the API.
+pub struct LogForwarder {
+    client: ApiClient,
+    receiver: Mutex<LogReceiver>,
+}
+
+#[derive(Serialize)]
+struct PushLogs<'a> {
+    step_id: Uuid,
+    step_name: &'a str,
+    stream: LogStream,
+    lines: &'a [String],
+}
+
+impl LogForwarder {
+    /// A forwarder for the receiving end of the engine's log channel.
+    pub fn new(client: ApiClient, receiver: LogReceiver) -> Self {
+        Self {
+            client,
+            receiver: Mutex::new(receiver),
+        }
+    }
+
+    /// Flush every [`FLUSH_INTERVAL`] until `stop` is cancelled, then return what was sent.
+    /// Each flush is bounded by `until`.
+    pub async fn pump(&self, stop: CancellationToken, until: Instant) -> FlushReport {
+        let mut total = FlushReport::default();
+        loop {
+            tokio::select! {
+                () = stop.cancelled() => return total,
+                () = tokio::time::sleep(FLUSH_INTERVAL) => total += self.flush(until).await,
+            }
+        }
+    }
+
+    /// Send every line queued so far, bounded by `until`.
+    pub async fn flush(&self, until: Instant) -> FlushReport {
+        let lines = {
+            let mut receiver = self.receiver.lock().await;
+            let mut lines = Vec::new();
+            while let Ok(line) = receiver.try_recv() {
+                lines.push(line);
+            }
+            lines
+        };
+        let mut report = FlushReport::default();
+        for batch in group(lines) {
+            let n = batch.lines.len();
+            match timeout_at(until, self.push(&batch)).await {
+                Ok(Ok(())) => report.sent += n,
+                Ok(Err(e)) => {
+                    warn!(run_id = %batch.run_id, error = %e, lines = n, "could not push step logs");
+                    report.dropped += n;
+                    report.failed_calls += 1;
+                }
+                Err(_) => {
+                    warn!(run_id = %batch.run_id, lines = n, "step logs dropped: the invocation deadline came first");
+                    report.dropped += n;
+                    report.failed_calls += 1;
+                }
+            }
+        }
+        report
+    }
+
+    async fn push(&self, batch: &Batch) -> Result<(), String> {
+        let url = self
+            .client
+            .internal(&format!("/runs/{}/logs", batch.run_id));
+        let body = PushLogs {
+            step_id: batch.step_id,
+            step_name: &batch.step_name,
+            stream: batch.stream,
+            lines: &batch.lines,
+        };
+        let resp = self
+            .client
+            .request(reqwest::Method::POST, &url)
+            .timeout(CALL_TIMEOUT)
+            .json(&body)
+            .send()
+            .await
+            .map_err(|e| format!("POST {url}: {e}"))?;
+        if resp.status().is_success() {
+            Ok(())
+        } else {
+            let status = resp.status();
+            let text = resp.text().await.unwrap_or_default();
+            Err(format!("POST {url}: HTTP {status}: {text}"))
+        }
+    }
+}
+
+/// Lines of one run, step and stream, in the order they were printed.
+#[derive(Debug)]
+struct Batch {
+    run_id: Uuid,
+    step_id: Uuid,
+    step_name: String,
+    stream: LogStream,
+    lines: Vec<String>,
+}
+
+/// Group `lines` by run, step and stream (first-seen order), in batches of at most
+/// [`MAX_LINES_PER_CALL`].
+fn group(lines: Vec<LogLine>) -> Vec<Batch> {
+    let mut order: Vec<(Uuid, Uuid, LogStream)> = Vec::new();
+    let mut groups: HashMap<(Uuid, Uuid, LogStream), Batch> = HashMap::new();
+    for line in lines {
+        let key = (line.run_id, line.step_id, line.stream);
+        let batch = groups.entry(key).or_insert_with(|| {
+            order.push(key);
+            Batch {
+                run_id: line.run_id,
+                step_id: line.step_id,
+                step_name: line.step_name.to_string(),
+                stream: line.stream,
+                lines: Vec::new(),
+            }
+        });
+        batch.lines.push(line.line);
+    }
+    let mut out = Vec::new();
+    for key in order {
+        let Some(batch) = groups.remove(&key) else {
+            continue;
+        };
+        let mut lines = batch.lines.into_iter().peekable();
+        while lines.peek().is_some() {
+            out.push(Batch {
+                run_id: batch.run_id,
+                step_id: batch.step_id,
+                step_name: batch.step_name.clone(),
+                stream: batch.stream,
+                lines: lines.by_ref().take(MAX_LINES_PER_CALL).collect(),
+            });
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+
+    fn line(run: Uuid, step: Uuid, stream: LogStream, text: &str) -> LogLine {
+        LogLine {
+            run_id: run,
+            step_id: step,
+            step_name: Arc::from("s"),
+            stream,
+            line: text.to_string(),
+            at: chrono::Utc::now(),
+        }
+    }
+
+    #[test]
+    fn groups_by_run_step_and_stream_in_order_and_splits_at_the_api_limit() {
+        let (r, s) = (Uuid::new_v4(), Uuid::new_v4());
+        let mut lines: Vec<LogLine> = (0..1500)
+            .map(|i| line(r, s, LogStream::Stdout, &i.to_string()))
+            .collect();
+        lines.insert(10, line(r, s, LogStream::Stderr, "err"));
+        let batches = group(lines);
+        assert_eq!(batches.len(), 3);
+        assert_eq!(batches[0].lines.len(), 1000);
+        assert_eq!(batches[0].lines[0], "0");
+        assert_eq!(batches[1].lines.len(), 500);
+        assert_eq!(batches[1].lines[0], "1000");
+        assert_eq!(batches[2].stream, LogStream::Stderr);
+    }
+}

@@ -1,0 +1,107 @@
+//! CloudWatch metrics in the embedded metric format (EMF), over the `metrics` facade that
+//! ironflow's engine also records through.
+//!
+//! [`install`] sets the process-wide recorder at cold start (namespace `IRONFLOW_METRICS_NAMESPACE`,
+//! default `ironflow-lambda`, dimension `function` = `AWS_LAMBDA_FUNCTION_NAME`); each invocation
+//! records its summary with [`record`], and the function flushes the EMF document to stdout
+//! before every response. CloudWatch Logs turns the document into metrics; no API call, no
+//! extra latency.
+//!
+//! | metric | unit | dimensions |
+//! |---|---|---|
+//! | `RunsClaimed` | Count | function |
+//! | `RunsCompleted`, `RunsFailed`, `RunsTimedOut`, `RunsPanicked`, `RunsHandedBack`, `LeasesLost`, `PoisonPillSkips` | Count | function, workflow |
+//! | `ApiErrors` | Count | function |
+//! | `LogLinesDropped` | Count | function |
+//! | `PoisonTableErrors` | Count | function |
+//! | `TimeLeftAtExit` | Milliseconds | function |
+//! | `Backlog` | Count | function (when the pending count is known) |
+//!
+//! ironflow's own metrics (`ironflow_runs_total`, `ironflow_step_duration_seconds`, ...) go
+//! through the same recorder.
+
+use metrics::{Unit, counter, describe_counter, describe_gauge, gauge};
+use metrics_cloudwatch_embedded::Collector;
+use tracing::warn;
+
+use crate::execution::Outcome;
+use crate::invocation::InvocationSummary;
+
+/// `RunsClaimed`: runs claimed by an invocation.
+pub const RUNS_CLAIMED: &str = "RunsClaimed";
+/// `ApiErrors`: failed calls to the ironflow API that concern the batch (claims, log pushes).
+pub const API_ERRORS: &str = "ApiErrors";
+/// `LogLinesDropped`: step log lines the API did not receive.
+pub const LOG_LINES_DROPPED: &str = "LogLinesDropped";
+/// `PoisonTableErrors`: poison-pill table calls that failed (each failed open: the run
+/// executed, the count was not updated).
+pub const POISON_TABLE_ERRORS: &str = "PoisonTableErrors";
+/// `TimeLeftAtExit`: milliseconds left before the invocation deadline when the batch ended.
+pub const TIME_LEFT_AT_EXIT: &str = "TimeLeftAtExit";
+/// `Backlog`: pending runs this worker can take, as the API counted them after the batch.
+pub const BACKLOG: &str = "Backlog";
+
+/// The metric counting runs that ended with `outcome`.
+pub fn outcome_metric(outcome: Outcome) -> &'static str {
+    match outcome {
+        Outcome::Completed => "RunsCompleted",
+        Outcome::Failed => "RunsFailed",
+        Outcome::TimedOut => "RunsTimedOut",
+        Outcome::Panicked => "RunsPanicked",
+        Outcome::LeaseLost => "LeasesLost",
+        Outcome::HandedBack => "RunsHandedBack",
+        Outcome::PoisonBlocked => "PoisonPillSkips",
+    }
+}
+
+/// Set the process-wide EMF recorder. `None` (with a warning) if a recorder is already set.
+pub fn install(namespace: &str, function: &str) -> Option<&'static Collector> {
+    let collector = metrics_cloudwatch_embedded::Builder::new()
+        .cloudwatch_namespace(namespace.to_string())
+        .with_dimension("function", function.to_string())
+        .init();
+    match collector {
+        Ok(collector) => {
+            describe_counter!(RUNS_CLAIMED, Unit::Count, "runs claimed");
+            describe_counter!(API_ERRORS, Unit::Count, "failed API calls");
+            describe_counter!(LOG_LINES_DROPPED, Unit::Count, "step log lines lost");
+            describe_counter!(
+                POISON_TABLE_ERRORS,
+                Unit::Count,
+                "failed poison-pill table calls"
+            );
+            describe_gauge!(TIME_LEFT_AT_EXIT, Unit::Milliseconds, "time left at exit");
+            describe_gauge!(BACKLOG, Unit::Count, "pending runs");
+            Some(collector)
+        }
+        Err(e) => {
+            warn!(error = %e, "metrics recorder not installed");
+            None
+        }
+    }
+}
+
+/// Record one invocation's summary through the `metrics` facade (a no-op without recorder).
+pub fn record(summary: &InvocationSummary) {
+    counter!(RUNS_CLAIMED).increment(summary.claimed as u64);
+    for run in &summary.runs {
+        counter!(outcome_metric(run.outcome), "workflow" => run.workflow.clone()).increment(1);
+    }
+    counter!(API_ERRORS).increment((summary.errors.len() + summary.logs.failed_calls) as u64);
+    counter!(LOG_LINES_DROPPED).increment(summary.logs.dropped as u64);
+    counter!(POISON_TABLE_ERRORS).increment(u64::from(summary.poison_table_errors));
+    gauge!(TIME_LEFT_AT_EXIT).set(summary.time_left_ms as f64);
+}
+
+/// Record the backlog (pending runs this worker can take).
+pub fn record_backlog(pending: u64) {
+    gauge!(BACKLOG).set(pending as f64);
+}
+
+/// Write the EMF document of everything recorded since the last flush to `writer` (stdout on
+/// Lambda, where CloudWatch Logs picks it up).
+pub fn flush(collector: &Collector, writer: impl std::io::Write) {
+    if let Err(e) = collector.flush(writer) {
+        warn!(error = %e, "could not write the metrics document");
+    }
+}

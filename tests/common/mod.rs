@@ -1,0 +1,167 @@
+//! Test harness: the real ironflow API (router + in-memory store) on 127.0.0.1, a worker
+//! builder with test-sized settings, and invocations driven through the Lambda handler.
+#![allow(dead_code)]
+
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use ironflow_core::providers::claude::ClaudeCodeProvider;
+use ironflow_engine::config::ShellConfig;
+use ironflow_engine::context::WorkflowContext;
+use ironflow_engine::handler::{HandlerFuture, WorkflowHandler};
+use ironflow_lambda::builder::{LambdaWorker, LambdaWorkerBuilder};
+use ironflow_lambda::handler;
+use ironflow_lambda::invocation::InvocationSummary;
+use ironflow_lambda::local::{LocalApi, new_run};
+use ironflow_lambda::orphans;
+use ironflow_store::entities::{Run, RunStatus, Step};
+use ironflow_store::store::RunStore;
+use ironflow_worker::ApiRunStore;
+use lambda_runtime::{Context, LambdaEvent};
+use serde_json::Value;
+use uuid::Uuid;
+
+/// The API, a client of its internal routes, and a scratch directory for side effects.
+pub struct Harness {
+    pub api: LocalApi,
+    pub client: ApiRunStore,
+    pub dir: tempfile::TempDir,
+}
+
+impl Harness {
+    pub async fn start() -> Self {
+        orphans::become_subreaper();
+        let token = format!("test-token-{}", Uuid::new_v4());
+        let api = LocalApi::start(&token).await.expect("start the API");
+        let client = ApiRunStore::new(&api.url(), &token);
+        Self {
+            api,
+            client,
+            dir: tempfile::tempdir().expect("tempdir"),
+        }
+    }
+
+    /// A builder with test-sized settings: 200 ms lease refreshes, a 500 ms margin.
+    pub fn builder(&self) -> LambdaWorkerBuilder {
+        LambdaWorkerBuilder::new(&self.api.url(), self.api.token())
+            .provider(Arc::new(ClaudeCodeProvider::new()))
+            .lease_ttl(Duration::from_secs(10))
+            .lease_refresh_interval(Duration::from_millis(200))
+            .deadline_margin(Duration::from_millis(500))
+            .min_claim_budget(Duration::from_millis(200))
+    }
+
+    pub fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+
+    /// Create a run of `workflow` through `POST /api/v1/internal/runs`.
+    pub async fn create(&self, workflow: &str, max_retries: u32) -> Uuid {
+        self.client
+            .create_run(new_run(workflow, max_retries))
+            .await
+            .expect("create run")
+            .into_run()
+            .id
+    }
+
+    pub async fn run(&self, id: Uuid) -> Run {
+        self.api
+            .store()
+            .get_run(id)
+            .await
+            .expect("get run")
+            .expect("run exists")
+    }
+
+    pub async fn status(&self, id: Uuid) -> RunStatus {
+        self.run(id).await.status.state
+    }
+
+    /// The run's steps in execution order.
+    pub async fn steps(&self, id: Uuid) -> Vec<Step> {
+        let mut steps = self.api.store().list_steps(id).await.expect("list steps");
+        steps.sort_by_key(|s| (s.created_at, s.position));
+        steps
+    }
+
+    /// One invocation through the Lambda handler, with `time_left` until its deadline.
+    pub async fn invoke(&self, worker: &LambdaWorker, time_left: Duration) -> InvocationSummary {
+        self.invoke_event(worker, serde_json::json!({}), deadline_in(time_left))
+            .await
+            .expect("invocation accepted")
+    }
+
+    /// One invocation of `event` with `deadline_ms` as `Context.deadline`.
+    pub async fn invoke_event(
+        &self,
+        worker: &LambdaWorker,
+        event: Value,
+        deadline_ms: u64,
+    ) -> Result<InvocationSummary, ironflow_lambda::trigger::TriggerError> {
+        let mut context = Context::default();
+        context.request_id = format!("req-{}", Uuid::new_v4());
+        context.deadline = deadline_ms;
+        handler::handle_summary(worker, LambdaEvent::new(event, context)).await
+    }
+}
+
+/// `Context.deadline` for an invocation with `left` to go.
+pub fn deadline_in(left: Duration) -> u64 {
+    let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap();
+    (now + left).as_millis() as u64
+}
+
+/// Poll `condition` every 20 ms until it holds; panic with `what` after `timeout`.
+pub async fn wait_until<F, Fut>(what: &str, timeout: Duration, mut condition: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let end = tokio::time::Instant::now() + timeout;
+    while !condition().await {
+        assert!(
+            tokio::time::Instant::now() < end,
+            "timed out waiting until {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Lines in a side-effect file (0 if it does not exist): how many times a step really ran.
+pub fn executions(path: &Path) -> usize {
+    std::fs::read_to_string(path).map_or(0, |s| s.lines().count())
+}
+
+/// A workflow of shell steps run in order.
+pub struct ShellWorkflow {
+    pub name: &'static str,
+    pub steps: Vec<(&'static str, String)>,
+}
+
+impl ShellWorkflow {
+    /// A workflow of one shell step `step` running `cmd`.
+    pub fn one(name: &'static str, cmd: &str) -> Self {
+        Self {
+            name,
+            steps: vec![("step", cmd.to_string())],
+        }
+    }
+}
+
+impl WorkflowHandler for ShellWorkflow {
+    fn name(&self) -> &str {
+        self.name
+    }
+
+    fn execute<'a>(&'a self, ctx: &'a mut WorkflowContext) -> HandlerFuture<'a> {
+        Box::pin(async move {
+            for (step, cmd) in &self.steps {
+                ctx.shell(step, ShellConfig::new(cmd)).await?;
+            }
+            Ok(())
+        })
+    }
+}

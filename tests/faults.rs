@@ -1,0 +1,227 @@
+//! Faults the worker meets in production: a bad environment at cold start, a stale pooled
+//! connection after a long freeze, an unreachable API.
+
+mod common;
+
+use std::net::SocketAddr;
+use std::process::Command;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use common::{Harness, ShellWorkflow};
+use ironflow_lambda::builder::LambdaWorkerBuilder;
+use ironflow_lambda::execution::Outcome;
+use ironflow_lambda::invocation::StopReason;
+use ironflow_store::entities::RunStatus;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+const BIN: &str = env!("CARGO_BIN_EXE_ironflow-lambda");
+const SECRET: &str = "tok-SECRET-do-not-log-4242";
+
+fn cold_start(env: &[(&str, &str)]) -> (bool, String) {
+    let out = Command::new(BIN)
+        .env_clear()
+        .env("PATH", std::env::var("PATH").unwrap_or_default())
+        .envs(env.iter().copied())
+        .output()
+        .expect("run the function binary");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.success(), text)
+}
+
+#[test]
+fn a_bad_environment_stops_the_cold_start_with_the_variable_named() {
+    type Env<'a> = &'a [(&'a str, &'a str)];
+    let cases: [(Env, &str, &str); 4] = [
+        (
+            &[("IRONFLOW_WORKER_TOKEN", SECRET)],
+            "IRONFLOW_API_URL",
+            "base URL",
+        ),
+        (
+            &[("IRONFLOW_API_URL", "http://127.0.0.1:9")],
+            "IRONFLOW_WORKER_TOKEN",
+            "worker token",
+        ),
+        (
+            &[
+                ("IRONFLOW_API_URL", "http://127.0.0.1:9"),
+                ("IRONFLOW_WORKER_TOKEN", SECRET),
+                ("IRONFLOW_MAX_RUNS_PER_INVOCATION", "eight"),
+            ],
+            "IRONFLOW_MAX_RUNS_PER_INVOCATION",
+            "a whole number greater than 0",
+        ),
+        (
+            &[
+                ("IRONFLOW_API_URL", "http://127.0.0.1:9"),
+                ("IRONFLOW_WORKER_TOKEN", SECRET),
+                ("IRONFLOW_FUNCTION_TIMEOUT_SECS", "5"),
+                ("IRONFLOW_DEADLINE_MARGIN_MS", "5000"),
+            ],
+            "deadline_margin",
+            "not below the function timeout",
+        ),
+    ];
+    for (env, variable, expected) in cases {
+        let (ok, output) = cold_start(env);
+        assert!(!ok, "the cold start must fail for {variable}");
+        assert!(
+            output.contains(variable),
+            "{variable} not named in: {output}"
+        );
+        assert!(output.contains(expected), "{expected:?} not in: {output}");
+        assert!(!output.contains("panicked"), "a panic: {output}");
+        assert!(!output.contains(SECRET), "the token leaked: {output}");
+    }
+}
+
+/// FAULT INJECTION, not a stand-in for the API: a TCP proxy in front of the real API that can
+/// make every connection open so far fail like one a NAT gateway dropped during a freeze (the
+/// next request on it is answered with a TCP reset).
+struct DroppingProxy {
+    addr: SocketAddr,
+    generation: Arc<AtomicU64>,
+    accepted: Arc<AtomicU64>,
+}
+
+impl DroppingProxy {
+    async fn start(upstream: SocketAddr) -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let generation = Arc::new(AtomicU64::new(0));
+        let accepted = Arc::new(AtomicU64::new(0));
+        let (gen_, acc) = (generation.clone(), accepted.clone());
+        tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                acc.fetch_add(1, Ordering::SeqCst);
+                tokio::spawn(pump(
+                    client,
+                    upstream,
+                    gen_.load(Ordering::SeqCst),
+                    gen_.clone(),
+                ));
+            }
+        });
+        Self {
+            addr,
+            generation,
+            accepted,
+        }
+    }
+
+    /// Every connection accepted so far resets on its next request.
+    fn drop_existing_connections(&self) {
+        self.generation.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+async fn pump(client: TcpStream, upstream: SocketAddr, born: u64, generation: Arc<AtomicU64>) {
+    let Ok(server) = TcpStream::connect(upstream).await else {
+        return;
+    };
+    let (mut client_read, mut client_write) = client.into_split();
+    let (mut server_read, mut server_write) = server.into_split();
+    let back = tokio::spawn(async move {
+        let _ = tokio::io::copy(&mut server_read, &mut client_write).await;
+        client_write
+    });
+    let mut buf = vec![0u8; 16 * 1024];
+    loop {
+        let n = match client_read.read(&mut buf).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => n,
+        };
+        if generation.load(Ordering::SeqCst) != born {
+            back.abort();
+            if let Ok(write_half) = back.await {
+                let client = client_read.reunite(write_half).expect("same stream");
+                #[allow(deprecated)] // a reset is the point here
+                let _ = client.set_linger(Some(Duration::ZERO));
+                drop(client); // RST
+            }
+            return;
+        }
+        if server_write.write_all(&buf[..n]).await.is_err() {
+            return;
+        }
+    }
+}
+
+#[tokio::test]
+async fn the_first_claim_after_a_freeze_survives_a_dropped_pooled_connection() {
+    let h = Harness::start().await;
+    let upstream: SocketAddr = h.api.url().trim_start_matches("http://").parse().unwrap();
+    let proxy = DroppingProxy::start(upstream).await;
+    let quick = ShellWorkflow {
+        name: "quick",
+        steps: vec![("echo", "echo hi".into())],
+    };
+    let worker = LambdaWorkerBuilder::new(&format!("http://{}", proxy.addr), h.api.token())
+        .provider(Arc::new(
+            ironflow_core::providers::claude::ClaudeCodeProvider::new(),
+        ))
+        .register(quick)
+        .deadline_margin(Duration::from_millis(500))
+        .idle_probe_after(Duration::ZERO)
+        .concurrency(4)
+        .build()
+        .unwrap();
+
+    // A warm invocation of concurrent runs leaves several connections in the client's pool.
+    for _ in 0..4 {
+        h.create("quick", 0).await;
+    }
+    let warm = h.invoke(&worker, Duration::from_secs(30)).await;
+    assert_eq!(warm.count(Outcome::Completed), 4);
+    let connections_before = proxy.accepted.load(Ordering::SeqCst);
+
+    // The freeze: the pooled connection is dropped under the client's feet.
+    proxy.drop_existing_connections();
+    let mut ids = Vec::new();
+    for _ in 0..4 {
+        ids.push(h.create("quick", 0).await);
+    }
+    let thawed = h.invoke(&worker, Duration::from_secs(30)).await;
+
+    assert!(thawed.errors.is_empty(), "{thawed:?}");
+    assert_eq!(thawed.count(Outcome::Completed), 4, "{thawed:?}");
+    for id in ids {
+        assert_eq!(h.status(id).await, RunStatus::Completed);
+    }
+    assert!(
+        proxy.accepted.load(Ordering::SeqCst) > connections_before,
+        "the retry went out on a fresh connection"
+    );
+}
+
+#[tokio::test]
+async fn an_unreachable_api_stops_the_batch_with_the_error_in_the_summary() {
+    let h = Harness::start().await;
+    // A port nothing listens on.
+    let closed = TcpListener::bind("127.0.0.1:0")
+        .await
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let worker = LambdaWorkerBuilder::new(&format!("http://{closed}"), "some-token")
+        .provider(Arc::new(
+            ironflow_core::providers::claude::ClaudeCodeProvider::new(),
+        ))
+        .deadline_margin(Duration::from_millis(500))
+        .build()
+        .unwrap();
+
+    let summary = h.invoke(&worker, Duration::from_secs(30)).await;
+
+    assert_eq!(summary.claimed, 0);
+    assert_eq!(summary.stop_reason, StopReason::ClaimError);
+    assert!(summary.errors[0].contains("claim failed"), "{summary:?}");
+    assert!(!summary.errors[0].contains("some-token"));
+}

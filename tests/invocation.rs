@@ -1,0 +1,561 @@
+//! One invocation end to end against the real ironflow API (router + in-memory store) on
+//! 127.0.0.1: claims, caps, handback and resume, loop guard, run timeout across invocations,
+//! lease loss, panics, poison pill, deadlines, and nothing sent after the handler returns.
+
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use common::{Harness, ShellWorkflow, deadline_in, executions, wait_until};
+use ironflow_engine::context::WorkflowContext;
+use ironflow_engine::handler::{HandlerFuture, WorkflowHandler};
+use ironflow_lambda::execution::Outcome;
+use ironflow_lambda::invocation::StopReason;
+use ironflow_lambda::orphans;
+use ironflow_lambda::poison::memory::MemoryPoisonTable;
+use ironflow_lambda::poison::{PoisonPolicy, PoisonTable};
+use ironflow_store::entities::{LeaseUpdate, RunStatus, RunUpdate, StepStatus};
+use ironflow_store::store::STEP_INTERRUPTED_ERROR;
+use serde_json::json;
+
+const LONG: Duration = Duration::from_secs(60);
+
+fn quick(h: &Harness) -> ShellWorkflow {
+    ShellWorkflow {
+        name: "quick",
+        steps: vec![(
+            "touch",
+            format!("echo x >> '{}'", h.path("quick").display()),
+        )],
+    }
+}
+
+/// A step that hangs forever.
+fn stuck() -> ShellWorkflow {
+    ShellWorkflow {
+        name: "stuck",
+        steps: vec![("hang", "sleep 600".to_string())],
+    }
+}
+
+#[tokio::test]
+async fn happy_path_completes_every_run() {
+    let h = Harness::start().await;
+    let worker = h.builder().register(quick(&h)).build().unwrap();
+    let ids = [
+        h.create("quick", 0).await,
+        h.create("quick", 0).await,
+        h.create("quick", 0).await,
+    ];
+
+    let summary = h.invoke(&worker, LONG).await;
+
+    assert_eq!(summary.claimed, 3);
+    assert_eq!(summary.count(Outcome::Completed), 3);
+    assert_eq!(summary.stop_reason, StopReason::NoPendingRun);
+    assert!(
+        summary.worker_id.starts_with("lambda-req-"),
+        "{}",
+        summary.worker_id
+    );
+    assert!(summary.time_left_ms > 0);
+    for id in ids {
+        assert_eq!(h.status(id).await, RunStatus::Completed);
+    }
+    assert_eq!(executions(&h.path("quick")), 3);
+}
+
+#[tokio::test]
+async fn claims_at_most_n_runs_and_honours_a_smaller_override() {
+    let h = Harness::start().await;
+    let worker = h
+        .builder()
+        .register(quick(&h))
+        .max_runs_per_invocation(2)
+        .build()
+        .unwrap();
+    for _ in 0..5 {
+        h.create("quick", 0).await;
+    }
+
+    let summary = h.invoke(&worker, LONG).await;
+    assert_eq!(summary.claimed, 2);
+    assert_eq!(summary.stop_reason, StopReason::MaxRuns);
+
+    let one = h
+        .invoke_event(&worker, json!({"max_runs": 1}), deadline_in(LONG))
+        .await
+        .unwrap();
+    assert_eq!(one.claimed, 1);
+
+    let refused = h
+        .invoke_event(&worker, json!({"max_runs": 3}), deadline_in(LONG))
+        .await
+        .unwrap_err();
+    assert!(refused.to_string().contains("max_runs"), "{refused}");
+    assert_eq!(
+        executions(&h.path("quick")),
+        3,
+        "the refused override claimed nothing"
+    );
+}
+
+/// Counts handlers executing at once; each waits until `release`.
+struct Gauge {
+    current: Arc<AtomicUsize>,
+    max: Arc<AtomicUsize>,
+    release: Arc<AtomicBool>,
+}
+
+impl WorkflowHandler for Gauge {
+    fn name(&self) -> &str {
+        "gauge"
+    }
+
+    fn execute<'a>(&'a self, _ctx: &'a mut WorkflowContext) -> HandlerFuture<'a> {
+        Box::pin(async move {
+            let now = self.current.fetch_add(1, Ordering::SeqCst) + 1;
+            self.max.fetch_max(now, Ordering::SeqCst);
+            while !self.release.load(Ordering::SeqCst) {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            self.current.fetch_sub(1, Ordering::SeqCst);
+            Ok(())
+        })
+    }
+}
+
+#[tokio::test]
+async fn claims_only_when_a_slot_is_free_and_never_exceeds_concurrency() {
+    let h = Arc::new(Harness::start().await);
+    let (current, max, release) = (
+        Arc::new(AtomicUsize::new(0)),
+        Arc::new(AtomicUsize::new(0)),
+        Arc::new(AtomicBool::new(false)),
+    );
+    let worker = Arc::new(
+        h.builder()
+            .register(Gauge {
+                current: current.clone(),
+                max: max.clone(),
+                release: release.clone(),
+            })
+            .concurrency(2)
+            .max_runs_per_invocation(4)
+            .build()
+            .unwrap(),
+    );
+    let ids: Vec<_> = futures_join(&h, 4).await;
+
+    let invocation = {
+        let (h, worker) = (h.clone(), worker.clone());
+        tokio::spawn(async move { h.invoke(&worker, LONG).await })
+    };
+    wait_until("two runs execute", Duration::from_secs(20), || {
+        let c = current.clone();
+        async move { c.load(Ordering::SeqCst) == 2 }
+    })
+    .await;
+    let mut running = 0;
+    for id in &ids {
+        if h.status(*id).await == RunStatus::Running {
+            running += 1;
+        }
+    }
+    assert_eq!(running, 2, "a run is claimed only once a slot is free");
+    release.store(true, Ordering::SeqCst);
+
+    let summary = invocation.await.unwrap();
+    assert_eq!(summary.count(Outcome::Completed), 4);
+    assert_eq!(max.load(Ordering::SeqCst), 2);
+}
+
+async fn futures_join(h: &Harness, n: usize) -> Vec<uuid::Uuid> {
+    let mut ids = Vec::new();
+    for _ in 0..n {
+        ids.push(h.create("gauge", 0).await);
+    }
+    ids
+}
+
+#[tokio::test]
+async fn handback_mid_step_then_resume_replays_completed_steps() {
+    let h = Harness::start().await;
+    let (a, b, c) = (h.path("a"), h.path("b"), h.path("c"));
+    let workflow = ShellWorkflow {
+        name: "resumable",
+        steps: vec![
+            ("a", format!("echo x >> '{}'", a.display())),
+            // Hangs (with a grandchild `sleep`) on its first execution only.
+            (
+                "b",
+                format!(
+                    "echo x >> '{b}'; if [ \"$(wc -l < '{b}')\" -eq 1 ]; then sleep 600; fi",
+                    b = b.display()
+                ),
+            ),
+            ("c", format!("echo x >> '{}'", c.display())),
+        ],
+    };
+    let worker = h.builder().register(workflow).build().unwrap();
+    let id = h.create("resumable", 0).await;
+
+    let first = h.invoke(&worker, Duration::from_secs(4)).await;
+    assert_eq!(first.count(Outcome::HandedBack), 1, "{first:?}");
+    assert!(first.runs[0].error.is_none(), "{first:?}");
+    let run = h.run(id).await;
+    assert_eq!(run.status.state, RunStatus::Pending);
+    assert!(run.worker_id.is_none(), "the lease is released");
+    assert!(run.duration_ms > 0, "the handback records the time it ran");
+    let steps = h.steps(id).await;
+    assert_eq!(steps.len(), 2);
+    assert_eq!(steps[0].status.state, StepStatus::Completed);
+    assert_eq!(steps[1].status.state, StepStatus::Failed);
+    assert_eq!(steps[1].error.as_deref(), Some(STEP_INTERRUPTED_ERROR));
+    assert!(
+        first.orphans_killed >= 1,
+        "the step's `sleep` was killed: {first:?}"
+    );
+    assert!(
+        orphans::descendants().is_empty(),
+        "no process outlives the invocation"
+    );
+
+    let second = h.invoke(&worker, LONG).await;
+    assert_eq!(second.count(Outcome::Completed), 1, "{second:?}");
+    assert_eq!(h.status(id).await, RunStatus::Completed);
+    assert_eq!(
+        executions(&a),
+        1,
+        "the completed step was replayed, not re-executed"
+    );
+    assert_eq!(executions(&b), 2, "the cut step ran again");
+    assert_eq!(executions(&c), 1);
+    assert!(
+        h.steps(id)
+            .await
+            .iter()
+            .all(|s| s.status.state != StepStatus::Running),
+        "no step row is left Running"
+    );
+}
+
+#[tokio::test]
+async fn a_run_handed_back_without_progress_is_failed_not_looped() {
+    let h = Harness::start().await;
+    let worker = h
+        .builder()
+        .register(stuck())
+        .max_handbacks_without_progress(3)
+        .build()
+        .unwrap();
+    let id = h.create("stuck", 0).await;
+
+    let mut outcomes = Vec::new();
+    for _ in 0..3 {
+        let summary = h.invoke(&worker, Duration::from_millis(1500)).await;
+        assert_eq!(summary.claimed, 1, "{summary:?}");
+        outcomes.push(summary.runs[0].outcome);
+    }
+
+    assert_eq!(
+        outcomes,
+        [Outcome::HandedBack, Outcome::HandedBack, Outcome::Failed]
+    );
+    let run = h.run(id).await;
+    assert_eq!(run.status.state, RunStatus::Failed);
+    let error = run.error.unwrap_or_default();
+    assert!(error.contains("handed back 3 times in a row"), "{error}");
+    assert!(
+        error.contains("'hang'"),
+        "the error names the step: {error}"
+    );
+    assert!(
+        h.steps(id)
+            .await
+            .iter()
+            .all(|s| s.status.state != StepStatus::Running)
+    );
+}
+
+#[tokio::test]
+async fn the_run_timeout_counts_from_the_first_start_across_invocations() {
+    let h = Harness::start().await;
+    let worker = h
+        .builder()
+        .register(stuck())
+        .run_timeout(Duration::from_secs(3))
+        .max_handbacks_without_progress(10)
+        .build()
+        .unwrap();
+    let id = h.create("stuck", 0).await;
+
+    // 2 s invocations, cut at 1.5 s: each alone is well under the 3 s timeout.
+    let first = h.invoke(&worker, Duration::from_secs(2)).await;
+    assert_eq!(first.runs[0].outcome, Outcome::HandedBack, "{first:?}");
+    let mut last = first;
+    for _ in 0..3 {
+        if h.status(id).await != RunStatus::Pending {
+            break;
+        }
+        last = h.invoke(&worker, Duration::from_secs(2)).await;
+    }
+
+    assert_eq!(last.runs[0].outcome, Outcome::TimedOut, "{last:?}");
+    let run = h.run(id).await;
+    assert_eq!(run.status.state, RunStatus::Failed, "no retries left");
+    assert!(run.error.unwrap_or_default().contains("timed out after 3s"));
+}
+
+#[tokio::test]
+async fn a_stolen_lease_abandons_the_run_without_any_write() {
+    let h = Arc::new(Harness::start().await);
+    let worker = Arc::new(h.builder().register(stuck()).build().unwrap());
+    let id = h.create("stuck", 0).await;
+
+    let invocation = {
+        let (h, worker) = (h.clone(), worker.clone());
+        tokio::spawn(async move { h.invoke(&worker, LONG).await })
+    };
+    wait_until("the step runs", Duration::from_secs(20), || {
+        let h = h.clone();
+        async move {
+            h.steps(id)
+                .await
+                .iter()
+                .any(|s| s.status.state == StepStatus::Running)
+        }
+    })
+    .await;
+    // Another worker takes the run over.
+    h.api
+        .store()
+        .update_run(
+            id,
+            RunUpdate {
+                lease: Some(LeaseUpdate::Set {
+                    worker_id: "thief".into(),
+                    expires_at: chrono::Utc::now() + chrono::TimeDelta::seconds(300),
+                }),
+                ..RunUpdate::default()
+            },
+        )
+        .await
+        .unwrap();
+
+    let summary = invocation.await.unwrap();
+    assert_eq!(summary.runs[0].outcome, Outcome::LeaseLost, "{summary:?}");
+    let run = h.run(id).await;
+    assert_eq!(
+        run.status.state,
+        RunStatus::Running,
+        "no status write by us"
+    );
+    assert_eq!(run.worker_id.as_deref(), Some("thief"));
+    assert!(run.error.is_none());
+    assert!(
+        h.steps(id)
+            .await
+            .iter()
+            .any(|s| s.status.state == StepStatus::Running),
+        "the thief's step is left alone"
+    );
+}
+
+struct Panics;
+
+impl WorkflowHandler for Panics {
+    fn name(&self) -> &str {
+        "panics"
+    }
+
+    fn execute<'a>(&'a self, _ctx: &'a mut WorkflowContext) -> HandlerFuture<'a> {
+        Box::pin(async move { panic!("handler bug") })
+    }
+}
+
+#[tokio::test]
+async fn a_panicking_handler_is_caught_and_its_retry_scheduled() {
+    let h = Harness::start().await;
+    let worker = h.builder().register(Panics).build().unwrap();
+    let id = h.create("panics", 1).await;
+
+    let summary = h.invoke(&worker, LONG).await;
+
+    assert_eq!(summary.runs[0].outcome, Outcome::Panicked);
+    assert!(
+        summary.runs[0]
+            .error
+            .as_deref()
+            .unwrap()
+            .contains("handler bug")
+    );
+    let run = h.run(id).await;
+    assert_eq!(run.status.state, RunStatus::Retrying, "retry scheduled");
+    assert_eq!(run.retry_count, 1);
+}
+
+/// Fails while the file `fail` exists in the harness directory.
+fn toggle(h: &Harness) -> ShellWorkflow {
+    ShellWorkflow {
+        name: "toggle",
+        steps: vec![(
+            "maybe-fail",
+            format!("test ! -e '{}'", h.path("fail").display()),
+        )],
+    }
+}
+
+#[tokio::test]
+async fn poison_pill_trips_after_k_failures_and_blocks_the_workflow() {
+    let h = Harness::start().await;
+    std::fs::write(h.path("fail"), "").unwrap();
+    let policy = PoisonPolicy {
+        threshold: 2,
+        cooldown: Duration::from_secs(600),
+    };
+    let table = Arc::new(MemoryPoisonTable::new(policy));
+    let worker = h
+        .builder()
+        .register(toggle(&h))
+        .poison_threshold(2)
+        .poison_cooldown(policy.cooldown)
+        .poison_table(table.clone())
+        .max_runs_per_invocation(1)
+        .build()
+        .unwrap();
+    let runs = [
+        h.create("toggle", 0).await,
+        h.create("toggle", 0).await,
+        h.create("toggle", 0).await,
+    ];
+
+    let a = h.invoke(&worker, LONG).await;
+    let b = h.invoke(&worker, LONG).await;
+    let c = h.invoke(&worker, LONG).await;
+
+    assert_eq!(a.runs[0].outcome, Outcome::Failed);
+    assert_eq!(b.runs[0].outcome, Outcome::Failed);
+    assert_eq!(c.runs[0].outcome, Outcome::PoisonBlocked, "{c:?}");
+    let blocked = h.run(runs[2]).await;
+    assert_eq!(blocked.status.state, RunStatus::Failed);
+    let error = blocked.error.unwrap_or_default();
+    assert!(
+        error.contains("poison pill") && error.contains("2 consecutive failures"),
+        "{error}"
+    );
+    assert!(
+        h.steps(runs[2]).await.is_empty(),
+        "the blocked run never executed"
+    );
+    let counter = table
+        .counter("toggle", ironflow_lambda::poison::now_ms())
+        .await
+        .unwrap();
+    assert_eq!(counter.map(|c| c.consecutive_failures), Some(2));
+}
+
+#[tokio::test]
+async fn a_success_resets_the_poison_pill_count() {
+    let h = Harness::start().await;
+    let table = Arc::new(MemoryPoisonTable::new(PoisonPolicy {
+        threshold: 2,
+        cooldown: Duration::from_secs(600),
+    }));
+    let worker = h
+        .builder()
+        .register(toggle(&h))
+        .poison_threshold(2)
+        .poison_table(table.clone())
+        .max_runs_per_invocation(1)
+        .build()
+        .unwrap();
+    for _ in 0..4 {
+        h.create("toggle", 0).await;
+    }
+
+    std::fs::write(h.path("fail"), "").unwrap();
+    assert_eq!(
+        h.invoke(&worker, LONG).await.runs[0].outcome,
+        Outcome::Failed
+    );
+    std::fs::remove_file(h.path("fail")).unwrap();
+    assert_eq!(
+        h.invoke(&worker, LONG).await.runs[0].outcome,
+        Outcome::Completed
+    );
+    assert_eq!(
+        table
+            .counter("toggle", ironflow_lambda::poison::now_ms())
+            .await
+            .unwrap(),
+        None
+    );
+    std::fs::write(h.path("fail"), "").unwrap();
+    assert_eq!(
+        h.invoke(&worker, LONG).await.runs[0].outcome,
+        Outcome::Failed
+    );
+    // Without the reset this would be the second failure in a row, and the run blocked.
+    assert_eq!(
+        h.invoke(&worker, LONG).await.runs[0].outcome,
+        Outcome::Failed
+    );
+}
+
+#[tokio::test]
+async fn nothing_is_sent_to_the_api_after_the_handler_returned() {
+    let h = Harness::start().await;
+    let worker = h
+        .builder()
+        .register(quick(&h))
+        .register(stuck())
+        .lease_refresh_interval(Duration::from_millis(50))
+        .build()
+        .unwrap();
+    h.create("stuck", 0).await;
+    h.create("quick", 0).await;
+
+    let summary = h.invoke(&worker, Duration::from_secs(2)).await;
+    assert_eq!(summary.count(Outcome::HandedBack), 1, "{summary:?}");
+    assert_eq!(summary.count(Outcome::Completed), 1, "{summary:?}");
+
+    let after_return = h.api.requests();
+    // Observe 20 refresh intervals: a refresher, execution or log task left behind would
+    // send something in that time.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(h.api.requests(), after_return);
+    assert!(orphans::descendants().is_empty());
+}
+
+#[tokio::test]
+async fn a_past_or_zero_deadline_claims_nothing() {
+    let h = Harness::start().await;
+    let worker = h.builder().register(quick(&h)).build().unwrap();
+    let id = h.create("quick", 0).await;
+    let before = h.api.requests();
+
+    for deadline in [0, 1, deadline_in(Duration::ZERO) - 5_000] {
+        let summary = h.invoke_event(&worker, json!({}), deadline).await.unwrap();
+        assert_eq!(summary.claimed, 0);
+        assert_eq!(summary.stop_reason, StopReason::Cutoff);
+        assert_eq!(summary.time_left_ms, 0);
+    }
+
+    assert_eq!(h.api.requests(), before, "not even a claim was sent");
+    assert_eq!(h.status(id).await, RunStatus::Pending);
+}
+
+#[tokio::test]
+async fn an_absurdly_far_deadline_is_clamped_and_works() {
+    let h = Harness::start().await;
+    let worker = h.builder().register(quick(&h)).build().unwrap();
+    h.create("quick", 0).await;
+
+    let summary = h.invoke_event(&worker, json!({}), u64::MAX).await.unwrap();
+
+    assert_eq!(summary.count(Outcome::Completed), 1);
+    assert!(summary.time_left_ms <= 15 * 60 * 1000);
+}

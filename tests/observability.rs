@@ -1,0 +1,357 @@
+//! What an operator sees: step logs and artifacts in the API, EMF metrics, JSON logs with the
+//! request and run ids and no secret, the heartbeat.
+
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use common::{Harness, ShellWorkflow};
+use ironflow_engine::config::ShellConfig;
+use ironflow_engine::context::WorkflowContext;
+use ironflow_engine::handler::{HandlerFuture, WorkflowHandler};
+use ironflow_lambda::execution::Outcome;
+use ironflow_lambda::local::LocalApi;
+use ironflow_lambda::logging::{self, CaptureWriter};
+use ironflow_lambda::metrics;
+use ironflow_store::entities::{LogFilter, LogStream, RunStatus};
+use tokio::net::TcpListener;
+
+const LONG: Duration = Duration::from_secs(60);
+
+fn chatty(h: &Harness) -> ShellWorkflow {
+    ShellWorkflow {
+        name: "chatty",
+        steps: vec![
+            (
+                "count",
+                "for i in $(seq 1 1200); do echo line-$i; done; echo oops >&2".into(),
+            ),
+            // Prints, then is cut at the cutoff: its partial output must reach the API too.
+            (
+                "cut",
+                format!(
+                    "echo before-the-cut; touch '{}'; sleep 600",
+                    h.path("cut-started").display()
+                ),
+            ),
+        ],
+    }
+}
+
+#[tokio::test]
+async fn step_logs_reach_the_api_before_the_handler_returns_even_for_a_handed_back_run() {
+    let h = Harness::start().await;
+    let worker = h.builder().register(chatty(&h)).build().unwrap();
+    let id = h.create("chatty", 0).await;
+
+    let summary = h.invoke(&worker, Duration::from_secs(4)).await;
+    assert_eq!(summary.runs[0].outcome, Outcome::HandedBack, "{summary:?}");
+    // Read back at once: no waiting, everything was pushed before the handler returned.
+    let stdout = h
+        .api
+        .store()
+        .get_logs(
+            id,
+            LogFilter {
+                step_id: None,
+                stream: Some(LogStream::Stdout),
+            },
+            None,
+            5000,
+        )
+        .await
+        .unwrap();
+    let lines: Vec<&str> = stdout.iter().map(|l| l.line.as_str()).collect();
+    assert_eq!(
+        lines.iter().filter(|l| l.starts_with("line-")).count(),
+        1200
+    );
+    assert_eq!(lines[0], "line-1");
+    assert_eq!(
+        lines[1199], "line-1200",
+        "order kept across the 1000-line batches"
+    );
+    assert!(
+        lines.contains(&"before-the-cut"),
+        "the handed-back step's partial output"
+    );
+    let stderr = h
+        .api
+        .store()
+        .get_logs(
+            id,
+            LogFilter {
+                step_id: None,
+                stream: Some(LogStream::Stderr),
+            },
+            None,
+            10,
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        stderr.iter().map(|l| l.line.as_str()).collect::<Vec<_>>(),
+        ["oops"]
+    );
+    assert!(summary.logs.sent >= 1202, "{:?}", summary.logs);
+    assert_eq!(summary.logs.dropped, 0);
+}
+
+/// Uploads a report, then reads it back as a later step's input.
+struct Reports {
+    dir: std::path::PathBuf,
+}
+
+impl WorkflowHandler for Reports {
+    fn name(&self) -> &str {
+        "reports"
+    }
+
+    fn execute<'a>(&'a self, ctx: &'a mut WorkflowContext) -> HandlerFuture<'a> {
+        Box::pin(async move {
+            let dir = self.dir.display().to_string();
+            let made = ctx
+                .shell(
+                    "make",
+                    ShellConfig::new("echo 'hello report' > report.txt")
+                        .dir(&dir)
+                        .output_typed("report.txt", "text/plain"),
+                )
+                .await?;
+            let report = made.artifact("report.txt")?;
+            ctx.shell(
+                "read",
+                ShellConfig::new("cat report.txt").dir(&dir).input(&report),
+            )
+            .await?;
+            Ok(())
+        })
+    }
+}
+
+#[tokio::test]
+async fn artifacts_upload_through_the_api_and_downloads_fail_with_a_clear_error() {
+    let blobs = tempfile::tempdir().unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let token = "artifact-test-token";
+    let api = LocalApi::start_with_artifacts(token, blobs.path())
+        .await
+        .unwrap();
+    let worker = ironflow_lambda::builder::LambdaWorkerBuilder::new(&api.url(), token)
+        .provider(Arc::new(
+            ironflow_core::providers::claude::ClaudeCodeProvider::new(),
+        ))
+        .register(Reports {
+            dir: work.path().to_path_buf(),
+        })
+        .build()
+        .unwrap();
+    let client = ironflow_worker::ApiRunStore::new(&api.url(), token);
+    let id = ironflow_store::store::RunStore::create_run(
+        &client,
+        ironflow_lambda::local::new_run("reports", 0),
+    )
+    .await
+    .unwrap()
+    .into_run()
+    .id;
+
+    let mut context = lambda_runtime::Context::default();
+    context.deadline = common::deadline_in(LONG);
+    let summary = ironflow_lambda::handler::handle_summary(
+        &worker,
+        lambda_runtime::LambdaEvent::new(serde_json::json!({}), context),
+    )
+    .await
+    .unwrap();
+
+    // Upload: the artifact is recorded by the API with its content type.
+    let artifacts = api.store().list_artifacts_for_run(id).await.unwrap();
+    assert_eq!(artifacts.len(), 1, "{summary:?}");
+    assert_eq!(artifacts[0].name, "report.txt");
+    assert_eq!(artifacts[0].content_type, "text/plain");
+    assert_eq!(artifacts[0].size_bytes, "hello report\n".len() as u64);
+    // Download: ironflow-api 3.1 serves no GET on the internal artifact route, so the step
+    // that needs the artifact as input fails with an error that says so.
+    assert_eq!(summary.runs[0].outcome, Outcome::Failed);
+    let run = api.store().get_run(id).await.unwrap().unwrap();
+    assert_eq!(run.status.state, RunStatus::Failed);
+    let error = run.error.unwrap_or_default();
+    assert!(
+        error.contains("does not serve artifact downloads") && error.contains("405"),
+        "{error}"
+    );
+}
+
+#[tokio::test]
+async fn an_api_without_artifact_storage_fails_the_step_clearly() {
+    let h = Harness::start().await;
+    let work = tempfile::tempdir().unwrap();
+    let worker = h
+        .builder()
+        .register(Reports {
+            dir: work.path().to_path_buf(),
+        })
+        .build()
+        .unwrap();
+    let id = h.create("reports", 0).await;
+
+    h.invoke(&worker, LONG).await;
+
+    let error = h.run(id).await.error.unwrap_or_default();
+    assert!(error.contains("no artifact storage configured"), "{error}");
+}
+
+#[tokio::test]
+async fn metrics_are_recorded_in_embedded_metric_format() {
+    let collector =
+        metrics::install("ironflow-lambda-test", "fn-under-test").expect("first recorder");
+    let h = Harness::start().await;
+    let worker = h
+        .builder()
+        .register(ShellWorkflow::one("ok", "true"))
+        .register(ShellWorkflow::one("ko", "false"))
+        .build()
+        .unwrap();
+    h.create("ok", 0).await;
+    h.create("ko", 0).await;
+
+    let summary = h.invoke(&worker, LONG).await;
+    assert_eq!(summary.claimed, 2);
+    let mut out = Vec::new();
+    metrics::flush(collector, &mut out);
+
+    let text = String::from_utf8(out).unwrap();
+    let documents: Vec<serde_json::Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("one JSON document per line"))
+        .collect();
+    let find = |name: &str| {
+        documents
+            .iter()
+            .find(|d| d.get(name).is_some())
+            .unwrap_or_else(|| panic!("{name} missing from {text}"))
+    };
+    assert_eq!(find("RunsClaimed")["RunsClaimed"], 2);
+    assert_eq!(find("RunsCompleted")["workflow"], "ok");
+    assert_eq!(find("RunsFailed")["workflow"], "ko");
+    assert_eq!(find("RunsClaimed")["function"], "fn-under-test");
+    assert!(find("TimeLeftAtExit")["_aws"]["CloudWatchMetrics"].is_array());
+    let units = text.contains("\"Unit\":\"Milliseconds\"");
+    assert!(units, "TimeLeftAtExit carries its unit: {text}");
+}
+
+#[tokio::test]
+async fn json_logs_carry_request_and_run_ids_and_never_the_token() {
+    let capture = CaptureWriter::default();
+    assert!(logging::init(
+        tracing_subscriber::EnvFilter::new("trace"),
+        capture.clone()
+    ));
+    let h = Harness::start().await;
+    let heartbeat_secret = "hb-secret-path-1234";
+    let worker = h
+        .builder()
+        .register(ShellWorkflow::one("stuck", "echo hi; sleep 600"))
+        .register(ShellWorkflow::one("ko", "false"))
+        .heartbeat_url(&format!("http://127.0.0.1:9/{heartbeat_secret}"))
+        .build()
+        .unwrap();
+    let stuck = h.create("stuck", 0).await;
+    h.create("ko", 0).await;
+
+    let summary = h.invoke(&worker, Duration::from_secs(3)).await;
+    assert_eq!(summary.count(Outcome::HandedBack), 1, "{summary:?}");
+
+    let logs = capture.contents();
+    assert!(
+        !logs.contains(h.api.token()),
+        "the worker token leaked into the logs"
+    );
+    assert!(
+        !logs.contains(heartbeat_secret),
+        "the heartbeat URL leaked into the logs"
+    );
+    let lines: Vec<serde_json::Value> = logs
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("JSON lines"))
+        .collect();
+    let handback = lines
+        .iter()
+        .find(|l| {
+            l["message"]
+                .as_str()
+                .is_some_and(|m| m.starts_with("run handed back"))
+        })
+        .expect("a handback line");
+    let spans = handback["spans"].as_array().unwrap();
+    assert!(spans.iter().any(|s| s["request_id"] == summary.request_id));
+    assert!(
+        spans
+            .iter()
+            .any(|s| s["run_id"] == stuck.to_string() && s["workflow"] == "stuck")
+    );
+    // The engine's own lines about the run carry the run's span too.
+    assert!(lines.iter().any(|l| {
+        l["target"]
+            .as_str()
+            .is_some_and(|t| t.starts_with("ironflow_engine"))
+            && l["spans"]
+                .as_array()
+                .is_some_and(|s| s.iter().any(|s| s["run_id"] == stuck.to_string()))
+    }));
+}
+
+#[tokio::test]
+async fn the_heartbeat_is_pinged_once_per_completed_batch_and_a_failed_ping_is_harmless() {
+    let pings = Arc::new(AtomicUsize::new(0));
+    let counter = pings.clone();
+    let app = axum::Router::new().route(
+        "/ping/{secret}",
+        axum::routing::head(move || {
+            let counter = counter.clone();
+            async move {
+                counter.fetch_add(1, Ordering::SeqCst);
+                "ok"
+            }
+        }),
+    );
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await });
+
+    let h = Harness::start().await;
+    let quick = || ShellWorkflow::one("quick", "true");
+    let worker = h
+        .builder()
+        .register(quick())
+        .heartbeat_url(&format!("http://{addr}/ping/abc"))
+        .build()
+        .unwrap();
+    h.create("quick", 0).await;
+    let summary = h.invoke(&worker, LONG).await;
+    assert_eq!(summary.heartbeat, Some(true));
+    assert_eq!(pings.load(Ordering::SeqCst), 1);
+
+    let closed = TcpListener::bind("127.0.0.1:0")
+        .await
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let unreachable = h
+        .builder()
+        .register(quick())
+        .heartbeat_url(&format!("http://{closed}/x"))
+        .build()
+        .unwrap();
+    h.create("quick", 0).await;
+    let summary = h.invoke(&unreachable, LONG).await;
+    assert_eq!(summary.heartbeat, Some(false));
+    assert_eq!(
+        summary.count(Outcome::Completed),
+        1,
+        "the batch is unaffected"
+    );
+}

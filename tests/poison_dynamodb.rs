@@ -1,0 +1,1121 @@
+//! The DynamoDB poison-pill table against moto's server (a real DynamoDB-protocol server),
+//! through the real SDK, and end to end with real runs on the real ironflow API.
+//!
+//! Needs `IRONFLOW_TEST_MOTO_ENDPOINT` (set by `./scripts/test`, which starts moto). Each test
+//! creates its own table with a unique name. The fail-open test starts (and kills) a second
+//! moto server of its own.
+
+use std::collections::HashSet;
+use std::io::Write;
+use std::net::TcpListener;
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use aws_sdk_dynamodb::Client;
+use aws_sdk_dynamodb::config::{BehaviorVersion, Credentials, Region};
+use aws_sdk_dynamodb::types::{
+    AttributeDefinition, AttributeValue, BillingMode, KeySchemaElement, KeyType,
+    ScalarAttributeType, TimeToLiveSpecification,
+};
+use ironflow_core::providers::claude::ClaudeCodeProvider;
+use ironflow_lambda::builder::{BuildError, LambdaWorker, LambdaWorkerBuilder};
+use ironflow_lambda::config::Settings;
+use ironflow_lambda::deadline::Budget;
+use ironflow_lambda::execution::Outcome;
+use ironflow_lambda::invocation::{self, BatchRequest, InvocationSummary, StopReason};
+use ironflow_lambda::local::{LocalApi, new_run};
+use ironflow_lambda::poison::dynamodb::{
+    CONSECUTIVE_FAILURES, DynamoPoisonTable, DynamoSetupError, FAILURE_IDS, LAST_FAILURE_ID,
+    LAST_FAILURE_MS, LEASE_RECOVERIES_SEEN, PARTITION_KEY, TTL_ATTRIBUTE, TTL_SLACK, run_key,
+    workflow_key,
+};
+use ironflow_lambda::poison::{PoisonMode, PoisonPolicy, PoisonTable, now_ms};
+use ironflow_lambda::workflows;
+use ironflow_store::entities::{LeaseRequest, RunStatus};
+use ironflow_store::store::RunStore;
+use ironflow_worker::ApiRunStore;
+use uuid::Uuid;
+
+// --- helpers (local to this file) ---------------------------------------------------------
+
+fn moto_endpoint() -> String {
+    std::env::var("IRONFLOW_TEST_MOTO_ENDPOINT").unwrap_or_else(|_| {
+        panic!(
+            "IRONFLOW_TEST_MOTO_ENDPOINT is not set: these tests need moto's server; run them \
+             with ./scripts/test, which starts it"
+        )
+    })
+}
+
+fn sdk_config(endpoint: &str) -> aws_sdk_dynamodb::Config {
+    aws_sdk_dynamodb::Config::builder()
+        .behavior_version(BehaviorVersion::latest())
+        .region(Region::new("us-east-1"))
+        .endpoint_url(endpoint)
+        .credentials_provider(Credentials::new("testing", "testing", None, None, "tests"))
+        .build()
+}
+
+fn unique_table() -> String {
+    format!("poison-{}", Uuid::new_v4().simple())
+}
+
+/// Create a table with the schema of `src/poison/dynamodb.rs` (pk S, on demand, TTL).
+async fn create_table(endpoint: &str) -> String {
+    let name = unique_table();
+    let client = Client::from_conf(sdk_config(endpoint));
+    client
+        .create_table()
+        .table_name(&name)
+        .attribute_definitions(
+            AttributeDefinition::builder()
+                .attribute_name(PARTITION_KEY)
+                .attribute_type(ScalarAttributeType::S)
+                .build()
+                .unwrap(),
+        )
+        .key_schema(
+            KeySchemaElement::builder()
+                .attribute_name(PARTITION_KEY)
+                .key_type(KeyType::Hash)
+                .build()
+                .unwrap(),
+        )
+        .billing_mode(BillingMode::PayPerRequest)
+        .send()
+        .await
+        .unwrap();
+    client
+        .update_time_to_live()
+        .table_name(&name)
+        .time_to_live_specification(
+            TimeToLiveSpecification::builder()
+                .enabled(true)
+                .attribute_name(TTL_ATTRIBUTE)
+                .build()
+                .unwrap(),
+        )
+        .send()
+        .await
+        .unwrap();
+    name
+}
+
+fn policy(threshold: u32, cooldown: Duration) -> PoisonPolicy {
+    PoisonPolicy {
+        threshold,
+        cooldown,
+    }
+}
+
+/// A fresh table instance, as one Lambda instance would build it at cold start.
+async fn connect(endpoint: &str, table: &str, ns: &str, p: PoisonPolicy) -> DynamoPoisonTable {
+    DynamoPoisonTable::connect_with(sdk_config(endpoint), table, ns, p)
+        .await
+        .unwrap()
+}
+
+async fn raw_item(
+    endpoint: &str,
+    table: &str,
+    key: &str,
+) -> Option<std::collections::HashMap<String, AttributeValue>> {
+    Client::from_conf(sdk_config(endpoint))
+        .get_item()
+        .table_name(table)
+        .key(PARTITION_KEY, AttributeValue::S(key.to_string()))
+        .consistent_read(true)
+        .send()
+        .await
+        .unwrap()
+        .item()
+        .cloned()
+}
+
+fn num(item: &std::collections::HashMap<String, AttributeValue>, attr: &str) -> u64 {
+    item[attr].as_n().unwrap().parse().unwrap()
+}
+
+/// A worker on the embedded API with `quick-shell` and `always-fails` and the given table.
+fn worker(
+    api: &LocalApi,
+    table: Arc<dyn PoisonTable>,
+    p: PoisonPolicy,
+    mode: PoisonMode,
+) -> LambdaWorker {
+    LambdaWorkerBuilder::new(&api.url(), api.token())
+        .provider(Arc::new(ClaudeCodeProvider::new()))
+        .register(workflows::QuickShell)
+        .register(workflows::AlwaysFails)
+        .max_runs_per_invocation(8)
+        .concurrency(2)
+        .function_timeout(Duration::from_secs(120))
+        .deadline_margin(Duration::from_secs(5))
+        .min_claim_budget(Duration::from_millis(500))
+        .lease_ttl(Duration::from_secs(30))
+        .lease_refresh_interval(Duration::from_secs(5))
+        .poison_threshold(p.threshold)
+        .poison_cooldown(p.cooldown)
+        .poison_mode(mode)
+        .poison_table(table)
+        .build()
+        .unwrap()
+}
+
+async fn invoke(worker: &LambdaWorker, n: usize) -> InvocationSummary {
+    let budget = Budget::from_time_left(Duration::from_secs(100), Duration::from_secs(5));
+    invocation::run(
+        worker,
+        &format!("test-{n}"),
+        budget,
+        &BatchRequest::default(),
+    )
+    .await
+}
+
+async fn create_runs(api: &LocalApi, workflow: &str, count: usize, max_retries: u32) -> Vec<Uuid> {
+    let client = ApiRunStore::new(&api.url(), api.token());
+    let mut ids = Vec::new();
+    for _ in 0..count {
+        ids.push(
+            client
+                .create_run(new_run(workflow, max_retries))
+                .await
+                .unwrap()
+                .into_run()
+                .id,
+        );
+    }
+    ids
+}
+
+async fn state(api: &LocalApi, id: Uuid) -> RunStatus {
+    api.store().get_run(id).await.unwrap().unwrap().status.state
+}
+
+fn outcomes_of(summary: &InvocationSummary, workflow: &str) -> Vec<Outcome> {
+    summary
+        .runs
+        .iter()
+        .filter(|r| r.workflow == workflow)
+        .map(|r| r.outcome)
+        .collect()
+}
+
+/// Poll `check` every 100 ms until it holds, failing after `limit`.
+async fn wait_for<F, Fut>(limit: Duration, what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let end = tokio::time::Instant::now() + limit;
+    while !check().await {
+        assert!(
+            tokio::time::Instant::now() < end,
+            "timed out after {limit:?} waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+// --- the table alone ----------------------------------------------------------------------
+
+#[tokio::test]
+async fn counts_from_nothing_in_one_write_each() {
+    let ep = moto_endpoint();
+    let name = create_table(&ep).await;
+    let p = policy(3, Duration::from_secs(60));
+    let t = connect(&ep, &name, "fn-a", p).await;
+    let now = now_ms();
+
+    assert_eq!(t.counter("deploy", now).await.unwrap(), None);
+    let before = t.calls().snapshot();
+    let c1 = t.record_failure("deploy", "run-1/0", now).await.unwrap();
+    let c2 = t
+        .record_failure("deploy", "run-2/0", now + 1)
+        .await
+        .unwrap();
+    assert_eq!(
+        (c1.consecutive_failures, c2.consecutive_failures),
+        (1, 2),
+        "first failure with no item counts 1, the next 2"
+    );
+    assert_eq!(c2.last_failure_ms, now + 1);
+    let after = t.calls().snapshot();
+    assert_eq!(
+        after.get("UpdateItem").copied().unwrap_or(0)
+            - before.get("UpdateItem").copied().unwrap_or(0),
+        2,
+        "one UpdateItem per failure: {after:?}"
+    );
+    assert_eq!(
+        after.len(),
+        3,
+        "only DescribeTable, GetItem and UpdateItem: {after:?}"
+    );
+
+    let read = t.counter("deploy", now + 2).await.unwrap().unwrap();
+    assert_eq!(read, c2);
+    assert_eq!(t.counter("other", now).await.unwrap(), None);
+
+    // The item as the SAM template and the TTL expect it.
+    let item = raw_item(&ep, &name, &workflow_key("fn-a", "deploy"))
+        .await
+        .unwrap();
+    assert_eq!(item[PARTITION_KEY].as_s().unwrap(), "fn-a#workflow#deploy");
+    assert_eq!(num(&item, CONSECUTIVE_FAILURES), 2);
+    assert_eq!(num(&item, LAST_FAILURE_MS), now + 1);
+    assert_eq!(item[LAST_FAILURE_ID].as_s().unwrap(), "run-2/0");
+    let expected_ttl = (now + 1 + 60_000 + TTL_SLACK.as_millis() as u64).div_ceil(1000);
+    assert_eq!(num(&item, TTL_ATTRIBUTE), expected_ttl, "epoch seconds");
+    let mut ids = item[FAILURE_IDS].as_ss().unwrap().clone();
+    ids.sort();
+    assert_eq!(ids, vec!["run-1/0".to_string(), "run-2/0".to_string()]);
+}
+
+#[tokio::test]
+async fn threshold_blocks_until_the_cooldown_has_passed() {
+    let ep = moto_endpoint();
+    let name = create_table(&ep).await;
+    let p = policy(3, Duration::from_secs(60));
+    let t = connect(&ep, &name, "ns", p).await;
+    let t0 = now_ms();
+    for (i, id) in ["a", "b", "c"].iter().enumerate() {
+        let c = t.record_failure("wf", id, t0).await.unwrap();
+        assert_eq!(c.consecutive_failures, i as u32 + 1);
+        assert_eq!(
+            p.is_blocked(&c, t0),
+            i == 2,
+            "blocked only at the threshold"
+        );
+    }
+    let during = t.counter("wf", t0 + 59_999).await.unwrap().unwrap();
+    assert!(p.is_blocked(&during, t0 + 59_999));
+    assert_eq!(t.counter("wf", t0 + 60_000).await.unwrap(), None);
+}
+
+#[tokio::test]
+async fn expired_but_not_deleted_item_counts_as_absent_and_restarts_at_one() {
+    let ep = moto_endpoint();
+    let name = create_table(&ep).await;
+    let p = policy(2, Duration::from_secs(60));
+    let t = connect(&ep, &name, "ns", p).await;
+    let t0 = now_ms();
+    t.record_failure("wf", "a", t0).await.unwrap();
+    t.record_failure("wf", "b", t0).await.unwrap();
+    let later = t0 + 61_000;
+
+    // The TTL has not deleted it (and moto never does): the item is there, but expired.
+    let key = workflow_key("ns", "wf");
+    assert!(raw_item(&ep, &name, &key).await.is_some());
+    assert_eq!(t.counter("wf", later).await.unwrap(), None);
+    assert!(t.counters(&["wf".into()], later).await.unwrap().is_empty());
+
+    let c = t.record_failure("wf", "c", later).await.unwrap();
+    assert_eq!(c.consecutive_failures, 1, "a new streak");
+    let item = raw_item(&ep, &name, &key).await.unwrap();
+    assert_eq!(item[FAILURE_IDS].as_ss().unwrap(), &vec!["c".to_string()]);
+    assert_eq!(num(&item, LAST_FAILURE_MS), later);
+    let c = t.record_failure("wf", "d", later).await.unwrap();
+    assert_eq!(c.consecutive_failures, 2);
+}
+
+#[tokio::test]
+async fn a_retried_failure_write_never_counts_twice() {
+    let ep = moto_endpoint();
+    let name = create_table(&ep).await;
+    let t = connect(&ep, &name, "ns", policy(5, Duration::from_secs(60))).await;
+    let now = now_ms();
+    t.record_failure("wf", "run-1/0", now).await.unwrap();
+    t.record_failure("wf", "run-2/0", now).await.unwrap();
+    // The first write again, as after a lost response, with another failure in between.
+    let again = t.record_failure("wf", "run-1/0", now + 5).await.unwrap();
+    assert_eq!(again.consecutive_failures, 2);
+    assert_eq!(again.last_failure_ms, now, "returned unchanged");
+    let c = t.record_failure("wf", "run-3/0", now + 6).await.unwrap();
+    assert_eq!(c.consecutive_failures, 3);
+}
+
+#[tokio::test]
+async fn reset_on_success_deletes_the_item() {
+    let ep = moto_endpoint();
+    let name = create_table(&ep).await;
+    let t = connect(&ep, &name, "ns", policy(2, Duration::from_secs(60))).await;
+    let now = now_ms();
+    t.record_failure("wf", "a", now).await.unwrap();
+    t.record_failure("wf", "b", now).await.unwrap();
+    t.reset("wf").await.unwrap();
+    assert_eq!(t.counter("wf", now).await.unwrap(), None);
+    assert!(
+        raw_item(&ep, &name, &workflow_key("ns", "wf"))
+            .await
+            .is_none()
+    );
+    let c = t.record_failure("wf", "a", now).await.unwrap();
+    assert_eq!(
+        c.consecutive_failures, 1,
+        "counting starts afresh after a success"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_instances_failing_concurrently_give_the_exact_total() {
+    moto_endpoint();
+    let moto = OwnMoto::start_serial().await;
+    let ep = moto.endpoint.clone();
+    let name = create_table(&ep).await;
+    let p = policy(3, Duration::from_secs(60));
+    // Two separate instances (two clients, two connection pools), like two Lambda environments.
+    let a = Arc::new(connect(&ep, &name, "ns", p).await);
+    let b = Arc::new(connect(&ep, &name, "ns", p).await);
+    let per_instance = 20;
+    let now = now_ms();
+    let mut tasks = tokio::task::JoinSet::new();
+    for i in 0..per_instance {
+        for (label, t) in [("a", a.clone()), ("b", b.clone())] {
+            tasks.spawn(async move {
+                t.record_failure("wf", &format!("{label}-{i}/0"), now)
+                    .await
+                    .unwrap()
+                    .consecutive_failures
+            });
+        }
+    }
+    let mut returned = Vec::new();
+    while let Some(r) = tasks.join_next().await {
+        returned.push(r.unwrap());
+    }
+    returned.sort_unstable();
+    let total = 2 * per_instance as u32;
+    assert_eq!(
+        returned,
+        (1..=total).collect::<Vec<_>>(),
+        "every write saw its own new count"
+    );
+    assert_eq!(
+        a.counter("wf", now)
+            .await
+            .unwrap()
+            .unwrap()
+            .consecutive_failures,
+        total
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_failures_on_an_expired_item_restart_it_once() {
+    moto_endpoint();
+    let moto = OwnMoto::start_serial().await;
+    let ep = moto.endpoint.clone();
+    let name = create_table(&ep).await;
+    let p = policy(3, Duration::from_secs(60));
+    let a = Arc::new(connect(&ep, &name, "ns", p).await);
+    let b = Arc::new(connect(&ep, &name, "ns", p).await);
+    let t0 = now_ms();
+    for id in ["old-1", "old-2", "old-3", "old-4"] {
+        a.record_failure("wf", id, t0).await.unwrap();
+    }
+    let later = t0 + 120_000;
+    let mut tasks = tokio::task::JoinSet::new();
+    for i in 0..5 {
+        for (label, t) in [("a", a.clone()), ("b", b.clone())] {
+            tasks.spawn(async move {
+                t.record_failure("wf", &format!("{label}-{i}/0"), later)
+                    .await
+                    .unwrap()
+                    .consecutive_failures
+            });
+        }
+    }
+    let mut returned = Vec::new();
+    while let Some(r) = tasks.join_next().await {
+        returned.push(r.unwrap());
+    }
+    returned.sort_unstable();
+    assert_eq!(
+        returned,
+        (1..=10).collect::<Vec<u32>>(),
+        "one restart, nine increments"
+    );
+}
+
+#[tokio::test]
+async fn a_new_instance_sees_counters_written_by_another() {
+    let ep = moto_endpoint();
+    let name = create_table(&ep).await;
+    let p = policy(2, Duration::from_secs(60));
+    let first = connect(&ep, &name, "fn-a", p).await;
+    let now = now_ms();
+    first.record_failure("wf", "a", now).await.unwrap();
+    first.record_failure("wf", "b", now).await.unwrap();
+    drop(first);
+
+    let cold = connect(&ep, &name, "fn-a", p).await;
+    let c = cold.counter("wf", now).await.unwrap().unwrap();
+    assert_eq!(c.consecutive_failures, 2);
+    assert!(p.is_blocked(&c, now));
+    // Another function (namespace) sharing the table does not see them.
+    let other = connect(&ep, &name, "fn-b", p).await;
+    assert_eq!(other.counter("wf", now).await.unwrap(), None);
+}
+
+#[tokio::test]
+async fn lease_recoveries_are_observed_once_per_increase_across_instances() {
+    let ep = moto_endpoint();
+    let name = create_table(&ep).await;
+    let p = policy(2, Duration::from_secs(60));
+    let a = connect(&ep, &name, "ns", p).await;
+    let b = connect(&ep, &name, "ns", p).await;
+    let run = Uuid::new_v4();
+    let now = now_ms();
+    assert!(a.observe_lease_recoveries(run, 1, now).await.unwrap());
+    assert!(!b.observe_lease_recoveries(run, 1, now).await.unwrap());
+    assert!(!a.observe_lease_recoveries(run, 1, now).await.unwrap());
+    assert!(b.observe_lease_recoveries(run, 2, now).await.unwrap());
+    assert!(!a.observe_lease_recoveries(run, 1, now).await.unwrap());
+    let item = raw_item(&ep, &name, &run_key("ns", run)).await.unwrap();
+    assert_eq!(num(&item, LEASE_RECOVERIES_SEEN), 2);
+    let ttl = num(&item, TTL_ATTRIBUTE);
+    assert!(
+        ttl > now / 1000 + 6 * 24 * 3600,
+        "run items expire after days: {ttl}"
+    );
+}
+
+#[tokio::test]
+async fn a_missing_table_or_a_wrong_schema_is_a_clear_startup_error() {
+    let ep = moto_endpoint();
+    let missing = unique_table();
+    let err = DynamoPoisonTable::connect_with(
+        sdk_config(&ep),
+        &missing,
+        "ns",
+        policy(3, Duration::from_secs(1)),
+    )
+    .await
+    .unwrap_err();
+    assert!(matches!(err, DynamoSetupError::NotFound { .. }), "{err:?}");
+    assert!(err.to_string().contains(&missing), "{err}");
+
+    let wrong = unique_table();
+    Client::from_conf(sdk_config(&ep))
+        .create_table()
+        .table_name(&wrong)
+        .attribute_definitions(
+            AttributeDefinition::builder()
+                .attribute_name("id")
+                .attribute_type(ScalarAttributeType::S)
+                .build()
+                .unwrap(),
+        )
+        .key_schema(
+            KeySchemaElement::builder()
+                .attribute_name("id")
+                .key_type(KeyType::Hash)
+                .build()
+                .unwrap(),
+        )
+        .billing_mode(BillingMode::PayPerRequest)
+        .send()
+        .await
+        .unwrap();
+    let err = DynamoPoisonTable::connect_with(
+        sdk_config(&ep),
+        &wrong,
+        "ns",
+        policy(3, Duration::from_secs(1)),
+    )
+    .await
+    .unwrap_err();
+    assert!(
+        matches!(err, DynamoSetupError::WrongSchema { .. }),
+        "{err:?}"
+    );
+    assert!(
+        err.to_string().contains(&wrong) && err.to_string().contains("id HASH S"),
+        "{err}"
+    );
+}
+
+/// The cold start of the deployable function: settings from the environment, then
+/// `connect_poison_table`. A plain test (no runtime yet) so that the environment is set
+/// before any other thread exists.
+#[test]
+fn cold_start_from_the_environment_connects_the_table_or_names_the_missing_one() {
+    let ep = moto_endpoint();
+    // SAFETY: no other thread exists yet in this test process (nextest runs one test per
+    // process), so nothing reads the environment concurrently.
+    unsafe {
+        std::env::set_var("AWS_ENDPOINT_URL_DYNAMODB", &ep);
+        std::env::set_var("AWS_REGION", "us-east-1");
+        std::env::set_var("AWS_ACCESS_KEY_ID", "testing");
+        std::env::set_var("AWS_SECRET_ACCESS_KEY", "testing");
+    }
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let existing = create_table(&ep).await;
+        let missing = unique_table();
+        let vars = |table: &str| {
+            let table = table.to_string();
+            move |name: &str| match name {
+                "IRONFLOW_API_URL" => Some("http://127.0.0.1:1".to_string()),
+                "IRONFLOW_WORKER_TOKEN" => Some("t".to_string()),
+                "IRONFLOW_POISON_TABLE" => Some(table.clone()),
+                "AWS_LAMBDA_FUNCTION_NAME" => Some("my-function".to_string()),
+                _ => None,
+            }
+        };
+        let err =
+            LambdaWorkerBuilder::from_settings(Settings::from_lookup(vars(&missing)).unwrap())
+                .provider(Arc::new(ClaudeCodeProvider::new()))
+                .connect_poison_table()
+                .await
+                .err()
+                .unwrap();
+        assert!(matches!(
+            err,
+            BuildError::PoisonTable(DynamoSetupError::NotFound { .. })
+        ));
+        assert!(err.to_string().contains(&missing), "{err}");
+
+        let settings = Settings::from_lookup(vars(&existing)).unwrap();
+        assert_eq!(settings.poison_namespace, "my-function");
+        let worker = LambdaWorkerBuilder::from_settings(settings)
+            .provider(Arc::new(ClaudeCodeProvider::new()))
+            .register(workflows::QuickShell)
+            .connect_poison_table()
+            .await
+            .unwrap()
+            .build()
+            .unwrap();
+        assert_eq!(worker.poison_mode(), PoisonMode::Fail);
+    });
+}
+
+#[tokio::test]
+async fn the_local_table_script_creates_the_schema_the_code_expects() {
+    let ep = moto_endpoint();
+    let name = unique_table();
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("infra/create-local-table.sh");
+    let out = Command::new(&script).arg(&ep).arg(&name).output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // DescribeTable's key-schema check passes...
+    let t = connect(&ep, &name, "ns", policy(3, Duration::from_secs(60))).await;
+    let c = t.record_failure("wf", "a", now_ms()).await.unwrap();
+    assert_eq!(c.consecutive_failures, 1);
+    // ...and the TTL is on the attribute the code writes.
+    let ttl = t
+        .client()
+        .describe_time_to_live()
+        .table_name(&name)
+        .send()
+        .await
+        .unwrap();
+    let ttl = ttl.time_to_live_description().unwrap();
+    assert_eq!(ttl.attribute_name(), Some(TTL_ATTRIBUTE));
+    let desc = t
+        .client()
+        .describe_table()
+        .table_name(&name)
+        .send()
+        .await
+        .unwrap();
+    let billing = desc
+        .table()
+        .unwrap()
+        .billing_mode_summary()
+        .unwrap()
+        .billing_mode();
+    assert_eq!(billing, Some(&BillingMode::PayPerRequest));
+    // Running it again keeps the table.
+    let again = Command::new(&script).arg(&ep).arg(&name).output().unwrap();
+    assert!(again.status.success());
+}
+
+// --- end to end: real runs on the real ironflow API ---------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fail_mode_blocks_across_cold_starts_and_counts_calls() {
+    let ep = moto_endpoint();
+    let name = create_table(&ep).await;
+    let api = LocalApi::start(&Uuid::new_v4().to_string()).await.unwrap();
+    let p = policy(2, Duration::from_secs(300));
+
+    // Instance 1: two failures of always-fails, three successes of quick-shell.
+    let t1 = Arc::new(connect(&ep, &name, "fn", p).await);
+    let w1 = worker(&api, t1.clone(), p, PoisonMode::Fail);
+    create_runs(&api, "always-fails", 2, 0).await;
+    create_runs(&api, "quick-shell", 3, 0).await;
+    let before = t1.calls().snapshot();
+    let s = invoke(&w1, 1).await;
+    assert_eq!(s.count(Outcome::Failed), 2, "{s:?}");
+    assert_eq!(s.count(Outcome::Completed), 3, "{s:?}");
+    assert_eq!(s.poison_table_errors, 0);
+    let after = t1.calls().snapshot();
+    let delta = |op: &str| after.get(op).unwrap_or(&0) - before.get(op).unwrap_or(&0);
+    // At most one read per distinct workflow; one write per failure; no write on a success
+    // of a workflow without a counter.
+    assert!(delta("GetItem") <= 2, "{after:?}");
+    assert_eq!(delta("UpdateItem"), 2, "{after:?}");
+    assert_eq!(delta("DeleteItem"), 0, "{after:?}");
+
+    // Instance 2, a cold start: sees the counter and fails the runs without executing them.
+    let t2 = Arc::new(connect(&ep, &name, "fn", p).await);
+    let w2 = worker(&api, t2.clone(), p, PoisonMode::Fail);
+    let blocked = create_runs(&api, "always-fails", 2, 0).await;
+    let ok = create_runs(&api, "quick-shell", 1, 0).await;
+    let s = invoke(&w2, 2).await;
+    assert_eq!(
+        outcomes_of(&s, "always-fails"),
+        vec![Outcome::PoisonBlocked; 2],
+        "{s:?}"
+    );
+    assert_eq!(outcomes_of(&s, "quick-shell"), vec![Outcome::Completed]);
+    for id in &blocked {
+        let run = api.store().get_run(*id).await.unwrap().unwrap();
+        assert_eq!(run.status.state, RunStatus::Failed);
+        assert!(run.error.unwrap().contains("poison pill"));
+    }
+    assert_eq!(state(&api, ok[0]).await, RunStatus::Completed);
+    let calls = t2.calls().snapshot();
+    assert_eq!(
+        calls.get("GetItem"),
+        Some(&2),
+        "one read per workflow: {calls:?}"
+    );
+    assert_eq!(
+        calls.get("UpdateItem"),
+        None,
+        "blocked runs are not counted: {calls:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn defer_mode_leaves_runs_pending_until_the_cooldown_ends() {
+    let ep = moto_endpoint();
+    let name = create_table(&ep).await;
+    let api = LocalApi::start(&Uuid::new_v4().to_string()).await.unwrap();
+    // Phase 1 and 2: a cooldown far longer than the test, so "still blocked" does not depend
+    // on how fast this machine is.
+    let long = policy(2, Duration::from_secs(3600));
+    let t = Arc::new(connect(&ep, &name, "fn", long).await);
+    let w = worker(&api, t.clone(), long, PoisonMode::Defer);
+    assert_eq!(w.poison_mode(), PoisonMode::Defer);
+
+    create_runs(&api, "always-fails", 2, 0).await;
+    let s = invoke(&w, 1).await;
+    assert_eq!(outcomes_of(&s, "always-fails"), vec![Outcome::Failed; 2]);
+    let calls = t.calls().snapshot();
+    assert_eq!(
+        calls.get("BatchGetItem"),
+        Some(&1),
+        "one batch read: {calls:?}"
+    );
+    assert_eq!(calls.get("GetItem"), None, "{calls:?}");
+
+    // Blocked now: its runs stay Pending (never claimed), the others run.
+    let deferred = create_runs(&api, "always-fails", 2, 0).await;
+    let ok = create_runs(&api, "quick-shell", 2, 0).await;
+    for n in 2..4 {
+        let s = invoke(&w, n).await;
+        assert!(outcomes_of(&s, "always-fails").is_empty(), "{s:?}");
+        assert_eq!(s.stop_reason, StopReason::NoPendingRun, "{s:?}");
+        for id in &deferred {
+            let run = api.store().get_run(*id).await.unwrap().unwrap();
+            assert_eq!(run.status.state, RunStatus::Pending);
+            assert_eq!(run.worker_id, None, "never claimed");
+        }
+    }
+    for id in &ok {
+        assert_eq!(state(&api, *id).await, RunStatus::Completed);
+    }
+
+    // Fail mode, for contrast, on the same counter: the runs are claimed and failed.
+    let wf = worker(&api, t.clone(), long, PoisonMode::Fail);
+    let failed = create_runs(&api, "always-fails", 1, 0).await;
+    let s = invoke(&wf, 4).await;
+    let outcomes = outcomes_of(&s, "always-fails");
+    assert!(
+        !outcomes.is_empty() && outcomes.iter().all(|o| *o == Outcome::PoisonBlocked),
+        "{s:?}"
+    );
+    assert_eq!(state(&api, failed[0]).await, RunStatus::Failed);
+    // (fail mode also failed the deferred ones it claimed; make fresh ones for phase 3)
+    let deferred = create_runs(&api, "always-fails", 2, 0).await;
+
+    // Phase 3: a function with a 3 s cooldown reading the same counter claims the runs once
+    // the cooldown has passed since the last failure, and not before.
+    let short = policy(2, Duration::from_secs(3));
+    let ts = Arc::new(connect(&ep, &name, "fn", short).await);
+    let last_failure = t
+        .counter("always-fails", now_ms())
+        .await
+        .unwrap()
+        .unwrap()
+        .last_failure_ms;
+    let blocked_until = last_failure + 3_000;
+    let w = worker(&api, ts, short, PoisonMode::Defer);
+    let mut n = 10;
+    let (w, api, deferred) = (&w, &api, &deferred);
+    wait_for(
+        Duration::from_secs(60),
+        "the deferred runs to be claimed after the cooldown",
+        move || {
+            n += 1;
+            async move {
+                let s = invoke(w, n).await;
+                if !outcomes_of(&s, "always-fails").is_empty() {
+                    // The counter was read (and found expired) before this point.
+                    assert!(
+                        now_ms() >= blocked_until,
+                        "claimed before the cooldown ended: {s:?}"
+                    );
+                }
+                let mut all_done = true;
+                for id in deferred {
+                    all_done &= state(api, *id).await == RunStatus::Failed;
+                }
+                all_done
+            }
+        },
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_recovered_from_a_dead_invocation_counts_as_a_failure() {
+    let ep = moto_endpoint();
+    let name = create_table(&ep).await;
+    let api = LocalApi::start(&Uuid::new_v4().to_string()).await.unwrap();
+    let p = policy(1, Duration::from_secs(300));
+    let t = Arc::new(connect(&ep, &name, "fn", p).await);
+    let w = worker(&api, t.clone(), p, PoisonMode::Fail);
+
+    // A healthy run with lease_recoveries == 0 costs no lease-recovery call.
+    create_runs(&api, "quick-shell", 1, 0).await;
+    let s = invoke(&w, 1).await;
+    assert_eq!(s.count(Outcome::Completed), 1);
+    assert_eq!(t.calls().get("UpdateItem"), 0);
+
+    // An invocation claims a run and dies: nobody refreshes or hands back its 1 s lease.
+    let victim = create_runs(&api, "quick-shell", 1, 3).await[0];
+    kill_holding_invocation(&api, victim).await;
+
+    // The next invocation counts the death as a failure: with threshold 1 the workflow is
+    // blocked and the run is failed instead of executed.
+    let s = invoke(&w, 2).await;
+    assert_eq!(
+        outcomes_of(&s, "quick-shell"),
+        vec![Outcome::PoisonBlocked],
+        "{s:?}"
+    );
+    let item = raw_item(&ep, &name, &workflow_key("fn", "quick-shell"))
+        .await
+        .unwrap();
+    assert_eq!(num(&item, CONSECUTIVE_FAILURES), 1);
+    assert_eq!(
+        item[LAST_FAILURE_ID].as_s().unwrap(),
+        &format!("{victim}/lease-recovery/1")
+    );
+    let seen = raw_item(&ep, &name, &run_key("fn", victim)).await.unwrap();
+    assert_eq!(num(&seen, LEASE_RECOVERIES_SEEN), 1);
+
+    // Another instance claiming the same run with the same lease_recoveries does not count
+    // it again.
+    let other = connect(&ep, &name, "fn", p).await;
+    assert!(
+        !other
+            .observe_lease_recoveries(victim, 1, now_ms())
+            .await
+            .unwrap()
+    );
+}
+
+/// Make `victim` look like the run of an invocation that died: claim it under a 1 s lease that
+/// nobody refreshes, then let the API's reaper (its tick, called directly) requeue it.
+async fn kill_holding_invocation(api: &LocalApi, victim: Uuid) {
+    let dead = ApiRunStore::new(&api.url(), api.token());
+    let claimed = dead
+        .pick_next_pending_for(
+            Some(LeaseRequest {
+                worker_id: "lambda-dead-invocation".into(),
+                ttl: Duration::from_secs(1),
+            }),
+            None,
+        )
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(claimed.id, victim);
+    let store = api.store().clone();
+    wait_for(
+        Duration::from_secs(30),
+        "the reaper to requeue the run",
+        || {
+            let store = store.clone();
+            async move {
+                store.reap_expired_leases(10).await.unwrap();
+                let run = store.get_run(victim).await.unwrap().unwrap();
+                run.status.state == RunStatus::Pending && run.lease_recoveries == 1
+            }
+        },
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_defer_mode_a_run_whose_recovery_blocks_its_workflow_goes_back_to_pending() {
+    let ep = moto_endpoint();
+    let name = create_table(&ep).await;
+    let api = LocalApi::start(&Uuid::new_v4().to_string()).await.unwrap();
+    let p = policy(1, Duration::from_secs(3600));
+    let t = Arc::new(connect(&ep, &name, "fn", p).await);
+    let w = worker(&api, t.clone(), p, PoisonMode::Defer);
+
+    let victim = create_runs(&api, "always-fails", 1, 3).await[0];
+    kill_holding_invocation(&api, victim).await;
+
+    // Not blocked when the invocation reads the counters, so the run is claimed; its lease
+    // recovery then blocks the workflow (threshold 1): defer mode writes it back to Pending.
+    let s = invoke(&w, 1).await;
+    assert_eq!(
+        outcomes_of(&s, "always-fails"),
+        vec![Outcome::PoisonBlocked],
+        "{s:?}"
+    );
+    let error = s.runs[0].error.as_deref().unwrap();
+    assert!(error.contains("written back to Pending"), "{error}");
+    let run = api.store().get_run(victim).await.unwrap().unwrap();
+    assert_eq!(run.status.state, RunStatus::Pending);
+    assert_eq!(run.retry_count, 0, "not failed, not retried");
+
+    // The next invocations leave it alone until the cooldown ends.
+    let s = invoke(&w, 2).await;
+    assert!(s.runs.is_empty(), "{s:?}");
+    assert_eq!(s.stop_reason, StopReason::NoPendingRun);
+    assert_eq!(state(&api, victim).await, RunStatus::Pending);
+}
+
+// --- fail open ----------------------------------------------------------------------------
+
+/// A moto server of this test's own, detached from the test process (so that the invocation's
+/// orphan sweep does not kill it), killed by pid when dropped.
+struct OwnMoto {
+    pid: i32,
+    endpoint: String,
+    script: Option<PathBuf>,
+    /// The server's output, kept only if the test fails.
+    log: PathBuf,
+}
+
+/// moto's own server application (what `moto_server` runs), served one request at a time.
+const SERIAL_MOTO: &str = "import sys\n\
+from werkzeug.serving import run_simple\n\
+from moto.moto_server.werkzeug_app import DomainDispatcherApplication, MotoRequestHandler, create_backend_app\n\
+run_simple('127.0.0.1', int(sys.argv[1]), DomainDispatcherApplication(create_backend_app), threaded=False, request_handler=MotoRequestHandler)\n";
+
+impl OwnMoto {
+    /// `.venv/bin/moto_server -H 127.0.0.1 -p <free port>`, as `./scripts/test` starts it.
+    async fn start() -> Self {
+        Self::spawn(|venv, port| format!("'{venv}/bin/moto_server' -H 127.0.0.1 -p {port}")).await
+    }
+
+    /// The same server application, but handling one request at a time.
+    ///
+    /// DynamoDB applies the writes to one item one after another, so a conditional
+    /// `UpdateItem` is atomic. moto's threaded server does not lock its tables: two concurrent
+    /// `UpdateItem`s on one item can both pass their condition and lose an increment
+    /// (observed: 36 instead of 40 with 40 concurrent failures). The concurrency tests run
+    /// against this serial server, which gives DynamoDB's per-request atomicity while the
+    /// clients still race (every interleaving of requests remains possible).
+    async fn start_serial() -> Self {
+        let script =
+            std::env::temp_dir().join(format!("ironflow-serial-moto-{}.py", Uuid::new_v4()));
+        std::fs::write(&script, SERIAL_MOTO).unwrap();
+        let path = script.clone();
+        let mut me = Self::spawn(move |venv, port| {
+            format!("'{venv}/bin/python' '{}' {port}", path.display())
+        })
+        .await;
+        me.script = Some(script);
+        me
+    }
+
+    async fn spawn(command: impl FnOnce(&str, u16) -> String) -> Self {
+        let port = TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let venv = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(".venv");
+        assert!(
+            venv.join("bin/moto_server").exists(),
+            "{}/bin/moto_server is missing: run ./scripts/test, which installs it",
+            venv.display()
+        );
+        let log = std::env::temp_dir().join(format!("ironflow-moto-{port}.log"));
+        let out = Command::new("sh")
+            .arg("-c")
+            .arg(format!(
+                "setsid {} >'{}' 2>&1 </dev/null & echo $!",
+                command(&venv.display().to_string(), port),
+                log.display()
+            ))
+            .output()
+            .unwrap();
+        let pid: i32 = String::from_utf8_lossy(&out.stdout).trim().parse().unwrap();
+        let me = Self {
+            pid,
+            endpoint: format!("http://127.0.0.1:{port}"),
+            script: None,
+            log,
+        };
+        let url = format!("{}/moto-api/data.json", me.endpoint);
+        wait_for(
+            Duration::from_secs(60),
+            "the test's own moto server",
+            || {
+                let url = url.clone();
+                async move { http_get_ok(&url).await }
+            },
+        )
+        .await;
+        me
+    }
+
+    fn kill(&self) {
+        // SAFETY: kill(2) on the pid of the server this test started.
+        unsafe { libc::kill(self.pid, libc::SIGKILL) };
+    }
+}
+
+impl Drop for OwnMoto {
+    fn drop(&mut self) {
+        self.kill();
+        if let Some(script) = &self.script {
+            let _ = std::fs::remove_file(script);
+        }
+        if !std::thread::panicking() {
+            let _ = std::fs::remove_file(&self.log);
+        }
+    }
+}
+
+/// A plain HTTP GET over a TCP socket: whether the server answers 200.
+async fn http_get_ok(url: &str) -> bool {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let Some(rest) = url.strip_prefix("http://") else {
+        return false;
+    };
+    let (host, path) = rest.split_once('/').unwrap_or((rest, ""));
+    let Ok(mut s) = tokio::net::TcpStream::connect(host).await else {
+        return false;
+    };
+    let req = format!("GET /{path} HTTP/1.0\r\nHost: {host}\r\n\r\n");
+    if s.write_all(req.as_bytes()).await.is_err() {
+        return false;
+    }
+    let mut buf = [0u8; 16];
+    matches!(s.read(&mut buf).await, Ok(n) if n >= 12 && buf[..n].starts_with(b"HTTP/1.") && &buf[9..12] == b"200")
+}
+
+/// Log lines, captured for the assertions.
+#[derive(Clone, Default)]
+struct Captured(Arc<Mutex<Vec<u8>>>);
+
+impl Write for Captured {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Captured {
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_check_fails_open_when_the_server_stops_mid_test() {
+    let logs = Captured::default();
+    let writer = logs.clone();
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter("ironflow_lambda=info")
+        .with_ansi(false)
+        .with_writer(move || writer.clone())
+        .try_init();
+
+    moto_endpoint();
+    let moto = OwnMoto::start().await;
+    let name = create_table(&moto.endpoint).await;
+    let api = LocalApi::start(&Uuid::new_v4().to_string()).await.unwrap();
+    let p = policy(1, Duration::from_secs(300));
+    let t = Arc::new(connect(&moto.endpoint, &name, "fn", p).await);
+    // always-fails is blocked in the table (threshold 1)...
+    t.record_failure("always-fails", "earlier/0", now_ms())
+        .await
+        .unwrap();
+    let w = worker(&api, t.clone(), p, PoisonMode::Fail);
+
+    // ...then the table goes away.
+    moto.kill();
+    wait_for(Duration::from_secs(30), "the server to stop", || {
+        let url = format!("{}/moto-api/data.json", moto.endpoint);
+        async move { !http_get_ok(&url).await }
+    })
+    .await;
+
+    let err = t.counter("always-fails", now_ms()).await.unwrap_err();
+    assert!(err.to_string().contains(&name), "{err}");
+    assert!(
+        err.to_string().to_lowercase().contains("connect"),
+        "the AWS error and its source chain: {err}"
+    );
+
+    create_runs(&api, "always-fails", 1, 0).await;
+    create_runs(&api, "quick-shell", 2, 0).await;
+    let s = invoke(&w, 1).await;
+    // Every run executed: the blocked workflow too, since the check failed open.
+    assert_eq!(
+        outcomes_of(&s, "always-fails"),
+        vec![Outcome::Failed],
+        "{s:?}"
+    );
+    assert_eq!(
+        outcomes_of(&s, "quick-shell"),
+        vec![Outcome::Completed; 2],
+        "{s:?}"
+    );
+    assert!(s.poison_table_errors >= 1, "{s:?}");
+    let text = logs.text();
+    let line = text
+        .lines()
+        .find(|l| l.contains("poison-pill table call failed"))
+        .unwrap_or_else(|| panic!("no error log:\n{text}"));
+    assert!(line.contains(&name), "the log names the table: {line}");
+    assert!(line.contains("ERROR"), "{line}");
+
+    // Defer mode fails open too: the batch read fails, every registered workflow is claimed.
+    let w = worker(&api, t.clone(), p, PoisonMode::Defer);
+    create_runs(&api, "always-fails", 1, 0).await;
+    let s = invoke(&w, 2).await;
+    assert_eq!(
+        outcomes_of(&s, "always-fails"),
+        vec![Outcome::Failed],
+        "{s:?}"
+    );
+    assert!(s.poison_table_errors >= 1);
+    let seen: HashSet<&str> = s.runs.iter().map(|r| r.workflow.as_str()).collect();
+    assert!(seen.contains("always-fails"));
+}
