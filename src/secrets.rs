@@ -8,7 +8,10 @@
 //!
 //! Errors name the variable and the secret's ARN, and the AWS error; never the secret's value.
 
+use std::time::Duration;
+
 use aws_config::SdkConfig;
+use aws_sdk_secretsmanager::config::timeout::TimeoutConfig;
 use aws_sdk_secretsmanager::error::{DisplayErrorContext, ProvideErrorMetadata, SdkError};
 use aws_sdk_secretsmanager::operation::get_secret_value::GetSecretValueError;
 
@@ -20,6 +23,13 @@ pub const WORKER_TOKEN_SECRET_ARN_VAR: &str = "IRONFLOW_WORKER_TOKEN_SECRET_ARN"
 
 /// The environment variable holding the worker token itself.
 pub const WORKER_TOKEN_VAR: &str = "IRONFLOW_WORKER_TOKEN";
+
+/// Bounds of the cold start's `GetSecretValue` (with the SDK's standard retries): a stuck call
+/// fails with an error naming the secret well within Lambda's 10 s init phase, instead of
+/// running into it.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
+const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(2);
+const OPERATION_TIMEOUT: Duration = Duration::from_secs(6);
 
 /// The worker token could not be read from Secrets Manager.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -63,6 +73,8 @@ pub enum SecretError {
 /// `lookup` reads variables (the process environment at cold start, a map in tests); `aws` is
 /// the shared AWS configuration (region, credentials, endpoint) loaded once per cold start.
 ///
+/// The call is bounded: 1 s to connect, 2 s per attempt, 6 s in all (retries included).
+///
 /// Returns `Ok(None)` without any AWS call when `IRONFLOW_WORKER_TOKEN` is set (it wins) or
 /// when neither variable is set (the settings then report the missing token).
 ///
@@ -92,7 +104,16 @@ pub async fn worker_token_from_lookup(
             found: secret_arn,
         });
     }
-    let client = aws_sdk_secretsmanager::Client::new(aws);
+    let config = aws_sdk_secretsmanager::config::Builder::from(aws)
+        .timeout_config(
+            TimeoutConfig::builder()
+                .connect_timeout(CONNECT_TIMEOUT)
+                .operation_attempt_timeout(ATTEMPT_TIMEOUT)
+                .operation_timeout(OPERATION_TIMEOUT)
+                .build(),
+        )
+        .build();
+    let client = aws_sdk_secretsmanager::Client::from_conf(config);
     fetch_worker_token(&client, &secret_arn).await.map(Some)
 }
 

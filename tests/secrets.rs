@@ -175,3 +175,45 @@ async fn neither_token_nor_arn_names_both_variables() {
         "{err}"
     );
 }
+
+#[tokio::test]
+async fn a_secrets_manager_that_never_answers_fails_the_cold_start_naming_the_secret() {
+    // Fault injection, not a stand-in for Secrets Manager: a socket that accepts connections and
+    // never answers, to show the cold start's call is bounded.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let endpoint = format!("http://{}", listener.local_addr().unwrap());
+    std::thread::spawn(move || {
+        let mut held = Vec::new();
+        for stream in listener.incoming() {
+            held.push(stream);
+        }
+    });
+    let aws = aws_config::defaults(BehaviorVersion::latest())
+        .endpoint_url(endpoint)
+        .region(Region::new("us-east-1"))
+        .credentials_provider(Credentials::new("testing", "testing", None, None, "test"))
+        .load()
+        .await;
+    let arn = "arn:aws:secretsmanager:us-east-1:123456789012:secret:ironflow/silent-AbC123";
+    let err = build(
+        &[
+            ("IRONFLOW_API_URL", "http://127.0.0.1:3000"),
+            (WORKER_TOKEN_SECRET_ARN_VAR, arn),
+        ],
+        &aws,
+    )
+    .await
+    .err()
+    .unwrap();
+    let BuildError::Secret(SecretError::Fetch {
+        secret_arn, reason, ..
+    }) = &err
+    else {
+        panic!("expected a fetch error, got {err:?}");
+    };
+    assert_eq!(secret_arn, arn);
+    assert!(
+        reason.contains("timeout") || reason.contains("timed out"),
+        "{reason}"
+    );
+}
