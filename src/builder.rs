@@ -6,6 +6,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use aws_config::SdkConfig;
 use ironflow_core::account_strategy::{AccountStrategy, LeastUtilized};
 use ironflow_core::decision::DecisionProvider;
 use ironflow_core::provider::AgentProvider;
@@ -28,6 +29,7 @@ use crate::poison::dynamodb::{DynamoPoisonTable, DynamoSetupError};
 use crate::poison::memory::MemoryPoisonTable;
 use crate::poison::{PoisonMode, PoisonTable};
 use crate::pool::{DEFAULT_IDLE_PROBE_AFTER, PoolWarden};
+use crate::secrets::{self, SecretError};
 use crate::wake::Waker;
 
 /// `build()` refused the configuration.
@@ -70,6 +72,10 @@ pub enum BuildError {
         /// The configured table name.
         table: String,
     },
+    /// The worker token could not be read from Secrets Manager (from
+    /// [`LambdaWorkerBuilder::from_env_and_secrets`]).
+    #[error(transparent)]
+    Secret(#[from] SecretError),
 }
 
 /// Builder for a [`LambdaWorker`].
@@ -117,6 +123,36 @@ impl LambdaWorkerBuilder {
     /// [`BuildError::Config`] naming the missing or malformed variable.
     pub fn from_env() -> Result<Self, BuildError> {
         Ok(Self::from_settings(Settings::from_env()?))
+    }
+
+    /// A builder from the environment, as [`LambdaWorkerBuilder::from_env`], with the worker
+    /// token read once from Secrets Manager when `IRONFLOW_WORKER_TOKEN` is unset and
+    /// `IRONFLOW_WORKER_TOKEN_SECRET_ARN` is set (see [`crate::secrets`]). `aws` is the AWS
+    /// configuration loaded at cold start (`aws_config::load_defaults`). This is what the
+    /// deployed function calls.
+    ///
+    /// # Errors
+    ///
+    /// [`BuildError::Secret`] naming the variable and the secret's ARN when the secret cannot
+    /// be read, [`BuildError::Config`] naming a missing or malformed variable.
+    pub async fn from_env_and_secrets(aws: &SdkConfig) -> Result<Self, BuildError> {
+        Self::from_lookup_and_secrets(|name| std::env::var(name).ok(), aws).await
+    }
+
+    /// [`LambdaWorkerBuilder::from_env_and_secrets`] with variables from any lookup (a map in
+    /// tests).
+    ///
+    /// # Errors
+    ///
+    /// As [`LambdaWorkerBuilder::from_env_and_secrets`].
+    pub async fn from_lookup_and_secrets(
+        lookup: impl Fn(&str) -> Option<String>,
+        aws: &SdkConfig,
+    ) -> Result<Self, BuildError> {
+        let token = secrets::worker_token_from_lookup(&lookup, aws).await?;
+        Ok(Self::from_settings(Settings::from_lookup_with_token(
+            lookup, token,
+        )?))
     }
 
     /// A builder from already-loaded settings.

@@ -7,7 +7,8 @@
 //! | variable | meaning | default |
 //! |---|---|---|
 //! | `IRONFLOW_API_URL` | base URL of the ironflow API (`http(s)://host[:port]`) | required |
-//! | `IRONFLOW_WORKER_TOKEN` | the API's worker token | required |
+//! | `IRONFLOW_WORKER_TOKEN` | the API's worker token | required, unless the next one is set |
+//! | `IRONFLOW_WORKER_TOKEN_SECRET_ARN` | Secrets Manager secret holding the token ([`crate::secrets`]) | none |
 //! | `IRONFLOW_MAX_RUNS_PER_INVOCATION` | runs one invocation claims at most (N) | 8 |
 //! | `IRONFLOW_CONCURRENCY` | runs executing at once | 2 |
 //! | `IRONFLOW_RUN_TIMEOUT_SECS` | a run attempt's limit, counted from its first start | 1800 |
@@ -120,7 +121,8 @@ pub enum ConfigError {
 pub struct Settings {
     /// Base URL of the ironflow API (`IRONFLOW_API_URL`).
     pub api_url: String,
-    /// The worker token (`IRONFLOW_WORKER_TOKEN`).
+    /// The worker token (`IRONFLOW_WORKER_TOKEN`, or the secret named by
+    /// `IRONFLOW_WORKER_TOKEN_SECRET_ARN`).
     pub worker_token: WorkerToken,
     /// Runs one invocation claims at most (N).
     pub max_runs_per_invocation: usize,
@@ -212,6 +214,20 @@ impl Settings {
     ///
     /// [`ConfigError`] naming the first variable that is missing or malformed.
     pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
+        Self::from_lookup_with_token(lookup, None)
+    }
+
+    /// [`Settings::from_lookup`] with the worker token already known (read from Secrets
+    /// Manager by [`crate::secrets::worker_token_from_lookup`]); `None` reads
+    /// `IRONFLOW_WORKER_TOKEN`.
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError`] naming the first variable that is missing or malformed.
+    pub fn from_lookup_with_token(
+        lookup: impl Fn(&str) -> Option<String>,
+        worker_token: Option<WorkerToken>,
+    ) -> Result<Self, ConfigError> {
         let get = |name: &str| {
             lookup(name)
                 .map(|v| v.trim().to_string())
@@ -231,12 +247,20 @@ impl Settings {
                 found: api_url,
             });
         }
-        let token = get("IRONFLOW_WORKER_TOKEN").ok_or(ConfigError::Missing {
-            variable: "IRONFLOW_WORKER_TOKEN",
-            expected: "the ironflow API's worker token (WORKER_TOKEN on the API)",
-        })?;
+        let token =
+            match worker_token {
+                Some(token) => token,
+                None => get("IRONFLOW_WORKER_TOKEN").map(WorkerToken::new).ok_or(
+                    ConfigError::Missing {
+                        variable: "IRONFLOW_WORKER_TOKEN",
+                        expected: "the ironflow API's worker token (WORKER_TOKEN on the API), or \
+                               IRONFLOW_WORKER_TOKEN_SECRET_ARN naming a Secrets Manager secret \
+                               that holds it",
+                    },
+                )?,
+            };
 
-        let mut s = Self::new(&api_url, WorkerToken::new(token));
+        let mut s = Self::new(&api_url, token);
         let positive = "a whole number greater than 0";
         let whole = "a whole number (0 or more)";
 

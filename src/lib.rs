@@ -30,7 +30,7 @@
 //! # }
 //! ```
 //!
-//! Modules, in the order of one invocation: [`config`] and [`builder`] (cold start),
+//! Modules, in the order of one invocation: [`config`], [`secrets`] and [`builder`] (cold start),
 //! [`handler`] and [`trigger`] (event in), [`deadline`] and [`invocation`] (the batch),
 //! [`execution`], [`lease`] and [`handback`] (one run), [`poison`] (the poison-pill table),
 //! [`orphans`] (no process outlives the invocation), [`pool`] (stale connections after a
@@ -53,6 +53,7 @@ pub mod metrics;
 pub mod orphans;
 pub mod poison;
 pub mod pool;
+pub mod secrets;
 pub mod trigger;
 pub mod wake;
 pub mod workflows;

@@ -1,5 +1,6 @@
 //! The deployable function: the example workflows, configured from the environment
-//! (see the README), run by the Lambda runtime. Locally: `cargo lambda watch`.
+//! (see the README; the worker token from Secrets Manager when `IRONFLOW_WORKER_TOKEN_SECRET_ARN`
+//! is set), run by the Lambda runtime. Locally: `cargo lambda watch`.
 
 use std::sync::Arc;
 
@@ -42,11 +43,15 @@ async fn main() -> Result<(), Error> {
     .await
 }
 
-/// Settings from the environment, the example workflows, the default provider, the poison-pill
-/// table, and wake-ups when `IRONFLOW_WAKE_QUEUE_URL` is set (the SQS client honours
-/// `AWS_ENDPOINT_URL`).
+/// Settings from the environment (the worker token from Secrets Manager when only
+/// IRONFLOW_WORKER_TOKEN_SECRET_ARN is set), the example workflows, the default provider, the
+/// poison-pill table, and wake-ups when `IRONFLOW_WAKE_QUEUE_URL` is set (the AWS clients
+/// honour `AWS_ENDPOINT_URL`).
 async fn build_worker() -> Result<LambdaWorker, BuildError> {
-    let mut builder = LambdaWorkerBuilder::from_env()?
+    // Region, credentials and endpoint from the Lambda environment.
+    let aws = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
+    let mut builder = LambdaWorkerBuilder::from_env_and_secrets(&aws)
+        .await?
         .provider(Arc::new(ClaudeCodeProvider::new()))
         .register(workflows::QuickShell)
         .register(workflows::MultiStep { step_secs: 5.0 })

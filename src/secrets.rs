@@ -1,0 +1,233 @@
+//! The worker token from AWS Secrets Manager, read once per cold start.
+//!
+//! The deployed function gets `IRONFLOW_WORKER_TOKEN_SECRET_ARN` (the template sets it) instead of
+//! the token itself: the token never sits in the template, in the function's configuration or in
+//! a plain environment variable. [`worker_token_from_lookup`] fetches the secret's `SecretString`
+//! with `GetSecretValue` when `IRONFLOW_WORKER_TOKEN` is unset and the ARN is set; a token given
+//! in `IRONFLOW_WORKER_TOKEN` (local runs, tests) wins and no AWS call is made.
+//!
+//! Errors name the variable and the secret's ARN, and the AWS error; never the secret's value.
+
+use std::time::Duration;
+
+use aws_config::SdkConfig;
+use aws_sdk_secretsmanager::config::timeout::TimeoutConfig;
+use aws_sdk_secretsmanager::error::{DisplayErrorContext, ProvideErrorMetadata, SdkError};
+use aws_sdk_secretsmanager::operation::get_secret_value::GetSecretValueError;
+
+use crate::config::WorkerToken;
+
+/// The environment variable naming the secret that holds the worker token: the secret's ARN
+/// (`arn:aws:secretsmanager:REGION:ACCOUNT:secret:NAME-SUFFIX`). Its `SecretString` is the token.
+pub const WORKER_TOKEN_SECRET_ARN_VAR: &str = "IRONFLOW_WORKER_TOKEN_SECRET_ARN";
+
+/// The environment variable holding the worker token itself.
+pub const WORKER_TOKEN_VAR: &str = "IRONFLOW_WORKER_TOKEN";
+
+/// Bounds of the cold start's `GetSecretValue` (with the SDK's standard retries): a stuck call
+/// fails with an error naming the secret well within Lambda's 10 s init phase, instead of
+/// running into it.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
+const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(2);
+const OPERATION_TIMEOUT: Duration = Duration::from_secs(6);
+
+/// The worker token could not be read from Secrets Manager.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum SecretError {
+    /// `IRONFLOW_WORKER_TOKEN_SECRET_ARN` is set to something that is not a Secrets Manager ARN.
+    #[error(
+        "environment variable {variable} is invalid: expected a Secrets Manager secret ARN \
+         (arn:aws:secretsmanager:REGION:ACCOUNT:secret:NAME-SUFFIX), found {found:?}"
+    )]
+    InvalidArn {
+        /// The variable's name.
+        variable: &'static str,
+        /// The value found (an ARN, not a secret).
+        found: String,
+    },
+    /// `GetSecretValue` failed: missing permission, unknown secret, KMS key refused, network.
+    #[error("could not read the worker token from secret {secret_arn} ({variable}): {reason}")]
+    Fetch {
+        /// The variable that named the secret.
+        variable: &'static str,
+        /// The secret's ARN.
+        secret_arn: String,
+        /// The AWS error (code and message), never the secret's value.
+        reason: String,
+    },
+    /// The secret holds binary data, or nothing but whitespace, instead of the token as a string.
+    #[error(
+        "secret {secret_arn} ({variable}) has no usable SecretString: store the worker token \
+         as the secret's string value (aws secretsmanager put-secret-value --secret-string ...)"
+    )]
+    NotAString {
+        /// The variable that named the secret.
+        variable: &'static str,
+        /// The secret's ARN.
+        secret_arn: String,
+    },
+}
+
+/// The worker token to use instead of `IRONFLOW_WORKER_TOKEN`, fetched from Secrets Manager.
+///
+/// `lookup` reads variables (the process environment at cold start, a map in tests); `aws` is
+/// the shared AWS configuration (region, credentials, endpoint) loaded once per cold start.
+///
+/// The call is bounded: 1 s to connect, 2 s per attempt, 6 s in all (retries included).
+///
+/// Returns `Ok(None)` without any AWS call when `IRONFLOW_WORKER_TOKEN` is set (it wins) or
+/// when neither variable is set (the settings then report the missing token).
+///
+/// # Errors
+///
+/// [`SecretError::InvalidArn`] when `IRONFLOW_WORKER_TOKEN_SECRET_ARN` is not a Secrets
+/// Manager ARN, [`SecretError::Fetch`] when `GetSecretValue` fails, and
+/// [`SecretError::NotAString`] when the secret has no non-blank `SecretString`.
+pub async fn worker_token_from_lookup(
+    lookup: impl Fn(&str) -> Option<String>,
+    aws: &SdkConfig,
+) -> Result<Option<WorkerToken>, SecretError> {
+    let get = |name: &str| {
+        lookup(name)
+            .map(|v| v.trim().to_string())
+            .filter(|v| !v.is_empty())
+    };
+    if get(WORKER_TOKEN_VAR).is_some() {
+        return Ok(None);
+    }
+    let Some(secret_arn) = get(WORKER_TOKEN_SECRET_ARN_VAR) else {
+        return Ok(None);
+    };
+    if !is_secret_arn(&secret_arn) {
+        return Err(SecretError::InvalidArn {
+            variable: WORKER_TOKEN_SECRET_ARN_VAR,
+            found: secret_arn,
+        });
+    }
+    let config = aws_sdk_secretsmanager::config::Builder::from(aws)
+        .timeout_config(
+            TimeoutConfig::builder()
+                .connect_timeout(CONNECT_TIMEOUT)
+                .operation_attempt_timeout(ATTEMPT_TIMEOUT)
+                .operation_timeout(OPERATION_TIMEOUT)
+                .build(),
+        )
+        .build();
+    let client = aws_sdk_secretsmanager::Client::from_conf(config);
+    fetch_worker_token(&client, &secret_arn).await.map(Some)
+}
+
+/// Read the worker token from the `SecretString` of the secret `secret_arn` (one
+/// `GetSecretValue` call; surrounding whitespace, such as a trailing newline, is dropped).
+///
+/// # Errors
+///
+/// [`SecretError::Fetch`] when the call fails, [`SecretError::NotAString`] when the secret
+/// has no non-blank `SecretString`.
+pub async fn fetch_worker_token(
+    client: &aws_sdk_secretsmanager::Client,
+    secret_arn: &str,
+) -> Result<WorkerToken, SecretError> {
+    let output = client
+        .get_secret_value()
+        .secret_id(secret_arn)
+        .send()
+        .await
+        .map_err(|err| SecretError::Fetch {
+            variable: WORKER_TOKEN_SECRET_ARN_VAR,
+            secret_arn: secret_arn.to_string(),
+            reason: describe(&err),
+        })?;
+    match output.secret_string().map(str::trim) {
+        Some(token) if !token.is_empty() => Ok(WorkerToken::new(token)),
+        _ => Err(SecretError::NotAString {
+            variable: WORKER_TOKEN_SECRET_ARN_VAR,
+            secret_arn: secret_arn.to_string(),
+        }),
+    }
+}
+
+/// The AWS error without anything the response body may hold: a response that arrived but
+/// could not be parsed may carry the secret, so only its status is told.
+fn describe(err: &SdkError<GetSecretValueError>) -> String {
+    match err {
+        SdkError::ServiceError(service) => format!(
+            "{}: {} (HTTP {})",
+            service.err().code().unwrap_or("unknown error"),
+            service.err().message().unwrap_or("no message"),
+            service.raw().status().as_u16()
+        ),
+        SdkError::ResponseError(response) => format!(
+            "the response from Secrets Manager could not be read (HTTP {})",
+            response.raw().status().as_u16()
+        ),
+        other => DisplayErrorContext(other).to_string(),
+    }
+}
+
+/// `arn:<partition>:secretsmanager:<region>:<account>:secret:<name>`.
+fn is_secret_arn(value: &str) -> bool {
+    let parts: Vec<&str> = value.splitn(7, ':').collect();
+    matches!(
+        parts.as_slice(),
+        ["arn", partition, "secretsmanager", region, account, "secret", name]
+            if partition.starts_with("aws")
+                && !region.is_empty()
+                && account.len() == 12
+                && account.bytes().all(|b| b.is_ascii_digit())
+                && !name.is_empty()
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn secret_arns_are_recognised() {
+        assert!(is_secret_arn(
+            "arn:aws:secretsmanager:eu-west-1:123456789012:secret:ironflow/worker-token-AbC123"
+        ));
+        assert!(is_secret_arn(
+            "arn:aws-us-gov:secretsmanager:us-gov-west-1:123456789012:secret:t-AbC123"
+        ));
+        for bad in [
+            "ironflow/worker-token",
+            "arn:aws:ssm:eu-west-1:123456789012:parameter/token",
+            "arn:aws:secretsmanager:eu-west-1:1234:secret:t",
+            "arn:aws:secretsmanager:eu-west-1:123456789012:secret:",
+        ] {
+            assert!(!is_secret_arn(bad), "{bad}");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_plain_token_wins_and_no_secret_is_fetched() {
+        // An endpoint nothing listens on: any AWS call would fail.
+        let aws = aws_config::SdkConfig::builder()
+            .endpoint_url("http://127.0.0.1:1")
+            .build();
+        let lookup = |name: &str| match name {
+            WORKER_TOKEN_VAR => Some("plain".to_string()),
+            WORKER_TOKEN_SECRET_ARN_VAR => {
+                Some("arn:aws:secretsmanager:eu-west-1:123456789012:secret:t-AbC123".to_string())
+            }
+            _ => None,
+        };
+        assert_eq!(worker_token_from_lookup(lookup, &aws).await, Ok(None));
+        assert_eq!(worker_token_from_lookup(|_| None, &aws).await, Ok(None));
+    }
+
+    #[tokio::test]
+    async fn a_name_instead_of_an_arn_is_refused_before_any_call() {
+        let aws = aws_config::SdkConfig::builder().build();
+        let lookup = |name: &str| {
+            (name == WORKER_TOKEN_SECRET_ARN_VAR).then(|| "ironflow/worker-token".to_string())
+        };
+        let err = worker_token_from_lookup(lookup, &aws).await.unwrap_err();
+        assert!(
+            err.to_string().contains(WORKER_TOKEN_SECRET_ARN_VAR),
+            "{err}"
+        );
+    }
+}

@@ -1,0 +1,219 @@
+//! The worker token read from Secrets Manager at cold start, against moto's Secrets Manager
+//! (started by `./scripts/test`, URL in `IRONFLOW_TEST_MOTO_ENDPOINT`) with the real SDK.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use aws_config::{BehaviorVersion, Region, SdkConfig};
+use aws_sdk_secretsmanager::config::Credentials;
+use aws_sdk_secretsmanager::primitives::Blob;
+use ironflow_core::providers::claude::ClaudeCodeProvider;
+use ironflow_lambda::builder::{BuildError, LambdaWorkerBuilder};
+use ironflow_lambda::config::ConfigError;
+use ironflow_lambda::secrets::{SecretError, WORKER_TOKEN_SECRET_ARN_VAR};
+
+fn moto_endpoint() -> String {
+    std::env::var("IRONFLOW_TEST_MOTO_ENDPOINT").unwrap_or_else(|_| {
+        panic!(
+            "IRONFLOW_TEST_MOTO_ENDPOINT is not set: run the tests with ./scripts/test, \
+             which starts moto's server"
+        )
+    })
+}
+
+async fn moto_config() -> SdkConfig {
+    aws_config::defaults(BehaviorVersion::latest())
+        .endpoint_url(moto_endpoint())
+        .region(Region::new("us-east-1"))
+        .credentials_provider(Credentials::new("testing", "testing", None, None, "moto"))
+        .load()
+        .await
+}
+
+/// A secret with a name no other test uses; returns its ARN.
+async fn create_secret(aws: &SdkConfig, string: Option<&str>, binary: Option<&[u8]>) -> String {
+    let client = aws_sdk_secretsmanager::Client::new(aws);
+    let name = format!("ironflow/worker-token-{}", uuid::Uuid::new_v4());
+    let mut request = client.create_secret().name(name);
+    if let Some(s) = string {
+        request = request.secret_string(s);
+    }
+    if let Some(b) = binary {
+        request = request.secret_binary(Blob::new(b));
+    }
+    request.send().await.unwrap().arn().unwrap().to_string()
+}
+
+fn lookup(vars: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> + use<> {
+    let map: HashMap<String, String> = vars
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    move |name| map.get(name).cloned()
+}
+
+async fn build(
+    vars: &[(&str, &str)],
+    aws: &SdkConfig,
+) -> Result<ironflow_lambda::builder::LambdaWorker, BuildError> {
+    LambdaWorkerBuilder::from_lookup_and_secrets(lookup(vars), aws)
+        .await?
+        .provider(Arc::new(ClaudeCodeProvider::new()))
+        .build()
+}
+
+#[tokio::test]
+async fn the_token_comes_from_the_secret_when_only_the_arn_is_set() {
+    let aws = moto_config().await;
+    let arn = create_secret(&aws, Some("tok-from-secrets-manager\n"), None).await;
+    let worker = build(
+        &[
+            ("IRONFLOW_API_URL", "http://127.0.0.1:3000"),
+            (WORKER_TOKEN_SECRET_ARN_VAR, &arn),
+        ],
+        &aws,
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        worker.settings().worker_token.expose(),
+        "tok-from-secrets-manager"
+    );
+    assert!(!format!("{:?}", worker.settings()).contains("tok-from-secrets-manager"));
+}
+
+#[tokio::test]
+async fn a_plain_token_wins_over_the_secret() {
+    let aws = moto_config().await;
+    let arn = create_secret(&aws, Some("from-secret"), None).await;
+    let worker = build(
+        &[
+            ("IRONFLOW_API_URL", "http://127.0.0.1:3000"),
+            ("IRONFLOW_WORKER_TOKEN", "from-env"),
+            (WORKER_TOKEN_SECRET_ARN_VAR, &arn),
+        ],
+        &aws,
+    )
+    .await
+    .unwrap();
+    assert_eq!(worker.settings().worker_token.expose(), "from-env");
+}
+
+#[tokio::test]
+async fn an_unknown_secret_names_the_variable_and_the_arn() {
+    let aws = moto_config().await;
+    let arn = "arn:aws:secretsmanager:us-east-1:123456789012:secret:ironflow/missing-AbC123";
+    let err = build(
+        &[
+            ("IRONFLOW_API_URL", "http://127.0.0.1:3000"),
+            (WORKER_TOKEN_SECRET_ARN_VAR, arn),
+        ],
+        &aws,
+    )
+    .await
+    .err()
+    .unwrap();
+    let BuildError::Secret(SecretError::Fetch {
+        variable,
+        secret_arn,
+        reason,
+    }) = &err
+    else {
+        panic!("expected a fetch error, got {err:?}");
+    };
+    assert_eq!(*variable, WORKER_TOKEN_SECRET_ARN_VAR);
+    assert_eq!(secret_arn, arn);
+    assert!(reason.contains("ResourceNotFound"), "{reason}");
+    let message = err.to_string();
+    assert!(message.contains(WORKER_TOKEN_SECRET_ARN_VAR) && message.contains(arn));
+}
+
+#[tokio::test]
+async fn a_binary_or_blank_secret_is_refused_without_its_value() {
+    let aws = moto_config().await;
+    for arn in [
+        create_secret(&aws, None, Some(b"binary-token-bytes")).await,
+        create_secret(&aws, Some("  \n"), None).await,
+    ] {
+        let err = build(
+            &[
+                ("IRONFLOW_API_URL", "http://127.0.0.1:3000"),
+                (WORKER_TOKEN_SECRET_ARN_VAR, &arn),
+            ],
+            &aws,
+        )
+        .await
+        .err()
+        .unwrap();
+        assert!(
+            matches!(&err, BuildError::Secret(SecretError::NotAString { secret_arn, .. }) if *secret_arn == arn),
+            "{err:?}"
+        );
+        assert!(!err.to_string().contains("binary-token-bytes"), "{err}");
+    }
+}
+
+#[tokio::test]
+async fn neither_token_nor_arn_names_both_variables() {
+    let aws = SdkConfig::builder().build();
+    let err = build(&[("IRONFLOW_API_URL", "http://127.0.0.1:3000")], &aws)
+        .await
+        .err()
+        .unwrap();
+    assert!(
+        matches!(
+            &err,
+            BuildError::Config(ConfigError::Missing {
+                variable: "IRONFLOW_WORKER_TOKEN",
+                ..
+            })
+        ),
+        "{err:?}"
+    );
+    assert!(
+        err.to_string().contains(WORKER_TOKEN_SECRET_ARN_VAR),
+        "{err}"
+    );
+}
+
+#[tokio::test]
+async fn a_secrets_manager_that_never_answers_fails_the_cold_start_naming_the_secret() {
+    // Fault injection, not a stand-in for Secrets Manager: a socket that accepts connections and
+    // never answers, to show the cold start's call is bounded.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let endpoint = format!("http://{}", listener.local_addr().unwrap());
+    std::thread::spawn(move || {
+        let mut held = Vec::new();
+        for stream in listener.incoming() {
+            held.push(stream);
+        }
+    });
+    let aws = aws_config::defaults(BehaviorVersion::latest())
+        .endpoint_url(endpoint)
+        .region(Region::new("us-east-1"))
+        .credentials_provider(Credentials::new("testing", "testing", None, None, "test"))
+        .load()
+        .await;
+    let arn = "arn:aws:secretsmanager:us-east-1:123456789012:secret:ironflow/silent-AbC123";
+    let err = build(
+        &[
+            ("IRONFLOW_API_URL", "http://127.0.0.1:3000"),
+            (WORKER_TOKEN_SECRET_ARN_VAR, arn),
+        ],
+        &aws,
+    )
+    .await
+    .err()
+    .unwrap();
+    let BuildError::Secret(SecretError::Fetch {
+        secret_arn, reason, ..
+    }) = &err
+    else {
+        panic!("expected a fetch error, got {err:?}");
+    };
+    assert_eq!(secret_arn, arn);
+    assert!(
+        reason.contains("timeout") || reason.contains("timed out"),
+        "{reason}"
+    );
+}
