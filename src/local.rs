@@ -46,7 +46,16 @@ impl LocalApi {
     ///
     /// [`LocalApiError`] when no loopback port can be bound.
     pub async fn start(worker_token: &str) -> Result<Self, LocalApiError> {
-        Self::start_with(worker_token, None).await
+        Self::start_with(worker_token, None, 0).await
+    }
+
+    /// Start the API on `127.0.0.1:port` (for `ironflow-lambda-local --serve`).
+    ///
+    /// # Errors
+    ///
+    /// [`LocalApiError`] when the port cannot be bound (already in use).
+    pub async fn start_on_port(worker_token: &str, port: u16) -> Result<Self, LocalApiError> {
+        Self::start_with(worker_token, None, port).await
     }
 
     /// Start the API with artifact storage in `dir` (a local blob store), so that steps can
@@ -60,12 +69,13 @@ impl LocalApi {
         dir: &std::path::Path,
     ) -> Result<Self, LocalApiError> {
         let blob = Arc::new(ironflow_artifacts::local::LocalBlobStore::new(dir));
-        Self::start_with(worker_token, Some(blob)).await
+        Self::start_with(worker_token, Some(blob), 0).await
     }
 
     async fn start_with(
         worker_token: &str,
         blob: Option<Arc<dyn ironflow_artifacts::blob_store::BlobStore>>,
+        port: u16,
     ) -> Result<Self, LocalApiError> {
         let store: Arc<dyn Store> = Arc::new(InMemoryStore::new());
         let engine = Arc::new(Engine::new(
@@ -103,7 +113,7 @@ impl LocalApi {
                 }
             },
         ));
-        let listener = TcpListener::bind("127.0.0.1:0").await?;
+        let listener = TcpListener::bind(("127.0.0.1", port)).await?;
         let addr = listener.local_addr()?;
         let server = tokio::spawn(async move {
             let _ = axum::serve(listener, app).await;

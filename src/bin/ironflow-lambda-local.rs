@@ -6,6 +6,10 @@
 //! invocation's summary and a final table; exits 1 if a run is left non-terminal.
 //!
 //! `cargo run --bin ironflow-lambda-local` (`RUST_LOG=info` for the worker's logs).
+//!
+//! `cargo run --bin ironflow-lambda-local -- --serve [PORT]` instead keeps the API up on
+//! `127.0.0.1:PORT` (default 3000) with the same runs pending, prints the environment for the
+//! deployable function (`cargo lambda watch`), and prints the table of runs on Ctrl-C.
 
 use std::collections::HashMap;
 use std::process::ExitCode;
@@ -46,9 +50,40 @@ async fn main() -> ExitCode {
 
 async fn run() -> Result<bool, Box<dyn std::error::Error>> {
     orphans::become_subreaper();
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let serve = match args.as_slice() {
+        [] => None,
+        [flag] if flag == "--serve" => Some(3000),
+        [flag, port] if flag == "--serve" => Some(
+            port.parse::<u16>()
+                .map_err(|_| format!("--serve takes a TCP port (1-65535), got {port:?}"))?,
+        ),
+        _ => return Err("usage: ironflow-lambda-local [--serve [PORT]]".into()),
+    };
     let token = Uuid::new_v4().to_string();
-    let api = LocalApi::start(&token).await?;
+    let api = match serve {
+        Some(port) => LocalApi::start_on_port(&token, port).await?,
+        None => LocalApi::start(&token).await?,
+    };
     println!("ironflow API (in-memory store) listening on {}", api.url());
+    let runs = create_runs(&api.url(), &token).await?;
+    println!(
+        "created {} runs through POST /api/v1/internal/runs\n",
+        runs.len()
+    );
+
+    if serve.is_some() {
+        println!("Drive the deployable function against it, in another terminal:\n");
+        println!(
+            "  export IRONFLOW_API_URL={} IRONFLOW_WORKER_TOKEN={token} IRONFLOW_EMULATED_INVOCATION_SECS=30",
+            api.url()
+        );
+        println!("  .venv/bin/cargo-lambda lambda watch --bin ironflow-lambda");
+        println!("  .venv/bin/cargo-lambda lambda invoke ironflow-lambda --data-ascii '{{}}'\n");
+        println!("Ctrl-C prints the runs and stops the API.");
+        tokio::signal::ctrl_c().await?;
+        return print_table(&api, &runs, &HashMap::new()).await;
+    }
 
     let worker = LambdaWorkerBuilder::new(&api.url(), &token)
         .provider(Arc::new(ClaudeCodeProvider::new()))
@@ -66,23 +101,6 @@ async fn run() -> Result<bool, Box<dyn std::error::Error>> {
         .poison_threshold(3)
         .poison_cooldown(Duration::from_secs(60))
         .build()?;
-
-    let client = ApiRunStore::new(&api.url(), &token);
-    let mut runs = Vec::new();
-    for (workflow, count) in [
-        ("quick-shell", 3),
-        ("multi-step", 2),
-        ("flaky", 1),
-        ("always-fails", 5),
-    ] {
-        for _ in 0..count {
-            runs.push(client.create_run(new_run(workflow, 0)).await?.into_run().id);
-        }
-    }
-    println!(
-        "created {} runs through POST /api/v1/internal/runs\n",
-        runs.len()
-    );
 
     let mut invocations_per_run: HashMap<Uuid, usize> = HashMap::new();
     for n in 1..=MAX_INVOCATIONS {
@@ -107,12 +125,21 @@ async fn run() -> Result<bool, Box<dyn std::error::Error>> {
         }
     }
 
+    print_table(&api, &runs, &invocations_per_run).await
+}
+
+/// Print the final table of runs; `Ok(true)` when every run is terminal.
+async fn print_table(
+    api: &LocalApi,
+    runs: &[Uuid],
+    invocations_per_run: &HashMap<Uuid, usize>,
+) -> Result<bool, Box<dyn std::error::Error>> {
     println!(
         "\n{:<14} {:<38} {:<10} {:>11} {:>15}  error",
         "workflow", "run", "state", "invocations", "steps done/all"
     );
     let mut ok = true;
-    for id in &runs {
+    for id in runs {
         let Some(run) = api.store().get_run(*id).await? else {
             continue;
         };
@@ -140,9 +167,26 @@ async fn run() -> Result<bool, Box<dyn std::error::Error>> {
     if ok {
         println!("\nall {} runs are terminal", runs.len());
     } else {
-        println!("\nsome runs are not terminal after {MAX_INVOCATIONS} invocations");
+        println!("\nsome runs are not terminal");
     }
     Ok(ok)
+}
+
+/// The mix of runs the local job drains, created through the API's internal route.
+async fn create_runs(url: &str, token: &str) -> Result<Vec<Uuid>, Box<dyn std::error::Error>> {
+    let client = ApiRunStore::new(url, token);
+    let mut runs = Vec::new();
+    for (workflow, count) in [
+        ("quick-shell", 3),
+        ("multi-step", 2),
+        ("flaky", 1),
+        ("always-fails", 5),
+    ] {
+        for _ in 0..count {
+            runs.push(client.create_run(new_run(workflow, 0)).await?.into_run().id);
+        }
+    }
+    Ok(runs)
 }
 
 async fn all_terminal(store: &Arc<dyn Store>, runs: &[Uuid]) -> bool {
