@@ -73,6 +73,20 @@ pub struct RunReport {
     pub retry_count: u32,
 }
 
+impl RunReport {
+    /// The report of a run claimed while its workflow was blocked, which never executed.
+    pub(crate) fn poison_blocked(run: &Run, error: String) -> Self {
+        Self {
+            run_id: run.id,
+            workflow: run.workflow_name.clone(),
+            outcome: Outcome::PoisonBlocked,
+            duration_ms: 0,
+            error: Some(error),
+            retry_count: run.retry_count,
+        }
+    }
+}
+
 /// Everything one execution needs, cloned out of the worker so it can run in its own task.
 #[derive(Clone)]
 pub(crate) struct ExecutionParams {

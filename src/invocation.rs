@@ -379,14 +379,7 @@ async fn fail_blocked(
         Ok(Err(e)) => format!("{reason} (recording it failed: {e})"),
         Err(_) => format!("{reason} (recording it ran into the deadline)"),
     };
-    RunReport {
-        run_id: run.id,
-        workflow: run.workflow_name.clone(),
-        outcome: Outcome::PoisonBlocked,
-        duration_ms: 0,
-        error: Some(error),
-        retry_count: run.retry_count,
-    }
+    RunReport::poison_blocked(run, error)
 }
 
 /// Defer mode: a run claimed while its workflow is blocked (the block came from this claim's
@@ -415,12 +408,5 @@ async fn defer_blocked(
              requeue it once its lease expires"
         ),
     };
-    RunReport {
-        run_id: run.id,
-        workflow: run.workflow_name.clone(),
-        outcome: Outcome::PoisonBlocked,
-        duration_ms: 0,
-        error: Some(error),
-        retry_count: run.retry_count,
-    }
+    RunReport::poison_blocked(run, error)
 }
