@@ -91,11 +91,10 @@ pub fn record(summary: &InvocationSummary) {
     counter!(LOG_LINES_DROPPED).increment(summary.logs.dropped as u64);
     counter!(POISON_TABLE_ERRORS).increment(u64::from(summary.poison_table_errors));
     gauge!(TIME_LEFT_AT_EXIT).set(summary.time_left_ms as f64);
-}
-
-/// Record the backlog (pending runs this worker can take).
-pub fn record_backlog(pending: u64) {
-    gauge!(BACKLOG).set(pending as f64);
+    // Known when the wake-up step counted the pending runs (`IRONFLOW_WAKE_QUEUE_URL` set).
+    if let Some(pending) = summary.wake_ups.as_ref().and_then(|w| w.pending_runs) {
+        gauge!(BACKLOG).set(pending as f64);
+    }
 }
 
 /// Write the EMF document of everything recorded since the last flush to `writer` (stdout on
