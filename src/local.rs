@@ -4,11 +4,12 @@
 //! Used by the local runner (`ironflow-lambda-local`) and the tests; behind the `local`
 //! feature (on by default; the deployable function is built without it).
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
-use axum::extract::Request;
+use axum::extract::{MatchedPath, Request};
 use axum::middleware::{self, Next};
 use axum::response::Response;
 use ironflow_api::routes::{RouterConfig, create_router};
@@ -35,6 +36,7 @@ pub struct LocalApi {
     token: String,
     store: Arc<dyn Store>,
     requests: Arc<AtomicU64>,
+    routes: Arc<Mutex<BTreeMap<String, u64>>>,
     background: CancellationToken,
     server: JoinHandle<()>,
 }
@@ -97,7 +99,8 @@ impl LocalApi {
         let background = state.spawn_background_tasks().await;
 
         let requests = Arc::new(AtomicU64::new(0));
-        let counter = requests.clone();
+        let routes: Arc<Mutex<BTreeMap<String, u64>>> = Arc::default();
+        let (counter, per_route) = (requests.clone(), routes.clone());
         let config = RouterConfig {
             rate_limit_auth: None,
             rate_limit_general: None,
@@ -106,6 +109,18 @@ impl LocalApi {
         let app = create_router(state, config).layer(middleware::from_fn(
             move |req: Request, next: Next| {
                 let counter = counter.clone();
+                let route = format!(
+                    "{} {}",
+                    req.method(),
+                    req.extensions()
+                        .get::<MatchedPath>()
+                        .map_or("(unmatched)", MatchedPath::as_str)
+                );
+                *per_route
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .entry(route)
+                    .or_default() += 1;
                 async move {
                     counter.fetch_add(1, Ordering::SeqCst);
                     let response: Response = next.run(req).await;
@@ -123,6 +138,7 @@ impl LocalApi {
             token: worker_token.to_string(),
             store,
             requests,
+            routes,
             background,
             server,
         })
@@ -146,6 +162,16 @@ impl LocalApi {
     /// HTTP requests the API has received so far.
     pub fn requests(&self) -> u64 {
         self.requests.load(Ordering::SeqCst)
+    }
+
+    /// HTTP requests the API has received so far, per route: `"<METHOD> <route template>"`
+    /// (e.g. `"POST /api/v1/internal/runs/{id}/lease"`), `"<METHOD> (unmatched)"` for a
+    /// path no route serves.
+    pub fn requests_by_route(&self) -> BTreeMap<String, u64> {
+        self.routes
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
     }
 }
 

@@ -56,7 +56,7 @@ impl InvocationGuard {
             *active = active.saturating_sub(1);
             *active == 0
         };
-        if !last {
+        if !last || has_no_child() {
             return 0;
         }
         match tokio::task::spawn_blocking(|| sweep(Duration::from_secs(2))).await {
@@ -83,6 +83,9 @@ impl Drop for InvocationGuard {
 /// Kill every descendant of this process with SIGKILL, then reap the ones that are its direct
 /// children, waiting at most `wait` for them to exit. Returns how many were killed.
 pub fn sweep(wait: Duration) -> usize {
+    if has_no_child() {
+        return 0;
+    }
     let me = std::process::id() as i32;
     let descendants = descendants_of(me);
     if descendants.is_empty() {
@@ -118,6 +121,29 @@ pub fn sweep(wait: Duration) -> usize {
         }
     }
     descendants.len()
+}
+
+/// Whether this process has no child process at all, from `/proc/self/task/<tid>/children`
+/// (one small file per thread): then it has no descendant either, since every descendant's
+/// chain of parents goes through a child of this process (an orphan is re-parented to this
+/// process, the subreaper, or leaves the tree for init). A few reads instead of the whole `/proc`
+/// scan of [`descendants`] (0.8 ms with 100 processes on the machine), for the common end of
+/// an invocation: every process a run started has exited and been reaped. `false` where the
+/// kernel does not provide the file (`CONFIG_PROC_CHILDREN`): the full scan decides then.
+fn has_no_child() -> bool {
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
+        return false;
+    };
+    for task in tasks {
+        let Ok(task) = task else {
+            return false;
+        };
+        match std::fs::read_to_string(task.path().join("children")) {
+            Ok(children) if children.trim().is_empty() => {}
+            _ => return false,
+        }
+    }
+    true
 }
 
 /// The pids of every live descendant of this process (read from `/proc`).

@@ -10,6 +10,8 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
+use futures_util::StreamExt;
+
 use ironflow_engine::log_sender::{LogLine, LogReceiver};
 use ironflow_store::entities::LogStream;
 use serde::Serialize;
@@ -23,6 +25,8 @@ use super::{ApiClient, CALL_TIMEOUT};
 
 /// The API takes at most 1000 lines per call.
 pub const MAX_LINES_PER_CALL: usize = 1000;
+/// Groups (run, step, stream) one flush pushes at once: 8.
+pub const PARALLEL_PUSHES: usize = 8;
 /// How often the pump flushes during an invocation: 500 ms.
 pub const FLUSH_INTERVAL: Duration = Duration::from_millis(500);
 
@@ -90,8 +94,23 @@ impl LogForwarder {
             }
             lines
         };
+        // Groups (run, step, stream) go out concurrently, each group's batches in order: at
+        // the end of an invocation this flush holds every line of the batch's runs, one call
+        // per step, and sent one by one they kept the invocation from returning.
+        futures_util::stream::iter(in_order_by_group(group(lines)))
+            .map(|batches| self.push_in_order(batches, until))
+            .buffer_unordered(PARALLEL_PUSHES)
+            .fold(FlushReport::default(), |mut total, report| async move {
+                total += report;
+                total
+            })
+            .await
+    }
+
+    /// Push `batches` (of one group) one after the other, each bounded by `until`.
+    async fn push_in_order(&self, batches: Vec<Batch>, until: Instant) -> FlushReport {
         let mut report = FlushReport::default();
-        for batch in group(lines) {
+        for batch in batches {
             let n = batch.lines.len();
             match timeout_at(until, self.push(&batch)).await {
                 Ok(Ok(())) => report.sent += n,
@@ -136,6 +155,25 @@ impl LogForwarder {
             Err(format!("POST {url}: HTTP {status}: {text}"))
         }
     }
+}
+
+/// The batches of [`group`], split by group (run, step, stream), each group's in order.
+fn in_order_by_group(batches: Vec<Batch>) -> Vec<Vec<Batch>> {
+    let mut out: Vec<Vec<Batch>> = Vec::new();
+    for batch in batches {
+        let key = (batch.run_id, batch.step_id, batch.stream);
+        match out.last_mut() {
+            Some(last)
+                if last
+                    .first()
+                    .is_some_and(|b| (b.run_id, b.step_id, b.stream) == key) =>
+            {
+                last.push(batch);
+            }
+            _ => out.push(vec![batch]),
+        }
+    }
+    out
 }
 
 /// Lines of one run, step and stream, in the order they were printed.
@@ -217,5 +255,12 @@ mod tests {
         assert_eq!(batches[1].lines.len(), 500);
         assert_eq!(batches[1].lines[0], "1000");
         assert_eq!(batches[2].stream, LogStream::Stderr);
+
+        let groups = in_order_by_group(batches);
+        assert_eq!(groups.len(), 2);
+        assert_eq!(groups[0].len(), 2);
+        assert_eq!(groups[0][0].lines[0], "0");
+        assert_eq!(groups[0][1].lines[0], "1000");
+        assert_eq!(groups[1][0].stream, LogStream::Stderr);
     }
 }

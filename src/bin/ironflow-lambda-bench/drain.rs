@@ -1,0 +1,336 @@
+//! Drain throughput: K pending runs drained by the reference worker (`ironflow_worker::Worker`)
+//! and by back-to-back invocations of ours, each against its own fresh embedded API.
+//!
+//! Both are timed the same way: from the moment the worker starts (the reference's `run()`, our
+//! first invocation) until a watcher sees every one of the K runs terminal in the API's store.
+//! HTTP requests are counted at the API, per route, from the worker's start until it stops.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use ironflow_core::providers::claude::ClaudeCodeProvider;
+use ironflow_engine::config::ShellConfig;
+use ironflow_engine::context::WorkflowContext;
+use ironflow_engine::handler::{HandlerFuture, WorkflowHandler};
+use ironflow_lambda::builder::{LambdaWorker, LambdaWorkerBuilder};
+use ironflow_lambda::handler;
+use ironflow_lambda::invocation::InvocationSummary;
+use ironflow_lambda::local::{LocalApi, new_run};
+use ironflow_store::entities::RunStatus;
+use ironflow_store::store::Store;
+use ironflow_worker::WorkerBuilder;
+use lambda_runtime::{Context, LambdaEvent};
+use tokio::time::{Instant, sleep, timeout};
+use uuid::Uuid;
+
+use crate::BenchError;
+
+/// The workflows drained.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Workload {
+    /// A handler with no step: the run's whole cost is the worker's and the API's.
+    NoOp,
+    /// Three shell steps, each `echo`ing one line (a process spawn, step writes, a log push).
+    ThreeStepShell,
+}
+
+impl Workload {
+    pub const ALL: [Workload; 2] = [Workload::NoOp, Workload::ThreeStepShell];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Workload::NoOp => "bench-noop",
+            Workload::ThreeStepShell => "bench-shell-3",
+        }
+    }
+
+    pub fn describe(self) -> &'static str {
+        match self {
+            Workload::NoOp => "no-op (a handler with no step)",
+            Workload::ThreeStepShell => "three-step shell (`echo` ×3)",
+        }
+    }
+
+    /// The reference worker's builder with this workload registered.
+    fn register_reference(self, b: WorkerBuilder) -> WorkerBuilder {
+        match self {
+            Workload::NoOp => b.register(NoOp),
+            Workload::ThreeStepShell => b.register(ThreeStepShell),
+        }
+    }
+
+    /// Our builder with this workload registered.
+    pub fn register_ours(self, b: LambdaWorkerBuilder) -> LambdaWorkerBuilder {
+        match self {
+            Workload::NoOp => b.register(NoOp),
+            Workload::ThreeStepShell => b.register(ThreeStepShell),
+        }
+    }
+}
+
+/// A workflow handler with no step.
+pub struct NoOp;
+
+impl WorkflowHandler for NoOp {
+    fn name(&self) -> &str {
+        Workload::NoOp.name()
+    }
+
+    fn execute<'a>(&'a self, _ctx: &'a mut WorkflowContext) -> HandlerFuture<'a> {
+        Box::pin(async { Ok(()) })
+    }
+}
+
+/// Three shell steps, each printing one line.
+pub struct ThreeStepShell;
+
+impl WorkflowHandler for ThreeStepShell {
+    fn name(&self) -> &str {
+        Workload::ThreeStepShell.name()
+    }
+
+    fn execute<'a>(&'a self, ctx: &'a mut WorkflowContext) -> HandlerFuture<'a> {
+        Box::pin(async move {
+            for step in ["fetch", "build", "publish"] {
+                ctx.shell(step, ShellConfig::new(&format!("echo {step} done")))
+                    .await?;
+            }
+            Ok(())
+        })
+    }
+}
+
+/// Which worker drains.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Which {
+    Reference,
+    Ours,
+}
+
+impl Which {
+    pub fn name(self) -> &'static str {
+        match self {
+            Which::Reference => "reference `ironflow_worker::Worker`",
+            Which::Ours => "ironflow-lambda (invocations back to back)",
+        }
+    }
+}
+
+/// The drain settings shared by both workers.
+#[derive(Debug, Clone)]
+pub struct DrainSettings {
+    /// K: runs to drain.
+    pub runs: usize,
+    /// C: runs executing at once, for both workers.
+    pub concurrency: usize,
+    /// N: runs one of our invocations claims at most.
+    pub max_runs: usize,
+    /// Time from an invocation's start to its deadline (`Context.deadline`).
+    pub invocation: Duration,
+    /// The reference worker's poll interval (it sleeps this long after an empty poll).
+    pub poll_interval: Duration,
+}
+
+/// One drain.
+#[derive(Debug, Clone)]
+pub struct DrainResult {
+    /// From the worker's start until every run is terminal in the API.
+    pub wall: Duration,
+    /// From the moment the watcher saw the first run claimed until every run is terminal:
+    /// leaves out what a worker does before its first claim.
+    pub from_first_claim: Duration,
+    /// HTTP requests the API received from the worker's start until it stopped, per route.
+    pub requests: BTreeMap<String, u64>,
+    /// Our invocations used (0 for the reference worker).
+    pub invocations: usize,
+}
+
+impl DrainResult {
+    pub fn total_requests(&self) -> u64 {
+        self.requests.values().sum()
+    }
+}
+
+/// After the last run is terminal, how long the reference worker keeps running before it is
+/// stopped: longer than its log pusher's 200 ms batch window, so that the log lines of the last
+/// runs reach the API and are counted, as ours are (our last invocation sends them before it
+/// returns).
+const SETTLE: Duration = Duration::from_millis(400);
+
+/// A drain that takes longer than this is a failure of the bench.
+const DRAIN_LIMIT: Duration = Duration::from_secs(600);
+
+/// Drain `s.runs` runs of `workload` with `which`.
+pub async fn drain(
+    which: Which,
+    workload: Workload,
+    s: &DrainSettings,
+) -> Result<DrainResult, BenchError> {
+    let token = Uuid::new_v4().to_string();
+    let api = LocalApi::start(&token).await?;
+    let mut ids = Vec::with_capacity(s.runs);
+    for _ in 0..s.runs {
+        // Straight into the API's store: creating the runs is not part of what is measured.
+        ids.push(
+            api.store()
+                .create_run(new_run(workload.name(), 0))
+                .await?
+                .into_run()
+                .id,
+        );
+    }
+    let before = api.requests_by_route();
+    let watcher = tokio::spawn(all_terminal(api.store().clone(), ids));
+
+    let (seen, start, invocations) = match which {
+        Which::Reference => {
+            let builder = WorkerBuilder::new(&api.url(), &token)
+                .provider(Arc::new(ClaudeCodeProvider::new()));
+            let worker = workload
+                .register_reference(builder)
+                .concurrency(s.concurrency)
+                .poll_interval(s.poll_interval)
+                .build()?;
+            let start = Instant::now();
+            // `Worker::run` returns only on SIGTERM/SIGINT: run it in a task and abort the task
+            // once every run is terminal (no run is in flight then).
+            let task = tokio::spawn(async move { worker.run().await });
+            let done = timeout(DRAIN_LIMIT, watcher)
+                .await
+                .map_err(|_| BenchError::msg("the reference worker did not drain in time"))???;
+            sleep(SETTLE).await;
+            task.abort();
+            let _ = task.await;
+            (done, start, 0)
+        }
+        Which::Ours => {
+            let builder = LambdaWorkerBuilder::new(&api.url(), &token)
+                .provider(Arc::new(ClaudeCodeProvider::new()));
+            let worker = Arc::new(
+                workload
+                    .register_ours(builder)
+                    .concurrency(s.concurrency)
+                    .max_runs_per_invocation(s.max_runs)
+                    .function_timeout(s.invocation)
+                    .build()?,
+            );
+            let start = Instant::now();
+            let mut invocations = 0;
+            let mut finished = 0;
+            while finished < s.runs {
+                if start.elapsed() > DRAIN_LIMIT {
+                    return Err(BenchError::msg("our invocations did not drain in time"));
+                }
+                invocations += 1;
+                let summary = invoke(&worker, invocations, s.invocation).await?;
+                finished += summary
+                    .runs
+                    .iter()
+                    .filter(|r| {
+                        !matches!(
+                            r.outcome,
+                            ironflow_lambda::execution::Outcome::HandedBack
+                                | ironflow_lambda::execution::Outcome::LeaseLost
+                        )
+                    })
+                    .count();
+                if summary.claimed == 0 && finished < s.runs {
+                    return Err(BenchError::msg(format!(
+                        "an invocation claimed nothing with {} runs left: {:?}",
+                        s.runs - finished,
+                        summary.errors
+                    )));
+                }
+            }
+            let done = timeout(DRAIN_LIMIT, watcher)
+                .await
+                .map_err(|_| BenchError::msg("runs reported finished are not terminal"))???;
+            (done, start, invocations)
+        }
+    };
+    let after = api.requests_by_route();
+    let requests = after
+        .into_iter()
+        .map(|(route, n)| {
+            let n = n - before.get(&route).copied().unwrap_or(0);
+            (route, n)
+        })
+        .filter(|(_, n)| *n > 0)
+        .collect();
+    Ok(DrainResult {
+        wall: seen.all_terminal - start,
+        from_first_claim: seen.all_terminal - seen.first_claimed,
+        requests,
+        invocations,
+    })
+}
+
+/// One invocation of ours through the Lambda handler, with a deadline `invocation` from now,
+/// in a task on the runtime's worker threads as the deployed function runs it
+/// (`handler::in_worker_task`).
+pub async fn invoke(
+    worker: &Arc<LambdaWorker>,
+    n: usize,
+    invocation: Duration,
+) -> Result<InvocationSummary, BenchError> {
+    let mut context = Context::default();
+    context.request_id = format!("bench-{n}");
+    context.deadline = crate::epoch_ms() + invocation.as_millis() as u64;
+    invoke_with(worker, context).await
+}
+
+/// One invocation with `context`, as [`invoke`].
+pub async fn invoke_with(
+    worker: &Arc<LambdaWorker>,
+    context: Context,
+) -> Result<InvocationSummary, BenchError> {
+    let worker = worker.clone();
+    let event = LambdaEvent::new(serde_json::json!({}), context);
+    let summary =
+        handler::in_worker_task(async move { handler::handle_summary(&worker, event).await }).await;
+    Ok(summary?)
+}
+
+/// When the watcher saw the first run claimed, and every run terminal.
+#[derive(Debug, Clone, Copy)]
+struct Seen {
+    first_claimed: Instant,
+    all_terminal: Instant,
+}
+
+/// Resolves when every run in `ids` is terminal.
+///
+/// Runs are claimed oldest first, so each poll walks the remaining runs in creation order,
+/// drops the terminal ones, keeps the running ones and stops at the first one still pending
+/// (every younger one is pending too): a poll costs about C + 1 store reads, not K.
+async fn all_terminal(store: Arc<dyn Store>, ids: Vec<Uuid>) -> Result<Seen, BenchError> {
+    let mut remaining = std::collections::VecDeque::from(ids);
+    let mut first_claimed = None;
+    loop {
+        let mut kept = Vec::new();
+        while let Some(id) = remaining.pop_front() {
+            let state = store.get_run(id).await?.map(|r| r.status.state);
+            match state {
+                Some(RunStatus::Pending) => {
+                    kept.push(id);
+                    break;
+                }
+                Some(state) if state.is_terminal() => {}
+                _ => kept.push(id),
+            }
+            first_claimed.get_or_insert_with(Instant::now);
+        }
+        if remaining.is_empty() && kept.is_empty() {
+            let now = Instant::now();
+            return Ok(Seen {
+                first_claimed: first_claimed.unwrap_or(now),
+                all_terminal: now,
+            });
+        }
+        for id in kept.into_iter().rev() {
+            remaining.push_front(id);
+        }
+        sleep(Duration::from_millis(1)).await;
+    }
+}

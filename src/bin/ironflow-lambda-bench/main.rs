@@ -1,0 +1,249 @@
+//! Benchmark against the reference worker (`ironflow_worker::Worker`), on this machine, in one
+//! run: drain throughput, HTTP requests per run, idle invocation latency, deadline precision,
+//! cold start, binary size and peak RSS. Writes `BENCHMARKS.md`.
+//!
+//! ```sh
+//! cargo run --release --bin ironflow-lambda-bench             # full run, writes BENCHMARKS.md
+//! cargo run --release --bin ironflow-lambda-bench -- --quick  # small run, prints only
+//! ```
+//!
+//! Options: `--quick`, `--runs K`, `--rounds R`, `--concurrency C`, `--max-runs N`,
+//! `--out PATH`, `--function PATH` (an already built `ironflow-lambda` binary: skips the build).
+//! Not part of the test command.
+
+mod drain;
+mod dynamodb;
+mod latency;
+mod process;
+mod report;
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use drain::{DrainResult, DrainSettings, Which, Workload};
+use latency::DeadlineSettings;
+
+/// Anything that stops the bench, with what it was doing.
+#[derive(Debug, thiserror::Error)]
+pub enum BenchError {
+    #[error("{0}")]
+    Msg(String),
+    #[error(transparent)]
+    Api(#[from] ironflow_lambda::local::LocalApiError),
+    #[error("store: {0}")]
+    Store(#[from] ironflow_store::error::StoreError),
+    #[error("building our worker: {0}")]
+    Build(#[from] ironflow_lambda::builder::BuildError),
+    #[error("building the reference worker: {0}")]
+    Reference(#[from] ironflow_worker::WorkerError),
+    #[error("invocation refused: {0}")]
+    Trigger(#[from] ironflow_lambda::trigger::TriggerError),
+    #[error("I/O: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("JSON: {0}")]
+    Json(#[from] serde_json::Error),
+    #[error("task: {0}")]
+    Join(#[from] tokio::task::JoinError),
+}
+
+impl BenchError {
+    pub fn msg(m: impl Into<String>) -> Self {
+        Self::Msg(m.into())
+    }
+}
+
+/// What to run.
+#[derive(Debug, Clone)]
+pub struct Options {
+    pub quick: bool,
+    pub drain: DrainSettings,
+    pub rounds: usize,
+    pub idle_invocations: usize,
+    pub deadline: DeadlineSettings,
+    pub deadline_invocations: usize,
+    pub cold_starts: usize,
+    pub dynamodb_runs: usize,
+    pub out: Option<PathBuf>,
+    pub function: Option<PathBuf>,
+    pub args: Vec<String>,
+}
+
+fn parse(args: Vec<String>) -> Result<Options, String> {
+    let quick = args.iter().any(|a| a == "--quick");
+    let mut o = Options {
+        quick,
+        drain: DrainSettings {
+            runs: if quick { 50 } else { 500 },
+            concurrency: 2,
+            max_runs: 8,
+            invocation: Duration::from_secs(60),
+            poll_interval: Duration::from_millis(100),
+        },
+        rounds: if quick { 2 } else { 5 },
+        idle_invocations: if quick { 50 } else { 200 },
+        deadline: DeadlineSettings {
+            invocation: Duration::from_secs(3),
+            margin: Duration::from_secs(1),
+            runs: 2,
+        },
+        deadline_invocations: if quick { 3 } else { 20 },
+        cold_starts: if quick { 5 } else { 30 },
+        dynamodb_runs: if quick { 16 } else { 96 },
+        out: (!quick).then(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("BENCHMARKS.md")),
+        function: None,
+        args: args.clone(),
+    };
+    let mut it = args.into_iter();
+    while let Some(a) = it.next() {
+        let mut value = |name: &str| it.next().ok_or(format!("{name} needs a value"));
+        let number = |v: String, name: &str| {
+            v.parse::<usize>()
+                .ok()
+                .filter(|n| *n > 0)
+                .ok_or(format!("{name} takes a positive integer, got {v:?}"))
+        };
+        match a.as_str() {
+            "--quick" => {}
+            "--runs" => o.drain.runs = number(value("--runs")?, "--runs")?,
+            "--rounds" => o.rounds = number(value("--rounds")?, "--rounds")?,
+            "--concurrency" => {
+                o.drain.concurrency = number(value("--concurrency")?, "--concurrency")?;
+            }
+            "--max-runs" => o.drain.max_runs = number(value("--max-runs")?, "--max-runs")?,
+            "--out" => o.out = Some(PathBuf::from(value("--out")?)),
+            "--function" => o.function = Some(PathBuf::from(value("--function")?)),
+            "-h" | "--help" => return Err(String::new()),
+            other => return Err(format!("unknown argument {other:?}")),
+        }
+    }
+    Ok(o)
+}
+
+/// Everything measured.
+pub struct Results {
+    pub drains: BTreeMap<(Workload, Which), Vec<DrainResult>>,
+    pub idle: latency::Idle,
+    pub deadline: latency::DeadlinePrecision,
+    pub cold_start_ms: Vec<f64>,
+    pub cold_start_rss_kib: u64,
+    pub binary_bytes: u64,
+    pub batch: process::BatchMemory,
+    pub dynamodb: dynamodb::DynamoDb,
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let options = match parse(std::env::args().skip(1).collect()) {
+        Ok(o) => o,
+        Err(e) => {
+            if !e.is_empty() {
+                eprintln!("error: {e}");
+            }
+            eprintln!(
+                "usage: ironflow-lambda-bench [--quick] [--runs K] [--rounds R] [--concurrency C] \
+                 [--max-runs N] [--out PATH] [--function PATH]"
+            );
+            return ExitCode::from(2);
+        }
+    };
+    // The reference worker installs SIGINT/SIGTERM handlers that outlive it (its drain is
+    // stopped by aborting its task): Ctrl+C must still stop the bench.
+    tokio::spawn(async {
+        let _ = tokio::signal::ctrl_c().await;
+        eprintln!("interrupted");
+        std::process::exit(130);
+    });
+    match run(options).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(o: Options) -> Result<(), BenchError> {
+    // moto first: started before we become a subreaper, it is not our descendant, and our
+    // invocations' orphan sweep leaves it alone.
+    let moto = dynamodb::Moto::find_or_start().await;
+    // Like the deployed function: descendants left by shell steps are reaped by us.
+    ironflow_lambda::orphans::become_subreaper();
+    let machine = report::Machine::read();
+    let binary = match &o.function {
+        Some(path) => path.clone(),
+        None => process::build_function()?,
+    };
+
+    let mut drains: BTreeMap<(Workload, Which), Vec<DrainResult>> = BTreeMap::new();
+    for round in 0..o.rounds {
+        for workload in Workload::ALL {
+            // Alternate who goes first, so that a drift of the machine's load hits both.
+            let order = if round % 2 == 0 {
+                [Which::Reference, Which::Ours]
+            } else {
+                [Which::Ours, Which::Reference]
+            };
+            for which in order {
+                let r = drain::drain(which, workload, &o.drain).await?;
+                eprintln!(
+                    "round {}/{} {:<14} {:<10} {:>8.3} s  {:>6.1} runs/s  {:>5.2} requests/run  {} invocations",
+                    round + 1,
+                    o.rounds,
+                    workload.name(),
+                    format!("{which:?}"),
+                    r.wall.as_secs_f64(),
+                    o.drain.runs as f64 / r.wall.as_secs_f64(),
+                    r.total_requests() as f64 / o.drain.runs as f64,
+                    r.invocations
+                );
+                drains.entry((workload, which)).or_default().push(r);
+            }
+        }
+    }
+
+    eprintln!("idle invocations ...");
+    let idle = latency::idle(&o.drain, o.idle_invocations).await?;
+    eprintln!("deadline precision ...");
+    let deadline = latency::deadline_precision(o.deadline, o.deadline_invocations).await?;
+    eprintln!("cold starts of {} ...", binary.display());
+    let (cold_start_ms, cold_start_rss_kib) =
+        process::cold_starts(&binary, o.cold_starts, o.drain.concurrency).await?;
+    let binary_bytes = process::size(&binary)?;
+    eprintln!("peak RSS during a batch of 8 ...");
+    let batch = process::batch_memory(&binary, o.drain.concurrency).await?;
+    eprintln!("DynamoDB calls ...");
+    let dynamodb = dynamodb::measure(&moto, &o.drain, o.dynamodb_runs).await?;
+    drop(moto);
+
+    let results = Results {
+        drains,
+        idle,
+        deadline,
+        cold_start_ms,
+        cold_start_rss_kib,
+        binary_bytes,
+        batch,
+        dynamodb,
+    };
+    let markdown = report::render(&o, &machine.finish(), &results);
+    println!("{markdown}");
+    if let Some(out) = &o.out {
+        std::fs::write(out, &markdown)?;
+        eprintln!("wrote {}", out.display());
+    }
+    Ok(())
+}
+
+/// Now, in ms since the Unix epoch.
+pub fn epoch_ms() -> u64 {
+    epoch_us() / 1000
+}
+
+/// Now, in µs since the Unix epoch.
+pub fn epoch_us() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
+}

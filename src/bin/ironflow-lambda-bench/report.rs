@@ -1,0 +1,546 @@
+//! The Markdown report (`BENCHMARKS.md`): the machine, the command, the numbers, the targets.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt::Write;
+
+use crate::drain::{DrainResult, Which, Workload};
+use crate::dynamodb::DynamoDb;
+use crate::{Options, Results};
+
+/// What the machine was, read at the start (and its load at the end).
+pub struct Machine {
+    pub nproc: usize,
+    pub cpu: String,
+    pub memory: String,
+    pub kernel: String,
+    pub rustc: String,
+    pub load_start: String,
+    pub load_end: String,
+    pub date: String,
+}
+
+impl Machine {
+    pub fn read() -> Self {
+        let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+        let cpu = cpuinfo
+            .lines()
+            .find_map(|l| l.strip_prefix("model name")?.split_once(':'))
+            .map_or_else(|| "unknown".to_string(), |(_, v)| v.trim().to_string());
+        let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
+        let memory = meminfo
+            .lines()
+            .find_map(|l| l.strip_prefix("MemTotal:"))
+            .and_then(|v| v.split_whitespace().next()?.parse::<f64>().ok())
+            .map_or_else(
+                || "unknown".to_string(),
+                |kib| format!("{:.1} GiB", kib / 1024.0 / 1024.0),
+            );
+        let rustc = std::process::Command::new(
+            std::env::var("RUSTC").unwrap_or_else(|_| "rustc".to_string()),
+        )
+        .arg("--version")
+        .output()
+        .ok()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| "unknown".to_string());
+        Self {
+            nproc: std::thread::available_parallelism().map_or(0, |n| n.get()),
+            cpu,
+            memory,
+            kernel: std::fs::read_to_string("/proc/sys/kernel/osrelease")
+                .map_or_else(|_| "unknown".to_string(), |s| s.trim().to_string()),
+            rustc,
+            load_start: loadavg(),
+            load_end: String::new(),
+            date: chrono::Utc::now().format("%Y-%m-%d %H:%M UTC").to_string(),
+        }
+    }
+
+    pub fn finish(mut self) -> Self {
+        self.load_end = loadavg();
+        self
+    }
+}
+
+fn loadavg() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_else(|_| "unknown".to_string())
+}
+
+/// Median (mean of the two middle values for an even count).
+pub fn median(values: &[f64]) -> f64 {
+    let mut v = values.to_vec();
+    v.sort_by(f64::total_cmp);
+    match v.len() {
+        0 => f64::NAN,
+        n if n % 2 == 1 => v[n / 2],
+        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+    }
+}
+
+/// Nearest-rank percentile `p` (0..=100).
+pub fn percentile(values: &[f64], p: f64) -> f64 {
+    let mut v = values.to_vec();
+    v.sort_by(f64::total_cmp);
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    let rank = ((p / 100.0) * v.len() as f64).ceil() as usize;
+    v[rank.clamp(1, v.len()) - 1]
+}
+
+fn min(values: &[f64]) -> f64 {
+    values.iter().copied().fold(f64::INFINITY, f64::min)
+}
+
+fn max(values: &[f64]) -> f64 {
+    values.iter().copied().fold(f64::NEG_INFINITY, f64::max)
+}
+
+fn walls(results: &[DrainResult]) -> Vec<f64> {
+    results.iter().map(|r| r.wall.as_secs_f64()).collect()
+}
+
+fn from_first_claim(results: &[DrainResult]) -> Vec<f64> {
+    results
+        .iter()
+        .map(|r| r.from_first_claim.as_secs_f64())
+        .collect()
+}
+
+/// Requests per run, per route, over every round.
+fn per_run(results: &[DrainResult], runs: usize) -> BTreeMap<String, f64> {
+    let mut out = BTreeMap::new();
+    for r in results {
+        for (route, n) in &r.requests {
+            *out.entry(route.clone()).or_insert(0.0) += *n as f64;
+        }
+    }
+    let total_runs = (results.len() * runs) as f64;
+    for v in out.values_mut() {
+        *v /= total_runs;
+    }
+    out
+}
+
+fn yes(ok: bool) -> &'static str {
+    if ok { "yes" } else { "**no**" }
+}
+
+const MIB: f64 = 1024.0 * 1024.0;
+
+/// Render the whole report.
+pub fn render(o: &Options, m: &Machine, r: &Results) -> String {
+    let s = &o.drain;
+    let mut md = String::new();
+    let command = if o.args.is_empty() {
+        "cargo run --release --bin ironflow-lambda-bench".to_string()
+    } else {
+        format!(
+            "cargo run --release --bin ironflow-lambda-bench -- {}",
+            o.args.join(" ")
+        )
+    };
+    let _ = writeln!(
+        md,
+        "# Benchmarks: ironflow-lambda against the reference worker\n"
+    );
+    let _ = writeln!(
+        md,
+        "Measured on {} by `{command}`{}. Not part of the test command. Every number below \
+         comes from that one run on this machine; timings are medians over alternating rounds, \
+         and the ratios compare the two workers in the same run.\n",
+        m.date,
+        if o.quick {
+            " (quick mode: small counts, indicative only)"
+        } else {
+            ""
+        }
+    );
+
+    let _ = writeln!(md, "## Machine\n");
+    let _ = writeln!(md, "| | |\n|---|---|");
+    let _ = writeln!(md, "| `nproc` | {} |", m.nproc);
+    let _ = writeln!(md, "| CPU | {} |", m.cpu);
+    let _ = writeln!(md, "| memory | {} |", m.memory);
+    let _ = writeln!(md, "| kernel | {} |", m.kernel);
+    let _ = writeln!(md, "| rustc | {} |", m.rustc);
+    let _ = writeln!(
+        md,
+        "| load average (1, 5, 15 min) at start / end | {} / {} |",
+        m.load_start, m.load_end
+    );
+    let _ = writeln!(
+        md,
+        "| settings | K = {} runs per drain, C = {} (both workers), N = {} runs per invocation, \
+         invocation deadline {} s, reference poll interval {} ms, {} rounds |\n",
+        s.runs,
+        s.concurrency,
+        s.max_runs,
+        s.invocation.as_secs(),
+        s.poll_interval.as_millis(),
+        o.rounds
+    );
+
+    // Targets first: the summary a reader wants.
+    let ratio = |w: Workload| {
+        let ours = median(&walls(&r.drains[&(w, Which::Ours)]));
+        let reference = median(&walls(&r.drains[&(w, Which::Reference)]));
+        ours / reference
+    };
+    let ratio_claimed = |w: Workload| {
+        let ours = median(&from_first_claim(&r.drains[&(w, Which::Ours)]));
+        let reference = median(&from_first_claim(&r.drains[&(w, Which::Reference)]));
+        ours / reference
+    };
+    let requests = |w: Workload, which: Which| per_run(&r.drains[&(w, which)], s.runs);
+    let total = |m: &BTreeMap<String, f64>| m.values().sum::<f64>();
+    let idle_p99 = percentile(&r.idle.warm_ms, 99.0);
+    let cold = median(&r.cold_start_ms);
+    let binary_mib = r.binary_bytes as f64 / MIB;
+    let rss_mib = r.batch.peak_rss_kib as f64 / 1024.0;
+    let _ = writeln!(md, "## Targets\n");
+    let _ = writeln!(md, "| target (issue 7) | measured | met |\n|---|---|---|");
+    for w in Workload::ALL {
+        let x = ratio(w);
+        let aim = if w == Workload::NoOp {
+            " (aim ≤ 0.8)"
+        } else {
+            ""
+        };
+        let _ = writeln!(
+            md,
+            "| drain time ours / reference, {} ≤ 1.0{aim} | {x:.2} | {}{} |",
+            w.describe(),
+            yes(x <= 1.0),
+            if w == Workload::NoOp && x <= 1.0 {
+                if x <= 0.8 {
+                    ", ≤ 0.8 too"
+                } else {
+                    ", not ≤ 0.8"
+                }
+            } else {
+                ""
+            }
+        );
+    }
+    for w in Workload::ALL {
+        let (ours, reference) = (
+            total(&requests(w, Which::Ours)),
+            total(&requests(w, Which::Reference)),
+        );
+        let _ = writeln!(
+            md,
+            "| API requests per run, {}: ours ≤ reference | {ours:.2} vs {reference:.2} | {} |",
+            w.describe(),
+            yes(ours <= reference + 1e-9)
+        );
+    }
+    let _ = writeln!(
+        md,
+        "| idle invocation p99 ≤ 10 ms (loopback API, back to back) | {idle_p99:.2} ms | {} |",
+        yes(idle_p99 <= 10.0)
+    );
+    let _ = writeln!(
+        md,
+        "| cold start ≤ 30 ms (median) | {cold:.1} ms | {} |",
+        yes(cold <= 30.0)
+    );
+    let _ = writeln!(
+        md,
+        "| binary ≤ 20 MB stripped | {binary_mib:.1} MiB ({} bytes) | {} |",
+        r.binary_bytes,
+        yes(r.binary_bytes as f64 <= 20e6)
+    );
+    let _ = writeln!(
+        md,
+        "| peak RSS ≤ 40 MB with N = 8 | {rss_mib:.1} MiB | {} |",
+        yes(r.batch.peak_rss_kib as f64 * 1024.0 <= 40e6)
+    );
+    match &r.dynamodb {
+        DynamoDb::NotMeasured(why) => {
+            let _ = writeln!(
+                md,
+                "| DynamoDB: ≤ 1 read per distinct workflow per invocation, 0 writes on the \
+                 success path | {why} | |"
+            );
+        }
+        DynamoDb::Measured(phases) => {
+            if let Some(p) = phases.first() {
+                let reads = p.reads() as f64 / p.invocations as f64;
+                let ok = reads <= p.workflows_per_invocation + 1e-9;
+                let _ = writeln!(
+                    md,
+                    "| DynamoDB: ≤ 1 read per distinct workflow per invocation | {reads:.2} reads \
+                     for {:.2} workflows per invocation | {} |",
+                    p.workflows_per_invocation,
+                    yes(ok)
+                );
+                let _ = writeln!(
+                    md,
+                    "| DynamoDB: 0 writes on the success path | {} writes for {} runs | {} |",
+                    p.writes(),
+                    p.runs,
+                    yes(p.writes() == 0)
+                );
+            }
+        }
+    }
+    let _ = writeln!(md);
+
+    let _ = writeln!(md, "## Drain throughput\n");
+    let _ = writeln!(
+        md,
+        "K = {} pending runs drained from a fresh embedded API (the real ironflow router over \
+         an in-memory store, on 127.0.0.1), at concurrency C = {} for both workers. Wall time \
+         runs from the worker's start (the reference's `Worker::run`, our first invocation) \
+         until a watcher polling the API's store every 1 ms sees all K runs terminal; \
+         \"from first claim\" starts instead when the watcher first sees a run claimed, \
+         leaving out what a worker does before its first claim. Ours: \
+         invocations through `handler::handle_summary` (the Lambda code path) back to back, \
+         each claiming at most N = {} runs with a deadline {} s away. Rounds alternate who goes \
+         first.\n",
+        s.runs,
+        s.concurrency,
+        s.max_runs,
+        s.invocation.as_secs()
+    );
+    let _ = writeln!(
+        md,
+        "| workflow | worker | wall time (median) | runs/s | ours / reference | from first \
+         claim (median) | ours / reference | invocations | wall time per round (s) |\n\
+         |---|---|---|---|---|---|---|---|---|"
+    );
+    for w in Workload::ALL {
+        for which in [Which::Reference, Which::Ours] {
+            let results = &r.drains[&(w, which)];
+            let wall = median(&walls(results));
+            let invocations = median(
+                &results
+                    .iter()
+                    .map(|d| d.invocations as f64)
+                    .collect::<Vec<_>>(),
+            );
+            let claimed = median(&from_first_claim(results));
+            let _ = writeln!(
+                md,
+                "| {} | {} | {wall:.3} s | {:.1} | {} | {claimed:.3} s | {} | {} | {} |",
+                w.describe(),
+                which.name(),
+                s.runs as f64 / wall,
+                if which == Which::Ours {
+                    format!("**{:.2}**", ratio(w))
+                } else {
+                    "1".to_string()
+                },
+                if which == Which::Ours {
+                    format!("{:.2}", ratio_claimed(w))
+                } else {
+                    "1".to_string()
+                },
+                if which == Which::Ours {
+                    format!("{invocations:.0}")
+                } else {
+                    "–".to_string()
+                },
+                walls(results)
+                    .iter()
+                    .map(|x| format!("{x:.3}"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            );
+        }
+    }
+
+    let _ = writeln!(md, "\n## HTTP requests per run\n");
+    let _ = writeln!(
+        md,
+        "Counted at the API (a middleware on the router, per matched route) from the worker's \
+         start until it stopped, over every round, divided by the runs drained. The reference \
+         worker is stopped {} ms after the last run is terminal so that its log pusher \
+         (200 ms batches) delivers the last lines; the empty claims it makes meanwhile (one per \
+         {} ms poll interval) are included.\n",
+        400,
+        s.poll_interval.as_millis()
+    );
+    for w in Workload::ALL {
+        let (reference, ours) = (requests(w, Which::Reference), requests(w, Which::Ours));
+        let routes: BTreeSet<&String> = reference.keys().chain(ours.keys()).collect();
+        let _ = writeln!(
+            md,
+            "**{}**\n\n| route | reference | ours |\n|---|---|---|",
+            w.describe()
+        );
+        for route in routes {
+            let _ = writeln!(
+                md,
+                "| `{route}` | {:.3} | {:.3} |",
+                reference.get(route).copied().unwrap_or(0.0),
+                ours.get(route).copied().unwrap_or(0.0)
+            );
+        }
+        let _ = writeln!(
+            md,
+            "| **total** | **{:.3}** | **{:.3}** |\n",
+            total(&reference),
+            total(&ours)
+        );
+    }
+
+    let i = &r.idle;
+    let _ = writeln!(md, "## Idle invocation\n");
+    let _ = writeln!(
+        md,
+        "{} invocations in a row through the handler with nothing pending (after 5 unmeasured \
+         ones), against the embedded API on loopback. \"After an idle gap\" forces the \
+         connection-pool probe that an invocation sends after more than 10 s without one \
+         (`idle_probe_after(0)`): `2 × C + 2` concurrent `GET`s before the claim.\n",
+        i.warm_ms.len()
+    );
+    let _ = writeln!(
+        md,
+        "| kind | median | p99 | max | HTTP requests |\n|---|---|---|---|---|"
+    );
+    for (kind, v, req) in [
+        ("back to back", &i.warm_ms, i.warm_requests),
+        ("after an idle gap", &i.after_gap_ms, i.after_gap_requests),
+    ] {
+        let _ = writeln!(
+            md,
+            "| {kind} | {:.2} ms | {:.2} ms | {:.2} ms | {req:.1} |",
+            median(v),
+            percentile(v, 99.0),
+            max(v)
+        );
+    }
+
+    let d = &r.deadline;
+    let _ = writeln!(md, "\n## Deadline precision\n");
+    let _ = writeln!(
+        md,
+        "{} invocations, each with a deadline {} ms away, a margin of {} ms (cutoff = deadline \
+         − margin) and {} runs whose one step (`sleep 600`) outlasts it: every run is handed \
+         back at the cutoff. Time left is measured when the handler returned; the handback \
+         latency is from the cutoff to the API storing the run back as Pending (the store's \
+         `updated_at` of that write), both on the wall clock.\n",
+        d.invocations,
+        d.settings.invocation.as_millis(),
+        d.settings.margin.as_millis(),
+        d.settings.runs
+    );
+    let _ = writeln!(
+        md,
+        "| measure | min | median | max |\n|---|---|---|---|\n\
+         | time left before the deadline at return | {:.1} ms | {:.1} ms | {:.1} ms |\n\
+         | cutoff → handback written ({} handbacks) | {:.1} ms | {:.1} ms | {:.1} ms |",
+        min(&d.time_left_ms),
+        median(&d.time_left_ms),
+        max(&d.time_left_ms),
+        d.handback_ms.len(),
+        min(&d.handback_ms),
+        median(&d.handback_ms),
+        max(&d.handback_ms)
+    );
+
+    let _ = writeln!(md, "\n## Cold start, size, memory\n");
+    let _ = writeln!(
+        md,
+        "The deployable binary, `cargo build --release --no-default-features --bin \
+         ironflow-lambda` (release profile: `strip = true`, thin LTO), started against a \
+         stand-in for AWS's Lambda Runtime API on loopback (a hand-written stub: the Runtime \
+         API is AWS's protocol and no package ships it). Cold start is from just before the \
+         process is spawned until its first `GET /2018-06-01/runtime/invocation/next` reaches \
+         the stub: settings from the environment, logging, the HTTP clients, the engine and \
+         the poison-pill table are built by then. Peak RSS is `VmHWM` from `/proc/<pid>/status`, \
+         read after the process answered one invocation of 8 pending `quick-shell` runs (one \
+         `echo` step each, the simplest workflow the deployable binary registers) at \
+         concurrency {} and polled for the next.\n",
+        s.concurrency
+    );
+    let _ = writeln!(
+        md,
+        "| measure | value |\n|---|---|\n\
+         | cold start, median of {} | {:.1} ms |\n\
+         | cold start, min / p90 / max | {:.1} / {:.1} / {:.1} ms |\n\
+         | binary size (stripped) | {:.2} MiB ({} bytes) |\n\
+         | peak RSS at first poll (cold, idle) | {:.1} MiB |\n\
+         | peak RSS after a batch of 8 runs | {:.1} MiB |\n\
+         | that batch's outcomes | {} |",
+        r.cold_start_ms.len(),
+        cold,
+        min(&r.cold_start_ms),
+        percentile(&r.cold_start_ms, 90.0),
+        max(&r.cold_start_ms),
+        binary_mib,
+        r.binary_bytes,
+        r.cold_start_rss_kib as f64 / 1024.0,
+        rss_mib,
+        r.batch.summary["outcomes"]
+    );
+
+    let _ = writeln!(md, "\n## DynamoDB calls per run\n");
+    match &r.dynamodb {
+        DynamoDb::NotMeasured(why) => {
+            let _ = writeln!(md, "{why}.");
+        }
+        DynamoDb::Measured(phases) => {
+            let _ = writeln!(
+                md,
+                "The poison-pill table in DynamoDB (`src/poison/dynamodb.rs`, fail mode) against \
+                 moto's server, counted by the table's own per-operation counter (every HTTP \
+                 request its client sends, retries included; the cold start's `DescribeTable` \
+                 left out). Our invocations back to back, N = {}, C = {}; the failure path runs \
+                 under a threshold of 1000, so that no run is blocked and each failure costs \
+                 what it costs.\n",
+                s.max_runs, s.concurrency
+            );
+            let _ = writeln!(
+                md,
+                "| phase | runs | invocations | distinct workflows per invocation | reads per \
+                 invocation | writes per run | calls per run | calls by operation |\n\
+                 |---|---|---|---|---|---|---|---|"
+            );
+            for p in phases {
+                let total: u64 = p.calls.values().sum();
+                let _ = writeln!(
+                    md,
+                    "| {} | {} | {} | {:.2} | {:.2} | {:.2} | {:.2} | {} |",
+                    p.what,
+                    p.runs,
+                    p.invocations,
+                    p.workflows_per_invocation,
+                    p.reads() as f64 / p.invocations as f64,
+                    p.writes() as f64 / p.runs as f64,
+                    total as f64 / p.runs as f64,
+                    if p.calls.is_empty() {
+                        "none".to_string()
+                    } else {
+                        p.calls
+                            .iter()
+                            .map(|(op, n)| format!("{op} {n}"))
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    }
+                );
+            }
+        }
+    }
+    md
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn median_and_percentiles() {
+        assert_eq!(median(&[3.0, 1.0, 2.0]), 2.0);
+        assert_eq!(median(&[4.0, 1.0, 2.0, 3.0]), 2.5);
+        let v: Vec<f64> = (1..=200).map(f64::from).collect();
+        assert_eq!(percentile(&v, 99.0), 198.0);
+        assert_eq!(percentile(&v, 50.0), 100.0);
+        assert_eq!(percentile(&[5.0], 99.0), 5.0);
+    }
+}
