@@ -489,6 +489,16 @@ fn check_settings(s: &Settings) -> Result<(), BuildError> {
             ),
         );
     }
+    if s.min_claim_budget + s.deadline_margin >= s.function_timeout {
+        return invalid(
+            "min_claim_budget (IRONFLOW_MIN_CLAIM_BUDGET_MS)",
+            format!(
+                "{:?} plus the margin {:?} is not below the function timeout {:?}: no run would \
+                 ever be claimed",
+                s.min_claim_budget, s.deadline_margin, s.function_timeout
+            ),
+        );
+    }
     if s.poison.threshold == 0 {
         return invalid(
             "poison_threshold (IRONFLOW_POISON_THRESHOLD)",

@@ -260,6 +260,15 @@ impl Settings {
                 )?,
             };
 
+        // The token travels in an `Authorization` header: anything but visible ASCII would
+        // fail every request later with an error that does not point here.
+        if !token.expose().bytes().all(|b| b.is_ascii_graphic()) {
+            return Err(ConfigError::Invalid {
+                variable: "IRONFLOW_WORKER_TOKEN",
+                expected: "visible ASCII without spaces or line breaks (it is sent as a bearer token)",
+                found: "(not shown: it is a secret)".to_string(),
+            });
+        }
         let mut s = Self::new(&api_url, token);
         let positive = "a whole number greater than 0";
         let whole = "a whole number (0 or more)";
@@ -290,6 +299,13 @@ impl Settings {
         }
         if let Some(v) = get("IRONFLOW_WORKER_TAGS") {
             s.tags = v.split(',').map(str::to_string).collect();
+            if let Err(e) = ironflow_store::entities::validate_worker_tags(&s.tags) {
+                return Err(ConfigError::Invalid {
+                    variable: "IRONFLOW_WORKER_TAGS",
+                    expected: "comma-separated tags of 1 to 64 ASCII letters, digits or - _ . : / =, at most 32",
+                    found: format!("{v} ({e})"),
+                });
+            }
         }
         if let Some(v) = get("IRONFLOW_WORKER_ID_PREFIX") {
             s.worker_id_prefix = v;

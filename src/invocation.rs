@@ -26,7 +26,7 @@ use std::time::Duration;
 use ironflow_store::entities::{LeaseRequest, Run, RunStatus, RunUpdate, WorkerCapabilities};
 use ironflow_store::error::StoreError;
 use serde::Serialize;
-use tokio::sync::Semaphore;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
 use tokio::time::{Instant, sleep_until, timeout_at};
 use tokio_util::sync::CancellationToken;
@@ -240,8 +240,9 @@ async fn run_in_span(
         let params = params.clone();
         executions.spawn(
             async move {
-                let _slot = permit;
-                execution::execute(params, claimed).await
+                // The slot goes back with the report, so the next claim only happens once this
+                // run's outcome has reached the poison-pill table.
+                (execution::execute(params, claimed).await, permit)
             }
             .instrument(tracing::Span::current()),
         );
@@ -347,13 +348,13 @@ const CLAIM_ATTEMPTS: u32 = 3;
 
 /// Turn a finished execution into its report and update the poison-pill table.
 async fn settle(
-    joined: Result<RunReport, tokio::task::JoinError>,
+    joined: Result<(RunReport, OwnedSemaphorePermit), tokio::task::JoinError>,
     poison: &mut PoisonGate,
     reports: &mut HashMap<Uuid, RunReport>,
 ) {
     // `execute` catches the handler's panics itself; a JoinError here is a bug of ours.
-    let report = match joined {
-        Ok(report) => report,
+    let (report, _slot) = match joined {
+        Ok(done) => done,
         Err(e) => {
             error!(error = %e, "execution task failed");
             return;

@@ -138,13 +138,44 @@ pub async fn fetch_worker_token(
             secret_arn: secret_arn.to_string(),
             reason: describe(&err),
         })?;
-    match output.secret_string().map(str::trim) {
+    match output.secret_string().map(token_from_secret_string) {
         Some(token) if !token.is_empty() => Ok(WorkerToken::new(token)),
         _ => Err(SecretError::NotAString {
             variable: WORKER_TOKEN_SECRET_ARN_VAR,
             secret_arn: secret_arn.to_string(),
         }),
     }
+}
+
+/// The token in a secret's `SecretString`: the string itself, or, for a key/value secret
+/// (the console's default, a JSON object), the value of its `token` (or `worker_token`,
+/// `IRONFLOW_WORKER_TOKEN`) key, or of its only key.
+fn token_from_secret_string(secret: &str) -> String {
+    let trimmed = secret.trim();
+    if let Ok(serde_json::Value::Object(map)) = serde_json::from_str::<serde_json::Value>(trimmed) {
+        let named = ["token", "worker_token", "IRONFLOW_WORKER_TOKEN"]
+            .iter()
+            .find_map(|k| map.get(*k).and_then(serde_json::Value::as_str));
+        let only = (map.len() == 1)
+            .then(|| map.values().next().and_then(serde_json::Value::as_str))
+            .flatten();
+        if let Some(value) = named.or(only) {
+            return value.trim().to_string();
+        }
+    }
+    trimmed.to_string()
+}
+
+#[cfg(test)]
+#[test]
+fn key_value_secrets_give_their_token() {
+    assert_eq!(token_from_secret_string(" plain-token \n"), "plain-token");
+    assert_eq!(token_from_secret_string(r#"{"token":"t1"}"#), "t1");
+    assert_eq!(token_from_secret_string(r#"{"anything":"t2"}"#), "t2");
+    assert_eq!(
+        token_from_secret_string(r#"{"a":"x","worker_token":"t3"}"#),
+        "t3"
+    );
 }
 
 /// The AWS error without anything the response body may hold: a response that arrived but

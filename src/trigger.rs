@@ -197,6 +197,19 @@ pub fn parse_event(event: &Value, max_runs_per_invocation: usize) -> Result<Trig
             what: "an HTTP event (API Gateway, function URL or ALB): invoke the function directly, on a schedule or through SQS".into(),
         });
     }
+    if let Some(source) = ["eventSource", "EventSource", "awslogs", "responsePayload"]
+        .iter()
+        .find(|key| object.contains_key(**key))
+    {
+        // Kafka, MQ, DocumentDB (`eventSource`), SNS-style envelopes, CloudWatch Logs
+        // subscriptions (`awslogs`) and Lambda destinations (`responsePayload`) are not wake-ups.
+        return Err(TriggerError::Unsupported {
+            what: format!(
+                "an event of another AWS service (it has a {source:?} field): invoke the function \
+                 directly, on a schedule or through SQS"
+            ),
+        });
+    }
     let overrides = parse_overrides(object, max_runs_per_invocation)?;
     Ok(Trigger::Direct(DirectRequest {
         request: BatchRequest {
@@ -413,6 +426,21 @@ mod tests {
     use serde_json::json;
 
     use super::*;
+
+    #[test]
+    fn other_services_events_are_refused_before_any_claim() {
+        for event in [
+            serde_json::json!({"eventSource": "aws:kafka", "records": {}}),
+            serde_json::json!({"eventSource": "aws:mq", "messages": []}),
+            serde_json::json!({"awslogs": {"data": "H4sI"}}),
+            serde_json::json!({"version": "1.0", "requestPayload": {}, "responsePayload": {}}),
+        ] {
+            let Err(err) = parse_event(&event, 8) else {
+                panic!("{event} must be refused");
+            };
+            assert!(err.to_string().contains("another AWS service"), "{err}");
+        }
+    }
 
     fn direct(event: Value) -> DirectRequest {
         match parse_event(&event, 8).unwrap() {
