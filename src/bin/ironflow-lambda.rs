@@ -31,7 +31,9 @@ async fn main() -> Result<(), Error> {
     lambda_runtime::run(service_fn(move |event: LambdaEvent<Value>| {
         let worker = worker.clone();
         async move {
-            let response = handler::handle(&worker, event).await;
+            // In a task on the worker threads, beside the runs (see `in_worker_task`).
+            let response =
+                handler::in_worker_task(async move { handler::handle(&worker, event).await }).await;
             // The metrics document goes out before the response: the process may be frozen
             // right after it.
             if let Some(collector) = collector {
