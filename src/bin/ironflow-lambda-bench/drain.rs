@@ -13,8 +13,9 @@ use ironflow_core::providers::claude::ClaudeCodeProvider;
 use ironflow_engine::config::ShellConfig;
 use ironflow_engine::context::WorkflowContext;
 use ironflow_engine::handler::{HandlerFuture, WorkflowHandler};
-use ironflow_lambda::builder::LambdaWorkerBuilder;
+use ironflow_lambda::builder::{LambdaWorker, LambdaWorkerBuilder};
 use ironflow_lambda::handler;
+use ironflow_lambda::invocation::InvocationSummary;
 use ironflow_lambda::local::{LocalApi, new_run};
 use ironflow_store::entities::RunStatus;
 use ironflow_store::store::Store;
@@ -206,12 +207,14 @@ pub async fn drain(
         Which::Ours => {
             let builder = LambdaWorkerBuilder::new(&api.url(), &token)
                 .provider(Arc::new(ClaudeCodeProvider::new()));
-            let worker = workload
-                .register_ours(builder)
-                .concurrency(s.concurrency)
-                .max_runs_per_invocation(s.max_runs)
-                .function_timeout(s.invocation)
-                .build()?;
+            let worker = Arc::new(
+                workload
+                    .register_ours(builder)
+                    .concurrency(s.concurrency)
+                    .max_runs_per_invocation(s.max_runs)
+                    .function_timeout(s.invocation)
+                    .build()?,
+            );
             let start = Instant::now();
             let mut invocations = 0;
             let mut finished = 0;
@@ -263,16 +266,30 @@ pub async fn drain(
     })
 }
 
-/// One invocation of ours through the Lambda handler, with a deadline `invocation` from now.
+/// One invocation of ours through the Lambda handler, with a deadline `invocation` from now,
+/// in a task on the runtime's worker threads as the deployed function runs it
+/// (`handler::in_worker_task`).
 pub async fn invoke(
-    worker: &ironflow_lambda::builder::LambdaWorker,
+    worker: &Arc<LambdaWorker>,
     n: usize,
     invocation: Duration,
-) -> Result<ironflow_lambda::invocation::InvocationSummary, BenchError> {
+) -> Result<InvocationSummary, BenchError> {
     let mut context = Context::default();
     context.request_id = format!("bench-{n}");
     context.deadline = crate::epoch_ms() + invocation.as_millis() as u64;
-    Ok(handler::handle_summary(worker, LambdaEvent::new(serde_json::json!({}), context)).await?)
+    invoke_with(worker, context).await
+}
+
+/// One invocation with `context`, as [`invoke`].
+pub async fn invoke_with(
+    worker: &Arc<LambdaWorker>,
+    context: Context,
+) -> Result<InvocationSummary, BenchError> {
+    let worker = worker.clone();
+    let event = LambdaEvent::new(serde_json::json!({}), context);
+    let summary =
+        handler::in_worker_task(async move { handler::handle_summary(&worker, event).await }).await;
+    Ok(summary?)
 }
 
 /// When the watcher saw the first run claimed, and every run terminal.

@@ -11,14 +11,13 @@ use ironflow_engine::context::WorkflowContext;
 use ironflow_engine::handler::{HandlerFuture, WorkflowHandler};
 use ironflow_lambda::builder::LambdaWorkerBuilder;
 use ironflow_lambda::execution::Outcome;
-use ironflow_lambda::handler;
 use ironflow_lambda::local::{LocalApi, new_run};
-use lambda_runtime::{Context, LambdaEvent};
+use lambda_runtime::Context;
 use tokio::time::Instant;
 use uuid::Uuid;
 
 use crate::BenchError;
-use crate::drain::{DrainSettings, Workload, invoke};
+use crate::drain::{DrainSettings, Workload, invoke, invoke_with};
 
 /// Idle invocations, in milliseconds each.
 #[derive(Debug, Clone)]
@@ -53,7 +52,7 @@ pub async fn idle(s: &DrainSettings, count: usize) -> Result<Idle, BenchError> {
         if after_gap {
             builder = builder.idle_probe_after(Duration::ZERO);
         }
-        let worker = Workload::NoOp.register_ours(builder).build()?;
+        let worker = Arc::new(Workload::NoOp.register_ours(builder).build()?);
         for n in 0..5 {
             invoke(&worker, n, s.invocation).await?;
         }
@@ -128,7 +127,7 @@ pub async fn deadline_precision(
 ) -> Result<DeadlinePrecision, BenchError> {
     let token = Uuid::new_v4().to_string();
     let api = LocalApi::start(&token).await?;
-    let worker = LambdaWorkerBuilder::new(&api.url(), &token)
+    let builder = LambdaWorkerBuilder::new(&api.url(), &token)
         .provider(Arc::new(ClaudeCodeProvider::new()))
         .register(Sleeper)
         .concurrency(s.runs)
@@ -139,8 +138,8 @@ pub async fn deadline_precision(
         .lease_ttl(Duration::from_secs(30))
         .lease_refresh_interval(Duration::from_secs(1))
         // The same runs are handed back again and again: keep the loop guard out of the way.
-        .max_handbacks_without_progress(u32::MAX)
-        .build()?;
+        .max_handbacks_without_progress(u32::MAX);
+    let worker = Arc::new(builder.build()?);
     let mut ids = Vec::new();
     for _ in 0..s.runs {
         ids.push(
@@ -162,9 +161,7 @@ pub async fn deadline_precision(
         context.request_id = format!("bench-deadline-{n}");
         let deadline_ms = crate::epoch_ms() + s.invocation.as_millis() as u64;
         context.deadline = deadline_ms;
-        let summary =
-            handler::handle_summary(&worker, LambdaEvent::new(serde_json::json!({}), context))
-                .await?;
+        let summary = invoke_with(&worker, context).await?;
         let returned_us = crate::epoch_us();
         out.time_left_ms
             .push((deadline_ms as f64 * 1000.0 - returned_us as f64) / 1000.0);

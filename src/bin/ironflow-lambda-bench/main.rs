@@ -64,6 +64,7 @@ pub struct Options {
     pub deadline: DeadlineSettings,
     pub deadline_invocations: usize,
     pub cold_starts: usize,
+    pub dynamodb_runs: usize,
     pub out: Option<PathBuf>,
     pub function: Option<PathBuf>,
     pub args: Vec<String>,
@@ -89,6 +90,7 @@ fn parse(args: Vec<String>) -> Result<Options, String> {
         },
         deadline_invocations: if quick { 3 } else { 20 },
         cold_starts: if quick { 5 } else { 30 },
+        dynamodb_runs: if quick { 16 } else { 96 },
         out: (!quick).then(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("BENCHMARKS.md")),
         function: None,
         args: args.clone(),
@@ -163,6 +165,9 @@ async fn main() -> ExitCode {
 }
 
 async fn run(o: Options) -> Result<(), BenchError> {
+    // moto first: started before we become a subreaper, it is not our descendant, and our
+    // invocations' orphan sweep leaves it alone.
+    let moto = dynamodb::Moto::find_or_start().await;
     // Like the deployed function: descendants left by shell steps are reaped by us.
     ironflow_lambda::orphans::become_subreaper();
     let machine = report::Machine::read();
@@ -208,7 +213,9 @@ async fn run(o: Options) -> Result<(), BenchError> {
     let binary_bytes = process::size(&binary)?;
     eprintln!("peak RSS during a batch of 8 ...");
     let batch = process::batch_memory(&binary, o.drain.concurrency).await?;
-    let dynamodb = dynamodb::measure(&o.drain).await?;
+    eprintln!("DynamoDB calls ...");
+    let dynamodb = dynamodb::measure(&moto, &o.drain, o.dynamodb_runs).await?;
+    drop(moto);
 
     let results = Results {
         drains,

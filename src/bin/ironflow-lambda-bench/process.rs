@@ -65,27 +65,21 @@ impl RuntimeStub {
             .route("/2018-06-01/runtime/invocation/next", get(next))
             .route(
                 "/2018-06-01/runtime/invocation/{id}/response",
-                post(
-                    |State(s): State<Arc<StubState>>, body: Bytes| async move {
-                        record(&s, Ok(String::from_utf8_lossy(&body).into_owned()))
-                    },
-                ),
+                post(|State(s): State<Arc<StubState>>, body: Bytes| async move {
+                    record(&s, Ok(String::from_utf8_lossy(&body).into_owned()))
+                }),
             )
             .route(
                 "/2018-06-01/runtime/invocation/{id}/error",
-                post(
-                    |State(s): State<Arc<StubState>>, body: Bytes| async move {
-                        record(&s, Err(String::from_utf8_lossy(&body).into_owned()))
-                    },
-                ),
+                post(|State(s): State<Arc<StubState>>, body: Bytes| async move {
+                    record(&s, Err(String::from_utf8_lossy(&body).into_owned()))
+                }),
             )
             .route(
                 "/2018-06-01/runtime/init/error",
-                post(
-                    |State(s): State<Arc<StubState>>, body: Bytes| async move {
-                        record(&s, Err(String::from_utf8_lossy(&body).into_owned()))
-                    },
-                ),
+                post(|State(s): State<Arc<StubState>>, body: Bytes| async move {
+                    record(&s, Err(String::from_utf8_lossy(&body).into_owned()))
+                }),
             )
             .with_state(state.clone());
         let listener = TcpListener::bind("127.0.0.1:0").await?;
@@ -174,7 +168,10 @@ async fn next(State(s): State<Arc<StubState>>) -> Response {
         "lambda-runtime-invoked-function-arn",
         "arn:aws:lambda:us-east-1:000000000000:function:ironflow-lambda-bench",
     );
-    put("lambda-runtime-trace-id", "Root=1-00000000-000000000000000000000000");
+    put(
+        "lambda-runtime-trace-id",
+        "Root=1-00000000-000000000000000000000000",
+    );
     put("content-type", "application/json");
     (StatusCode::OK, headers, event.body).into_response()
 }
