@@ -16,6 +16,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
+use futures_util::FutureExt;
 use ironflow_engine::engine::Engine;
 use ironflow_store::entities::{LeaseRequest, Run};
 use serde::Serialize;
@@ -135,12 +136,11 @@ async fn execute_in_span(p: ExecutionParams, run: Run) -> RunReport {
         p.cutoff.min(run_deadline),
     );
     info!(attempt_started_at = %attempt_start, "executing run");
-    let engine = p.engine.clone();
-    let run_id = run.id;
-    let mut execution = tokio::spawn(
-        async move { engine.execute_handler_run(run_id).await }
-            .instrument(tracing::Span::current()),
-    );
+    // Polled by this task rather than spawned: the run's end releases its slot without a hop
+    // to another task (each hop waits for a thread, a long wait while shell steps keep both
+    // cores busy). A panic of the handler is caught here as a spawned task's would be.
+    let mut execution =
+        Box::pin(std::panic::AssertUnwindSafe(p.engine.execute_handler_run(run.id)).catch_unwind());
 
     enum Stop {
         Finished(Result<Result<(), String>, String>),
@@ -150,10 +150,9 @@ async fn execute_in_span(p: ExecutionParams, run: Run) -> RunReport {
     }
     let stop = tokio::select! {
         biased;
-        joined = &mut execution => Stop::Finished(match joined {
+        finished = &mut execution => Stop::Finished(match finished {
             Ok(result) => Ok(result.map(|_| ()).map_err(|e| e.to_string())),
-            Err(join) if join.is_panic() => Err(panic_message(join.into_panic())),
-            Err(join) => Err(format!("execution task ended: {join}")),
+            Err(panic) => Err(panic_message(panic)),
         }),
         () = refresher.lost() => Stop::LeaseLost,
         () = sleep_until(run_deadline) => Stop::TimedOut,
@@ -162,10 +161,9 @@ async fn execute_in_span(p: ExecutionParams, run: Run) -> RunReport {
     let target = refresher.target();
     refresher.stop().await;
     if !matches!(stop, Stop::Finished(_)) {
-        // Drop the execution and wait until it is gone: its child processes die with it
-        // (kill_on_drop), and nothing it started can write to the API any more.
-        execution.abort();
-        let _ = execution.await;
+        // Drop the execution: its child processes die with it (kill_on_drop), and nothing it
+        // started can write to the API any more.
+        drop(execution);
     }
 
     match stop {

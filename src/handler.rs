@@ -291,3 +291,21 @@ where
         ))),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn in_worker_task_returns_the_output_and_resumes_a_panic() {
+        assert_eq!(in_worker_task(async { 7 }).await, 7);
+        let panicked = tokio::spawn(in_worker_task(async {
+            panic!("boom");
+        }))
+        .await
+        .unwrap_err();
+        assert!(panicked.is_panic());
+        let payload = panicked.into_panic();
+        assert_eq!(payload.downcast_ref::<&str>(), Some(&"boom"));
+    }
+}

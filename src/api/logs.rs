@@ -25,7 +25,7 @@ use super::{ApiClient, CALL_TIMEOUT};
 
 /// The API takes at most 1000 lines per call.
 pub const MAX_LINES_PER_CALL: usize = 1000;
-/// Groups (run, step, stream) one flush pushes at once: 8.
+/// Runs whose lines one flush pushes at once: 8 (each run's calls stay in order).
 pub const PARALLEL_PUSHES: usize = 8;
 /// How often the pump flushes during an invocation: 500 ms.
 pub const FLUSH_INTERVAL: Duration = Duration::from_millis(500);
@@ -94,10 +94,10 @@ impl LogForwarder {
             }
             lines
         };
-        // Groups (run, step, stream) go out concurrently, each group's batches in order: at
-        // the end of an invocation this flush holds every line of the batch's runs, one call
-        // per step, and sent one by one they kept the invocation from returning.
-        futures_util::stream::iter(in_order_by_group(group(lines)))
+        // Runs go out concurrently, each run's batches in order: at the end of an invocation
+        // this flush holds every line of the batch's runs (one call per step at least), and
+        // sent one by one they kept the invocation from returning.
+        futures_util::stream::iter(in_order_by_run(group(lines)))
             .map(|batches| self.push_in_order(batches, until))
             .buffer_unordered(PARALLEL_PUSHES)
             .fold(FlushReport::default(), |mut total, report| async move {
@@ -107,7 +107,7 @@ impl LogForwarder {
             .await
     }
 
-    /// Push `batches` (of one group) one after the other, each bounded by `until`.
+    /// Push `batches` (of one run) one after the other, each bounded by `until`.
     async fn push_in_order(&self, batches: Vec<Batch>, until: Instant) -> FlushReport {
         let mut report = FlushReport::default();
         for batch in batches {
@@ -157,23 +157,20 @@ impl LogForwarder {
     }
 }
 
-/// The batches of [`group`], split by group (run, step, stream), each group's in order.
-fn in_order_by_group(batches: Vec<Batch>) -> Vec<Vec<Batch>> {
-    let mut out: Vec<Vec<Batch>> = Vec::new();
+/// The batches of [`group`], split by run (first-seen order), each run's batches in their
+/// order: a run's lines reach the API in the order they were printed, across its steps too.
+fn in_order_by_run(batches: Vec<Batch>) -> Vec<Vec<Batch>> {
+    let mut order: Vec<Uuid> = Vec::new();
+    let mut runs: HashMap<Uuid, Vec<Batch>> = HashMap::new();
     for batch in batches {
-        let key = (batch.run_id, batch.step_id, batch.stream);
-        match out.last_mut() {
-            Some(last)
-                if last
-                    .first()
-                    .is_some_and(|b| (b.run_id, b.step_id, b.stream) == key) =>
-            {
-                last.push(batch);
-            }
-            _ => out.push(vec![batch]),
-        }
+        runs.entry(batch.run_id)
+            .or_insert_with(|| {
+                order.push(batch.run_id);
+                Vec::new()
+            })
+            .push(batch);
     }
-    out
+    order.iter().filter_map(|id| runs.remove(id)).collect()
 }
 
 /// Lines of one run, step and stream, in the order they were printed.
@@ -256,11 +253,16 @@ mod tests {
         assert_eq!(batches[1].lines[0], "1000");
         assert_eq!(batches[2].stream, LogStream::Stderr);
 
-        let groups = in_order_by_group(batches);
-        assert_eq!(groups.len(), 2);
-        assert_eq!(groups[0].len(), 2);
-        assert_eq!(groups[0][0].lines[0], "0");
-        assert_eq!(groups[0][1].lines[0], "1000");
-        assert_eq!(groups[1][0].stream, LogStream::Stderr);
+        let other = Uuid::new_v4();
+        let mut with_other = vec![line(other, s, LogStream::Stdout, "x")];
+        with_other.extend((0..1500).map(|i| line(r, s, LogStream::Stdout, &i.to_string())));
+        with_other.push(line(r, s, LogStream::Stderr, "err"));
+        let runs = in_order_by_run(group(with_other));
+        assert_eq!(runs.len(), 2);
+        assert_eq!(runs[0][0].run_id, other);
+        assert_eq!(runs[1].len(), 3);
+        assert_eq!(runs[1][0].lines[0], "0");
+        assert_eq!(runs[1][1].lines[0], "1000");
+        assert_eq!(runs[1][2].stream, LogStream::Stderr);
     }
 }
