@@ -184,7 +184,27 @@ pub fn build_function() -> Result<PathBuf, BenchError> {
     eprintln!(
         "building the deployable function: cargo build --release --no-default-features --bin ironflow-lambda"
     );
-    let status = std::process::Command::new(cargo)
+    let mut command = std::process::Command::new(cargo);
+    // Without the variables `cargo run` set for this process (CARGO_MANIFEST_DIR, CARGO_PKG_*,
+    // ...): build scripts that watch them (aws-lc-sys, ring) would rerun, and rebuild the AWS
+    // SDK crates, here and again at the next `cargo run`.
+    for (name, _) in std::env::vars() {
+        let set_by_cargo_run = [
+            "CARGO_PKG_",
+            "CARGO_MANIFEST_",
+            "CARGO_BIN_",
+            "CARGO_CRATE_",
+            "CARGO_PRIMARY_PACKAGE",
+        ]
+        .iter()
+        .any(|p| name.starts_with(p))
+            || name == "CARGO_RUSTC_CURRENT_DIR"
+            || name == "OUT_DIR";
+        if set_by_cargo_run {
+            command.env_remove(name);
+        }
+    }
+    let status = command
         .current_dir(manifest_dir)
         .args([
             "build",
