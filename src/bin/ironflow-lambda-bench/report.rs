@@ -136,10 +136,14 @@ pub fn render(o: &Options, m: &Machine, r: &Results) -> String {
     let s = &o.drain;
     let mut md = String::new();
     let command = if o.args.is_empty() {
-        "cargo run --release --bin ironflow-lambda-bench".to_string()
+        format!(
+            "{} && cargo run --release --bin ironflow-lambda-bench",
+            crate::process::BUILD_FUNCTION
+        )
     } else {
         format!(
-            "cargo run --release --bin ironflow-lambda-bench -- {}",
+            "{} && cargo run --release --bin ironflow-lambda-bench -- {}",
+            crate::process::BUILD_FUNCTION,
             o.args.join(" ")
         )
     };
