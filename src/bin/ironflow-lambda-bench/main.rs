@@ -3,12 +3,17 @@
 //! cold start, binary size and peak RSS. Writes `BENCHMARKS.md`.
 //!
 //! ```sh
-//! cargo run --release --bin ironflow-lambda-bench             # full run, writes BENCHMARKS.md
-//! cargo run --release --bin ironflow-lambda-bench -- --quick  # small run, prints only
+//! cargo build --release --no-default-features --bin ironflow-lambda \
+//!   && cargo run --release --bin ironflow-lambda-bench              # full run, writes BENCHMARKS.md
+//! cargo run --release --bin ironflow-lambda-bench -- --quick        # small run, prints only
 //! ```
 //!
+//! The first command builds the deployable function as deployed (without the `local`
+//! feature), whose cold start, size and memory are measured.
+//!
 //! Options: `--quick`, `--runs K`, `--rounds R`, `--concurrency C`, `--max-runs N`,
-//! `--out PATH`, `--function PATH` (an already built `ironflow-lambda` binary: skips the build).
+//! `--out PATH`, `--function PATH` (the function binary to measure; default: the release
+//! `ironflow-lambda` beside the bench).
 //! Not part of the test command.
 
 mod drain;
@@ -173,7 +178,7 @@ async fn run(o: Options) -> Result<(), BenchError> {
     let machine = report::Machine::read();
     let binary = match &o.function {
         Some(path) => path.clone(),
-        None => process::build_function()?,
+        None => process::function_beside_bench()?,
     };
 
     let mut drains: BTreeMap<(Workload, Which), Vec<DrainResult>> = BTreeMap::new();

@@ -176,54 +176,27 @@ async fn next(State(s): State<Arc<StubState>>) -> Response {
     (StatusCode::OK, headers, event.body).into_response()
 }
 
-/// The release `ironflow-lambda` binary beside this one, rebuilt as deployed
-/// (`cargo build --release --no-default-features --bin ironflow-lambda`).
-pub fn build_function() -> Result<PathBuf, BenchError> {
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let manifest_dir = env!("CARGO_MANIFEST_DIR");
-    eprintln!(
-        "building the deployable function: cargo build --release --no-default-features --bin ironflow-lambda"
-    );
-    let mut command = std::process::Command::new(cargo);
-    // Without the variables `cargo run` set for this process (CARGO_MANIFEST_DIR, CARGO_PKG_*,
-    // ...): build scripts that watch them (aws-lc-sys, ring) would rerun, and rebuild the AWS
-    // SDK crates, here and again at the next `cargo run`.
-    for (name, _) in std::env::vars() {
-        let set_by_cargo_run = [
-            "CARGO_PKG_",
-            "CARGO_MANIFEST_",
-            "CARGO_BIN_",
-            "CARGO_CRATE_",
-            "CARGO_PRIMARY_PACKAGE",
-        ]
-        .iter()
-        .any(|p| name.starts_with(p))
-            || name == "CARGO_RUSTC_CURRENT_DIR"
-            || name == "OUT_DIR";
-        if set_by_cargo_run {
-            command.env_remove(name);
-        }
-    }
-    let status = command
-        .current_dir(manifest_dir)
-        .args([
-            "build",
-            "--release",
-            "--no-default-features",
-            "--bin",
-            "ironflow-lambda",
-        ])
-        .status()?;
-    if !status.success() {
-        return Err(BenchError::msg(format!(
-            "building ironflow-lambda failed: {status}"
-        )));
-    }
+/// The command that builds the deployable function the bench measures.
+pub const BUILD_FUNCTION: &str =
+    "cargo build --release --no-default-features --bin ironflow-lambda";
+
+/// The release `ironflow-lambda` binary beside this one, as [`BUILD_FUNCTION`] builds it. Not
+/// built from here: a cargo started by this process (itself started by `cargo run`) sees
+/// another environment, and build scripts that watch it would rebuild the AWS SDK crates at
+/// every run, here and in the next build from the shell.
+pub fn function_beside_bench() -> Result<PathBuf, BenchError> {
     let exe = std::env::current_exe()?;
     let dir = exe
         .parent()
         .ok_or_else(|| BenchError::msg("the bench binary has no parent directory"))?;
-    Ok(dir.join("ironflow-lambda"))
+    let binary = dir.join("ironflow-lambda");
+    if !binary.exists() {
+        return Err(BenchError::msg(format!(
+            "{} is missing: build it first with `{BUILD_FUNCTION}` (or pass --function PATH)",
+            binary.display()
+        )));
+    }
+    Ok(binary)
 }
 
 /// The environment of a function process: what Lambda sets (runtime API, function, region,

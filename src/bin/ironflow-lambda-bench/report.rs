@@ -136,10 +136,14 @@ pub fn render(o: &Options, m: &Machine, r: &Results) -> String {
     let s = &o.drain;
     let mut md = String::new();
     let command = if o.args.is_empty() {
-        "cargo run --release --bin ironflow-lambda-bench".to_string()
+        format!(
+            "{} && cargo run --release --bin ironflow-lambda-bench",
+            crate::process::BUILD_FUNCTION
+        )
     } else {
         format!(
-            "cargo run --release --bin ironflow-lambda-bench -- {}",
+            "{} && cargo run --release --bin ironflow-lambda-bench -- {}",
+            crate::process::BUILD_FUNCTION,
             o.args.join(" ")
         )
     };
@@ -299,7 +303,8 @@ pub fn render(o: &Options, m: &Machine, r: &Results) -> String {
          until a watcher polling the API's store every 1 ms sees all K runs terminal; \
          \"from first claim\" starts instead when the watcher first sees a run claimed, \
          leaving out what a worker does before its first claim. Ours: \
-         invocations through `handler::handle_summary` (the Lambda code path) back to back, \
+         invocations back to back through `handler::handle_summary` (the Lambda code path) \
+         in `handler::in_worker_task`, as the deployed function runs them, \
          each claiming at most N = {} runs with a deadline {} s away. Rounds alternate who goes \
          first.\n",
         s.runs,
