@@ -419,12 +419,13 @@ fn parse<T: FromStr + PartialOrd + From<u8>>(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use std::collections::HashMap;
 
     use super::*;
 
-    fn lookup(vars: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
+    /// A variable lookup over `vars`, for tests of `from_lookup` parsers.
+    pub(crate) fn lookup(vars: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
         let map: HashMap<String, String> = vars
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))

@@ -415,17 +415,9 @@ async fn send(waker: &Waker, count: usize, body: &str, delay_secs: u64) -> (usiz
 
 #[cfg(test)]
 mod tests {
-    use std::collections::HashMap;
 
     use super::*;
-
-    fn lookup(vars: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
-        let map: HashMap<String, String> = vars
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect();
-        move |name| map.get(name).cloned()
-    }
+    use crate::config::tests::lookup;
 
     const URL: (&str, &str) = (
         "IRONFLOW_WAKE_QUEUE_URL",
