@@ -21,7 +21,8 @@ pub const CALL_TIMEOUT: Duration = Duration::from_secs(10);
 #[error("could not build the API HTTP client: {0}")]
 pub struct ClientError(#[from] reqwest::Error);
 
-/// Base URL, worker token and a pooled HTTP client (rustls).
+/// Base URL, worker token and a pooled HTTP client (native TLS: the vendored OpenSSL, as
+/// `ApiRunStore`'s client).
 #[derive(Clone)]
 pub struct ApiClient {
     http: reqwest::Client,
@@ -46,7 +47,7 @@ impl ApiClient {
     /// [`ClientError`] when the TLS backend cannot be initialised.
     pub fn new(base_url: &str, token: WorkerToken) -> Result<Self, ClientError> {
         let http = reqwest::Client::builder()
-            .use_rustls_tls()
+            .use_native_tls()
             .connect_timeout(Duration::from_secs(5))
             .build()?;
         Ok(Self {
