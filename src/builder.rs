@@ -105,6 +105,7 @@ pub struct LambdaWorkerBuilder {
     account_strategy: Option<Arc<dyn AccountStrategy>>,
     handlers: Vec<Box<dyn WorkflowHandler>>,
     poison_table: Option<Arc<dyn PoisonTable>>,
+    aws: Option<SdkConfig>,
     idle_probe_after: Duration,
     waker: Option<Waker>,
 }
@@ -128,8 +129,8 @@ impl LambdaWorkerBuilder {
     /// A builder from the environment, as [`LambdaWorkerBuilder::from_env`], with the worker
     /// token read once from Secrets Manager when `IRONFLOW_WORKER_TOKEN` is unset and
     /// `IRONFLOW_WORKER_TOKEN_SECRET_ARN` is set (see [`crate::secrets`]). `aws` is the AWS
-    /// configuration loaded at cold start (`aws_config::load_defaults`). This is what the
-    /// deployed function calls.
+    /// configuration loaded at cold start (`aws_config::load_defaults`), kept for
+    /// [`LambdaWorkerBuilder::connect_poison_table`]. This is what the deployed function calls.
     ///
     /// # Errors
     ///
@@ -150,9 +151,10 @@ impl LambdaWorkerBuilder {
         aws: &SdkConfig,
     ) -> Result<Self, BuildError> {
         let token = secrets::worker_token_from_lookup(&lookup, aws).await?;
-        Ok(Self::from_settings(Settings::from_lookup_with_token(
-            lookup, token,
-        )?))
+        Ok(
+            Self::from_settings(Settings::from_lookup_with_token(lookup, token)?)
+                .aws_config(aws.clone()),
+        )
     }
 
     /// A builder from already-loaded settings.
@@ -164,6 +166,7 @@ impl LambdaWorkerBuilder {
             account_strategy: None,
             handlers: Vec::new(),
             poison_table: None,
+            aws: None,
             idle_probe_after: DEFAULT_IDLE_PROBE_AFTER,
             waker: None,
         }
@@ -302,9 +305,19 @@ impl LambdaWorkerBuilder {
         self
     }
 
+    /// The AWS configuration (region, credentials, endpoint) the DynamoDB poison-pill table is
+    /// connected with, so that a cold start loads it once. Default: none, and
+    /// [`LambdaWorkerBuilder::connect_poison_table`] loads it from the environment;
+    /// [`LambdaWorkerBuilder::from_env_and_secrets`] sets the one it is given.
+    pub fn aws_config(mut self, aws: SdkConfig) -> Self {
+        self.aws = Some(aws);
+        self
+    }
+
     /// Connect the DynamoDB poison-pill table named by `IRONFLOW_POISON_TABLE`
     /// ([`Settings::poison_table`]) under `IRONFLOW_POISON_NAMESPACE`, with the AWS
-    /// configuration from the environment, and check that it exists (`DescribeTable`). Does
+    /// configuration set by [`LambdaWorkerBuilder::aws_config`] (else the one from the
+    /// environment), and check that it exists (`DescribeTable`). Does
     /// nothing when no table is configured or one was set with
     /// [`LambdaWorkerBuilder::poison_table`]. Call it once per cold start, after the poison
     /// threshold and cooldown are final (the table applies the cooldown).
@@ -318,12 +331,14 @@ impl LambdaWorkerBuilder {
             return Ok(self);
         }
         if let Some(name) = self.settings.poison_table.clone() {
-            let table = DynamoPoisonTable::connect(
-                &name,
-                &self.settings.poison_namespace,
-                self.settings.poison,
-            )
-            .await?;
+            let (namespace, policy) = (&self.settings.poison_namespace, self.settings.poison);
+            let table = match &self.aws {
+                Some(aws) => {
+                    let config = aws_sdk_dynamodb::config::Builder::from(aws).build();
+                    DynamoPoisonTable::connect_with(config, &name, namespace, policy).await?
+                }
+                None => DynamoPoisonTable::connect(&name, namespace, policy).await?,
+            };
             self.poison_table = Some(Arc::new(table));
         }
         Ok(self)

@@ -148,19 +148,19 @@ impl Waker {
         Self { sqs, settings }
     }
 
-    /// A waker from the environment: [`WakeSettings::from_env`], and an SQS client from the
-    /// default AWS configuration chain (region, credentials, and `AWS_ENDPOINT_URL` /
-    /// `AWS_ENDPOINT_URL_SQS` for an endpoint override). `None` without a wake queue.
+    /// A waker from the environment: [`WakeSettings::from_env`], and an SQS client over `aws`,
+    /// the AWS configuration loaded once at cold start (`aws_config::load_defaults`: region,
+    /// credentials, and `AWS_ENDPOINT_URL` / `AWS_ENDPOINT_URL_SQS` for an endpoint override).
+    /// `None` without a wake queue.
     ///
     /// # Errors
     ///
     /// [`ConfigError`] naming the malformed variable.
-    pub async fn from_env() -> Result<Option<Self>, ConfigError> {
+    pub fn from_env(aws: &aws_config::SdkConfig) -> Result<Option<Self>, ConfigError> {
         let Some(settings) = WakeSettings::from_env()? else {
             return Ok(None);
         };
-        let config = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
-        Ok(Some(Self::new(aws_sdk_sqs::Client::new(&config), settings)))
+        Ok(Some(Self::new(aws_sdk_sqs::Client::new(aws), settings)))
     }
 
     /// The settings it sends with.

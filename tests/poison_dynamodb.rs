@@ -594,6 +594,59 @@ fn cold_start_from_the_environment_connects_the_table_or_names_the_missing_one()
     });
 }
 
+/// The deployed cold start loads the AWS configuration once (`from_env_and_secrets`) and
+/// connects the table with it. Here that configuration points at moto and the environment does
+/// not, so a missing table is moto's answer (not found), not an unreachable AWS endpoint.
+#[tokio::test]
+async fn the_table_is_connected_with_the_configuration_the_cold_start_loaded() {
+    let ep = moto_endpoint();
+    let existing = create_table(&ep).await;
+    let missing = unique_table();
+    let aws = aws_config::defaults(BehaviorVersion::latest())
+        .endpoint_url(&ep)
+        .region(Region::new("us-east-1"))
+        .credentials_provider(Credentials::new("testing", "testing", None, None, "tests"))
+        .load()
+        .await;
+    let vars = |table: &str| {
+        let table = table.to_string();
+        move |name: &str| match name {
+            "IRONFLOW_API_URL" => Some("http://127.0.0.1:1".to_string()),
+            "IRONFLOW_WORKER_TOKEN" => Some("t".to_string()),
+            "IRONFLOW_POISON_TABLE" => Some(table.clone()),
+            _ => None,
+        }
+    };
+    let err = LambdaWorkerBuilder::from_lookup_and_secrets(vars(&missing), &aws)
+        .await
+        .unwrap()
+        .provider(Arc::new(ClaudeCodeProvider::new()))
+        .connect_poison_table()
+        .await
+        .err()
+        .unwrap();
+    assert!(
+        matches!(
+            err,
+            BuildError::PoisonTable(DynamoSetupError::NotFound { .. })
+        ),
+        "{err}"
+    );
+    assert!(err.to_string().contains(&missing), "{err}");
+
+    let worker = LambdaWorkerBuilder::from_lookup_and_secrets(vars(&existing), &aws)
+        .await
+        .unwrap()
+        .provider(Arc::new(ClaudeCodeProvider::new()))
+        .register(workflows::QuickShell)
+        .connect_poison_table()
+        .await
+        .unwrap()
+        .build()
+        .unwrap();
+    assert_eq!(worker.poison_mode(), PoisonMode::Fail);
+}
+
 #[tokio::test]
 async fn the_local_table_script_creates_the_schema_the_code_expects() {
     let ep = moto_endpoint();

@@ -50,7 +50,8 @@ async fn main() -> Result<(), Error> {
 /// poison-pill table, and wake-ups when `IRONFLOW_WAKE_QUEUE_URL` is set (the AWS clients
 /// honour `AWS_ENDPOINT_URL`).
 async fn build_worker() -> Result<LambdaWorker, BuildError> {
-    // Region, credentials and endpoint from the Lambda environment.
+    // Region, credentials and endpoint from the Lambda environment: loaded once, for Secrets
+    // Manager, the poison-pill table and the wake-up queue.
     let aws = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
     let mut builder = LambdaWorkerBuilder::from_env_and_secrets(&aws)
         .await?
@@ -63,7 +64,7 @@ async fn build_worker() -> Result<LambdaWorker, BuildError> {
         // stops the cold start with its name); unset: the in-memory table.
         .connect_poison_table()
         .await?;
-    if let Some(waker) = Waker::from_env().await? {
+    if let Some(waker) = Waker::from_env(&aws)? {
         builder = builder.wake_ups(waker);
     }
     builder.build()
