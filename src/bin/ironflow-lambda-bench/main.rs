@@ -91,7 +91,7 @@ fn parse(args: Vec<String>) -> Result<Options, String> {
             invocation: Duration::from_secs(60),
             poll_interval: Duration::from_millis(100),
         },
-        rounds: if quick { 2 } else { 5 },
+        rounds: if quick { 2 } else { 11 },
         idle_invocations: if quick { 50 } else { 200 },
         deadline: DeadlineSettings {
             invocation: Duration::from_secs(3),
