@@ -21,7 +21,8 @@ pub const CALL_TIMEOUT: Duration = Duration::from_secs(10);
 #[error("could not build the API HTTP client: {0}")]
 pub struct ClientError(#[from] reqwest::Error);
 
-/// Base URL, worker token and a pooled HTTP client (rustls).
+/// Base URL, worker token and a pooled HTTP client (rustls with aws-lc, the Mozilla roots of
+/// `webpki-roots`).
 #[derive(Clone)]
 pub struct ApiClient {
     http: reqwest::Client,
@@ -39,12 +40,18 @@ impl std::fmt::Debug for ApiClient {
 }
 
 impl ApiClient {
-    /// A client for the API at `base_url` (trailing `/` ignored).
+    /// A client for the API at `base_url` (trailing `/` ignored). Installs rustls' aws-lc
+    /// provider as the process's default crypto provider if none is installed yet: the provider
+    /// the AWS SDKs and ironflow-core use already, so that no second rustls crypto library
+    /// (ring) is linked.
     ///
     /// # Errors
     ///
     /// [`ClientError`] when the TLS backend cannot be initialised.
     pub fn new(base_url: &str, token: WorkerToken) -> Result<Self, ClientError> {
+        // Err: a default is installed already (a second client, or the embedding program's
+        // choice), which reqwest then uses.
+        let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
         let http = reqwest::Client::builder()
             .use_rustls_tls()
             .connect_timeout(Duration::from_secs(5))

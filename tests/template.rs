@@ -149,6 +149,31 @@ fn the_function_is_the_arm64_cargo_lambda_build_of_the_deployable_binary() {
     );
 }
 
+/// `cargo lambda build --release` (what `sam build` runs) sets `panic = "abort"`, `lto` and
+/// `codegen-units` itself unless `[profile.release]` states them: a run's panic must unwind to
+/// the handler (src/execution.rs catches it, records it and retries the run).
+#[test]
+fn the_deployed_build_unwinds_panics() {
+    let cargo = std::fs::read_to_string(root().join("Cargo.toml")).unwrap();
+    let release: Vec<&str> = cargo
+        .lines()
+        .skip_while(|l| l.trim() != "[profile.release]")
+        .skip(1)
+        .take_while(|l| !l.trim_start().starts_with('['))
+        .map(str::trim)
+        .collect();
+    assert!(
+        release.contains(&"panic = \"unwind\""),
+        "[profile.release] in Cargo.toml states panic = \"unwind\": {release:?}"
+    );
+    for key in ["lto", "codegen-units"] {
+        assert!(
+            release.iter().any(|l| l.starts_with(&format!("{key} ="))),
+            "[profile.release] in Cargo.toml states {key}: {release:?}"
+        );
+    }
+}
+
 #[test]
 fn the_wake_queue_visibility_timeout_is_at_least_six_function_timeouts() {
     let t = template();
