@@ -159,8 +159,12 @@ async fn execute_in_span(p: ExecutionParams, run: Run) -> RunReport {
         () = sleep_until(p.cutoff) => Stop::Cutoff,
     };
     let target = refresher.target();
-    refresher.stop().await;
-    if !matches!(stop, Stop::Finished(_)) {
+    if matches!(stop, Stop::Finished(Ok(_))) {
+        // The engine wrote the run's status: nothing of ours follows that a late refresh
+        // could race with.
+        refresher.abort();
+    } else {
+        refresher.stop().await;
         // Drop the execution: its child processes die with it (kill_on_drop), and nothing it
         // started can write to the API any more.
         drop(execution);

@@ -204,7 +204,7 @@ async fn run_in_span(
                 biased;
                 // Settle finished runs first, so that a claim sees their poison-pill counts.
                 Some(joined) = executions.join_next(), if !executions.is_empty() => {
-                    settle(joined, &mut poison, &mut reports).await;
+                    settle(joined, worker, &mut poison, &mut reports).await;
                 }
                 permit = slots.clone().acquire_owned() => break permit.ok(),
                 () = sleep_until(window_end) => break None,
@@ -249,7 +249,7 @@ async fn run_in_span(
     };
 
     while let Some(joined) = executions.join_next().await {
-        settle(joined, &mut poison, &mut reports).await;
+        settle(joined, worker, &mut poison, &mut reports).await;
     }
     // Every run has stopped: what they printed is queued; send it all before returning.
     log_pump_stop.cancel();
@@ -349,9 +349,12 @@ const CLAIM_ATTEMPTS: u32 = 3;
 /// Turn a finished execution into its report and update the poison-pill table.
 async fn settle(
     joined: Result<(RunReport, OwnedSemaphorePermit), tokio::task::JoinError>,
+    worker: &LambdaWorker,
     poison: &mut PoisonGate,
     reports: &mut HashMap<Uuid, RunReport>,
 ) {
+    // Its lines are all queued: the log pump sends them while the next runs execute.
+    worker.logs.run_ended();
     // `execute` catches the handler's panics itself; a JoinError here is a bug of ours.
     let (report, _slot) = match joined {
         Ok(done) => done,

@@ -69,7 +69,17 @@ impl LeaseRefresher {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
+    /// Stop refreshing without waiting for the task: no refresh starts after this, but one
+    /// already under way may still complete. For a run whose handler finished (the engine has
+    /// written its status, and a late refresh is refused with *lease lost*): it saves the wait
+    /// for the aborted task to be polled, a thread hop on the path from one run to the next
+    /// claim.
+    pub fn abort(self) {
+        self.handle.abort();
+    }
+
     /// Stop refreshing and wait until the task has ended: no refresh is sent after this.
+    /// For a run whose fate the invocation writes next (handback, timeout, panic).
     pub async fn stop(mut self) {
         self.handle.abort();
         let _ = (&mut self.handle).await;

@@ -262,9 +262,25 @@ fn wake_ups_report_partial_batch_failures_with_bounded_concurrency() {
         p["ScalingConfig"]["MaximumConcurrency"],
         json!({"Ref": "WakeMaximumConcurrency"})
     );
-    // Lambda refuses a batch above 10 without a batching window.
+    // Lambda refuses a batch above 10 without a batching window: the defaults respect it, and
+    // the template's rule refuses other values that do not, before anything is deployed.
     if param_default(&t, "WakeBatchSize") > 10 {
         assert!(param_default(&t, "WakeBatchingWindowSecs") >= 1);
+    }
+    for (size, window, accepted) in [
+        ("10", "0", true),
+        ("1", "0", true),
+        ("11", "0", false),
+        ("10000", "0", false),
+        ("11", "1", true),
+        ("10000", "300", true),
+    ] {
+        let params = BTreeMap::from([("WakeBatchSize", size), ("WakeBatchingWindowSecs", window)]);
+        assert_eq!(
+            rules_accept(&t, &params),
+            accepted,
+            "WakeBatchSize {size} with WakeBatchingWindowSecs {window}"
+        );
     }
     // The queue must not be able to start more instances than are reserved.
     let reserved = param_default(&t, "ReservedConcurrency");
@@ -289,6 +305,38 @@ fn wake_ups_report_partial_batch_failures_with_bounded_concurrency() {
         t["Parameters"]["ScheduleState"]["AllowedValues"],
         json!(["ENABLED", "DISABLED"])
     );
+}
+
+/// Whether every rule of the template's `Rules` accepts `params` (parameter values as
+/// CloudFormation hands them to rules: strings). Evaluates the rule functions the template uses:
+/// `Fn::Equals`, `Fn::Contains`, `Fn::Not`, `Fn::And`, `Fn::Or` and `Ref`; panics on others.
+fn rules_accept(t: &Value, params: &BTreeMap<&str, &str>) -> bool {
+    fn eval(v: &Value, params: &BTreeMap<&str, &str>) -> Value {
+        let Some((f, args)) = v.as_object().and_then(|o| o.iter().next()) else {
+            return v.clone();
+        };
+        let arg = |i: usize| eval(&args[i], params);
+        match f.as_str() {
+            "Ref" => json!(params[args.as_str().unwrap()]),
+            "Fn::Equals" => json!(arg(0) == arg(1)),
+            "Fn::Contains" => json!(arg(0).as_array().unwrap().contains(&arg(1))),
+            "Fn::Not" => json!(!arg(0).as_bool().unwrap()),
+            "Fn::And" => json!((0..args.as_array().unwrap().len()).all(|i| arg(i) == json!(true))),
+            "Fn::Or" => json!((0..args.as_array().unwrap().len()).any(|i| arg(i) == json!(true))),
+            other => panic!("rule function {other} is not evaluated by this test"),
+        }
+    }
+    t["Rules"].as_object().unwrap().values().all(|rule| {
+        let applies = rule
+            .get("RuleCondition")
+            .is_none_or(|c| eval(c, params) == json!(true));
+        !applies
+            || rule["Assertions"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .all(|a| eval(&a["Assert"], params) == json!(true))
+    })
 }
 
 #[test]
@@ -662,24 +710,42 @@ fn infra_iam_policy_json_is_the_roles_policy() {
 }
 
 #[test]
-fn alarms_watch_the_dead_letter_queue_errors_and_throttles() {
+fn alarms_watch_the_dead_letter_queue_the_wake_queue_errors_and_throttles() {
     let t = template();
     let mut watched = BTreeMap::new();
+    let mut thresholds = BTreeMap::new();
     for r in t["Resources"].as_object().unwrap().values() {
         if r["Type"] == "AWS::CloudWatch::Alarm" {
             let p = &r["Properties"];
             let dimension = &p["Dimensions"][0]["Value"];
-            watched.insert(
-                (
-                    p["Namespace"].as_str().unwrap().to_string(),
-                    p["MetricName"].as_str().unwrap().to_string(),
-                ),
-                dimension.clone(),
+            let key = (
+                p["Namespace"].as_str().unwrap().to_string(),
+                p["MetricName"].as_str().unwrap().to_string(),
             );
+            watched.insert(key.clone(), dimension.clone());
+            thresholds.insert(key, p["Threshold"].clone());
             assert_eq!(p["ComparisonOperator"], "GreaterThanThreshold");
-            assert_eq!(p["Threshold"], 0);
         }
     }
+    // Any message in the dead-letter queue, any error, any throttle; a wake-up older than the
+    // wake queue's own visibility timeout.
+    for (key, threshold) in &thresholds {
+        if key.1 == "ApproximateAgeOfOldestMessage" {
+            assert_eq!(
+                threshold,
+                &resource(&t, "WakeQueue")["Properties"]["VisibilityTimeout"]
+            );
+        } else {
+            assert_eq!(threshold, &json!(0), "{key:?}");
+        }
+    }
+    assert_eq!(
+        watched[&(
+            "AWS/SQS".to_string(),
+            "ApproximateAgeOfOldestMessage".to_string()
+        )],
+        json!({"Fn::GetAtt": ["WakeQueue", "QueueName"]})
+    );
     let key = |ns: &str, m: &str| (ns.to_string(), m.to_string());
     assert_eq!(
         watched[&key("AWS/SQS", "ApproximateNumberOfMessagesVisible")],

@@ -3,9 +3,11 @@
 //!
 //! Lines are grouped by run, step and stream, in order, and sent in batches of at most
 //! [`MAX_LINES_PER_CALL`] (the API's limit). During an invocation a pump flushes every
-//! [`FLUSH_INTERVAL`]; at the end of the invocation, after every execution has stopped, a last
-//! flush sends everything left, a handed-back run's partial output included. Nothing is sent
-//! after the handler returns.
+//! [`FLUSH_INTERVAL`], and at once when a run's execution ends ([`LogForwarder::run_ended`]):
+//! a finished run's lines go out while the next runs execute, not all together at the end of
+//! the invocation, where the next invocation would wait for them. At the end of the
+//! invocation, after every execution has stopped, a last flush sends everything left, a
+//! handed-back run's partial output included. Nothing is sent after the handler returns.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -15,7 +17,7 @@ use futures_util::StreamExt;
 use ironflow_engine::log_sender::{LogLine, LogReceiver};
 use ironflow_store::entities::LogStream;
 use serde::Serialize;
-use tokio::sync::Mutex;
+use tokio::sync::{Mutex, Notify};
 use tokio::time::{Instant, timeout_at};
 use tokio_util::sync::CancellationToken;
 use tracing::warn;
@@ -53,6 +55,8 @@ impl std::ops::AddAssign for FlushReport {
 pub struct LogForwarder {
     client: ApiClient,
     receiver: Mutex<LogReceiver>,
+    /// Set by [`LogForwarder::run_ended`]; the pump flushes when it is.
+    run_ended: Notify,
 }
 
 #[derive(Serialize)]
@@ -69,16 +73,26 @@ impl LogForwarder {
         Self {
             client,
             receiver: Mutex::new(receiver),
+            run_ended: Notify::new(),
         }
     }
 
-    /// Flush every [`FLUSH_INTERVAL`] until `stop` is cancelled, then return what was sent.
-    /// Each flush is bounded by `until`.
+    /// Tell the pump that a run's execution ended: every line it printed is queued, so the
+    /// pump flushes now rather than at its next [`FLUSH_INTERVAL`]. Calls that come while a
+    /// flush is under way make one more flush after it.
+    pub fn run_ended(&self) {
+        self.run_ended.notify_one();
+    }
+
+    /// Flush every [`FLUSH_INTERVAL`], and after every [`LogForwarder::run_ended`], until
+    /// `stop` is cancelled, then return what was sent. Each flush is bounded by `until`.
+    /// Flushes run one after the other, so each run's lines keep their order.
     pub async fn pump(&self, stop: CancellationToken, until: Instant) -> FlushReport {
         let mut total = FlushReport::default();
         loop {
             tokio::select! {
                 () = stop.cancelled() => return total,
+                () = self.run_ended.notified() => total += self.flush(until).await,
                 () = tokio::time::sleep(FLUSH_INTERVAL) => total += self.flush(until).await,
             }
         }

@@ -105,14 +105,24 @@ impl WorkflowHandler for ThreeStepShell {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Which {
     Reference,
+    /// Our invocations back to back, N runs each: what is measured against the reference.
     Ours,
+    /// One invocation of ours claiming all K runs: the same per-run path without invocation
+    /// boundaries, to tell the two costs apart.
+    OursOneInvocation,
 }
 
 impl Which {
+    /// Every worker, in the order of a round (reversed every other round).
+    pub const ALL: [Which; 3] = [Which::Reference, Which::Ours, Which::OursOneInvocation];
+
     pub fn name(self) -> &'static str {
         match self {
             Which::Reference => "reference `ironflow_worker::Worker`",
             Which::Ours => "ironflow-lambda (invocations back to back)",
+            Which::OursOneInvocation => {
+                "ironflow-lambda, one invocation claiming all K (diagnostic)"
+            }
         }
     }
 }
@@ -204,14 +214,19 @@ pub async fn drain(
             let _ = task.await;
             (done, start, 0)
         }
-        Which::Ours => {
+        Which::Ours | Which::OursOneInvocation => {
+            let max_runs = if which == Which::Ours {
+                s.max_runs
+            } else {
+                s.runs
+            };
             let builder = LambdaWorkerBuilder::new(&api.url(), &token)
                 .provider(Arc::new(ClaudeCodeProvider::new()));
             let worker = Arc::new(
                 workload
                     .register_ours(builder)
                     .concurrency(s.concurrency)
-                    .max_runs_per_invocation(s.max_runs)
+                    .max_runs_per_invocation(max_runs)
                     .function_timeout(s.invocation)
                     .build()?,
             );

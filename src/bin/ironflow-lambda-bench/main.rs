@@ -13,7 +13,8 @@
 //!
 //! Options: `--quick`, `--runs K`, `--rounds R`, `--concurrency C`, `--max-runs N`,
 //! `--out PATH`, `--function PATH` (the function binary to measure; default: the release
-//! `ironflow-lambda` beside the bench).
+//! `ironflow-lambda` beside the bench), `--drain-only` (the drain rounds and their medians,
+//! printed; nothing written).
 //! Not part of the test command.
 
 mod drain;
@@ -63,6 +64,8 @@ impl BenchError {
 #[derive(Debug, Clone)]
 pub struct Options {
     pub quick: bool,
+    /// Only the drain rounds (`--drain-only`): medians printed, no report written.
+    pub drain_only: bool,
     pub drain: DrainSettings,
     pub rounds: usize,
     pub idle_invocations: usize,
@@ -77,8 +80,10 @@ pub struct Options {
 
 fn parse(args: Vec<String>) -> Result<Options, String> {
     let quick = args.iter().any(|a| a == "--quick");
+    let drain_only = args.iter().any(|a| a == "--drain-only");
     let mut o = Options {
         quick,
+        drain_only,
         drain: DrainSettings {
             runs: if quick { 50 } else { 500 },
             concurrency: 2,
@@ -86,7 +91,7 @@ fn parse(args: Vec<String>) -> Result<Options, String> {
             invocation: Duration::from_secs(60),
             poll_interval: Duration::from_millis(100),
         },
-        rounds: if quick { 2 } else { 5 },
+        rounds: if quick { 2 } else { 11 },
         idle_invocations: if quick { 50 } else { 200 },
         deadline: DeadlineSettings {
             invocation: Duration::from_secs(3),
@@ -96,7 +101,8 @@ fn parse(args: Vec<String>) -> Result<Options, String> {
         deadline_invocations: if quick { 3 } else { 20 },
         cold_starts: if quick { 5 } else { 30 },
         dynamodb_runs: if quick { 16 } else { 96 },
-        out: (!quick).then(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("BENCHMARKS.md")),
+        out: (!quick && !drain_only)
+            .then(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("BENCHMARKS.md")),
         function: None,
         args: args.clone(),
     };
@@ -110,7 +116,7 @@ fn parse(args: Vec<String>) -> Result<Options, String> {
                 .ok_or(format!("{name} takes a positive integer, got {v:?}"))
         };
         match a.as_str() {
-            "--quick" => {}
+            "--quick" | "--drain-only" => {}
             "--runs" => o.drain.runs = number(value("--runs")?, "--runs")?,
             "--rounds" => o.rounds = number(value("--rounds")?, "--rounds")?,
             "--concurrency" => {
@@ -148,7 +154,7 @@ async fn main() -> ExitCode {
             }
             eprintln!(
                 "usage: ironflow-lambda-bench [--quick] [--runs K] [--rounds R] [--concurrency C] \
-                 [--max-runs N] [--out PATH] [--function PATH]"
+                 [--max-runs N] [--out PATH] [--function PATH] [--drain-only]"
             );
             return ExitCode::from(2);
         }
@@ -176,20 +182,20 @@ async fn run(o: Options) -> Result<(), BenchError> {
     // Like the deployed function: descendants left by shell steps are reaped by us.
     ironflow_lambda::orphans::become_subreaper();
     let machine = report::Machine::read();
-    let binary = match &o.function {
-        Some(path) => path.clone(),
-        None => process::function_beside_bench()?,
+    let binary = match (&o.function, o.drain_only) {
+        (Some(path), _) => path.clone(),
+        (None, false) => process::function_beside_bench()?,
+        (None, true) => PathBuf::new(),
     };
 
     let mut drains: BTreeMap<(Workload, Which), Vec<DrainResult>> = BTreeMap::new();
     for round in 0..o.rounds {
         for workload in Workload::ALL {
             // Alternate who goes first, so that a drift of the machine's load hits both.
-            let order = if round % 2 == 0 {
-                [Which::Reference, Which::Ours]
-            } else {
-                [Which::Ours, Which::Reference]
-            };
+            let mut order = Which::ALL;
+            if round % 2 == 1 {
+                order.reverse();
+            }
             for which in order {
                 let r = drain::drain(which, workload, &o.drain).await?;
                 eprintln!(
@@ -206,6 +212,11 @@ async fn run(o: Options) -> Result<(), BenchError> {
                 drains.entry((workload, which)).or_default().push(r);
             }
         }
+    }
+
+    if o.drain_only {
+        print_drain_medians(&drains);
+        return Ok(());
     }
 
     eprintln!("idle invocations ...");
@@ -239,6 +250,33 @@ async fn run(o: Options) -> Result<(), BenchError> {
         eprintln!("wrote {}", out.display());
     }
     Ok(())
+}
+
+/// `--drain-only`: each workload's median wall time per worker and the ratio ours / reference.
+fn print_drain_medians(drains: &BTreeMap<(Workload, Which), Vec<DrainResult>>) {
+    let median_s = |w, which| {
+        let walls: Vec<f64> = drains
+            .get(&(w, which))
+            .map(|rs| rs.iter().map(|r| r.wall.as_secs_f64()).collect())
+            .unwrap_or_default();
+        report::median(&walls)
+    };
+    for w in Workload::ALL {
+        let reference = median_s(w, Which::Reference);
+        let (ours, one) = (
+            median_s(w, Which::Ours),
+            median_s(w, Which::OursOneInvocation),
+        );
+        println!(
+            "{:<14} reference {:.3} s  ours {:.3} s ({:.2})  ours in one invocation {:.3} s ({:.2})",
+            w.name(),
+            reference,
+            ours,
+            ours / reference,
+            one,
+            one / reference
+        );
+    }
 }
 
 /// Now, in ms since the Unix epoch.
