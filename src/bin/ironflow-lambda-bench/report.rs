@@ -486,8 +486,9 @@ pub fn render(o: &Options, m: &Machine, r: &Results) -> String {
     let _ = writeln!(
         md,
         "The deployable binary, `cargo build --release --no-default-features --bin \
-         ironflow-lambda` (release profile: `strip = true`, thin LTO), started against a \
-         stand-in for AWS's Lambda Runtime API on loopback (a hand-written stub: the Runtime \
+         ironflow-lambda` (the release profile of `Cargo.toml`: stripped, `opt-level = \"s\"`, fat \
+         LTO, one codegen unit: the profile `sam build` builds the arm64 function with), started \
+         against a stand-in for AWS's Lambda Runtime API on loopback (a hand-written stub: the Runtime \
          API is AWS's protocol and no package ships it). Cold start is from just before the \
          process is spawned until its first `GET /2018-06-01/runtime/invocation/next` reaches \
          the stub: settings from the environment, logging, the HTTP clients, the engine and \
