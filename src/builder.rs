@@ -24,6 +24,7 @@ use tracing::warn;
 use crate::api::artifacts::ApiArtifactSink;
 use crate::api::logs::LogForwarder;
 use crate::api::{ApiClient, ClientError};
+use crate::claim_ahead::RunPace;
 use crate::config::{ConfigError, Settings, WorkerToken};
 use crate::poison::dynamodb::{DynamoPoisonTable, DynamoSetupError};
 use crate::poison::memory::MemoryPoisonTable;
@@ -237,6 +238,14 @@ impl LambdaWorkerBuilder {
         self
     }
 
+    /// Claim one run ahead of a free slot while the runs this instance completed average under
+    /// `below` (see [`crate::claim_ahead`]). Default 1 s; `Duration::ZERO` never claims ahead,
+    /// as the reference worker.
+    pub fn claim_ahead_below(mut self, below: Duration) -> Self {
+        self.settings.claim_ahead_below = below;
+        self
+    }
+
     /// The function's configured timeout (the template's `Timeout`). Default 900 s.
     pub fn function_timeout(mut self, timeout: Duration) -> Self {
         self.settings.function_timeout = timeout;
@@ -447,6 +456,7 @@ impl LambdaWorkerBuilder {
             poison_table,
             poison_mode,
             pool: PoolWarden::new(self.idle_probe_after),
+            pace: RunPace::new(s.claim_ahead_below),
             logs: Arc::new(LogForwarder::new(api.clone(), log_receiver)),
             api,
             wake: self.waker,
@@ -559,6 +569,7 @@ pub struct LambdaWorker {
     pub(crate) poison_table: Arc<dyn PoisonTable>,
     pub(crate) poison_mode: PoisonMode,
     pub(crate) pool: PoolWarden,
+    pub(crate) pace: RunPace,
     pub(crate) logs: Arc<LogForwarder>,
     pub(crate) api: ApiClient,
     pub(crate) wake: Option<Waker>,

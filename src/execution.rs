@@ -2,6 +2,9 @@
 //! down to an [`Outcome`].
 //!
 //! ```text
+//! wait for a slot (at once, unless claimed ahead: crate::claim_ahead)
+//!   lease lost                       → LeaseLost (no status write)
+//!   cutoff                           → Released: written back to Pending, never executed
 //! select {
 //!   engine.execute_handler_run(run)  → Completed │ Failed (already recorded by the engine)
 //!                                     │ Panicked → fail_or_schedule_retry (retryable)
@@ -20,6 +23,7 @@ use futures_util::FutureExt;
 use ironflow_engine::engine::Engine;
 use ironflow_store::entities::{LeaseRequest, Run};
 use serde::Serialize;
+use tokio::sync::Semaphore;
 use tokio::time::{Instant, sleep_until, timeout_at};
 use tracing::{Instrument, error, info, info_span, warn};
 use uuid::Uuid;
@@ -43,6 +47,9 @@ pub enum Outcome {
     LeaseLost,
     /// Still running at the cutoff: written back to Pending for the next invocation.
     HandedBack,
+    /// Claimed ahead of a free slot ([`crate::claim_ahead`]), but no slot freed before the
+    /// cutoff: written back to Pending without executing, for the next invocation.
+    Released,
     /// Claimed while its workflow was blocked as a poison pill: failed without executing
     /// (fail mode), or written back to Pending without executing (defer mode).
     PoisonBlocked,
@@ -88,12 +95,19 @@ impl RunReport {
     }
 }
 
+/// A run just claimed: the run as the claim returned it, when it was claimed, and its lease
+/// refresher, started at the claim so that a run claimed ahead keeps its lease while it waits.
+pub(crate) struct Claimed {
+    pub run: Run,
+    pub claimed_at: DateTime<Utc>,
+    pub refresher: LeaseRefresher,
+}
+
 /// Everything one execution needs, cloned out of the worker so it can run in its own task.
 #[derive(Clone)]
 pub(crate) struct ExecutionParams {
     pub engine: Arc<Engine>,
     pub lease: LeaseRequest,
-    pub refresh_interval: Duration,
     pub run_timeout: Duration,
     pub cutoff: Instant,
     /// The invocation deadline: no status write may run past it.
@@ -101,23 +115,51 @@ pub(crate) struct ExecutionParams {
     pub handback: HandbackPolicy,
 }
 
-/// Execute `run` (already claimed under `params.lease`) and return its report.
-pub(crate) async fn execute(params: ExecutionParams, run: Run) -> RunReport {
-    let span = info_span!("run", run_id = %run.id, workflow = %run.workflow_name);
-    execute_in_span(params, run).instrument(span).await
+/// Wait for one of the `slots` (at once, unless the run was claimed ahead), then execute the
+/// run (claimed under `params.lease`) and return its report. The slot is held until the
+/// report is ready, status writes included.
+pub(crate) async fn execute(
+    params: ExecutionParams,
+    claimed: Claimed,
+    slots: Arc<Semaphore>,
+) -> RunReport {
+    let span = info_span!("run", run_id = %claimed.run.id, workflow = %claimed.run.workflow_name);
+    execute_in_span(params, claimed, slots)
+        .instrument(span)
+        .await
 }
 
-async fn execute_in_span(p: ExecutionParams, run: Run) -> RunReport {
-    let started = Instant::now();
-    let claimed_at = Utc::now();
-    let report = |outcome, error: Option<String>| RunReport {
+async fn execute_in_span(p: ExecutionParams, claimed: Claimed, slots: Arc<Semaphore>) -> RunReport {
+    let Claimed {
+        run,
+        claimed_at,
+        refresher,
+    } = claimed;
+    let waiting = Instant::now();
+    let report = |outcome, error: Option<String>, since: Instant| RunReport {
         run_id: run.id,
         workflow: run.workflow_name.clone(),
         outcome,
-        duration_ms: u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
+        duration_ms: u64::try_from(since.elapsed().as_millis()).unwrap_or(u64::MAX),
         error,
         retry_count: run.retry_count,
     };
+    // The semaphore is never closed: `ok()` only avoids an unwrap.
+    let _slot = tokio::select! {
+        biased;
+        slot = slots.acquire_owned() => slot.ok(),
+        () = refresher.lost() => {
+            warn!("abandoning a run claimed ahead: lease lost while it waited for a slot");
+            let error = "lease lost to another worker before the run started".to_string();
+            return report(Outcome::LeaseLost, Some(error), waiting);
+        }
+        () = sleep_until(p.cutoff) => {
+            refresher.stop().await;
+            return report(Outcome::Released, release(&p, run.id).await, waiting);
+        }
+    };
+    let started = Instant::now();
+    let report = |outcome, error| report(outcome, error, started);
 
     let attempt_start = attempt_started_at(&p.engine, &run, claimed_at).await;
     let used = (claimed_at - attempt_start).to_std().unwrap_or_default();
@@ -128,13 +170,6 @@ async fn execute_in_span(p: ExecutionParams, run: Run) -> RunReport {
         attempt_start.to_rfc3339()
     );
 
-    let refresher = LeaseRefresher::spawn(
-        p.engine.store().clone(),
-        run.id,
-        p.lease.clone(),
-        p.refresh_interval,
-        p.cutoff.min(run_deadline),
-    );
     info!(attempt_started_at = %attempt_start, "executing run");
     // Polled by this task rather than spawned: the run's end releases its slot without a hop
     // to another task (each hop waits for a thread, a long wait while shell steps keep both
@@ -204,6 +239,22 @@ async fn execute_in_span(p: ExecutionParams, run: Run) -> RunReport {
             let (outcome, error) =
                 handback::hand_back(&p, &run, target, claimed_at, executed).await;
             report(outcome, error)
+        }
+    }
+}
+
+/// Write a run claimed ahead that got no slot before the cutoff back to Pending; the error for
+/// its report, if the write failed.
+async fn release(p: &ExecutionParams, run_id: Uuid) -> Option<String> {
+    let store = p.engine.store();
+    match handback::write_back_unexecuted(store.as_ref(), run_id, p.deadline).await {
+        Ok(()) => {
+            info!("run claimed ahead released: no slot freed before the cutoff, Pending again");
+            None
+        }
+        Err(e) => {
+            error!(error = %e, "could not release a run claimed ahead");
+            Some(e)
         }
     }
 }

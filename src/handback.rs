@@ -23,7 +23,8 @@ use ironflow_store::entities::Run;
 use ironflow_store::entities::{RunStatus, RunUpdate, Step, StepStatus};
 use ironflow_store::error::StoreError;
 use ironflow_store::store::STEP_INTERRUPTED_ERROR;
-use tokio::time::timeout_at;
+use ironflow_store::store::Store;
+use tokio::time::{Instant, timeout_at};
 use tracing::{error, info, warn};
 use uuid::Uuid;
 
@@ -147,6 +148,36 @@ async fn hand_back_steps(
             error!(run_id = %target, "{msg}");
             (Outcome::HandedBack, Some(msg))
         }
+    }
+}
+
+/// Write a run that did not execute in this invocation back to Pending, within the invocation
+/// `deadline`: a run claimed ahead that got no slot before the cutoff
+/// ([`Outcome::Released`]), or a run of a blocked workflow in defer mode. Nothing else is
+/// written: it has no step to interrupt and no time to add to its `duration_ms`, and the loop
+/// guard does not count it.
+///
+/// # Errors
+///
+/// The API's error, or that the deadline came first, as a sentence for the run's report. The
+/// run then stays Running under a lease nobody refreshes, and the API's reaper requeues it once
+/// the lease TTL has passed.
+pub(crate) async fn write_back_unexecuted(
+    store: &dyn Store,
+    run_id: Uuid,
+    deadline: Instant,
+) -> Result<(), String> {
+    let update = RunUpdate {
+        status: Some(RunStatus::Pending),
+        ..RunUpdate::default()
+    };
+    let reaper = "the API's reaper will requeue it once its lease expires";
+    match timeout_at(deadline, store.update_run(run_id, update)).await {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(e)) => Err(format!("writing it back to Pending failed ({e}): {reaper}")),
+        Err(_) => Err(format!(
+            "writing it back to Pending ran into the deadline: {reaper}"
+        )),
     }
 }
 

@@ -3,12 +3,13 @@
 //! ```text
 //! budget = Context.deadline − margin ("cutoff")
 //! while claimed < N and time before the cutoff ≥ minimum claim budget:
-//!     wait for a free slot (≤ concurrency)          a claimed run's lease is only refreshed
-//!     claim (ApiRunStore::pick_next_pending_for)    once it executes, so claim only then
+//!     wait for a free slot (≤ concurrency), or      claim-ahead (crate::claim_ahead): one run
+//!       for room for one run ahead                  waits for a slot, while runs are short
+//!     claim (ApiRunStore::pick_next_pending_for)
 //!     poison-pill table: run recovered from a dead invocation? → count a failure;
 //!                        workflow blocked? → fail the run (fail mode) or write it back to
 //!                        Pending (defer mode, whose claims leave blocked workflows out)
-//!     spawn its execution
+//!     start its lease refresher, spawn its execution (which first waits for a slot)
 //! await every execution → outcomes → poison-pill table
 //! kill the processes runs left behind
 //! wake-ups: runs handed back, or N taken with runs still pending → SQS (crate::wake)
@@ -23,10 +24,11 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
-use ironflow_store::entities::{LeaseRequest, Run, RunStatus, RunUpdate, WorkerCapabilities};
+use chrono::Utc;
+use ironflow_store::entities::{LeaseRequest, Run, WorkerCapabilities};
 use ironflow_store::error::StoreError;
 use serde::Serialize;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 use tokio::time::{Instant, sleep_until, timeout_at};
 use tokio_util::sync::CancellationToken;
@@ -36,8 +38,9 @@ use uuid::Uuid;
 use crate::api::logs::FlushReport;
 use crate::builder::LambdaWorker;
 use crate::deadline::Budget;
-use crate::execution::{self, ExecutionParams, Outcome, RunReport};
-use crate::handback::HandbackPolicy;
+use crate::execution::{self, Claimed, ExecutionParams, Outcome, RunReport};
+use crate::handback::{HandbackPolicy, write_back_unexecuted};
+use crate::lease::LeaseRefresher;
 use crate::orphans::InvocationGuard;
 use crate::poison::PoisonMode;
 use crate::poison::gate::PoisonGate;
@@ -150,7 +153,6 @@ async fn run_in_span(
     let params = ExecutionParams {
         engine: worker.engine.clone(),
         lease: lease.clone(),
-        refresh_interval: s.lease_refresh_interval,
         run_timeout: s.run_timeout,
         cutoff: budget.cutoff(),
         deadline: budget.deadline(),
@@ -197,22 +199,24 @@ async fn run_in_span(
         let Some(window_end) = claim_window_end.filter(|end| Instant::now() < *end) else {
             break StopReason::Cutoff;
         };
-        // Claim only once a slot is free: a claimed run's lease is refreshed only while it
-        // executes. Outcomes that arrive meanwhile reach the poison-pill table at once.
-        let permit = loop {
+        // Claim once a slot is free, or, while the runs are short, when one run ahead may
+        // wait for a slot (crate::claim_ahead). A run leaves `executions` only once its
+        // outcome has reached the poison-pill table, so the claims after it see that outcome.
+        let room = loop {
+            if executions.len() < s.concurrency + worker.pace.runs_ahead() {
+                break true;
+            }
             tokio::select! {
                 biased;
-                // Settle finished runs first, so that a claim sees their poison-pill counts.
-                Some(joined) = executions.join_next(), if !executions.is_empty() => {
+                Some(joined) = executions.join_next() => {
                     settle(joined, worker, &mut poison, &mut reports).await;
                 }
-                permit = slots.clone().acquire_owned() => break permit.ok(),
-                () = sleep_until(window_end) => break None,
+                () = sleep_until(window_end) => break false,
             }
         };
-        let Some(permit) = permit else {
+        if !room {
             break StopReason::Cutoff;
-        };
+        }
         // Defer mode: blocked workflows are left out (read once, then from the gate's cache).
         let capabilities = poison.capabilities_for_claim(&worker.capabilities).await;
         let claimed = match timeout_at(window_end, claim(worker, &lease, &capabilities)).await {
@@ -237,14 +241,23 @@ async fn run_in_span(
             reports.insert(claimed.id, report);
             continue;
         }
-        let params = params.clone();
+        // The lease is refreshed from the claim on, so a run claimed ahead keeps it while it
+        // waits for a slot. The run deadline bounds the execution, which stops the refresher.
+        let refresher = LeaseRefresher::spawn(
+            worker.engine.store().clone(),
+            claimed.id,
+            lease.clone(),
+            s.lease_refresh_interval,
+            budget.cutoff(),
+        );
+        let claimed = Claimed {
+            run: claimed,
+            claimed_at: Utc::now(),
+            refresher,
+        };
         executions.spawn(
-            async move {
-                // The slot goes back with the report, so the next claim only happens once this
-                // run's outcome has reached the poison-pill table.
-                (execution::execute(params, claimed).await, permit)
-            }
-            .instrument(tracing::Span::current()),
+            execution::execute(params.clone(), claimed, slots.clone())
+                .instrument(tracing::Span::current()),
         );
     };
 
@@ -277,7 +290,10 @@ async fn run_in_span(
             let capabilities = poison.capabilities_for_claim(&worker.capabilities).await;
             let end = BatchEnd {
                 request_id,
-                handed_back: outcomes.get(&Outcome::HandedBack).copied().unwrap_or(0),
+                handed_back: [Outcome::HandedBack, Outcome::Released]
+                    .iter()
+                    .filter_map(|o| outcomes.get(o))
+                    .sum(),
                 filled: stop_reason == StopReason::MaxRuns,
                 capabilities: &capabilities,
                 budget,
@@ -348,7 +364,7 @@ const CLAIM_ATTEMPTS: u32 = 3;
 
 /// Turn a finished execution into its report and update the poison-pill table.
 async fn settle(
-    joined: Result<(RunReport, OwnedSemaphorePermit), tokio::task::JoinError>,
+    joined: Result<RunReport, tokio::task::JoinError>,
     worker: &LambdaWorker,
     poison: &mut PoisonGate,
     reports: &mut HashMap<Uuid, RunReport>,
@@ -356,13 +372,15 @@ async fn settle(
     // Its lines are all queued: the log pump sends them while the next runs execute.
     worker.logs.run_ended();
     // `execute` catches the handler's panics itself; a JoinError here is a bug of ours.
-    let (report, _slot) = match joined {
+    let report = match joined {
         Ok(done) => done,
         Err(e) => {
             error!(error = %e, "execution task failed");
             return;
         }
     };
+    let executed = Duration::from_millis(report.duration_ms);
+    worker.pace.record(report.outcome, executed);
     poison.record(&report).await;
     reports.insert(report.run_id, report);
 }
@@ -396,21 +414,10 @@ async fn defer_blocked(
     budget: Budget,
 ) -> RunReport {
     warn!(run_id = %run.id, workflow = %run.workflow_name, error = %reason, "deferring run: poison pill");
-    let update = RunUpdate {
-        status: Some(RunStatus::Pending),
-        ..RunUpdate::default()
-    };
-    let write = worker.engine.store().update_run(run.id, update);
-    let error = match timeout_at(budget.deadline(), write).await {
-        Ok(Ok(())) => format!("{reason}; written back to Pending (defer mode)"),
-        Ok(Err(e)) => format!(
-            "{reason}; writing it back to Pending failed ({e}): the API's reaper will requeue it \
-             once its lease expires"
-        ),
-        Err(_) => format!(
-            "{reason}; writing it back to Pending ran into the deadline: the API's reaper will \
-             requeue it once its lease expires"
-        ),
+    let store = worker.engine.store();
+    let error = match write_back_unexecuted(store.as_ref(), run.id, budget.deadline()).await {
+        Ok(()) => format!("{reason}; written back to Pending (defer mode)"),
+        Err(e) => format!("{reason}; {e}"),
     };
     RunReport::poison_blocked(run, error)
 }

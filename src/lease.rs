@@ -1,7 +1,9 @@
-//! The bounded lease refresher of one executing run.
+//! The bounded lease refresher of one claimed run.
 //!
-//! Refreshes the run's lease (`POST /api/v1/internal/runs/{id}/lease`) every interval until a
-//! bound, `min(cutoff, run deadline)`, after which the invocation writes the run's fate itself.
+//! Started at the claim, so that a run claimed ahead ([`crate::claim_ahead`]) keeps its lease
+//! while it waits for a slot. Refreshes the run's lease (`POST /api/v1/internal/runs/{id}/lease`)
+//! every interval until a bound, the cutoff, after which the invocation writes the run's fate
+//! itself; an execution that reaches its run deadline stops it before writing the timeout.
 //! Signals *lease lost* when the API hands the run to someone else (after following a
 //! sub-workflow child's lease to its root, as the reference worker does), or when refreshes
 //! keep failing for longer than the lease TTL.

@@ -38,6 +38,7 @@
 
 pub mod api;
 pub mod builder;
+pub mod claim_ahead;
 pub mod config;
 pub mod deadline;
 pub mod execution;

@@ -10,7 +10,7 @@
 //! | metric | unit | dimensions |
 //! |---|---|---|
 //! | `RunsClaimed` | Count | function |
-//! | `RunsCompleted`, `RunsFailed`, `RunsTimedOut`, `RunsPanicked`, `RunsHandedBack`, `LeasesLost`, `PoisonPillSkips` | Count | function, workflow |
+//! | `RunsCompleted`, `RunsFailed`, `RunsTimedOut`, `RunsPanicked`, `RunsHandedBack`, `RunsReleased`, `LeasesLost`, `PoisonPillSkips` | Count | function, workflow |
 //! | `ApiErrors` | Count | function |
 //! | `LogLinesDropped` | Count | function |
 //! | `PoisonTableErrors` | Count | function |
@@ -50,6 +50,7 @@ pub fn outcome_metric(outcome: Outcome) -> &'static str {
         Outcome::Panicked => "RunsPanicked",
         Outcome::LeaseLost => "LeasesLost",
         Outcome::HandedBack => "RunsHandedBack",
+        Outcome::Released => "RunsReleased",
         Outcome::PoisonBlocked => "PoisonPillSkips",
     }
 }

@@ -172,6 +172,134 @@ async fn claims_only_when_a_slot_is_free_and_never_exceeds_concurrency() {
     assert_eq!(max.load(Ordering::SeqCst), 2);
 }
 
+#[tokio::test]
+async fn a_warm_instance_claims_one_run_ahead_under_its_lease_and_never_exceeds_concurrency() {
+    let h = Arc::new(Harness::start().await);
+    let (current, max, release) = (
+        Arc::new(AtomicUsize::new(0)),
+        Arc::new(AtomicUsize::new(0)),
+        Arc::new(AtomicBool::new(true)),
+    );
+    let worker = Arc::new(
+        h.builder()
+            .register(Gauge {
+                current: current.clone(),
+                max: max.clone(),
+                release: release.clone(),
+            })
+            .concurrency(2)
+            .max_runs_per_invocation(4)
+            .build()
+            .unwrap(),
+    );
+    // A first invocation completes a short run: the instance's pace is now known to be short.
+    h.create("gauge", 0).await;
+    let warm_up = h.invoke(&worker, LONG).await;
+    assert_eq!(warm_up.count(Outcome::Completed), 1, "{warm_up:?}");
+
+    release.store(false, Ordering::SeqCst);
+    let ids: Vec<_> = futures_join(&h, 4).await;
+    let invocation = {
+        let (h, worker) = (h.clone(), worker.clone());
+        tokio::spawn(async move { h.invoke(&worker, LONG).await })
+    };
+    let running = |h: Arc<Harness>, ids: Vec<uuid::Uuid>| async move {
+        let mut runs = Vec::new();
+        for id in ids {
+            let run = h.run(id).await;
+            if run.status.state == RunStatus::Running {
+                runs.push(run);
+            }
+        }
+        runs
+    };
+    wait_until(
+        "two runs execute and a third is claimed ahead",
+        Duration::from_secs(20),
+        || {
+            let (h, ids, c) = (h.clone(), ids.clone(), current.clone());
+            async move { c.load(Ordering::SeqCst) == 2 && running(h, ids).await.len() == 3 }
+        },
+    )
+    .await;
+    let held = running(h.clone(), ids.clone()).await;
+    let first_expiry: Vec<_> = held.iter().map(|r| r.lease_expires_at).collect();
+    // The run waiting for a slot keeps its lease: the refresher (every 200 ms here) extends
+    // every claimed run's lease, the waiting one's included.
+    wait_until(
+        "every claimed run's lease is refreshed while two execute",
+        Duration::from_secs(20),
+        || {
+            let (h, ids, first_expiry) = (h.clone(), ids.clone(), first_expiry.clone());
+            async move {
+                let now = running(h, ids).await;
+                now.len() == 3
+                    && now
+                        .iter()
+                        .zip(&first_expiry)
+                        .all(|(run, first)| run.lease_expires_at > *first)
+            }
+        },
+    )
+    .await;
+    assert_eq!(current.load(Ordering::SeqCst), 2, "only C runs execute");
+    release.store(true, Ordering::SeqCst);
+
+    let summary = invocation.await.unwrap();
+    assert_eq!(summary.count(Outcome::Completed), 4, "{summary:?}");
+    assert_eq!(max.load(Ordering::SeqCst), 2, "never more than C at once");
+}
+
+#[tokio::test]
+async fn a_run_claimed_ahead_without_a_free_slot_is_released_at_the_cutoff() {
+    let h = Harness::start().await;
+    let worker = h
+        .builder()
+        .register(quick(&h))
+        .register(stuck())
+        .concurrency(1)
+        .max_runs_per_invocation(2)
+        .build()
+        .unwrap();
+    h.create("quick", 0).await;
+    let warm_up = h.invoke(&worker, LONG).await;
+    assert_eq!(warm_up.count(Outcome::Completed), 1, "{warm_up:?}");
+    assert_eq!(executions(&h.path("quick")), 1);
+
+    // Oldest first: the stuck run takes the only slot, the quick one is claimed ahead and
+    // waits for a slot that frees only at the cutoff.
+    let executing = h.create("stuck", 0).await;
+    let waiting = h.create("quick", 0).await;
+    let first = h.invoke(&worker, Duration::from_secs(3)).await;
+    let outcome_of = |id| {
+        first
+            .runs
+            .iter()
+            .find(|r| r.run_id == id)
+            .map(|r| r.outcome)
+    };
+    assert_eq!(
+        outcome_of(executing),
+        Some(Outcome::HandedBack),
+        "{first:?}"
+    );
+    assert_eq!(outcome_of(waiting), Some(Outcome::Released), "{first:?}");
+    assert!(first.runs.iter().all(|r| r.error.is_none()), "{first:?}");
+    let released = h.run(waiting).await;
+    assert_eq!(released.status.state, RunStatus::Pending);
+    assert!(released.worker_id.is_none(), "its lease is released");
+    assert_eq!(released.duration_ms, 0, "no execution time is recorded");
+    assert!(h.steps(waiting).await.is_empty(), "no step was written");
+    assert_eq!(executions(&h.path("quick")), 1, "it never executed");
+
+    // The next invocation (a worker that takes only `quick`) runs it like any pending run.
+    let worker = h.builder().register(quick(&h)).build().unwrap();
+    let second = h.invoke(&worker, LONG).await;
+    assert_eq!(second.count(Outcome::Completed), 1, "{second:?}");
+    assert_eq!(h.status(waiting).await, RunStatus::Completed);
+    assert_eq!(executions(&h.path("quick")), 2);
+}
+
 async fn futures_join(h: &Harness, n: usize) -> Vec<uuid::Uuid> {
     let mut ids = Vec::new();
     for _ in 0..n {
