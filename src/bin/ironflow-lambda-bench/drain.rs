@@ -107,6 +107,9 @@ pub enum Which {
     Reference,
     /// Our invocations back to back, N runs each: what is measured against the reference.
     Ours,
+    /// The same with claim-ahead off (`claim_ahead_below(0)`): a run is claimed only once a
+    /// slot is free, as the reference worker does, to show what claim-ahead buys.
+    OursNoClaimAhead,
     /// One invocation of ours claiming all K runs: the same per-run path without invocation
     /// boundaries, to tell the two costs apart.
     OursOneInvocation,
@@ -114,12 +117,20 @@ pub enum Which {
 
 impl Which {
     /// Every worker, in the order of a round (reversed every other round).
-    pub const ALL: [Which; 3] = [Which::Reference, Which::Ours, Which::OursOneInvocation];
+    pub const ALL: [Which; 4] = [
+        Which::Reference,
+        Which::Ours,
+        Which::OursNoClaimAhead,
+        Which::OursOneInvocation,
+    ];
 
     pub fn name(self) -> &'static str {
         match self {
             Which::Reference => "reference `ironflow_worker::Worker`",
             Which::Ours => "ironflow-lambda (invocations back to back)",
+            Which::OursNoClaimAhead => {
+                "ironflow-lambda, claim-ahead off: claims only into a free slot (diagnostic)"
+            }
             Which::OursOneInvocation => {
                 "ironflow-lambda, one invocation claiming all K (diagnostic)"
             }
@@ -214,11 +225,16 @@ pub async fn drain(
             let _ = task.await;
             (done, start, 0)
         }
-        Which::Ours | Which::OursOneInvocation => {
-            let max_runs = if which == Which::Ours {
-                s.max_runs
-            } else {
+        Which::Ours | Which::OursNoClaimAhead | Which::OursOneInvocation => {
+            let max_runs = if which == Which::OursOneInvocation {
                 s.runs
+            } else {
+                s.max_runs
+            };
+            let claim_ahead_below = if which == Which::OursNoClaimAhead {
+                Duration::ZERO
+            } else {
+                ironflow_lambda::config::DEFAULT_CLAIM_AHEAD_BELOW
             };
             let builder = LambdaWorkerBuilder::new(&api.url(), &token)
                 .provider(Arc::new(ClaudeCodeProvider::new()));
@@ -227,6 +243,7 @@ pub async fn drain(
                     .register_ours(builder)
                     .concurrency(s.concurrency)
                     .max_runs_per_invocation(max_runs)
+                    .claim_ahead_below(claim_ahead_below)
                     .function_timeout(s.invocation)
                     .build()?,
             );
@@ -246,6 +263,7 @@ pub async fn drain(
                         !matches!(
                             r.outcome,
                             ironflow_lambda::execution::Outcome::HandedBack
+                                | ironflow_lambda::execution::Outcome::Released
                                 | ironflow_lambda::execution::Outcome::LeaseLost
                         )
                     })
