@@ -399,6 +399,7 @@ fn the_environment_is_what_the_worker_reads_and_holds_no_token() {
         "IRONFLOW_DEADLINE_MARGIN_MS",
         "IRONFLOW_MAX_RUNS_PER_INVOCATION",
         "IRONFLOW_CONCURRENCY",
+        "IRONFLOW_CLAIM_AHEAD_BELOW_MS",
         "IRONFLOW_RUN_TIMEOUT_SECS",
         "IRONFLOW_LEASE_TTL_SECS",
         "IRONFLOW_LEASE_REFRESH_INTERVAL_SECS",
@@ -420,6 +421,11 @@ fn the_environment_is_what_the_worker_reads_and_holds_no_token() {
         json!({"Ref": "WorkerTokenSecretArn"})
     );
     assert_eq!(env["IRONFLOW_POISON_TABLE"], json!({"Ref": "PoisonTable"}));
+    assert_eq!(
+        param_default(&t, "ClaimAheadBelowMs") as u128,
+        ironflow_lambda::config::DEFAULT_CLAIM_AHEAD_BELOW.as_millis(),
+        "the template's default is the code's"
+    );
     assert_eq!(env["IRONFLOW_WAKE_QUEUE_URL"], json!({"Ref": "WakeQueue"}));
     // No parameter carries the token itself (only the secret's ARN and its key's).
     for name in t["Parameters"].as_object().unwrap().keys() {
