@@ -16,12 +16,18 @@
 //! A run claimed ahead is safe to hold:
 //! - its lease refresher starts at the claim (every run's does, see [`crate::lease`]), so its
 //!   lease cannot lapse while it waits;
-//! - if no slot frees before the cutoff, it is written back to Pending without executing
-//!   ([`crate::execution::Outcome::Released`]); it does not count as a handback, and the
+//! - the invocation's claim loop starts it in the next slot that frees, after the run that
+//!   ended there has been settled: the poison-pill gate checks its workflow with that
+//!   outcome counted (a workflow blocked meanwhile: failed or deferred, not executed), and a
+//!   lease found lost meanwhile abandons it unexecuted;
+//! - if no slot frees before the claim window closes (`IRONFLOW_MIN_CLAIM_BUDGET_MS` before
+//!   the cutoff, so it never starts with less time than a claim would have), it is written
+//!   back to Pending without executing ([`crate::execution::Outcome::Released`]), after
+//!   confirming its lease as a handback does; it does not count as a handback, and the
 //!   wake-up after the batch brings the next invocation to it;
-//! - a failed, timed-out or panicked run clears the history: the next claims wait for a free
-//!   slot again, so they see that failure in the poison-pill table (claim-ahead runs only
-//!   during a streak of completed runs).
+//! - a failed, timed-out or panicked run, or a release, clears the history, and a run handed
+//!   back at the cutoff counts as a long one: claim-ahead runs only during a streak of short
+//!   completed runs.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -54,16 +60,18 @@ impl RunPace {
         }
     }
 
-    /// Take in how a run ended and how long it executed in this invocation. A completed run
-    /// moves the average (the first one sets it); a failure of the workflow (failed, timed
-    /// out, panicked) clears it; any other outcome (handed back, lease lost, released, poison
-    /// blocked) says nothing about the pace and is ignored.
+    /// Take in how a run ended and how long it executed in this invocation.
+    /// - Completed, HandedBack: the execution time moves the average (the first one sets
+    ///   it); a run handed back ran until the cutoff, so it pushes the average up.
+    /// - Failed, TimedOut, Panicked (a failure of the workflow) and Released (slots stayed
+    ///   busy until the claim window closed): the history is cleared.
+    /// - LeaseLost, PoisonBlocked: ignored, they say nothing about the pace.
     pub fn record(&self, outcome: Outcome, executed: Duration) {
-        if outcome.is_workflow_failure() {
+        if outcome.is_workflow_failure() || outcome == Outcome::Released {
             self.average_us.store(UNKNOWN, Ordering::Relaxed);
             return;
         }
-        if outcome != Outcome::Completed {
+        if !matches!(outcome, Outcome::Completed | Outcome::HandedBack) {
             return;
         }
         let new = u64::try_from(executed.as_micros()).unwrap_or(UNKNOWN - 1);
@@ -121,24 +129,32 @@ mod tests {
     }
 
     #[test]
-    fn a_workflow_failure_clears_the_history_and_other_outcomes_are_ignored() {
-        for failure in [Outcome::Failed, Outcome::TimedOut, Outcome::Panicked] {
+    fn a_workflow_failure_or_a_release_clears_the_history() {
+        for clearing in [
+            Outcome::Failed,
+            Outcome::TimedOut,
+            Outcome::Panicked,
+            Outcome::Released,
+        ] {
             let pace = RunPace::new(1000 * MS);
             pace.record(Outcome::Completed, 5 * MS);
-            pace.record(failure, 5 * MS);
-            assert_eq!(pace.runs_ahead(), 0, "{failure:?}");
+            pace.record(clearing, 5 * MS);
+            assert_eq!(pace.runs_ahead(), 0, "{clearing:?}");
+            assert_eq!(pace.average(), None, "{clearing:?}");
         }
+    }
+
+    #[test]
+    fn a_handback_counts_as_a_long_run_and_lease_losses_or_skips_are_ignored() {
         let pace = RunPace::new(1000 * MS);
         pace.record(Outcome::Completed, 5 * MS);
-        for other in [
-            Outcome::HandedBack,
-            Outcome::LeaseLost,
-            Outcome::Released,
-            Outcome::PoisonBlocked,
-        ] {
-            pace.record(other, 60_000 * MS);
+        for ignored in [Outcome::LeaseLost, Outcome::PoisonBlocked] {
+            pace.record(ignored, 60_000 * MS);
         }
         assert_eq!(pace.average(), Some(5 * MS));
+        // A run that executed until the cutoff: (3·5 + 880 000) / 4 ms.
+        pace.record(Outcome::HandedBack, 880_000 * MS);
+        assert_eq!(pace.runs_ahead(), 0);
     }
 
     #[test]

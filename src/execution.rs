@@ -2,9 +2,6 @@
 //! down to an [`Outcome`].
 //!
 //! ```text
-//! wait for a slot (at once, unless claimed ahead: crate::claim_ahead)
-//!   lease lost                       → LeaseLost (no status write)
-//!   cutoff                           → Released: written back to Pending, never executed
 //! select {
 //!   engine.execute_handler_run(run)  → Completed │ Failed (already recorded by the engine)
 //!                                     │ Panicked → fail_or_schedule_retry (retryable)
@@ -23,7 +20,6 @@ use futures_util::FutureExt;
 use ironflow_engine::engine::Engine;
 use ironflow_store::entities::{LeaseRequest, Run};
 use serde::Serialize;
-use tokio::sync::Semaphore;
 use tokio::time::{Instant, sleep_until, timeout_at};
 use tracing::{Instrument, error, info, info_span, warn};
 use uuid::Uuid;
@@ -48,7 +44,8 @@ pub enum Outcome {
     /// Still running at the cutoff: written back to Pending for the next invocation.
     HandedBack,
     /// Claimed ahead of a free slot ([`crate::claim_ahead`]), but no slot freed before the
-    /// cutoff: written back to Pending without executing, for the next invocation.
+    /// claim window closed: written back to Pending without executing, for the next
+    /// invocation.
     Released,
     /// Claimed while its workflow was blocked as a poison pill: failed without executing
     /// (fail mode), or written back to Pending without executing (defer mode).
@@ -71,7 +68,7 @@ pub struct RunReport {
     pub workflow: String,
     /// How it ended in this invocation.
     pub outcome: Outcome,
-    /// Time spent on it in this invocation, in milliseconds.
+    /// Time it executed in this invocation, in milliseconds (0 when it never started).
     pub duration_ms: u64,
     /// The error, for every outcome but Completed and a clean HandedBack.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -82,25 +79,55 @@ pub struct RunReport {
 }
 
 impl RunReport {
-    /// The report of a run claimed while its workflow was blocked, which never executed.
-    pub(crate) fn poison_blocked(run: &Run, error: String) -> Self {
+    /// The report of a claimed run that never executed: its workflow was blocked
+    /// (PoisonBlocked), it was claimed ahead and got no slot (Released), or its lease was lost
+    /// while it waited for one (LeaseLost).
+    pub(crate) fn not_executed(run: &Run, outcome: Outcome, error: Option<String>) -> Self {
         Self {
             run_id: run.id,
             workflow: run.workflow_name.clone(),
-            outcome: Outcome::PoisonBlocked,
+            outcome,
             duration_ms: 0,
-            error: Some(error),
+            error,
             retry_count: run.retry_count,
         }
     }
 }
 
-/// A run just claimed: the run as the claim returned it, when it was claimed, and its lease
-/// refresher, started at the claim so that a run claimed ahead keeps its lease while it waits.
+/// A claimed run with its lease refresher, started at the claim so that a run claimed ahead
+/// keeps its lease while it waits for a slot, and the run's tracing span.
 pub(crate) struct Claimed {
     pub run: Run,
-    pub claimed_at: DateTime<Utc>,
     pub refresher: LeaseRefresher,
+    pub span: tracing::Span,
+}
+
+impl Claimed {
+    /// Start refreshing the lease of `run`, just claimed under `lease`, every `interval` until
+    /// `cutoff`.
+    pub fn new(
+        engine: &Engine,
+        run: Run,
+        lease: &LeaseRequest,
+        interval: Duration,
+        cutoff: Instant,
+    ) -> Self {
+        let span = info_span!("run", run_id = %run.id, workflow = %run.workflow_name);
+        let refresher = span.in_scope(|| {
+            LeaseRefresher::spawn(
+                engine.store().clone(),
+                run.id,
+                lease.clone(),
+                interval,
+                cutoff,
+            )
+        });
+        Self {
+            run,
+            refresher,
+            span,
+        }
+    }
 }
 
 /// Everything one execution needs, cloned out of the worker so it can run in its own task.
@@ -115,51 +142,30 @@ pub(crate) struct ExecutionParams {
     pub handback: HandbackPolicy,
 }
 
-/// Wait for one of the `slots` (at once, unless the run was claimed ahead), then execute the
-/// run (claimed under `params.lease`) and return its report. The slot is held until the
-/// report is ready, status writes included.
-pub(crate) async fn execute(
-    params: ExecutionParams,
-    claimed: Claimed,
-    slots: Arc<Semaphore>,
-) -> RunReport {
-    let span = info_span!("run", run_id = %claimed.run.id, workflow = %claimed.run.workflow_name);
-    execute_in_span(params, claimed, slots)
+/// Execute the `claimed` run (claimed under `params.lease`) and return its report.
+pub(crate) async fn execute(params: ExecutionParams, claimed: Claimed) -> RunReport {
+    let Claimed {
+        run,
+        refresher,
+        span,
+    } = claimed;
+    execute_in_span(params, run, refresher)
         .instrument(span)
         .await
 }
 
-async fn execute_in_span(p: ExecutionParams, claimed: Claimed, slots: Arc<Semaphore>) -> RunReport {
-    let Claimed {
-        run,
-        claimed_at,
-        refresher,
-    } = claimed;
-    let waiting = Instant::now();
-    let report = |outcome, error: Option<String>, since: Instant| RunReport {
+async fn execute_in_span(p: ExecutionParams, run: Run, refresher: LeaseRefresher) -> RunReport {
+    let started = Instant::now();
+    // When it starts executing here; a run claimed ahead may have waited since its claim.
+    let claimed_at = Utc::now();
+    let report = |outcome, error: Option<String>| RunReport {
         run_id: run.id,
         workflow: run.workflow_name.clone(),
         outcome,
-        duration_ms: u64::try_from(since.elapsed().as_millis()).unwrap_or(u64::MAX),
+        duration_ms: u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
         error,
         retry_count: run.retry_count,
     };
-    // The semaphore is never closed: `ok()` only avoids an unwrap.
-    let _slot = tokio::select! {
-        biased;
-        slot = slots.acquire_owned() => slot.ok(),
-        () = refresher.lost() => {
-            warn!("abandoning a run claimed ahead: lease lost while it waited for a slot");
-            let error = "lease lost to another worker before the run started".to_string();
-            return report(Outcome::LeaseLost, Some(error), waiting);
-        }
-        () = sleep_until(p.cutoff) => {
-            refresher.stop().await;
-            return report(Outcome::Released, release(&p, run.id).await, waiting);
-        }
-    };
-    let started = Instant::now();
-    let report = |outcome, error| report(outcome, error, started);
 
     let attempt_start = attempt_started_at(&p.engine, &run, claimed_at).await;
     let used = (claimed_at - attempt_start).to_std().unwrap_or_default();
@@ -239,22 +245,6 @@ async fn execute_in_span(p: ExecutionParams, claimed: Claimed, slots: Arc<Semaph
             let (outcome, error) =
                 handback::hand_back(&p, &run, target, claimed_at, executed).await;
             report(outcome, error)
-        }
-    }
-}
-
-/// Write a run claimed ahead that got no slot before the cutoff back to Pending; the error for
-/// its report, if the write failed.
-async fn release(p: &ExecutionParams, run_id: Uuid) -> Option<String> {
-    let store = p.engine.store();
-    match handback::write_back_unexecuted(store.as_ref(), run_id, p.deadline).await {
-        Ok(()) => {
-            info!("run claimed ahead released: no slot freed before the cutoff, Pending again");
-            None
-        }
-        Err(e) => {
-            error!(error = %e, "could not release a run claimed ahead");
-            Some(e)
         }
     }
 }

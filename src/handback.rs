@@ -19,7 +19,7 @@
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use ironflow_store::entities::Run;
+use ironflow_store::entities::{LeaseRequest, Run};
 use ironflow_store::entities::{RunStatus, RunUpdate, Step, StepStatus};
 use ironflow_store::error::StoreError;
 use ironflow_store::store::STEP_INTERRUPTED_ERROR;
@@ -151,33 +151,67 @@ async fn hand_back_steps(
     }
 }
 
+/// Why a run that did not execute was not written back to Pending.
+#[derive(Debug)]
+pub(crate) enum NotWrittenBack {
+    /// The lease is someone else's (or the run left Running: paused, cancelled): nothing was
+    /// written, the run is theirs.
+    LeaseLost(String),
+    /// The API refused or did not answer, or the deadline came first: the run stays Running
+    /// under a lease nobody refreshes, and the API's reaper requeues it once the lease TTL has
+    /// passed.
+    Failed(String),
+}
+
 /// Write a run that did not execute in this invocation back to Pending, within the invocation
-/// `deadline`: a run claimed ahead that got no slot before the cutoff
-/// ([`Outcome::Released`]), or a run of a blocked workflow in defer mode. Nothing else is
-/// written: it has no step to interrupt and no time to add to its `duration_ms`, and the loop
-/// guard does not count it.
+/// `deadline`: a run claimed ahead that got no slot before the claim window closed
+/// ([`Outcome::Released`]), or a run of a blocked workflow in defer mode. As a handback does,
+/// it first confirms that the lease is still `lease`'s (`renew_lease`, never retried), so it
+/// never takes back a run another worker took over, a user paused or cancelled (a cancelled
+/// run written Pending would also be an illegal transition, answered 500 and retried for
+/// seconds). Nothing else is written: the run has no step to interrupt and no time to add to
+/// its `duration_ms`, and the loop guard does not count it.
 ///
 /// # Errors
 ///
-/// The API's error, or that the deadline came first, as a sentence for the run's report. The
-/// run then stays Running under a lease nobody refreshes, and the API's reaper requeues it once
-/// the lease TTL has passed.
+/// [`NotWrittenBack`], with a sentence for the run's report.
 pub(crate) async fn write_back_unexecuted(
     store: &dyn Store,
     run_id: Uuid,
+    lease: &LeaseRequest,
     deadline: Instant,
-) -> Result<(), String> {
-    let update = RunUpdate {
-        status: Some(RunStatus::Pending),
-        ..RunUpdate::default()
-    };
+) -> Result<(), NotWrittenBack> {
     let reaper = "the API's reaper will requeue it once its lease expires";
-    match timeout_at(deadline, store.update_run(run_id, update)).await {
-        Ok(Ok(())) => Ok(()),
-        Ok(Err(e)) => Err(format!("writing it back to Pending failed ({e}): {reaper}")),
-        Err(_) => Err(format!(
+    let write = async {
+        match store.renew_lease(run_id, lease.clone()).await {
+            Ok(_) => {}
+            Err(StoreError::LeaseLost { held_by, .. }) => {
+                return Err(NotWrittenBack::LeaseLost(format!(
+                    "lease lost before it was written back to Pending (held by {}): nothing \
+                     written",
+                    held_by.as_deref().unwrap_or("nobody")
+                )));
+            }
+            Err(e) => {
+                return Err(NotWrittenBack::Failed(format!(
+                    "could not confirm the lease before writing it back to Pending ({e}): \
+                     nothing written, {reaper}"
+                )));
+            }
+        }
+        let update = RunUpdate {
+            status: Some(RunStatus::Pending),
+            ..RunUpdate::default()
+        };
+        store.update_run(run_id, update).await.map_err(|e| {
+            NotWrittenBack::Failed(format!("writing it back to Pending failed ({e}): {reaper}"))
+        })
+    };
+    match timeout_at(deadline, write).await {
+        Ok(result) => result,
+        Err(_) => Err(NotWrittenBack::Failed(format!(
             "writing it back to Pending ran into the deadline: {reaper}"
-        )),
+        ))),
     }
 }
 

@@ -24,11 +24,10 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
-use chrono::Utc;
 use ironflow_store::entities::{LeaseRequest, Run, WorkerCapabilities};
 use ironflow_store::error::StoreError;
 use serde::Serialize;
-use tokio::sync::Semaphore;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
 use tokio::time::{Instant, sleep_until, timeout_at};
 use tokio_util::sync::CancellationToken;
@@ -39,8 +38,7 @@ use crate::api::logs::FlushReport;
 use crate::builder::LambdaWorker;
 use crate::deadline::Budget;
 use crate::execution::{self, Claimed, ExecutionParams, Outcome, RunReport};
-use crate::handback::{HandbackPolicy, write_back_unexecuted};
-use crate::lease::LeaseRefresher;
+use crate::handback::{HandbackPolicy, NotWrittenBack, write_back_unexecuted};
 use crate::orphans::InvocationGuard;
 use crate::poison::PoisonMode;
 use crate::poison::gate::PoisonGate;
@@ -192,74 +190,123 @@ async fn run_in_span(
             .before_claims(worker.engine.store().as_ref(), probes, end)
             .await;
     }
+    // A run claimed while every slot was busy (claim-ahead, crate::claim_ahead). The loop
+    // starts it in the next slot that frees, once the runs that ended have been settled, so
+    // the poison-pill gate has seen their outcomes when it checks the run's workflow.
+    let mut waiting: Option<Claimed> = None;
     let stop_reason = loop {
-        if order.len() >= max_runs {
+        if order.len() >= max_runs && waiting.is_none() {
             break StopReason::MaxRuns;
         }
         let Some(window_end) = claim_window_end.filter(|end| Instant::now() < *end) else {
             break StopReason::Cutoff;
         };
-        // Claim once a slot is free, or, while the runs are short, when one run ahead may
-        // wait for a slot (crate::claim_ahead). A run leaves `executions` only once its
-        // outcome has reached the poison-pill table, so the claims after it see that outcome.
-        let room = loop {
-            if executions.len() < s.concurrency + worker.pace.runs_ahead() {
-                break true;
-            }
-            tokio::select! {
-                biased;
-                Some(joined) = executions.join_next() => {
-                    settle(joined, worker, &mut poison, &mut reports).await;
-                }
-                () = sleep_until(window_end) => break false,
-            }
-        };
-        if !room {
-            break StopReason::Cutoff;
+        // Settle what ended first: whatever follows sees its poison-pill count.
+        while let Some(joined) = executions.try_join_next() {
+            settle(joined, worker, &mut poison, &mut reports).await;
         }
-        // Defer mode: blocked workflows are left out (read once, then from the gate's cache).
-        let capabilities = poison.capabilities_for_claim(&worker.capabilities).await;
-        let claimed = match timeout_at(window_end, claim(worker, &lease, &capabilities)).await {
-            Err(_) => break StopReason::Cutoff,
-            Ok(Ok(Some(run))) => run,
-            Ok(Ok(None)) => break StopReason::NoPendingRun,
-            Ok(Err(e)) => {
-                error!(error = %e, "claim failed");
-                errors.push(format!("claim failed: {e}"));
-                break StopReason::ClaimError;
+        let free_slot = slots.clone().try_acquire_owned().ok();
+        let (next, slot) = match (free_slot, waiting.take()) {
+            (Some(slot), Some(next)) => (next, slot),
+            (None, Some(next)) => {
+                waiting = Some(next);
+                if !wait_for_an_end(
+                    &mut executions,
+                    window_end,
+                    worker,
+                    &mut poison,
+                    &mut reports,
+                )
+                .await
+                {
+                    break StopReason::Cutoff;
+                }
+                continue;
+            }
+            (None, None) if worker.pace.runs_ahead() == 0 => {
+                if !wait_for_an_end(
+                    &mut executions,
+                    window_end,
+                    worker,
+                    &mut poison,
+                    &mut reports,
+                )
+                .await
+                {
+                    break StopReason::Cutoff;
+                }
+                continue;
+            }
+            // A free slot, or none but room for one run ahead: claim.
+            (slot, None) => {
+                // Defer mode: blocked workflows are left out (read once, then from the cache).
+                let capabilities = poison.capabilities_for_claim(&worker.capabilities).await;
+                let run = match timeout_at(window_end, claim(worker, &lease, &capabilities)).await {
+                    Err(_) => break StopReason::Cutoff,
+                    Ok(Ok(Some(run))) => run,
+                    Ok(Ok(None)) => break StopReason::NoPendingRun,
+                    Ok(Err(e)) => {
+                        error!(error = %e, "claim failed");
+                        errors.push(format!("claim failed: {e}"));
+                        break StopReason::ClaimError;
+                    }
+                };
+                order.push(run.id);
+                let ahead = slot.is_none();
+                info!(run_id = %run.id, workflow = %run.workflow_name, ahead, "claimed run");
+                poison.on_claim(&run).await;
+                let claimed = Claimed::new(
+                    &worker.engine,
+                    run,
+                    &lease,
+                    s.lease_refresh_interval,
+                    budget.cutoff(),
+                );
+                match slot {
+                    Some(slot) => (claimed, slot),
+                    None => {
+                        waiting = Some(claimed);
+                        continue;
+                    }
+                }
             }
         };
-        order.push(claimed.id);
-        info!(run_id = %claimed.id, workflow = %claimed.workflow_name, "claimed run");
-
-        poison.on_claim(&claimed).await;
-        if let Some(reason) = poison.blocked_reason(&claimed.workflow_name).await {
-            let report = match poison.mode() {
-                PoisonMode::Fail => fail_blocked(worker, &claimed, reason, budget).await,
-                PoisonMode::Defer => defer_blocked(worker, &claimed, reason, budget).await,
-            };
-            reports.insert(claimed.id, report);
+        // Start it, unless its lease was lost or its workflow got blocked meanwhile.
+        let run = &next.run;
+        if next.refresher.is_lost() {
+            warn!(run_id = %run.id, "abandoning a run claimed ahead: lease lost while it waited");
+            let error = "lease lost to another worker before the run started".to_string();
+            let report = RunReport::not_executed(run, Outcome::LeaseLost, Some(error));
+            reports.insert(run.id, report);
             continue;
         }
-        // The lease is refreshed from the claim on, so a run claimed ahead keeps it while it
-        // waits for a slot. The run deadline bounds the execution, which stops the refresher.
-        let refresher = LeaseRefresher::spawn(
-            worker.engine.store().clone(),
-            claimed.id,
-            lease.clone(),
-            s.lease_refresh_interval,
-            budget.cutoff(),
-        );
-        let claimed = Claimed {
-            run: claimed,
-            claimed_at: Utc::now(),
-            refresher,
-        };
+        if let Some(reason) = poison.blocked_reason(&run.workflow_name).await {
+            let run = next.run.clone();
+            next.refresher.stop().await;
+            let report = match poison.mode() {
+                PoisonMode::Fail => fail_blocked(worker, &run, reason, budget).await,
+                PoisonMode::Defer => defer_blocked(worker, &run, &lease, reason, budget).await,
+            };
+            reports.insert(run.id, report);
+            continue;
+        }
         executions.spawn(
-            execution::execute(params.clone(), claimed, slots.clone())
-                .instrument(tracing::Span::current()),
+            {
+                let params = params.clone();
+                // The slot goes back with the report: the run claimed ahead starts in it only
+                // once this run's outcome has reached the poison-pill table.
+                async move { (execution::execute(params, next).await, slot) }
+            }
+            .instrument(tracing::Span::current()),
         );
     };
+    if let Some(next) = waiting.take() {
+        // No slot freed before the claim window closed: it goes back to Pending unexecuted.
+        let run = next.run.clone();
+        next.refresher.stop().await;
+        let report = release(worker, &run, &lease, budget).await;
+        reports.insert(run.id, report);
+    }
 
     while let Some(joined) = executions.join_next().await {
         settle(joined, worker, &mut poison, &mut reports).await;
@@ -364,7 +411,7 @@ const CLAIM_ATTEMPTS: u32 = 3;
 
 /// Turn a finished execution into its report and update the poison-pill table.
 async fn settle(
-    joined: Result<RunReport, tokio::task::JoinError>,
+    joined: Result<(RunReport, OwnedSemaphorePermit), tokio::task::JoinError>,
     worker: &LambdaWorker,
     poison: &mut PoisonGate,
     reports: &mut HashMap<Uuid, RunReport>,
@@ -372,7 +419,7 @@ async fn settle(
     // Its lines are all queued: the log pump sends them while the next runs execute.
     worker.logs.run_ended();
     // `execute` catches the handler's panics itself; a JoinError here is a bug of ours.
-    let report = match joined {
+    let (report, _slot) = match joined {
         Ok(done) => done,
         Err(e) => {
             error!(error = %e, "execution task failed");
@@ -401,23 +448,75 @@ async fn fail_blocked(
         Ok(Err(e)) => format!("{reason} (recording it failed: {e})"),
         Err(_) => format!("{reason} (recording it ran into the deadline)"),
     };
-    RunReport::poison_blocked(run, error)
+    RunReport::not_executed(run, Outcome::PoisonBlocked, Some(error))
 }
 
 /// Defer mode: a run claimed while its workflow is blocked (the block came from this claim's
-/// own lease recovery, or from another instance after this invocation read the counter) is
-/// written back to Pending without executing; the following claims leave its workflow out.
+/// own lease recovery, from a run that ended while this one waited for a slot, or from another
+/// instance after this invocation read the counter) is written back to Pending without
+/// executing; the following claims leave its workflow out.
 async fn defer_blocked(
     worker: &LambdaWorker,
     run: &Run,
+    lease: &LeaseRequest,
     reason: String,
     budget: Budget,
 ) -> RunReport {
     warn!(run_id = %run.id, workflow = %run.workflow_name, error = %reason, "deferring run: poison pill");
     let store = worker.engine.store();
-    let error = match write_back_unexecuted(store.as_ref(), run.id, budget.deadline()).await {
-        Ok(()) => format!("{reason}; written back to Pending (defer mode)"),
-        Err(e) => format!("{reason}; {e}"),
-    };
-    RunReport::poison_blocked(run, error)
+    let (outcome, error) =
+        match write_back_unexecuted(store.as_ref(), run.id, lease, budget.deadline()).await {
+            Ok(()) => (
+                Outcome::PoisonBlocked,
+                format!("{reason}; written back to Pending (defer mode)"),
+            ),
+            Err(NotWrittenBack::LeaseLost(e)) => (Outcome::LeaseLost, format!("{reason}; {e}")),
+            Err(NotWrittenBack::Failed(e)) => (Outcome::PoisonBlocked, format!("{reason}; {e}")),
+        };
+    RunReport::not_executed(run, outcome, Some(error))
+}
+
+/// A run claimed ahead that got no slot before the claim window closed: written back to
+/// Pending (Released), unless its lease is no longer this invocation's (LeaseLost, nothing
+/// written). Either way the pace is cleared: slots stayed busy longer than claim-ahead bets.
+async fn release(
+    worker: &LambdaWorker,
+    run: &Run,
+    lease: &LeaseRequest,
+    budget: Budget,
+) -> RunReport {
+    worker.pace.record(Outcome::Released, Duration::ZERO);
+    let store = worker.engine.store();
+    match write_back_unexecuted(store.as_ref(), run.id, lease, budget.deadline()).await {
+        Ok(()) => {
+            info!(run_id = %run.id, "run claimed ahead released: no slot freed in time, Pending again");
+            RunReport::not_executed(run, Outcome::Released, None)
+        }
+        Err(NotWrittenBack::LeaseLost(e)) => {
+            warn!(run_id = %run.id, error = %e, "run claimed ahead not released");
+            RunReport::not_executed(run, Outcome::LeaseLost, Some(e))
+        }
+        Err(NotWrittenBack::Failed(e)) => {
+            error!(run_id = %run.id, error = %e, "could not release a run claimed ahead");
+            RunReport::not_executed(run, Outcome::Released, Some(e))
+        }
+    }
+}
+
+/// Wait until an execution ends and settle it; `false` if the claim window closed first.
+async fn wait_for_an_end(
+    executions: &mut JoinSet<(RunReport, OwnedSemaphorePermit)>,
+    window_end: Instant,
+    worker: &LambdaWorker,
+    poison: &mut PoisonGate,
+    reports: &mut HashMap<Uuid, RunReport>,
+) -> bool {
+    tokio::select! {
+        biased;
+        Some(joined) = executions.join_next() => {
+            settle(joined, worker, poison, reports).await;
+            true
+        }
+        () = sleep_until(window_end) => false,
+    }
 }

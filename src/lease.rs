@@ -63,6 +63,11 @@ impl LeaseRefresher {
         self.lost.cancelled().await;
     }
 
+    /// Whether the lease was found lost (at a refresh: it renews every interval).
+    pub fn is_lost(&self) -> bool {
+        self.lost.is_cancelled()
+    }
+
     /// The run whose lease is held: the claimed run, or the root it was followed to.
     pub fn target(&self) -> Uuid {
         *self
@@ -81,7 +86,8 @@ impl LeaseRefresher {
     }
 
     /// Stop refreshing and wait until the task has ended: no refresh is sent after this.
-    /// For a run whose fate the invocation writes next (handback, timeout, panic).
+    /// For a run whose fate the invocation writes next (handback, timeout, panic, release of
+    /// a run claimed ahead, a waiting run whose workflow got blocked).
     pub async fn stop(mut self) {
         self.handle.abort();
         let _ = (&mut self.handle).await;

@@ -2,9 +2,9 @@
 //!
 //! ironflow's worker made serverless: each AWS Lambda invocation claims up to N pending
 //! ironflow runs from the API (`/api/v1/internal/*`), executes them with `ironflow-engine`
-//! under a lease refresher bounded by the invocation deadline and the run timeout, and hands
-//! every run still executing back to Pending before the deadline, for the next invocation to
-//! resume by replay.
+//! under a lease refresher bounded by the invocation's cutoff and stopped at the run timeout,
+//! and hands every run still executing back to Pending before the deadline, for the next
+//! invocation to resume by replay.
 //!
 //! Build a [`builder::LambdaWorker`] once per cold start and hand each event to
 //! [`handler::handle`]:

@@ -1,8 +1,9 @@
 //! Wake-ups: SQS messages that start queue-triggered invocations, so that a backlog keeps
 //! draining without waiting for the next schedule tick.
 //!
-//! After a batch that handed runs back, or that took all the runs it was asked for (its N)
-//! while the API still reports pending runs, the invocation sends wake-ups to
+//! After a batch that handed runs back (released runs claimed ahead count as handed back), or
+//! that took all the runs it was asked for (its N) while the API still reports pending runs,
+//! the invocation sends wake-ups to
 //! `IRONFLOW_WAKE_QUEUE_URL`:
 //!
 //! ```text
@@ -229,7 +230,7 @@ pub fn wake_ups_needed(
 pub(crate) struct BatchEnd<'a> {
     /// Lambda's request id, written into the wake-ups (`sent_by`).
     pub request_id: &'a str,
-    /// Runs handed back by the batch.
+    /// Runs handed back by the batch, and runs claimed ahead that it released unexecuted.
     pub handed_back: usize,
     /// Whether the batch took every run it was asked for (`stop_reason` `max_runs`).
     pub filled: bool,

@@ -128,7 +128,7 @@ impl WorkflowHandler for Gauge {
 }
 
 #[tokio::test]
-async fn claims_only_when_a_slot_is_free_and_never_exceeds_concurrency() {
+async fn a_cold_instance_claims_only_when_a_slot_is_free_and_never_exceeds_concurrency() {
     let h = Arc::new(Harness::start().await);
     let (current, max, release) = (
         Arc::new(AtomicUsize::new(0)),
@@ -164,7 +164,10 @@ async fn claims_only_when_a_slot_is_free_and_never_exceeds_concurrency() {
             running += 1;
         }
     }
-    assert_eq!(running, 2, "a run is claimed only once a slot is free");
+    assert_eq!(
+        running, 2,
+        "with no completed run yet, a run is claimed only once a slot is free"
+    );
     release.store(true, Ordering::SeqCst);
 
     let summary = invocation.await.unwrap();
@@ -189,6 +192,7 @@ async fn a_warm_instance_claims_one_run_ahead_under_its_lease_and_never_exceeds_
             })
             .concurrency(2)
             .max_runs_per_invocation(4)
+            .claim_ahead_below(LONG)
             .build()
             .unwrap(),
     );
@@ -259,6 +263,7 @@ async fn a_run_claimed_ahead_without_a_free_slot_is_released_at_the_cutoff() {
         .register(stuck())
         .concurrency(1)
         .max_runs_per_invocation(2)
+        .claim_ahead_below(LONG)
         .build()
         .unwrap();
     h.create("quick", 0).await;
@@ -267,7 +272,8 @@ async fn a_run_claimed_ahead_without_a_free_slot_is_released_at_the_cutoff() {
     assert_eq!(executions(&h.path("quick")), 1);
 
     // Oldest first: the stuck run takes the only slot, the quick one is claimed ahead and
-    // waits for a slot that frees only at the cutoff.
+    // waits for a slot that frees only at the cutoff, after the claim window (which closes
+    // the minimum claim budget before it): released then.
     let executing = h.create("stuck", 0).await;
     let waiting = h.create("quick", 0).await;
     let first = h.invoke(&worker, Duration::from_secs(3)).await;
@@ -298,6 +304,155 @@ async fn a_run_claimed_ahead_without_a_free_slot_is_released_at_the_cutoff() {
     assert_eq!(second.count(Outcome::Completed), 1, "{second:?}");
     assert_eq!(h.status(waiting).await, RunStatus::Completed);
     assert_eq!(executions(&h.path("quick")), 2);
+}
+
+/// Fails once `release` is set; counts its executions.
+struct FailsWhenReleased {
+    executions: Arc<AtomicUsize>,
+    release: Arc<AtomicBool>,
+}
+
+impl WorkflowHandler for FailsWhenReleased {
+    fn name(&self) -> &str {
+        "fails-when-released"
+    }
+
+    fn execute<'a>(&'a self, _ctx: &'a mut WorkflowContext) -> HandlerFuture<'a> {
+        Box::pin(async move {
+            self.executions.fetch_add(1, Ordering::SeqCst);
+            while !self.release.load(Ordering::SeqCst) {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            Err(ironflow_engine::error::EngineError::InvalidWorkflow(
+                "failing on purpose".into(),
+            ))
+        })
+    }
+}
+
+#[tokio::test]
+async fn a_run_claimed_ahead_does_not_start_once_a_failure_blocked_its_workflow() {
+    let h = Arc::new(Harness::start().await);
+    let (count, release) = (
+        Arc::new(AtomicUsize::new(0)),
+        Arc::new(AtomicBool::new(false)),
+    );
+    let worker = Arc::new(
+        h.builder()
+            .register(quick(&h))
+            .register(FailsWhenReleased {
+                executions: count.clone(),
+                release: release.clone(),
+            })
+            .poison_threshold(1)
+            .concurrency(1)
+            .max_runs_per_invocation(3)
+            .claim_ahead_below(LONG)
+            .build()
+            .unwrap(),
+    );
+    h.create("quick", 0).await;
+    let warm_up = h.invoke(&worker, LONG).await;
+    assert_eq!(warm_up.count(Outcome::Completed), 1, "{warm_up:?}");
+
+    let failing = h.create("fails-when-released", 0).await;
+    let waiting = h.create("fails-when-released", 0).await;
+    let invocation = {
+        let (h, worker) = (h.clone(), worker.clone());
+        tokio::spawn(async move { h.invoke(&worker, LONG).await })
+    };
+    wait_until(
+        "one run executes and the other is claimed ahead",
+        Duration::from_secs(20),
+        || {
+            let (h, count) = (h.clone(), count.clone());
+            async move {
+                count.load(Ordering::SeqCst) == 1 && h.status(waiting).await == RunStatus::Running
+            }
+        },
+    )
+    .await;
+    release.store(true, Ordering::SeqCst);
+
+    let summary = invocation.await.unwrap();
+    let outcome_of = |id| {
+        summary
+            .runs
+            .iter()
+            .find(|r| r.run_id == id)
+            .map(|r| r.outcome)
+    };
+    assert_eq!(outcome_of(failing), Some(Outcome::Failed), "{summary:?}");
+    // Threshold 1: the first failure blocks the workflow, and the waiting run is checked
+    // after that failure was counted.
+    assert_eq!(
+        outcome_of(waiting),
+        Some(Outcome::PoisonBlocked),
+        "{summary:?}"
+    );
+    assert_eq!(
+        count.load(Ordering::SeqCst),
+        1,
+        "the waiting run never executed"
+    );
+    assert_eq!(h.status(waiting).await, RunStatus::Failed);
+}
+
+#[tokio::test]
+async fn a_run_claimed_ahead_whose_lease_was_taken_is_not_released() {
+    let h = Arc::new(Harness::start().await);
+    let worker = Arc::new(
+        h.builder()
+            .register(quick(&h))
+            .register(stuck())
+            .concurrency(1)
+            .max_runs_per_invocation(2)
+            .claim_ahead_below(LONG)
+            .build()
+            .unwrap(),
+    );
+    h.create("quick", 0).await;
+    let warm_up = h.invoke(&worker, LONG).await;
+    assert_eq!(warm_up.count(Outcome::Completed), 1, "{warm_up:?}");
+
+    h.create("stuck", 0).await;
+    let waiting = h.create("quick", 0).await;
+    let invocation = {
+        let (h, worker) = (h.clone(), worker.clone());
+        tokio::spawn(async move { h.invoke(&worker, Duration::from_secs(4)).await })
+    };
+    wait_until(
+        "the quick run is claimed ahead",
+        Duration::from_secs(20),
+        || {
+            let h = h.clone();
+            async move { h.status(waiting).await == RunStatus::Running }
+        },
+    )
+    .await;
+    // Another worker takes the waiting run over.
+    h.api
+        .store()
+        .update_run(
+            waiting,
+            RunUpdate {
+                lease: Some(LeaseUpdate::Set {
+                    worker_id: "thief".into(),
+                    expires_at: chrono::Utc::now() + chrono::TimeDelta::seconds(300),
+                }),
+                ..RunUpdate::default()
+            },
+        )
+        .await
+        .unwrap();
+
+    let summary = invocation.await.unwrap();
+    let report = summary.runs.iter().find(|r| r.run_id == waiting).unwrap();
+    assert_eq!(report.outcome, Outcome::LeaseLost, "{summary:?}");
+    let run = h.run(waiting).await;
+    assert_eq!(run.status.state, RunStatus::Running, "nothing was written");
+    assert_eq!(run.worker_id.as_deref(), Some("thief"));
+    assert_eq!(executions(&h.path("quick")), 1, "it never executed here");
 }
 
 async fn futures_join(h: &Harness, n: usize) -> Vec<uuid::Uuid> {

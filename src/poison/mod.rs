@@ -2,7 +2,7 @@
 //!
 //! A workflow whose runs failed (Failed, TimedOut or Panicked outcome) `threshold` times in a
 //! row is *blocked* until `cooldown` has passed since its last failure. A Completed run resets
-//! the counter; LeaseLost and HandedBack outcomes do not count either way. A counter whose
+//! the counter; LeaseLost, HandedBack and Released outcomes do not count either way. A counter whose
 //! cooldown has passed counts as absent, and the next failure starts counting afresh.
 //!
 //! New in the serverless form: a run claimed with a `lease_recoveries` above what this function
