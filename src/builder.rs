@@ -238,11 +238,11 @@ impl LambdaWorkerBuilder {
         self
     }
 
-    /// Claim one run ahead of a free slot while the runs this instance completed average under
-    /// `below` (see [`crate::claim_ahead`]). Default 1 s; `Duration::ZERO` never claims ahead,
-    /// as the reference worker.
-    pub fn claim_ahead_below(mut self, below: Duration) -> Self {
-        self.settings.claim_ahead_below = below;
+    /// Claim one run ahead of a free slot while, on this instance, a claim's round trip is at
+    /// least `percent` % of a run's execution time (see [`crate::claim_ahead`]). Default 10;
+    /// 0 never claims ahead, as the reference worker.
+    pub fn claim_ahead_percent(mut self, percent: u32) -> Self {
+        self.settings.claim_ahead_percent = percent;
         self
     }
 
@@ -456,7 +456,7 @@ impl LambdaWorkerBuilder {
             poison_table,
             poison_mode,
             pool: PoolWarden::new(self.idle_probe_after),
-            pace: RunPace::new(s.claim_ahead_below),
+            pace: RunPace::new(s.claim_ahead_percent),
             logs: Arc::new(LogForwarder::new(api.clone(), log_receiver)),
             api,
             wake: self.waker,

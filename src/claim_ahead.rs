@@ -1,14 +1,17 @@
-//! Claim-ahead: while every slot is busy, one more run is claimed, so that it starts the moment
-//! a slot frees instead of one claim round trip later.
+//! Claim-ahead: while every slot is busy, one more run is claimed, so that it starts as soon
+//! as a slot frees instead of one claim round trip later.
 //!
 //! The reference worker claims only once a slot is free: every run start waits for a claim
-//! (`GET /api/v1/internal/runs/next`). For short runs that wait is a large share of a slot's
-//! time: against a loopback API, about a fifth of a no-op run. For long runs it is negligible,
-//! and a run claimed ahead would sit behind them while another instance could have started it.
-//! So an invocation claims ahead only while the runs this warm instance completed lately were
-//! short: the moving average of their execution times is below the threshold
-//! (`IRONFLOW_CLAIM_AHEAD_BELOW_MS`, default 1000 ms; `0` never claims ahead). A cold start has
-//! no history, so its first runs are claimed one free slot at a time.
+//! (`GET /api/v1/internal/runs/next`). How much that costs depends on how long a claim takes
+//! against how long a run executes: against a loopback API a claim is about a quarter of a
+//! no-op run, and a few percent of a three-step shell run; over a network to a remote API it
+//! can be a large share of short runs. Claiming ahead overlaps the claim with the executing
+//! runs: it pays where claims are a large share of a run, and where they are not it only
+//! holds a run back (another instance could have started it) and adds contention. So an
+//! invocation claims ahead only while, on this warm instance, a claim's round trip is at least
+//! a given share of a run's execution time, both as moving averages
+//! (`IRONFLOW_CLAIM_AHEAD_PERCENT`, default 10; `0` never claims ahead). A cold start has no
+//! history, so its first runs are claimed one free slot at a time.
 //!
 //! Whatever the pace, N (`IRONFLOW_MAX_RUNS_PER_INVOCATION`) still bounds the runs claimed per
 //! invocation and C (`IRONFLOW_CONCURRENCY`) the runs executing at once; at most one run waits.
@@ -25,8 +28,8 @@
 //!   back to Pending without executing ([`crate::execution::Outcome::Released`]), after
 //!   confirming its lease as a handback does; it does not count as a handback, and the
 //!   wake-up after the batch brings the next invocation to it;
-//! - a failed, timed-out or panicked run, or a release, clears the history, and a run handed
-//!   back at the cutoff counts as a long one: claim-ahead runs only during a streak of short
+//! - a failed, timed-out or panicked run, or a release, clears the run history, and a run
+//!   handed back at the cutoff counts as a long one: claim-ahead runs only during a streak of
 //!   completed runs.
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -37,26 +40,60 @@ use crate::execution::Outcome;
 /// No history: a cold start, or a failure since the last completed run.
 const UNKNOWN: u64 = u64::MAX;
 
-/// Weight of the newest run in the moving average: 1/4.
+/// Weight of the newest sample in a moving average: 1/4.
 const NEWEST_WEIGHT: u64 = 4;
 
-/// The pace of the runs this warm instance completed, kept across invocations (Lambda reuses
-/// the process), and whether it is short enough to claim ahead.
+/// A moving average of durations, in microseconds, that can be cleared.
+#[derive(Debug)]
+struct MovingAverage(AtomicU64);
+
+impl MovingAverage {
+    fn unknown() -> Self {
+        Self(AtomicU64::new(UNKNOWN))
+    }
+
+    fn add(&self, sample: Duration) {
+        let new = u64::try_from(sample.as_micros()).unwrap_or(UNKNOWN - 1);
+        // Invocations run one at a time per instance; a lost update between overlapping local
+        // invocations would only skew a heuristic.
+        let old = self.0.load(Ordering::Relaxed);
+        let average = if old == UNKNOWN {
+            new
+        } else {
+            (old.saturating_mul(NEWEST_WEIGHT - 1).saturating_add(new)) / NEWEST_WEIGHT
+        };
+        self.0.store(average, Ordering::Relaxed);
+    }
+
+    fn clear(&self) {
+        self.0.store(UNKNOWN, Ordering::Relaxed);
+    }
+
+    fn get(&self) -> Option<Duration> {
+        let average = self.0.load(Ordering::Relaxed);
+        (average != UNKNOWN).then(|| Duration::from_micros(average))
+    }
+}
+
+/// The pace of this warm instance's claims and runs, kept across invocations (Lambda reuses
+/// the process), and whether claiming ahead pays.
 #[derive(Debug)]
 pub struct RunPace {
-    below: Duration,
-    /// Exponential moving average of the execution times of completed runs, in microseconds;
-    /// [`UNKNOWN`] without history.
-    average_us: AtomicU64,
+    percent: u32,
+    /// Execution times of completed (or handed-back) runs.
+    run: MovingAverage,
+    /// Round trips of claims that the API answered.
+    claim: MovingAverage,
 }
 
 impl RunPace {
-    /// A pace with no history that claims ahead once completed runs average under `below`
-    /// (`Duration::ZERO`: never).
-    pub fn new(below: Duration) -> Self {
+    /// A pace with no history that claims ahead once a claim's round trip is at least
+    /// `percent` % of a run's execution time (`0`: never).
+    pub fn new(percent: u32) -> Self {
         Self {
-            below,
-            average_us: AtomicU64::new(UNKNOWN),
+            percent,
+            run: MovingAverage::unknown(),
+            claim: MovingAverage::unknown(),
         }
     }
 
@@ -64,39 +101,34 @@ impl RunPace {
     /// - Completed, HandedBack: the execution time moves the average (the first one sets
     ///   it); a run handed back ran until the cutoff, so it pushes the average up.
     /// - Failed, TimedOut, Panicked (a failure of the workflow) and Released (slots stayed
-    ///   busy until the claim window closed): the history is cleared.
+    ///   busy until the claim window closed): the run history is cleared.
     /// - LeaseLost, PoisonBlocked: ignored, they say nothing about the pace.
     pub fn record(&self, outcome: Outcome, executed: Duration) {
         if outcome.is_workflow_failure() || outcome == Outcome::Released {
-            self.average_us.store(UNKNOWN, Ordering::Relaxed);
-            return;
+            self.run.clear();
+        } else if matches!(outcome, Outcome::Completed | Outcome::HandedBack) {
+            self.run.add(executed);
         }
-        if !matches!(outcome, Outcome::Completed | Outcome::HandedBack) {
-            return;
-        }
-        let new = u64::try_from(executed.as_micros()).unwrap_or(UNKNOWN - 1);
-        // Invocations run one at a time per instance; a lost update between overlapping local
-        // invocations would only skew a heuristic.
-        let old = self.average_us.load(Ordering::Relaxed);
-        let average = if old == UNKNOWN {
-            new
-        } else {
-            (old.saturating_mul(NEWEST_WEIGHT - 1).saturating_add(new)) / NEWEST_WEIGHT
-        };
-        self.average_us.store(average, Ordering::Relaxed);
     }
 
-    /// Runs to claim beyond the free slots: 1 while completed runs average under the
-    /// threshold, else 0.
+    /// Take in the round trip of a claim the API answered (with a run or without).
+    pub fn record_claim(&self, round_trip: Duration) {
+        self.claim.add(round_trip);
+    }
+
+    /// Runs to claim beyond the free slots: 1 while claims take at least the configured
+    /// share of a run, else 0 (and 0 without history).
     pub fn runs_ahead(&self) -> usize {
-        let average = self.average_us.load(Ordering::Relaxed);
-        usize::from(average != UNKNOWN && Duration::from_micros(average) < self.below)
+        let (Some(run), Some(claim)) = (self.run.get(), self.claim.get()) else {
+            return 0;
+        };
+        usize::from(self.percent > 0 && claim * 100 >= run * self.percent)
     }
 
-    /// The moving average of completed runs' execution times; `None` without history.
-    pub fn average(&self) -> Option<Duration> {
-        let average = self.average_us.load(Ordering::Relaxed);
-        (average != UNKNOWN).then(|| Duration::from_micros(average))
+    /// The moving averages of run execution times and claim round trips; `None` without
+    /// history.
+    pub fn averages(&self) -> (Option<Duration>, Option<Duration>) {
+        (self.run.get(), self.claim.get())
     }
 }
 
@@ -108,59 +140,65 @@ mod tests {
 
     #[test]
     fn a_cold_start_claims_one_free_slot_at_a_time() {
-        let pace = RunPace::new(1000 * MS);
+        let pace = RunPace::new(10);
         assert_eq!(pace.runs_ahead(), 0);
-        assert_eq!(pace.average(), None);
+        pace.record_claim(MS);
+        assert_eq!(pace.runs_ahead(), 0, "no run has completed yet");
     }
 
     #[test]
-    fn completed_short_runs_claim_ahead_and_long_ones_stop_it() {
-        let pace = RunPace::new(1000 * MS);
-        pace.record(Outcome::Completed, 20 * MS);
-        assert_eq!(pace.runs_ahead(), 1);
-        assert_eq!(pace.average(), Some(20 * MS));
-        // 20 → (3·20 + 4000) / 4 = 1015 ms: above the threshold.
-        pace.record(Outcome::Completed, 4000 * MS);
-        assert_eq!(pace.average(), Some(1015 * MS));
+    fn claims_that_are_a_large_share_of_a_run_claim_ahead_and_small_ones_do_not() {
+        let pace = RunPace::new(10);
+        pace.record(Outcome::Completed, 4 * MS);
+        pace.record_claim(MS);
+        assert_eq!(pace.runs_ahead(), 1, "a claim is 25 % of a run");
+        assert_eq!(pace.averages(), (Some(4 * MS), Some(MS)));
+        // A long run: (3·4 + 100) / 4 = 28 ms; 1 ms is under 10 % of it.
+        pace.record(Outcome::Completed, 100 * MS);
+        assert_eq!(pace.averages().0, Some(28 * MS));
         assert_eq!(pace.runs_ahead(), 0);
-        // Short runs bring it back under: 1015 → 766.25 ms.
-        pace.record(Outcome::Completed, 20 * MS);
+        // Slower claims bring it back: (3·1 + 13) / 4 = 4 ms ≥ 2.8 ms.
+        pace.record_claim(13 * MS);
         assert_eq!(pace.runs_ahead(), 1);
     }
 
     #[test]
-    fn a_workflow_failure_or_a_release_clears_the_history() {
+    fn a_workflow_failure_or_a_release_clears_the_run_history() {
         for clearing in [
             Outcome::Failed,
             Outcome::TimedOut,
             Outcome::Panicked,
             Outcome::Released,
         ] {
-            let pace = RunPace::new(1000 * MS);
+            let pace = RunPace::new(10);
             pace.record(Outcome::Completed, 5 * MS);
+            pace.record_claim(5 * MS);
             pace.record(clearing, 5 * MS);
             assert_eq!(pace.runs_ahead(), 0, "{clearing:?}");
-            assert_eq!(pace.average(), None, "{clearing:?}");
+            assert_eq!(pace.averages().0, None, "{clearing:?}");
         }
     }
 
     #[test]
     fn a_handback_counts_as_a_long_run_and_lease_losses_or_skips_are_ignored() {
-        let pace = RunPace::new(1000 * MS);
+        let pace = RunPace::new(10);
         pace.record(Outcome::Completed, 5 * MS);
+        pace.record_claim(5 * MS);
         for ignored in [Outcome::LeaseLost, Outcome::PoisonBlocked] {
             pace.record(ignored, 60_000 * MS);
         }
-        assert_eq!(pace.average(), Some(5 * MS));
-        // A run that executed until the cutoff: (3·5 + 880 000) / 4 ms.
+        assert_eq!(pace.averages().0, Some(5 * MS));
+        assert_eq!(pace.runs_ahead(), 1);
+        // A run that executed until the cutoff.
         pace.record(Outcome::HandedBack, 880_000 * MS);
         assert_eq!(pace.runs_ahead(), 0);
     }
 
     #[test]
-    fn a_zero_threshold_never_claims_ahead() {
-        let pace = RunPace::new(Duration::ZERO);
-        pace.record(Outcome::Completed, Duration::ZERO);
+    fn zero_percent_never_claims_ahead() {
+        let pace = RunPace::new(0);
+        pace.record(Outcome::Completed, MS);
+        pace.record_claim(100 * MS);
         assert_eq!(pace.runs_ahead(), 0);
     }
 }

@@ -14,7 +14,7 @@
 //! | `IRONFLOW_RUN_TIMEOUT_SECS` | a run attempt's limit, counted from its first start | 1800 |
 //! | `IRONFLOW_DEADLINE_MARGIN_MS` | time kept free before the invocation deadline | 10000 |
 //! | `IRONFLOW_MIN_CLAIM_BUDGET_MS` | no claim with less time than this before the cutoff | 2000 |
-//! | `IRONFLOW_CLAIM_AHEAD_BELOW_MS` | claim one run ahead of a free slot while completed runs average under this ([`crate::claim_ahead`]); `0`: never | 1000 |
+//! | `IRONFLOW_CLAIM_AHEAD_PERCENT` | claim one run ahead of a free slot while a claim's round trip is at least this % of a run's execution time ([`crate::claim_ahead`]); `0`: never | 10 |
 //! | `IRONFLOW_FUNCTION_TIMEOUT_SECS` | the function's configured timeout | 900 |
 //! | `IRONFLOW_LEASE_TTL_SECS` | lease TTL requested on claim and refresh | 90 |
 //! | `IRONFLOW_LEASE_REFRESH_INTERVAL_SECS` | lease refresh interval | 30 |
@@ -47,9 +47,9 @@ pub const DEFAULT_RUN_TIMEOUT: Duration = Duration::from_secs(30 * 60);
 pub const DEFAULT_DEADLINE_MARGIN: Duration = Duration::from_secs(10);
 /// Default minimum time before the cutoff for a claim: 2 s.
 pub const DEFAULT_MIN_CLAIM_BUDGET: Duration = Duration::from_secs(2);
-/// Default threshold of claim-ahead ([`crate::claim_ahead`]): completed runs averaging under
-/// 1 s.
-pub const DEFAULT_CLAIM_AHEAD_BELOW: Duration = Duration::from_secs(1);
+/// Default threshold of claim-ahead ([`crate::claim_ahead`]): a claim's round trip at least
+/// 10 % of a run's execution time.
+pub const DEFAULT_CLAIM_AHEAD_PERCENT: u32 = 10;
 /// Default function timeout assumed when none is configured: Lambda's maximum, 900 s.
 pub const DEFAULT_FUNCTION_TIMEOUT: Duration = Duration::from_secs(900);
 /// Default lease TTL, as the reference worker: 90 s.
@@ -138,9 +138,10 @@ pub struct Settings {
     pub deadline_margin: Duration,
     /// No run is claimed with less than this left before the cutoff.
     pub min_claim_budget: Duration,
-    /// One run is claimed ahead of a free slot while the runs this instance completed average
-    /// under this (`IRONFLOW_CLAIM_AHEAD_BELOW_MS`); zero never claims ahead.
-    pub claim_ahead_below: Duration,
+    /// One run is claimed ahead of a free slot while, on this instance, a claim's round trip
+    /// is at least this percentage of a run's execution time (`IRONFLOW_CLAIM_AHEAD_PERCENT`);
+    /// 0 never claims ahead.
+    pub claim_ahead_percent: u32,
     /// The function's configured timeout; the margin must be below it.
     pub function_timeout: Duration,
     /// Lease TTL requested on claim and on every refresh.
@@ -187,7 +188,7 @@ impl Settings {
             run_timeout: DEFAULT_RUN_TIMEOUT,
             deadline_margin: DEFAULT_DEADLINE_MARGIN,
             min_claim_budget: DEFAULT_MIN_CLAIM_BUDGET,
-            claim_ahead_below: DEFAULT_CLAIM_AHEAD_BELOW,
+            claim_ahead_percent: DEFAULT_CLAIM_AHEAD_PERCENT,
             function_timeout: DEFAULT_FUNCTION_TIMEOUT,
             lease_ttl: DEFAULT_LEASE_TTL,
             lease_refresh_interval: DEFAULT_LEASE_REFRESH_INTERVAL,
@@ -296,8 +297,8 @@ impl Settings {
         if let Some(v) = parse::<u64>(&get, "IRONFLOW_MIN_CLAIM_BUDGET_MS", whole, 0)? {
             s.min_claim_budget = Duration::from_millis(v);
         }
-        if let Some(v) = parse::<u64>(&get, "IRONFLOW_CLAIM_AHEAD_BELOW_MS", whole, 0)? {
-            s.claim_ahead_below = Duration::from_millis(v);
+        if let Some(v) = parse::<u32>(&get, "IRONFLOW_CLAIM_AHEAD_PERCENT", whole, 0)? {
+            s.claim_ahead_percent = v;
         }
         if let Some(v) = parse::<u64>(&get, "IRONFLOW_FUNCTION_TIMEOUT_SECS", positive, 1)? {
             s.function_timeout = Duration::from_secs(v);

@@ -76,6 +76,9 @@ pub struct RunReport {
     /// The run's attempt counter when claimed (`retry_count`), part of the failure id.
     #[serde(skip)]
     pub retry_count: u32,
+    /// Time it executed in this invocation, unrounded (for claim-ahead's pace).
+    #[serde(skip)]
+    pub executed: Duration,
 }
 
 impl RunReport {
@@ -90,6 +93,7 @@ impl RunReport {
             duration_ms: 0,
             error,
             retry_count: run.retry_count,
+            executed: Duration::ZERO,
         }
     }
 }
@@ -165,6 +169,7 @@ async fn execute_in_span(p: ExecutionParams, run: Run, refresher: LeaseRefresher
         duration_ms: u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
         error,
         retry_count: run.retry_count,
+        executed: started.elapsed(),
     };
 
     let attempt_start = attempt_started_at(&p.engine, &run, claimed_at).await;

@@ -241,7 +241,12 @@ async fn run_in_span(
             (slot, None) => {
                 // Defer mode: blocked workflows are left out (read once, then from the cache).
                 let capabilities = poison.capabilities_for_claim(&worker.capabilities).await;
-                let run = match timeout_at(window_end, claim(worker, &lease, &capabilities)).await {
+                let sent = Instant::now();
+                let claimed = timeout_at(window_end, claim(worker, &lease, &capabilities)).await;
+                if let Ok(Ok(_)) = claimed {
+                    worker.pace.record_claim(sent.elapsed());
+                }
+                let run = match claimed {
                     Err(_) => break StopReason::Cutoff,
                     Ok(Ok(Some(run))) => run,
                     Ok(Ok(None)) => break StopReason::NoPendingRun,
@@ -426,8 +431,7 @@ async fn settle(
             return;
         }
     };
-    let executed = Duration::from_millis(report.duration_ms);
-    worker.pace.record(report.outcome, executed);
+    worker.pace.record(report.outcome, report.executed);
     poison.record(&report).await;
     reports.insert(report.run_id, report);
 }

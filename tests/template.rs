@@ -399,7 +399,7 @@ fn the_environment_is_what_the_worker_reads_and_holds_no_token() {
         "IRONFLOW_DEADLINE_MARGIN_MS",
         "IRONFLOW_MAX_RUNS_PER_INVOCATION",
         "IRONFLOW_CONCURRENCY",
-        "IRONFLOW_CLAIM_AHEAD_BELOW_MS",
+        "IRONFLOW_CLAIM_AHEAD_PERCENT",
         "IRONFLOW_RUN_TIMEOUT_SECS",
         "IRONFLOW_LEASE_TTL_SECS",
         "IRONFLOW_LEASE_REFRESH_INTERVAL_SECS",
@@ -422,8 +422,8 @@ fn the_environment_is_what_the_worker_reads_and_holds_no_token() {
     );
     assert_eq!(env["IRONFLOW_POISON_TABLE"], json!({"Ref": "PoisonTable"}));
     assert_eq!(
-        param_default(&t, "ClaimAheadBelowMs") as u128,
-        ironflow_lambda::config::DEFAULT_CLAIM_AHEAD_BELOW.as_millis(),
+        param_default(&t, "ClaimAheadPercent"),
+        i64::from(ironflow_lambda::config::DEFAULT_CLAIM_AHEAD_PERCENT),
         "the template's default is the code's"
     );
     assert_eq!(env["IRONFLOW_WAKE_QUEUE_URL"], json!({"Ref": "WakeQueue"}));

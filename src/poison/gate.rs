@@ -281,6 +281,7 @@ mod tests {
             duration_ms: 1,
             error: None,
             retry_count: 0,
+            executed: Duration::from_millis(1),
         }
     }
 

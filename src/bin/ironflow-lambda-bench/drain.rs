@@ -107,7 +107,7 @@ pub enum Which {
     Reference,
     /// Our invocations back to back, N runs each: what is measured against the reference.
     Ours,
-    /// The same with claim-ahead off (`claim_ahead_below(0)`): a run is claimed only once a
+    /// The same with claim-ahead off (`claim_ahead_percent(0)`): a run is claimed only once a
     /// slot is free, as the reference worker does, to show what claim-ahead buys.
     OursNoClaimAhead,
     /// One invocation of ours claiming all K runs: the same per-run path without invocation
@@ -231,10 +231,10 @@ pub async fn drain(
             } else {
                 s.max_runs
             };
-            let claim_ahead_below = if which == Which::OursNoClaimAhead {
-                Duration::ZERO
+            let claim_ahead_percent = if which == Which::OursNoClaimAhead {
+                0
             } else {
-                ironflow_lambda::config::DEFAULT_CLAIM_AHEAD_BELOW
+                ironflow_lambda::config::DEFAULT_CLAIM_AHEAD_PERCENT
             };
             let builder = LambdaWorkerBuilder::new(&api.url(), &token)
                 .provider(Arc::new(ClaudeCodeProvider::new()));
@@ -243,7 +243,7 @@ pub async fn drain(
                     .register_ours(builder)
                     .concurrency(s.concurrency)
                     .max_runs_per_invocation(max_runs)
-                    .claim_ahead_below(claim_ahead_below)
+                    .claim_ahead_percent(claim_ahead_percent)
                     .function_timeout(s.invocation)
                     .build()?,
             );
