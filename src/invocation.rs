@@ -2,14 +2,20 @@
 //!
 //! ```text
 //! budget = Context.deadline − margin ("cutoff")
-//! while claimed < N and time before the cutoff ≥ minimum claim budget:
-//!     wait for a free slot (≤ concurrency), or      claim-ahead (crate::claim_ahead): one run
-//!       for room for one run ahead                  waits for a slot, while runs are short
-//!     claim (ApiRunStore::pick_next_pending_for)
-//!     poison-pill table: run recovered from a dead invocation? → count a failure;
-//!                        workflow blocked? → fail the run (fail mode) or write it back to
-//!                        Pending (defer mode, whose claims leave blocked workflows out)
-//!     start its lease refresher, spawn its execution (which first waits for a slot)
+//! while (claimed < N or a run waits) and time before the claim window closes
+//!                                                   (cutoff − minimum claim budget):
+//!     settle the runs that ended (outcomes → poison-pill table)
+//!     a free slot and a run waiting → start it
+//!     a free slot, or none but claim-ahead pays     claim-ahead (crate::claim_ahead): one
+//!       (crate::claim_ahead) → claim                run claimed while every slot is busy
+//!         (ApiRunStore::pick_next_pending_for),     waits for the next slot
+//!         start its lease refresher, count a run recovered from a dead invocation as a
+//!         failure, then start it (free slot) or keep it waiting
+//!     else → wait for a run to end
+//!   starting a run: lease lost meanwhile? → abandoned; workflow blocked? → fail the run
+//!   (fail mode) or write it back to Pending (defer mode, whose claims leave blocked
+//!   workflows out); else spawn its execution in the slot
+//! a run still waiting → released: written back to Pending after confirming its lease
 //! await every execution → outcomes → poison-pill table
 //! kill the processes runs left behind
 //! wake-ups: runs handed back, or N taken with runs still pending → SQS (crate::wake)
