@@ -13,6 +13,12 @@
 //! (`IRONFLOW_CLAIM_AHEAD_PERCENT`, default 10; `0` never claims ahead). A cold start has no
 //! history, so its first runs are claimed one free slot at a time.
 //!
+//! The same pace decides how an invocation's first claims go out. After a batch that took its
+//! N (the backlog likely goes on), the next invocation on this instance sends its first claims
+//! together, one per slot (at most N), so that every slot starts after one claim round trip
+//! instead of one more per slot; otherwise (a cold start, a batch that ran out of pending runs)
+//! it sends one, and a tick with nothing pending costs a single claim.
+//!
 //! Whatever the pace, N (`IRONFLOW_MAX_RUNS_PER_INVOCATION`) still bounds the runs claimed per
 //! invocation and C (`IRONFLOW_CONCURRENCY`) the runs executing at once; at most one run waits.
 //!
@@ -32,7 +38,7 @@
 //!   handed back at the cutoff counts as a long one: claim-ahead runs only during a streak of
 //!   completed runs.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use crate::execution::Outcome;
@@ -84,6 +90,8 @@ pub struct RunPace {
     run: MovingAverage,
     /// Round trips of claims that the API answered.
     claim: MovingAverage,
+    /// Whether this instance's last batch took its N.
+    last_batch_full: AtomicBool,
 }
 
 impl RunPace {
@@ -94,6 +102,22 @@ impl RunPace {
             percent,
             run: MovingAverage::unknown(),
             claim: MovingAverage::unknown(),
+            last_batch_full: AtomicBool::new(false),
+        }
+    }
+
+    /// Take in how a batch ended: `full` when it took its N.
+    pub fn record_batch_end(&self, full: bool) {
+        self.last_batch_full.store(full, Ordering::Relaxed);
+    }
+
+    /// How many of an invocation's first claims go out together: one per slot (`concurrency`,
+    /// at most `max_runs`) after a batch that took its N, else 1.
+    pub fn first_claims(&self, concurrency: usize, max_runs: usize) -> usize {
+        if self.last_batch_full.load(Ordering::Relaxed) {
+            concurrency.min(max_runs).max(1)
+        } else {
+            1
         }
     }
 
@@ -192,6 +216,17 @@ mod tests {
         // A run that executed until the cutoff.
         pace.record(Outcome::HandedBack, 880_000 * MS);
         assert_eq!(pace.runs_ahead(), 0);
+    }
+
+    #[test]
+    fn first_claims_go_out_together_only_after_a_full_batch() {
+        let pace = RunPace::new(10);
+        assert_eq!(pace.first_claims(4, 8), 1, "cold start");
+        pace.record_batch_end(true);
+        assert_eq!(pace.first_claims(4, 8), 4);
+        assert_eq!(pace.first_claims(4, 2), 2, "never more than N");
+        pace.record_batch_end(false);
+        assert_eq!(pace.first_claims(4, 8), 1);
     }
 
     #[test]

@@ -26,10 +26,11 @@
 //! finished or cancelled before it returns, because Lambda freezes the process after the
 //! response.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures_util::future::join_all;
 use ironflow_store::entities::{LeaseRequest, Run, WorkerCapabilities};
 use ironflow_store::error::StoreError;
 use serde::Serialize;
@@ -200,8 +201,49 @@ async fn run_in_span(
     // starts it in the next slot that frees, once the runs that ended have been settled, so
     // the poison-pill gate has seen their outcomes when it checks the run's workflow.
     let mut waiting: Option<Claimed> = None;
+    // After a full batch, the first claims go out together, one per slot (crate::claim_ahead);
+    // the loop starts them as it would claim, then stops for the reason one of them gave.
+    let mut first: VecDeque<Claimed> = VecDeque::new();
+    let mut first_stop: Option<StopReason> = None;
+    let together = worker.pace.first_claims(s.concurrency, max_runs);
+    if let Some(window_end) = claim_window_end.filter(|end| together > 1 && Instant::now() < *end) {
+        let capabilities = poison.capabilities_for_claim(&worker.capabilities).await;
+        let claims = (0..together).map(|_| claim(worker, &lease, &capabilities));
+        let sent = Instant::now();
+        match timeout_at(window_end, join_all(claims)).await {
+            Err(_) => first_stop = Some(StopReason::Cutoff),
+            Ok(answers) => {
+                for answer in answers {
+                    match answer {
+                        Ok(Some(run)) => {
+                            worker.pace.record_claim(sent.elapsed());
+                            order.push(run.id);
+                            info!(run_id = %run.id, workflow = %run.workflow_name, "claimed run");
+                            poison.on_claim(&run).await;
+                            first.push_back(Claimed::new(
+                                &worker.engine,
+                                run,
+                                &lease,
+                                s.lease_refresh_interval,
+                                budget.cutoff(),
+                            ));
+                        }
+                        Ok(None) => {
+                            worker.pace.record_claim(sent.elapsed());
+                            first_stop.get_or_insert(StopReason::NoPendingRun);
+                        }
+                        Err(e) => {
+                            error!(error = %e, "claim failed");
+                            errors.push(format!("claim failed: {e}"));
+                            first_stop = Some(StopReason::ClaimError);
+                        }
+                    }
+                }
+            }
+        }
+    }
     let stop_reason = loop {
-        if order.len() >= max_runs && waiting.is_none() {
+        if order.len() >= max_runs && waiting.is_none() && first.is_empty() {
             break StopReason::MaxRuns;
         }
         let Some(window_end) = claim_window_end.filter(|end| Instant::now() < *end) else {
@@ -243,8 +285,20 @@ async fn run_in_span(
                 }
                 continue;
             }
+            // A run of the first claims: into the free slot, or waiting for one.
+            (slot, None) if !first.is_empty() => match (first.pop_front(), slot) {
+                (Some(claimed), Some(slot)) => (claimed, slot),
+                (Some(claimed), None) => {
+                    waiting = Some(claimed);
+                    continue;
+                }
+                (None, _) => continue,
+            },
             // A free slot, or none but room for one run ahead: claim.
             (slot, None) => {
+                if let Some(reason) = first_stop.take() {
+                    break reason;
+                }
                 // Defer mode: blocked workflows are left out (read once, then from the cache).
                 let capabilities = poison.capabilities_for_claim(&worker.capabilities).await;
                 let sent = Instant::now();
@@ -311,7 +365,7 @@ async fn run_in_span(
             .instrument(tracing::Span::current()),
         );
     };
-    if let Some(next) = waiting.take() {
+    for next in waiting.take().into_iter().chain(first.drain(..)) {
         // No slot freed before the claim window closed: it goes back to Pending unexecuted.
         let run = next.run.clone();
         next.refresher.stop().await;
@@ -334,6 +388,9 @@ async fn run_in_span(
         _ => None,
     };
     worker.pool.after_invocation();
+    worker
+        .pace
+        .record_batch_end(stop_reason == StopReason::MaxRuns);
 
     let runs: Vec<RunReport> = order.iter().filter_map(|id| reports.remove(id)).collect();
     let mut outcomes = BTreeMap::new();

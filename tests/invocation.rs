@@ -304,6 +304,51 @@ async fn a_run_claimed_ahead_without_a_free_slot_is_released_at_the_cutoff() {
     assert_eq!(executions(&h.path("quick")), 1);
 }
 
+/// Claims (`GET /api/v1/internal/runs/next`) the API has answered so far.
+fn claims_sent(h: &Harness) -> u64 {
+    h.api
+        .requests_by_route()
+        .get("GET /api/v1/internal/runs/next")
+        .copied()
+        .unwrap_or(0)
+}
+
+#[tokio::test]
+async fn after_a_full_batch_the_first_claims_go_out_together() {
+    let h = Harness::start().await;
+    let worker = h
+        .builder()
+        .register(quick(&h))
+        .concurrency(2)
+        .max_runs_per_invocation(2)
+        .build()
+        .unwrap();
+    h.create("quick", 0).await;
+    h.create("quick", 0).await;
+    let full = h.invoke(&worker, LONG).await;
+    assert_eq!(full.stop_reason, StopReason::MaxRuns, "{full:?}");
+    assert_eq!(full.count(Outcome::Completed), 2, "{full:?}");
+
+    // The backlog likely goes on: one claim per slot at once. Only one run is pending: one
+    // claim takes it, the other finds nothing, and the batch stops there.
+    let last = h.create("quick", 0).await;
+    let before = claims_sent(&h);
+    let next = h.invoke(&worker, LONG).await;
+    assert_eq!(claims_sent(&h) - before, 2, "two claims together: {next:?}");
+    assert_eq!(next.claimed, 1, "{next:?}");
+    assert_eq!(next.runs[0].run_id, last);
+    assert_eq!(next.count(Outcome::Completed), 1, "{next:?}");
+    assert_eq!(next.stop_reason, StopReason::NoPendingRun, "{next:?}");
+    assert!(next.errors.is_empty(), "{next:?}");
+
+    // That batch was not full: an idle invocation costs one claim.
+    let before = claims_sent(&h);
+    let idle = h.invoke(&worker, LONG).await;
+    assert_eq!(claims_sent(&h) - before, 1, "{idle:?}");
+    assert_eq!(idle.claimed, 0);
+    assert_eq!(executions(&h.path("quick")), 3);
+}
+
 /// Returns at once: a warm-up run, whose execution is a few API requests, so that a claim's
 /// round trip is a large share of it (claim-ahead's pace, `claim_ahead_percent(1)`).
 struct Noop;
