@@ -254,40 +254,16 @@ async fn run_in_span(
             settle(joined, worker, &mut poison, &mut reports).await;
         }
         let free_slot = slots.clone().try_acquire_owned().ok();
-        let (next, slot) = match (free_slot, waiting.take()) {
-            (Some(slot), Some(next)) => (next, slot),
+        let to_start = match (free_slot, waiting.take()) {
+            (Some(slot), Some(next)) => Some((next, slot)),
             (None, Some(next)) => {
                 waiting = Some(next);
-                if !wait_for_an_end(
-                    &mut executions,
-                    window_end,
-                    worker,
-                    &mut poison,
-                    &mut reports,
-                )
-                .await
-                {
-                    break StopReason::Cutoff;
-                }
-                continue;
+                None
             }
-            (None, None) if worker.pace.runs_ahead() == 0 => {
-                if !wait_for_an_end(
-                    &mut executions,
-                    window_end,
-                    worker,
-                    &mut poison,
-                    &mut reports,
-                )
-                .await
-                {
-                    break StopReason::Cutoff;
-                }
-                continue;
-            }
+            (None, None) if worker.pace.runs_ahead() == 0 => None,
             // A run of the first claims: into the free slot, or waiting for one.
             (slot, None) if !first.is_empty() => match (first.pop_front(), slot) {
-                (Some(claimed), Some(slot)) => (claimed, slot),
+                (Some(claimed), Some(slot)) => Some((claimed, slot)),
                 (Some(claimed), None) => {
                     waiting = Some(claimed);
                     continue;
@@ -328,13 +304,28 @@ async fn run_in_span(
                     budget.cutoff(),
                 );
                 match slot {
-                    Some(slot) => (claimed, slot),
+                    Some(slot) => Some((claimed, slot)),
                     None => {
                         waiting = Some(claimed);
                         continue;
                     }
                 }
             }
+        };
+        let Some((next, slot)) = to_start else {
+            // No free slot, and a run already waits or claiming ahead does not pay: wait.
+            if !wait_for_an_end(
+                &mut executions,
+                window_end,
+                worker,
+                &mut poison,
+                &mut reports,
+            )
+            .await
+            {
+                break StopReason::Cutoff;
+            }
+            continue;
         };
         // Start it, unless its lease was lost or its workflow got blocked meanwhile.
         let run = &next.run;

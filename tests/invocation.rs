@@ -127,26 +127,42 @@ impl WorkflowHandler for Gauge {
     }
 }
 
-#[tokio::test]
-async fn a_cold_instance_claims_only_when_a_slot_is_free_and_never_exceeds_concurrency() {
-    let h = Arc::new(Harness::start().await);
+/// A worker of `gauge` runs (C = 2, N = 4, claim-ahead at `claim_ahead_percent`): the runs
+/// executing now, the most at once, and the switch that lets them finish (set to `released`).
+fn gauge_worker(
+    h: &Harness,
+    claim_ahead_percent: u32,
+    released: bool,
+) -> (
+    Arc<ironflow_lambda::builder::LambdaWorker>,
+    Arc<AtomicUsize>,
+    Arc<AtomicUsize>,
+    Arc<AtomicBool>,
+) {
     let (current, max, release) = (
         Arc::new(AtomicUsize::new(0)),
         Arc::new(AtomicUsize::new(0)),
-        Arc::new(AtomicBool::new(false)),
+        Arc::new(AtomicBool::new(released)),
     );
-    let worker = Arc::new(
-        h.builder()
-            .register(Gauge {
-                current: current.clone(),
-                max: max.clone(),
-                release: release.clone(),
-            })
-            .concurrency(2)
-            .max_runs_per_invocation(4)
-            .build()
-            .unwrap(),
-    );
+    let worker = h
+        .builder()
+        .register(Gauge {
+            current: current.clone(),
+            max: max.clone(),
+            release: release.clone(),
+        })
+        .concurrency(2)
+        .max_runs_per_invocation(4)
+        .claim_ahead_percent(claim_ahead_percent)
+        .build()
+        .unwrap();
+    (Arc::new(worker), current, max, release)
+}
+
+#[tokio::test]
+async fn a_cold_instance_claims_only_when_a_slot_is_free_and_never_exceeds_concurrency() {
+    let h = Arc::new(Harness::start().await);
+    let (worker, current, max, release) = gauge_worker(&h, 1, false);
     let ids: Vec<_> = futures_join(&h, 4).await;
 
     let invocation = {
@@ -178,24 +194,7 @@ async fn a_cold_instance_claims_only_when_a_slot_is_free_and_never_exceeds_concu
 #[tokio::test]
 async fn a_warm_instance_claims_one_run_ahead_under_its_lease_and_never_exceeds_concurrency() {
     let h = Arc::new(Harness::start().await);
-    let (current, max, release) = (
-        Arc::new(AtomicUsize::new(0)),
-        Arc::new(AtomicUsize::new(0)),
-        Arc::new(AtomicBool::new(true)),
-    );
-    let worker = Arc::new(
-        h.builder()
-            .register(Gauge {
-                current: current.clone(),
-                max: max.clone(),
-                release: release.clone(),
-            })
-            .concurrency(2)
-            .max_runs_per_invocation(4)
-            .claim_ahead_percent(1)
-            .build()
-            .unwrap(),
-    );
+    let (worker, current, max, release) = gauge_worker(&h, 1, true);
     // A first invocation completes a short run: the instance's pace is now known to be short.
     h.create("gauge", 0).await;
     let warm_up = h.invoke(&worker, LONG).await;
@@ -302,6 +301,19 @@ async fn a_run_claimed_ahead_without_a_free_slot_is_released_at_the_cutoff() {
     assert_eq!(second.count(Outcome::Completed), 1, "{second:?}");
     assert_eq!(h.status(waiting).await, RunStatus::Completed);
     assert_eq!(executions(&h.path("quick")), 1);
+}
+
+/// Another worker ("thief") takes `id`'s lease, straight in the API's store.
+async fn steal_lease(h: &Harness, id: uuid::Uuid) {
+    let lease = LeaseUpdate::Set {
+        worker_id: "thief".into(),
+        expires_at: chrono::Utc::now() + chrono::TimeDelta::seconds(300),
+    };
+    let update = RunUpdate {
+        lease: Some(lease),
+        ..RunUpdate::default()
+    };
+    h.api.store().update_run(id, update).await.unwrap();
 }
 
 /// Claims (`GET /api/v1/internal/runs/next`) the API has answered so far.
@@ -492,20 +504,7 @@ async fn a_run_claimed_ahead_whose_lease_was_taken_is_not_released() {
     )
     .await;
     // Another worker takes the waiting run over.
-    h.api
-        .store()
-        .update_run(
-            waiting,
-            RunUpdate {
-                lease: Some(LeaseUpdate::Set {
-                    worker_id: "thief".into(),
-                    expires_at: chrono::Utc::now() + chrono::TimeDelta::seconds(300),
-                }),
-                ..RunUpdate::default()
-            },
-        )
-        .await
-        .unwrap();
+    steal_lease(&h, waiting).await;
 
     let summary = invocation.await.unwrap();
     let report = summary.runs.iter().find(|r| r.run_id == waiting).unwrap();
@@ -674,20 +673,7 @@ async fn a_stolen_lease_abandons_the_run_without_any_write() {
     })
     .await;
     // Another worker takes the run over.
-    h.api
-        .store()
-        .update_run(
-            id,
-            RunUpdate {
-                lease: Some(LeaseUpdate::Set {
-                    worker_id: "thief".into(),
-                    expires_at: chrono::Utc::now() + chrono::TimeDelta::seconds(300),
-                }),
-                ..RunUpdate::default()
-            },
-        )
-        .await
-        .unwrap();
+    steal_lease(&h, id).await;
 
     let summary = invocation.await.unwrap();
     assert_eq!(summary.runs[0].outcome, Outcome::LeaseLost, "{summary:?}");
