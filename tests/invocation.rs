@@ -159,12 +159,16 @@ fn gauge_worker(
     (Arc::new(worker), current, max, release)
 }
 
-#[tokio::test]
-async fn a_cold_instance_claims_only_when_a_slot_is_free_and_never_exceeds_concurrency() {
-    let h = Arc::new(Harness::start().await);
-    let (worker, current, max, release) = gauge_worker(&h, 1, false);
-    let ids: Vec<_> = futures_join(&h, 4).await;
-
+/// With 4 gauge runs pending, `worker` (from [`gauge_worker`], not released) claims only into
+/// its 2 free slots: while 2 execute, 2 are Running and 2 claims were sent; then all complete,
+/// never more than 2 at once.
+async fn claims_only_into_free_slots(
+    h: &Arc<Harness>,
+    worker: &Arc<ironflow_lambda::builder::LambdaWorker>,
+    (current, max, release): (&Arc<AtomicUsize>, &Arc<AtomicUsize>, &Arc<AtomicBool>),
+) {
+    let ids: Vec<_> = futures_join(h, 4).await;
+    let before = claims_sent(h);
     let invocation = {
         let (h, worker) = (h.clone(), worker.clone());
         tokio::spawn(async move { h.invoke(&worker, LONG).await })
@@ -180,15 +184,31 @@ async fn a_cold_instance_claims_only_when_a_slot_is_free_and_never_exceeds_concu
             running += 1;
         }
     }
-    assert_eq!(
-        running, 2,
-        "with no completed run yet, a run is claimed only once a slot is free"
-    );
+    assert_eq!(running, 2, "a run is claimed only once a slot is free");
+    assert_eq!(claims_sent(h) - before, 2);
     release.store(true, Ordering::SeqCst);
 
     let summary = invocation.await.unwrap();
-    assert_eq!(summary.count(Outcome::Completed), 4);
+    assert_eq!(summary.count(Outcome::Completed), 4, "{summary:?}");
     assert_eq!(max.load(Ordering::SeqCst), 2);
+}
+
+#[tokio::test]
+async fn a_cold_instance_claims_only_when_a_slot_is_free_and_never_exceeds_concurrency() {
+    let h = Arc::new(Harness::start().await);
+    let (worker, current, max, release) = gauge_worker(&h, 1, false);
+    claims_only_into_free_slots(&h, &worker, (&current, &max, &release)).await;
+}
+
+#[tokio::test]
+async fn with_claim_ahead_off_a_warm_instance_claims_only_into_a_free_slot() {
+    let h = Arc::new(Harness::start().await);
+    let (worker, current, max, release) = gauge_worker(&h, 0, true);
+    h.create("gauge", 0).await;
+    let warm_up = h.invoke(&worker, LONG).await;
+    assert_eq!(warm_up.count(Outcome::Completed), 1, "{warm_up:?}");
+    release.store(false, Ordering::SeqCst);
+    claims_only_into_free_slots(&h, &worker, (&current, &max, &release)).await;
 }
 
 #[tokio::test]
