@@ -17,7 +17,8 @@
 //! N (the backlog likely goes on), the next invocation on this instance sends its first claims
 //! together, one per slot (at most N), so that every slot starts after one claim round trip
 //! instead of one more per slot; otherwise (a cold start, a batch that ran out of pending runs)
-//! it sends one, and a tick with nothing pending costs a single claim.
+//! it sends one, and a tick with nothing pending costs a single claim. A threshold of `0` turns
+//! both off: claims go out one at a time, each into a free slot, as the reference worker's.
 //!
 //! Whatever the pace, N (`IRONFLOW_MAX_RUNS_PER_INVOCATION`) still bounds the runs claimed per
 //! invocation and C (`IRONFLOW_CONCURRENCY`) the runs executing at once; at most one run waits.
@@ -112,9 +113,10 @@ impl RunPace {
     }
 
     /// How many of an invocation's first claims go out together: one per slot (`concurrency`,
-    /// at most `max_runs`) after a batch that took its N, else 1.
+    /// at most `max_runs`) after a batch that took its N, else 1; always 1 with a threshold of
+    /// 0 (the reference worker's claims, one at a time into a free slot).
     pub fn first_claims(&self, concurrency: usize, max_runs: usize) -> usize {
-        if self.last_batch_full.load(Ordering::Relaxed) {
+        if self.percent > 0 && self.last_batch_full.load(Ordering::Relaxed) {
             concurrency.min(max_runs).max(1)
         } else {
             1
@@ -230,10 +232,12 @@ mod tests {
     }
 
     #[test]
-    fn zero_percent_never_claims_ahead() {
+    fn zero_percent_never_claims_ahead_nor_together() {
         let pace = RunPace::new(0);
         pace.record(Outcome::Completed, MS);
         pace.record_claim(100 * MS);
         assert_eq!(pace.runs_ahead(), 0);
+        pace.record_batch_end(true);
+        assert_eq!(pace.first_claims(4, 8), 1);
     }
 }

@@ -422,6 +422,12 @@ fn parse<T: FromStr + PartialOrd + From<u8>>(
     };
     match raw.parse::<T>() {
         Ok(v) if v >= T::from(min) => Ok(Some(v)),
+        // A whole number the type cannot hold: say so rather than "expected a whole number".
+        Err(_) if raw.trim().parse::<u128>().is_ok() => Err(ConfigError::Invalid {
+            variable,
+            expected: "a smaller whole number (it is out of range)",
+            found: raw,
+        }),
         _ => Err(ConfigError::Invalid {
             variable,
             expected,
@@ -477,6 +483,35 @@ pub(crate) mod tests {
                 found: "eight".into()
             }
         );
+    }
+
+    #[test]
+    fn a_number_out_of_range_says_so_and_claim_ahead_parses() {
+        let mut vars = BASE.to_vec();
+        vars.push(("IRONFLOW_CLAIM_AHEAD_PERCENT", "99999999999"));
+        let err = Settings::from_lookup(lookup(&vars)).unwrap_err();
+        assert_eq!(
+            err,
+            ConfigError::Invalid {
+                variable: "IRONFLOW_CLAIM_AHEAD_PERCENT",
+                expected: "a smaller whole number (it is out of range)",
+                found: "99999999999".into()
+            }
+        );
+        for (raw, percent) in [("0", 0), ("25", 25)] {
+            let mut vars = BASE.to_vec();
+            vars.push(("IRONFLOW_CLAIM_AHEAD_PERCENT", raw));
+            let s = Settings::from_lookup(lookup(&vars)).unwrap();
+            assert_eq!(s.claim_ahead_percent, percent);
+        }
+        for raw in ["-1", "10.5", "abc"] {
+            let mut vars = BASE.to_vec();
+            vars.push(("IRONFLOW_CLAIM_AHEAD_PERCENT", raw));
+            let err = Settings::from_lookup(lookup(&vars))
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains("IRONFLOW_CLAIM_AHEAD_PERCENT") && err.contains("whole number"));
+        }
     }
 
     #[test]
