@@ -107,8 +107,8 @@ pub enum Which {
     Reference,
     /// Our invocations back to back, N runs each: what is measured against the reference.
     Ours,
-    /// The same with claim-ahead off (`claim_ahead_percent(0)`): a run is claimed only once a
-    /// slot is free, as the reference worker does, to show what claim-ahead buys.
+    /// The same with claim-ahead off (`claim_ahead_percent(0)`): claims one at a time, each
+    /// only once a slot is free, as the reference worker does, to show what claim-ahead buys.
     OursNoClaimAhead,
     /// One invocation of ours claiming all K runs: the same per-run path without invocation
     /// boundaries, to tell the two costs apart.
@@ -129,7 +129,7 @@ impl Which {
             Which::Reference => "reference `ironflow_worker::Worker`",
             Which::Ours => "ironflow-lambda (invocations back to back)",
             Which::OursNoClaimAhead => {
-                "ironflow-lambda, claim-ahead off: claims only into a free slot (diagnostic)"
+                "ironflow-lambda, claim-ahead off: one claim at a time, into a free slot (diagnostic)"
             }
             Which::OursOneInvocation => {
                 "ironflow-lambda, one invocation claiming all K (diagnostic)"

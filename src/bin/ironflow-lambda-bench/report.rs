@@ -14,6 +14,9 @@ pub struct Machine {
     pub memory: String,
     pub kernel: String,
     pub rustc: String,
+    /// The commit measured (`git rev-parse --short HEAD`), with "+ uncommitted changes" when
+    /// the work tree differs from it; "unknown" outside a git checkout.
+    pub commit: String,
     pub load_start: String,
     pub load_end: String,
     pub date: String,
@@ -44,8 +47,27 @@ impl Machine {
         .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
         .filter(|s| !s.is_empty())
         .unwrap_or_else(|| "unknown".to_string());
+        let git = |args: &[&str]| {
+            std::process::Command::new("git")
+                .args(args)
+                .output()
+                .ok()
+                .filter(|o| o.status.success())
+                .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        };
+        let commit = match (
+            git(&["rev-parse", "--short", "HEAD"]),
+            git(&["status", "--porcelain", "--untracked-files=no"]),
+        ) {
+            (Some(head), Some(changes)) if !changes.is_empty() => {
+                format!("{head} + uncommitted changes")
+            }
+            (Some(head), _) => head,
+            (None, _) => "unknown".to_string(),
+        };
         Self {
             nproc: std::thread::available_parallelism().map_or(0, |n| n.get()),
+            commit,
             cpu,
             memory,
             kernel: std::fs::read_to_string("/proc/sys/kernel/osrelease")
@@ -171,6 +193,7 @@ pub fn render(o: &Options, m: &Machine, r: &Results) -> String {
     let _ = writeln!(md, "| memory | {} |", m.memory);
     let _ = writeln!(md, "| kernel | {} |", m.kernel);
     let _ = writeln!(md, "| rustc | {} |", m.rustc);
+    let _ = writeln!(md, "| commit measured | {} |", m.commit);
     let _ = writeln!(
         md,
         "| load average (1, 5, 15 min) at start / end | {} / {} |",
@@ -217,7 +240,7 @@ pub fn render(o: &Options, m: &Machine, r: &Results) -> String {
         };
         let _ = writeln!(
             md,
-            "| drain time ours / reference, {} ≤ 1.0{aim} | {x:.2} | {}{} |",
+            "| drain time ours / reference, {} ≤ 1.0{aim} | {x:.3} | {}{} |",
             w.describe(),
             yes(x <= 1.0),
             if w == Workload::NoOp && x <= 1.0 {
@@ -394,7 +417,8 @@ pub fn render(o: &Options, m: &Machine, r: &Results) -> String {
         let _ = writeln!(
             md,
             "- {}: {cost_ms:.2} ms per invocation boundary ({boundaries:.0} boundaries), against \
-             {run_ms:.2} ms per run per slot for the reference worker. Claim-ahead off: \
+             {run_ms:.2} ms per run per slot for the reference worker (its wall time × C / K). \
+             Claim-ahead off: \
              {without:.3} s, on: {with:.3} s (it claims ahead only while a claim takes at least \
              {}% of a run).",
             w.describe(),
