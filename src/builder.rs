@@ -239,7 +239,7 @@ impl LambdaWorkerBuilder {
     }
 
     /// Claim one run ahead of a free slot while, on this instance, a claim's round trip is at
-    /// least `percent` % of a run's execution time (see [`crate::claim_ahead`]). Default 10;
+    /// least `percent` % of a run's execution time (see [`crate::claim_ahead`]). Default 20;
     /// 0 never claims ahead, as the reference worker.
     pub fn claim_ahead_percent(mut self, percent: u32) -> Self {
         self.settings.claim_ahead_percent = percent;

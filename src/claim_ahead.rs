@@ -10,8 +10,11 @@
 //! holds a run back (another instance could have started it) and adds contention. So an
 //! invocation claims ahead only while, on this warm instance, a claim's round trip is at least
 //! a given share of a run's execution time, both as moving averages
-//! (`IRONFLOW_CLAIM_AHEAD_PERCENT`, default 10; `0` never claims ahead). A cold start has no
-//! history, so its first runs are claimed one free slot at a time.
+//! (`IRONFLOW_CLAIM_AHEAD_PERCENT`, default 20; `0` never claims ahead). Why 20: on loopback,
+//! the runs that a claim overlaps took 2-10 % longer (they share the CPU with the claim), so a
+//! claim must be a clearly larger share of a run than that for claiming ahead to pay: it is
+//! about 25 % of a no-op run, and 4-5 % of a three-step shell run (measured in BENCHMARKS.md's
+//! setup). A cold start has no history, so its first runs are claimed one free slot at a time.
 //!
 //! The same pace decides how an invocation's first claims go out. After a batch that took its
 //! N (the backlog likely goes on), the next invocation on this instance sends its first claims

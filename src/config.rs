@@ -14,7 +14,7 @@
 //! | `IRONFLOW_RUN_TIMEOUT_SECS` | a run attempt's limit, counted from its first start | 1800 |
 //! | `IRONFLOW_DEADLINE_MARGIN_MS` | time kept free before the invocation deadline | 10000 |
 //! | `IRONFLOW_MIN_CLAIM_BUDGET_MS` | no claim with less time than this before the cutoff | 2000 |
-//! | `IRONFLOW_CLAIM_AHEAD_PERCENT` | claim one run ahead of a free slot while a claim's round trip is at least this % of a run's execution time ([`crate::claim_ahead`]); `0`: never | 10 |
+//! | `IRONFLOW_CLAIM_AHEAD_PERCENT` | claim one run ahead of a free slot while a claim's round trip is at least this % of a run's execution time ([`crate::claim_ahead`]); `0`: never | 20 |
 //! | `IRONFLOW_FUNCTION_TIMEOUT_SECS` | the function's configured timeout | 900 |
 //! | `IRONFLOW_LEASE_TTL_SECS` | lease TTL requested on claim and refresh | 90 |
 //! | `IRONFLOW_LEASE_REFRESH_INTERVAL_SECS` | lease refresh interval | 30 |
@@ -48,8 +48,8 @@ pub const DEFAULT_DEADLINE_MARGIN: Duration = Duration::from_secs(10);
 /// Default minimum time before the cutoff for a claim: 2 s.
 pub const DEFAULT_MIN_CLAIM_BUDGET: Duration = Duration::from_secs(2);
 /// Default threshold of claim-ahead ([`crate::claim_ahead`]): a claim's round trip at least
-/// 10 % of a run's execution time.
-pub const DEFAULT_CLAIM_AHEAD_PERCENT: u32 = 10;
+/// 20 % of a run's execution time.
+pub const DEFAULT_CLAIM_AHEAD_PERCENT: u32 = 20;
 /// Default function timeout assumed when none is configured: Lambda's maximum, 900 s.
 pub const DEFAULT_FUNCTION_TIMEOUT: Duration = Duration::from_secs(900);
 /// Default lease TTL, as the reference worker: 90 s.
