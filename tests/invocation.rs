@@ -215,7 +215,8 @@ async fn with_claim_ahead_off_a_warm_instance_claims_only_into_a_free_slot() {
 async fn a_warm_instance_claims_one_run_ahead_under_its_lease_and_never_exceeds_concurrency() {
     let h = Arc::new(Harness::start().await);
     let (worker, current, max, release) = gauge_worker(&h, 1, true);
-    // A first invocation completes a short run: the instance's pace is now known to be short.
+    // A first invocation completes a run: the instance now knows its pace, and a claim is a
+    // large share of a gauge run (a few API requests).
     h.create("gauge", 0).await;
     let warm_up = h.invoke(&worker, LONG).await;
     assert_eq!(warm_up.count(Outcome::Completed), 1, "{warm_up:?}");
