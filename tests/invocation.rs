@@ -193,6 +193,20 @@ async fn claims_only_into_free_slots(
     assert_eq!(max.load(Ordering::SeqCst), 2);
 }
 
+/// A first invocation completes one gauge run (released), then the switch is set back: the
+/// instance now knows its pace, and a claim is a large share of a gauge run (a few API
+/// requests).
+async fn warm_up_gauge(
+    h: &Harness,
+    worker: &ironflow_lambda::builder::LambdaWorker,
+    release: &AtomicBool,
+) {
+    h.create("gauge", 0).await;
+    let warm_up = h.invoke(worker, LONG).await;
+    assert_eq!(warm_up.count(Outcome::Completed), 1, "{warm_up:?}");
+    release.store(false, Ordering::SeqCst);
+}
+
 #[tokio::test]
 async fn a_cold_instance_claims_only_when_a_slot_is_free_and_never_exceeds_concurrency() {
     let h = Arc::new(Harness::start().await);
@@ -204,10 +218,7 @@ async fn a_cold_instance_claims_only_when_a_slot_is_free_and_never_exceeds_concu
 async fn with_claim_ahead_off_a_warm_instance_claims_only_into_a_free_slot() {
     let h = Arc::new(Harness::start().await);
     let (worker, current, max, release) = gauge_worker(&h, 0, true);
-    h.create("gauge", 0).await;
-    let warm_up = h.invoke(&worker, LONG).await;
-    assert_eq!(warm_up.count(Outcome::Completed), 1, "{warm_up:?}");
-    release.store(false, Ordering::SeqCst);
+    warm_up_gauge(&h, &worker, &release).await;
     claims_only_into_free_slots(&h, &worker, (&current, &max, &release)).await;
 }
 
@@ -215,13 +226,7 @@ async fn with_claim_ahead_off_a_warm_instance_claims_only_into_a_free_slot() {
 async fn a_warm_instance_claims_one_run_ahead_under_its_lease_and_never_exceeds_concurrency() {
     let h = Arc::new(Harness::start().await);
     let (worker, current, max, release) = gauge_worker(&h, 1, true);
-    // A first invocation completes a run: the instance now knows its pace, and a claim is a
-    // large share of a gauge run (a few API requests).
-    h.create("gauge", 0).await;
-    let warm_up = h.invoke(&worker, LONG).await;
-    assert_eq!(warm_up.count(Outcome::Completed), 1, "{warm_up:?}");
-
-    release.store(false, Ordering::SeqCst);
+    warm_up_gauge(&h, &worker, &release).await;
     let ids: Vec<_> = futures_join(&h, 4).await;
     let invocation = {
         let (h, worker) = (h.clone(), worker.clone());
