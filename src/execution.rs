@@ -68,17 +68,20 @@ pub struct RunReport {
     pub workflow: String,
     /// How it ended in this invocation.
     pub outcome: Outcome,
-    /// Time it executed in this invocation, in milliseconds (0 when it never started).
-    pub duration_ms: u64,
+    /// Time it executed in this invocation (zero when it never started). In the summary as
+    /// `duration_ms`, whole milliseconds.
+    #[serde(rename = "duration_ms", serialize_with = "whole_millis")]
+    pub executed: Duration,
     /// The error, for every outcome but Completed and a clean HandedBack.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
     /// The run's attempt counter when claimed (`retry_count`), part of the failure id.
     #[serde(skip)]
     pub retry_count: u32,
-    /// Time it executed in this invocation, unrounded (for claim-ahead's pace).
-    #[serde(skip)]
-    pub executed: Duration,
+}
+
+fn whole_millis<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_u64(u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
 impl RunReport {
@@ -90,10 +93,9 @@ impl RunReport {
             run_id: run.id,
             workflow: run.workflow_name.clone(),
             outcome,
-            duration_ms: 0,
+            executed: Duration::ZERO,
             error,
             retry_count: run.retry_count,
-            executed: Duration::ZERO,
         }
     }
 }
@@ -166,10 +168,9 @@ async fn execute_in_span(p: ExecutionParams, run: Run, refresher: LeaseRefresher
         run_id: run.id,
         workflow: run.workflow_name.clone(),
         outcome,
-        duration_ms: u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
+        executed: started.elapsed(),
         error,
         retry_count: run.retry_count,
-        executed: started.elapsed(),
     };
 
     let attempt_start = attempt_started_at(&p.engine, &run, claimed_at).await;
@@ -301,5 +302,25 @@ fn panic_message(payload: Box<dyn Any + Send>) -> String {
         s.clone()
     } else {
         "non-string panic payload".to_string()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_summary_shows_the_execution_time_as_whole_milliseconds() {
+        let report = RunReport {
+            run_id: Uuid::nil(),
+            workflow: "wf".into(),
+            outcome: Outcome::Completed,
+            executed: Duration::from_micros(1_999),
+            error: None,
+            retry_count: 0,
+        };
+        let json = serde_json::to_value(&report).unwrap();
+        assert_eq!(json["duration_ms"], 1);
+        assert!(json.get("executed").is_none() && json.get("retry_count").is_none());
     }
 }

@@ -278,10 +278,9 @@ mod tests {
             run_id: Uuid::new_v4(),
             workflow: workflow.into(),
             outcome,
-            duration_ms: 1,
+            executed: Duration::from_millis(1),
             error: None,
             retry_count: 0,
-            executed: Duration::from_millis(1),
         }
     }
 
