@@ -217,16 +217,17 @@ async fn run_in_span(
                     match answer {
                         Ok(Some(run)) => {
                             worker.pace.record_claim(sent.elapsed());
-                            order.push(run.id);
-                            info!(run_id = %run.id, workflow = %run.workflow_name, "claimed run");
-                            poison.on_claim(&run).await;
-                            first.push_back(Claimed::new(
-                                &worker.engine,
+                            let claimed = take_claimed(
+                                worker,
                                 run,
+                                false,
+                                &mut order,
+                                &mut poison,
                                 &lease,
-                                s.lease_refresh_interval,
-                                budget.cutoff(),
-                            ));
+                                params.cutoff,
+                            )
+                            .await;
+                            first.push_back(claimed);
                         }
                         Ok(None) => {
                             worker.pace.record_claim(sent.elapsed());
@@ -292,17 +293,17 @@ async fn run_in_span(
                         break StopReason::ClaimError;
                     }
                 };
-                order.push(run.id);
                 let ahead = slot.is_none();
-                info!(run_id = %run.id, workflow = %run.workflow_name, ahead, "claimed run");
-                poison.on_claim(&run).await;
-                let claimed = Claimed::new(
-                    &worker.engine,
+                let claimed = take_claimed(
+                    worker,
                     run,
+                    ahead,
+                    &mut order,
+                    &mut poison,
                     &lease,
-                    s.lease_refresh_interval,
-                    budget.cutoff(),
-                );
+                    params.cutoff,
+                )
+                .await;
                 match slot {
                     Some(slot) => Some((claimed, slot)),
                     None => {
@@ -559,6 +560,25 @@ async fn release(
             RunReport::not_executed(run, Outcome::Released, Some(e))
         }
     }
+}
+
+/// Take in a run just claimed (`ahead`: while every slot was busy): listed in claim order, its
+/// recovery from a dead invocation counted by the poison-pill gate, its lease refresher
+/// started (every interval, until the cutoff).
+async fn take_claimed(
+    worker: &LambdaWorker,
+    run: Run,
+    ahead: bool,
+    order: &mut Vec<Uuid>,
+    poison: &mut PoisonGate,
+    lease: &LeaseRequest,
+    cutoff: Instant,
+) -> Claimed {
+    order.push(run.id);
+    info!(run_id = %run.id, workflow = %run.workflow_name, ahead, "claimed run");
+    poison.on_claim(&run).await;
+    let interval = worker.settings.lease_refresh_interval;
+    Claimed::new(&worker.engine, run, lease, interval, cutoff)
 }
 
 /// Wait until an execution ends and settle it; `false` if the claim window closed first.
