@@ -213,10 +213,11 @@ async fn run_in_span(
         match timeout_at(window_end, join_all(claims)).await {
             Err(_) => first_stop = Some(StopReason::Cutoff),
             Ok(answers) => {
+                let round_trip = sent.elapsed();
                 for answer in answers {
                     match answer {
                         Ok(Some(run)) => {
-                            worker.pace.record_claim(sent.elapsed());
+                            worker.pace.record_claim(round_trip);
                             let claimed = take_claimed(
                                 worker,
                                 run,
@@ -230,7 +231,7 @@ async fn run_in_span(
                             first.push_back(claimed);
                         }
                         Ok(None) => {
-                            worker.pace.record_claim(sent.elapsed());
+                            worker.pace.record_claim(round_trip);
                             first_stop.get_or_insert(StopReason::NoPendingRun);
                         }
                         Err(e) => {
