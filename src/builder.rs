@@ -240,7 +240,8 @@ impl LambdaWorkerBuilder {
 
     /// Claim one run ahead of a free slot while, on this instance, a claim's round trip is at
     /// least `percent` % of a run's execution time (see [`crate::claim_ahead`]). Default 20;
-    /// 0 never claims ahead, as the reference worker.
+    /// 0 claims as the reference worker: one claim at a time, each into a free slot (no claim
+    /// ahead, no first claims sent together).
     pub fn claim_ahead_percent(mut self, percent: u32) -> Self {
         self.settings.claim_ahead_percent = percent;
         self

@@ -14,7 +14,7 @@
 //! | `IRONFLOW_RUN_TIMEOUT_SECS` | a run attempt's limit, counted from its first start | 1800 |
 //! | `IRONFLOW_DEADLINE_MARGIN_MS` | time kept free before the invocation deadline | 10000 |
 //! | `IRONFLOW_MIN_CLAIM_BUDGET_MS` | no claim with less time than this before the cutoff | 2000 |
-//! | `IRONFLOW_CLAIM_AHEAD_PERCENT` | claim one run ahead of a free slot while a claim's round trip is at least this % of a run's execution time ([`crate::claim_ahead`]); `0`: never | 20 |
+//! | `IRONFLOW_CLAIM_AHEAD_PERCENT` | claim one run ahead of a free slot while a claim's round trip is at least this % of a run's execution time ([`crate::claim_ahead`]); `0`: one claim at a time, into a free slot | 20 |
 //! | `IRONFLOW_FUNCTION_TIMEOUT_SECS` | the function's configured timeout | 900 |
 //! | `IRONFLOW_LEASE_TTL_SECS` | lease TTL requested on claim and refresh | 90 |
 //! | `IRONFLOW_LEASE_REFRESH_INTERVAL_SECS` | lease refresh interval | 30 |
@@ -140,7 +140,7 @@ pub struct Settings {
     pub min_claim_budget: Duration,
     /// One run is claimed ahead of a free slot while, on this instance, a claim's round trip
     /// is at least this percentage of a run's execution time (`IRONFLOW_CLAIM_AHEAD_PERCENT`);
-    /// 0 never claims ahead.
+    /// 0 claims one at a time, each into a free slot (no first claims sent together either).
     pub claim_ahead_percent: u32,
     /// The function's configured timeout; the margin must be below it.
     pub function_timeout: Duration,
