@@ -28,27 +28,25 @@ async fn main() -> Result<(), Error> {
     let namespace =
         std::env::var("IRONFLOW_METRICS_NAMESPACE").unwrap_or_else(|_| "ironflow-lambda".into());
     let collector = metrics::install(&namespace, &function);
-    lambda_runtime::run(service_fn(move |event: LambdaEvent<Value>| {
-        let worker = worker.clone();
-        async move {
-            // In a task on the worker threads, beside the runs (see `in_worker_task`).
-            let response =
-                handler::in_worker_task(async move { handler::handle(&worker, event).await }).await;
-            // The metrics document goes out before the response: the process may be frozen
-            // right after it.
-            if let Some(collector) = collector {
-                metrics::flush(collector, std::io::stdout().lock());
+    // The runtime loop itself runs in a task on the worker threads, beside the runs its
+    // invocations execute (see `in_worker_task`).
+    handler::in_worker_task(lambda_runtime::run(service_fn(
+        move |event: LambdaEvent<Value>| {
+            let worker = worker.clone();
+            async move {
+                let response = handler::handle(&worker, event).await;
+                // The metrics document goes out before the response: the process may be
+                // frozen right after it.
+                if let Some(collector) = collector {
+                    metrics::flush(collector, std::io::stdout().lock());
+                }
+                response
             }
-            response
-        }
-    }))
+        },
+    )))
     .await
 }
 
-/// Settings from the environment (the worker token from Secrets Manager when only
-/// IRONFLOW_WORKER_TOKEN_SECRET_ARN is set), the example workflows, the default provider, the
-/// poison-pill table, and wake-ups when `IRONFLOW_WAKE_QUEUE_URL` is set (the AWS clients
-/// honour `AWS_ENDPOINT_URL`).
 async fn build_worker() -> Result<LambdaWorker, BuildError> {
     // Region, credentials and endpoint from the Lambda environment: loaded once, for Secrets
     // Manager, the poison-pill table and the wake-up queue.

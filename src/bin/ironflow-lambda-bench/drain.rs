@@ -300,8 +300,8 @@ pub async fn drain(
 }
 
 /// One invocation of ours through the Lambda handler, with a deadline `invocation` from now,
-/// in a task on the runtime's worker threads as the deployed function runs it
-/// (`handler::in_worker_task`).
+/// awaited where it is called: the bench runs in a task on the worker threads, as the deployed
+/// function runs its Lambda runtime loop (`handler::in_worker_task`).
 pub async fn invoke(
     worker: &Arc<LambdaWorker>,
     n: usize,
@@ -318,11 +318,8 @@ pub async fn invoke_with(
     worker: &Arc<LambdaWorker>,
     context: Context,
 ) -> Result<InvocationSummary, BenchError> {
-    let worker = worker.clone();
     let event = LambdaEvent::new(serde_json::json!({}), context);
-    let summary =
-        handler::in_worker_task(async move { handler::handle_summary(&worker, event).await }).await;
-    Ok(summary?)
+    Ok(handler::handle_summary(worker, event).await?)
 }
 
 /// When the watcher saw the first run claimed, and every run terminal.

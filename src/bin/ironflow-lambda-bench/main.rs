@@ -29,6 +29,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use drain::{DrainResult, DrainSettings, Which, Workload};
+use ironflow_lambda::handler;
 use latency::DeadlineSettings;
 
 /// Anything that stops the bench, with what it was doing.
@@ -167,7 +168,9 @@ async fn main() -> ExitCode {
         eprintln!("interrupted");
         std::process::exit(130);
     });
-    match run(options).await {
+    // In a task on the worker threads, as the deployed function runs its Lambda runtime loop
+    // (`handler::in_worker_task`): our invocations are awaited from there.
+    match handler::in_worker_task(run(options)).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e}");

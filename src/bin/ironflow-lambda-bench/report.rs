@@ -327,8 +327,9 @@ pub fn render(o: &Options, m: &Machine, r: &Results) -> String {
          until a watcher polling the API's store every 1 ms sees all K runs terminal; \
          \"from first claim\" starts instead when the watcher first sees a run claimed, \
          leaving out what a worker does before its first claim. Ours: \
-         invocations back to back through `handler::handle_summary` (the Lambda code path) \
-         in `handler::in_worker_task`, as the deployed function runs them, \
+         invocations back to back through `handler::handle_summary` (the Lambda code path), \
+         awaited one after the other from a task on the worker threads, as the deployed \
+         function's Lambda runtime loop runs them (`handler::in_worker_task`), \
          each claiming at most N = {} runs with a deadline {} s away. Rounds alternate who goes \
          first.\n",
         s.runs,
