@@ -113,27 +113,49 @@ pub enum Which {
     /// One invocation of ours claiming all K runs: the same per-run path without invocation
     /// boundaries, to tell the two costs apart.
     OursOneInvocation,
+    /// Our invocations back to back with [`LARGER_BATCH`] × N runs each: a quarter of the
+    /// boundaries, to show what a larger `IRONFLOW_MAX_RUNS_PER_INVOCATION` buys.
+    OursLargerBatch,
 }
+
+/// How many times N the larger-batch row claims per invocation: 4.
+pub const LARGER_BATCH: usize = 4;
 
 impl Which {
     /// Every worker, in the order of a round (reversed every other round).
-    pub const ALL: [Which; 4] = [
+    pub const ALL: [Which; 5] = [
         Which::Reference,
         Which::Ours,
         Which::OursNoClaimAhead,
         Which::OursOneInvocation,
+        Which::OursLargerBatch,
     ];
 
-    pub fn name(self) -> &'static str {
+    /// The row's name in the report.
+    pub fn name(self, s: &DrainSettings) -> String {
         match self {
-            Which::Reference => "reference `ironflow_worker::Worker`",
-            Which::Ours => "ironflow-lambda (invocations back to back)",
-            Which::OursNoClaimAhead => {
-                "ironflow-lambda, claim-ahead off: one claim at a time, into a free slot (diagnostic)"
-            }
+            Which::Reference => "reference `ironflow_worker::Worker`".to_string(),
+            Which::Ours => "ironflow-lambda (invocations back to back)".to_string(),
+            Which::OursNoClaimAhead => "ironflow-lambda, claim-ahead off: one claim at a time, \
+                 into a free slot (diagnostic)"
+                .to_string(),
             Which::OursOneInvocation => {
-                "ironflow-lambda, one invocation claiming all K (diagnostic)"
+                "ironflow-lambda, one invocation claiming all K (diagnostic)".to_string()
             }
+            Which::OursLargerBatch => format!(
+                "ironflow-lambda, N = {} per invocation (diagnostic)",
+                self.max_runs(s)
+            ),
+        }
+    }
+
+    /// Runs one invocation of ours claims at most in this row (0 for the reference).
+    pub fn max_runs(self, s: &DrainSettings) -> usize {
+        match self {
+            Which::Reference => 0,
+            Which::Ours | Which::OursNoClaimAhead => s.max_runs,
+            Which::OursOneInvocation => s.runs,
+            Which::OursLargerBatch => s.max_runs * LARGER_BATCH,
         }
     }
 }
@@ -225,12 +247,11 @@ pub async fn drain(
             let _ = task.await;
             (done, start, 0)
         }
-        Which::Ours | Which::OursNoClaimAhead | Which::OursOneInvocation => {
-            let max_runs = if which == Which::OursOneInvocation {
-                s.runs
-            } else {
-                s.max_runs
-            };
+        Which::Ours
+        | Which::OursNoClaimAhead
+        | Which::OursOneInvocation
+        | Which::OursLargerBatch => {
+            let max_runs = which.max_runs(s);
             let claim_ahead_percent = if which == Which::OursNoClaimAhead {
                 0
             } else {

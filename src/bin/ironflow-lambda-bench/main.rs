@@ -28,7 +28,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use drain::{DrainResult, DrainSettings, Which, Workload};
+use drain::{DrainResult, DrainSettings, LARGER_BATCH, Which, Workload};
 use ironflow_lambda::handler;
 use latency::DeadlineSettings;
 
@@ -267,18 +267,21 @@ fn print_drain_medians(drains: &BTreeMap<(Workload, Which), Vec<DrainResult>>) {
     };
     for w in Workload::ALL {
         let reference = median_s(w, Which::Reference);
-        let (ours, without, one) = (
+        let (ours, without, one, larger) = (
             median_s(w, Which::Ours),
             median_s(w, Which::OursNoClaimAhead),
             median_s(w, Which::OursOneInvocation),
+            median_s(w, Which::OursLargerBatch),
         );
         println!(
             "{:<14} reference {reference:.3} s  ours {ours:.3} s ({:.2})  without claim-ahead \
-             {without:.3} s ({:.2})  ours in one invocation {one:.3} s ({:.2})",
+             {without:.3} s ({:.2})  ours in one invocation {one:.3} s ({:.2})  ours with \
+             {LARGER_BATCH} × N {larger:.3} s ({:.2})",
             w.name(),
             ours / reference,
             without / reference,
-            one / reference
+            one / reference,
+            larger / reference
         );
     }
 }
