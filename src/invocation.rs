@@ -477,8 +477,6 @@ async fn settle(
     poison: &mut PoisonGate,
     reports: &mut HashMap<Uuid, RunReport>,
 ) {
-    // Its lines are all queued: the log pump sends them while the next runs execute.
-    worker.logs.run_ended();
     // `execute` catches the handler's panics itself; a JoinError here is a bug of ours.
     let (report, _slot) = match joined {
         Ok(done) => done,

@@ -99,6 +99,60 @@ async fn step_logs_reach_the_api_before_the_handler_returns_even_for_a_handed_ba
     assert_eq!(summary.logs.dropped, 0);
 }
 
+#[tokio::test]
+async fn a_steps_lines_reach_the_api_while_its_run_still_executes() {
+    let h = Harness::start().await;
+    let go = h.path("go");
+    let cmd = format!(
+        "echo early; while [ ! -f '{}' ]; do sleep 0.02; done; echo late",
+        go.display()
+    );
+    let worker = Arc::new(
+        h.builder()
+            .register(ShellWorkflow::one("live", &cmd))
+            .build()
+            .unwrap(),
+    );
+    let id = h.create("live", 0).await;
+    let stdout = |store: Arc<dyn ironflow_store::store::Store>| async move {
+        let filter = LogFilter {
+            step_id: None,
+            stream: Some(LogStream::Stdout),
+        };
+        let lines = store.get_logs(id, filter, None, 10).await.unwrap();
+        lines.into_iter().map(|l| l.line).collect::<Vec<_>>()
+    };
+
+    let invocation = tokio::spawn({
+        let (worker, deadline) = (worker.clone(), common::deadline_in(LONG));
+        async move {
+            let mut context = lambda_runtime::Context::default();
+            context.request_id = "live".into();
+            context.deadline = deadline;
+            let event = lambda_runtime::LambdaEvent::new(serde_json::json!({}), context);
+            ironflow_lambda::handler::handle_summary(&worker, event).await
+        }
+    });
+    // The step waits for `go`, which only this test creates once it has seen the first line.
+    let store = h.api.store().clone();
+    common::wait_until("the first line is in the API", LONG, || {
+        let store = store.clone();
+        async move { stdout(store).await == ["early"] }
+    })
+    .await;
+    assert_eq!(
+        h.status(id).await,
+        RunStatus::Running,
+        "pushed while it runs"
+    );
+    std::fs::write(&go, "").unwrap();
+
+    let summary = invocation.await.unwrap().unwrap();
+    assert_eq!(summary.runs[0].outcome, Outcome::Completed, "{summary:?}");
+    assert_eq!(stdout(store).await, ["early", "late"]);
+    assert_eq!(summary.logs.sent, 2);
+}
+
 /// Uploads a report, then reads it back as a later step's input.
 struct Reports {
     dir: std::path::PathBuf,

@@ -2,22 +2,22 @@
 //! `POST /api/v1/internal/runs/{id}/logs`.
 //!
 //! Lines are grouped by run, step and stream, in order, and sent in batches of at most
-//! [`MAX_LINES_PER_CALL`] (the API's limit). During an invocation a pump flushes every
-//! [`FLUSH_INTERVAL`], and at once when a run's execution ends ([`LogForwarder::run_ended`]):
-//! a finished run's lines go out while the next runs execute, not all together at the end of
-//! the invocation, where the next invocation would wait for them. At the end of the
-//! invocation, after every execution has stopped, a last flush sends everything left, a
-//! handed-back run's partial output included. Nothing is sent after the handler returns.
+//! [`MAX_LINES_PER_CALL`] (the API's limit). During an invocation a pump pushes lines as they
+//! come ([`LogForwarder::pump`]), as the reference worker's log pusher does: a step's lines
+//! reach the API while its run goes on, and a run's last lines are mostly out by the time it
+//! ends, not left for the end of the invocation, where the next invocation would wait for
+//! them. At the end of the invocation, after every execution has stopped, a last flush sends
+//! everything left, a handed-back run's partial output included. Nothing is sent after the
+//! handler returns.
 
 use std::collections::HashMap;
-use std::time::Duration;
 
 use futures_util::StreamExt;
 
 use ironflow_engine::log_sender::{LogLine, LogReceiver};
 use ironflow_store::entities::LogStream;
 use serde::Serialize;
-use tokio::sync::{Mutex, Notify};
+use tokio::sync::Mutex;
 use tokio::time::{Instant, timeout_at};
 use tokio_util::sync::CancellationToken;
 use tracing::warn;
@@ -29,8 +29,6 @@ use super::{ApiClient, CALL_TIMEOUT};
 pub const MAX_LINES_PER_CALL: usize = 1000;
 /// Runs whose lines one flush pushes at once: 8 (each run's calls stay in order).
 pub const PARALLEL_PUSHES: usize = 8;
-/// How often the pump flushes during an invocation: 500 ms.
-pub const FLUSH_INTERVAL: Duration = Duration::from_millis(500);
 
 /// What one flush did.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -55,8 +53,6 @@ impl std::ops::AddAssign for FlushReport {
 pub struct LogForwarder {
     client: ApiClient,
     receiver: Mutex<LogReceiver>,
-    /// Set by [`LogForwarder::run_ended`]; the pump flushes when it is.
-    run_ended: Notify,
 }
 
 #[derive(Serialize)]
@@ -73,28 +69,32 @@ impl LogForwarder {
         Self {
             client,
             receiver: Mutex::new(receiver),
-            run_ended: Notify::new(),
         }
     }
 
-    /// Tell the pump that a run's execution ended: every line it printed is queued, so the
-    /// pump flushes now rather than at its next [`FLUSH_INTERVAL`]. Calls that come while a
-    /// flush is under way make one more flush after it.
-    pub fn run_ended(&self) {
-        self.run_ended.notify_one();
-    }
-
-    /// Flush every [`FLUSH_INTERVAL`], and after every [`LogForwarder::run_ended`], until
-    /// `stop` is cancelled, then return what was sent. Each flush is bounded by `until`.
-    /// Flushes run one after the other, so each run's lines keep their order.
+    /// Push lines as they come until `stop` is cancelled, then return what was sent: wait for
+    /// a line, take it and every line queued behind it, push them (each call bounded by
+    /// `until`), and wait again. Lines printed during a push go out with the next one, so a
+    /// chatty step makes at most one push at a time. Pushes run one after the other, so each
+    /// run's lines keep their order.
     pub async fn pump(&self, stop: CancellationToken, until: Instant) -> FlushReport {
         let mut total = FlushReport::default();
         loop {
-            tokio::select! {
-                () = stop.cancelled() => return total,
-                () = self.run_ended.notified() => total += self.flush(until).await,
-                () = tokio::time::sleep(FLUSH_INTERVAL) => total += self.flush(until).await,
-            }
+            let lines = {
+                let mut receiver = self.receiver.lock().await;
+                let first = tokio::select! {
+                    () = stop.cancelled() => return total,
+                    line = receiver.recv() => line,
+                };
+                // None: the engine is gone, nothing more will come.
+                let Some(first) = first else { return total };
+                let mut lines = vec![first];
+                while let Ok(line) = receiver.try_recv() {
+                    lines.push(line);
+                }
+                lines
+            };
+            total += self.push_all(lines, until).await;
         }
     }
 
@@ -108,9 +108,11 @@ impl LogForwarder {
             }
             lines
         };
-        // Runs go out concurrently, each run's batches in order: at the end of an invocation
-        // this flush holds every line of the batch's runs (one call per step at least), and
-        // sent one by one they kept the invocation from returning.
+        self.push_all(lines, until).await
+    }
+
+    /// Push `lines`: runs concurrently, each run's batches in order.
+    async fn push_all(&self, lines: Vec<LogLine>, until: Instant) -> FlushReport {
         futures_util::stream::iter(in_order_by_run(group(lines)))
             .map(|batches| self.push_in_order(batches, until))
             .buffer_unordered(PARALLEL_PUSHES)
