@@ -101,7 +101,7 @@ async fn step_logs_reach_the_api_before_the_handler_returns_even_for_a_handed_ba
 
 #[tokio::test]
 async fn a_steps_lines_reach_the_api_while_its_run_still_executes() {
-    let h = Harness::start().await;
+    let h = Arc::new(Harness::start().await);
     let go = h.path("go");
     let cmd = format!(
         "echo early; while [ ! -f '{}' ]; do sleep 0.02; done; echo late",
@@ -114,15 +114,6 @@ async fn a_steps_lines_reach_the_api_while_its_run_still_executes() {
             .unwrap(),
     );
     let id = h.create("live", 0).await;
-    let stdout = |store: Arc<dyn ironflow_store::store::Store>| async move {
-        let filter = LogFilter {
-            step_id: None,
-            stream: Some(LogStream::Stdout),
-        };
-        let lines = store.get_logs(id, filter, None, 10).await.unwrap();
-        lines.into_iter().map(|l| l.line).collect::<Vec<_>>()
-    };
-
     let invocation = tokio::spawn({
         let (worker, deadline) = (worker.clone(), common::deadline_in(LONG));
         async move {
@@ -134,10 +125,9 @@ async fn a_steps_lines_reach_the_api_while_its_run_still_executes() {
         }
     });
     // The step waits for `go`, which only this test creates once it has seen the first line.
-    let store = h.api.store().clone();
     common::wait_until("the first line is in the API", LONG, || {
-        let store = store.clone();
-        async move { stdout(store).await == ["early"] }
+        let h = h.clone();
+        async move { stdout_of(&h, id).await == ["early"] }
     })
     .await;
     assert_eq!(
@@ -149,8 +139,72 @@ async fn a_steps_lines_reach_the_api_while_its_run_still_executes() {
 
     let summary = invocation.await.unwrap().unwrap();
     assert_eq!(summary.runs[0].outcome, Outcome::Completed, "{summary:?}");
-    assert_eq!(stdout(store).await, ["early", "late"]);
+    assert_eq!(stdout_of(&h, id).await, ["early", "late"]);
     assert_eq!(summary.logs.sent, 2);
+}
+
+#[tokio::test]
+async fn an_invocation_returns_while_another_on_the_same_worker_still_waits_for_lines() {
+    let h = Arc::new(Harness::start().await);
+    let go = h.path("go");
+    let waits = format!(
+        "echo waiting; while [ ! -f '{}' ]; do sleep 0.02; done",
+        go.display()
+    );
+    let worker = Arc::new(
+        h.builder()
+            .register(ShellWorkflow::one("waits", &waits))
+            .register(ShellWorkflow::one("quick", "echo quick"))
+            .build()
+            .unwrap(),
+    );
+    let one_run = serde_json::json!({"max_runs": 1});
+    let slow = h.create("waits", 0).await;
+    let first = {
+        let (h, worker, event) = (h.clone(), worker.clone(), one_run.clone());
+        tokio::spawn(async move {
+            h.invoke_event(&worker, event, common::deadline_in(LONG))
+                .await
+        })
+    };
+    // Its line pushed, the first invocation's pump waits for more.
+    common::wait_until("the waiting run's line is in the API", LONG, || {
+        let h = h.clone();
+        async move { stdout_of(&h, slow).await == ["waiting"] }
+    })
+    .await;
+
+    let quick = h.create("quick", 0).await;
+    let second = tokio::time::timeout(
+        LONG,
+        h.invoke_event(&worker, one_run, common::deadline_in(LONG)),
+    )
+    .await
+    .expect("the second invocation returns while the first still runs")
+    .unwrap();
+    assert_eq!(second.runs[0].run_id, quick);
+    assert_eq!(second.runs[0].outcome, Outcome::Completed, "{second:?}");
+    assert_eq!(stdout_of(&h, quick).await, ["quick"]);
+    assert_eq!(h.status(slow).await, RunStatus::Running);
+
+    std::fs::write(&go, "").unwrap();
+    let first = first.await.unwrap().unwrap();
+    assert_eq!(first.runs[0].outcome, Outcome::Completed, "{first:?}");
+}
+
+/// The stdout lines of `run` in the API, in order.
+async fn stdout_of(h: &Harness, run: uuid::Uuid) -> Vec<String> {
+    let filter = LogFilter {
+        step_id: None,
+        stream: Some(LogStream::Stdout),
+    };
+    let lines = h
+        .api
+        .store()
+        .get_logs(run, filter, None, 100)
+        .await
+        .unwrap();
+    lines.into_iter().map(|l| l.line).collect()
 }
 
 /// Uploads a report, then reads it back as a later step's input.
