@@ -103,10 +103,7 @@ async fn step_logs_reach_the_api_before_the_handler_returns_even_for_a_handed_ba
 async fn a_steps_lines_reach_the_api_while_its_run_still_executes() {
     let h = Arc::new(Harness::start().await);
     let go = h.path("go");
-    let cmd = format!(
-        "echo early; while [ ! -f '{}' ]; do sleep 0.02; done; echo late",
-        go.display()
-    );
+    let cmd = until_file(&go, "echo early", "echo late");
     let worker = Arc::new(
         h.builder()
             .register(ShellWorkflow::one("live", &cmd))
@@ -114,16 +111,10 @@ async fn a_steps_lines_reach_the_api_while_its_run_still_executes() {
             .unwrap(),
     );
     let id = h.create("live", 0).await;
-    let invocation = tokio::spawn({
-        let (worker, deadline) = (worker.clone(), common::deadline_in(LONG));
-        async move {
-            let mut context = lambda_runtime::Context::default();
-            context.request_id = "live".into();
-            context.deadline = deadline;
-            let event = lambda_runtime::LambdaEvent::new(serde_json::json!({}), context);
-            ironflow_lambda::handler::handle_summary(&worker, event).await
-        }
-    });
+    let invocation = {
+        let (h, worker) = (h.clone(), worker.clone());
+        tokio::spawn(async move { h.invoke(&worker, LONG).await })
+    };
     // The step waits for `go`, which only this test creates once it has seen the first line.
     common::wait_until("the first line is in the API", LONG, || {
         let h = h.clone();
@@ -137,7 +128,7 @@ async fn a_steps_lines_reach_the_api_while_its_run_still_executes() {
     );
     std::fs::write(&go, "").unwrap();
 
-    let summary = invocation.await.unwrap().unwrap();
+    let summary = invocation.await.unwrap();
     assert_eq!(summary.runs[0].outcome, Outcome::Completed, "{summary:?}");
     assert_eq!(stdout_of(&h, id).await, ["early", "late"]);
     assert_eq!(summary.logs.sent, 2);
@@ -147,10 +138,7 @@ async fn a_steps_lines_reach_the_api_while_its_run_still_executes() {
 async fn an_invocation_returns_while_another_on_the_same_worker_still_waits_for_lines() {
     let h = Arc::new(Harness::start().await);
     let go = h.path("go");
-    let waits = format!(
-        "echo waiting; while [ ! -f '{}' ]; do sleep 0.02; done",
-        go.display()
-    );
+    let waits = until_file(&go, "echo waiting", "true");
     let worker = Arc::new(
         h.builder()
             .register(ShellWorkflow::one("waits", &waits))
@@ -190,6 +178,14 @@ async fn an_invocation_returns_while_another_on_the_same_worker_still_waits_for_
     std::fs::write(&go, "").unwrap();
     let first = first.await.unwrap().unwrap();
     assert_eq!(first.runs[0].outcome, Outcome::Completed, "{first:?}");
+}
+
+/// A shell command: `first`, then wait until the test creates `go`, then `last`.
+fn until_file(go: &std::path::Path, first: &str, last: &str) -> String {
+    format!(
+        "{first}; while [ ! -f '{}' ]; do sleep 0.02; done; {last}",
+        go.display()
+    )
 }
 
 /// The stdout lines of `run` in the API, in order.
