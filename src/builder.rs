@@ -462,6 +462,7 @@ impl LambdaWorkerBuilder {
             api,
             wake: self.waker,
             settings: s,
+            one_at_a_time: tokio::sync::Mutex::new(()),
         })
     }
 }
@@ -564,6 +565,11 @@ fn registered_workflows(engine: &Engine) -> Option<Vec<String>> {
 }
 
 /// The worker built once per cold start and shared by every invocation of the instance.
+///
+/// It runs one invocation at a time, as Lambda sends an execution environment one event at a
+/// time: a second call of [`crate::handler::handle`] on the same worker waits until the first
+/// returns (its deadline running meanwhile). Its slots, claim pace, pooled connections and
+/// step-log channel belong to the invocation under way.
 pub struct LambdaWorker {
     pub(crate) engine: Arc<Engine>,
     pub(crate) capabilities: WorkerCapabilities,
@@ -575,6 +581,8 @@ pub struct LambdaWorker {
     pub(crate) api: ApiClient,
     pub(crate) wake: Option<Waker>,
     pub(crate) settings: Settings,
+    /// Held by the invocation under way ([`crate::invocation::run`]).
+    pub(crate) one_at_a_time: tokio::sync::Mutex<()>,
 }
 
 impl LambdaWorker {

@@ -2,7 +2,7 @@
 //! next invocation through ironflow's replay (completed steps are served from the store, the
 //! interrupted step runs again).
 //!
-//! By the time [`hand_back`] is called the lease refresher has stopped and the execution has
+//! By the time `hand_back` is called the lease refresher has stopped and the execution has
 //! been dropped. Then, in order:
 //! 1. confirm the lease is still this invocation's (`renew_lease`); if not, write nothing;
 //! 2. the loop guard: a run that made no progress (no step completed in this invocation) for

@@ -260,7 +260,8 @@ pub fn could_not_run(summary: &InvocationSummary) -> Option<String> {
 
 /// Run `future` in a task of its own on the runtime's worker threads, and return its output.
 /// The deployed function runs its whole Lambda runtime loop (`lambda_runtime::run`, which
-/// awaits [`handle`] for each event) in it.
+/// awaits [`handle`] for each event) in it; `ironflow-lambda-bench` awaits its invocations
+/// from it likewise.
 ///
 /// `#[tokio::main]` awaits its body in `block_on`, on the main thread, outside the worker
 /// threads that execute the runs. A claim loop awaited there hops to another thread at every
@@ -268,15 +269,17 @@ pub fn could_not_run(summary: &InvocationSummary) -> Option<String> {
 /// claim; spawning each invocation instead still costs two hops per invocation, its spawn and
 /// the runtime loop's wake-up when it ends, between one invocation's last run and the next
 /// one's first claim. With the runtime loop in this task, the loop, its invocations and their
-/// runs share the worker threads, as the reference worker's loop does.
-/// (`ironflow-lambda-bench`, no-op runs at C = 2, N = 8: 300 runs took 0.161 s with the claim
-/// loop on the main thread, 0.123 s with each invocation spawned; with the runtime loop
-/// spawned, the time from an invocation's end to the next one's start fell from about 110 µs
-/// to about 40 µs, and 500 runs from 0.167 s to 0.158 s.)
+/// runs share the worker threads. (`ironflow-lambda-bench`, no-op runs at C = 2, N = 8, its
+/// own loop standing in for `lambda_runtime`'s: 300 runs took 0.161 s with the claim loop on
+/// the main thread, 0.123 s with each invocation spawned; with the whole loop spawned, the
+/// time from an invocation's end to the next one's start fell from about 110 µs to about
+/// 40 µs, and 500 runs from 0.167 s to 0.158 s.)
 ///
-/// Same output as awaiting `future` directly: a panic in it is resumed here, and dropping
-/// this future aborts the task, so nothing outlives it. The task is never cancelled
-/// otherwise, short of the runtime shutting down, which is reported as a panic.
+/// Same output as awaiting `future` directly: a panic in it is resumed here. Dropping this
+/// future aborts the task at its next await; what the task spawned is its own to stop (an
+/// invocation stops everything it starts before it returns, see [`crate::invocation`]). The
+/// task is never cancelled otherwise, short of the runtime shutting down, which is reported
+/// as a panic.
 pub async fn in_worker_task<T, F>(future: F) -> T
 where
     F: std::future::Future<Output = T> + Send + 'static,
@@ -293,7 +296,7 @@ where
         Ok(output) => output,
         Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
         Err(e) => std::panic::resume_unwind(Box::new(format!(
-            "the invocation task was cancelled (the runtime is shutting down): {e}"
+            "the task was cancelled (the runtime is shutting down): {e}"
         ))),
     }
 }

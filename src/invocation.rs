@@ -145,6 +145,9 @@ async fn run_in_span(
     budget: Budget,
     request: &BatchRequest,
 ) -> InvocationSummary {
+    // One invocation at a time per worker (see LambdaWorker): what follows owns its slots,
+    // pace and step-log channel.
+    let _one_at_a_time = worker.one_at_a_time.lock().await;
     let s = &worker.settings;
     let guard = InvocationGuard::enter();
     let max_runs = request

@@ -22,10 +22,14 @@
 //!         .register(ironflow_lambda::workflows::QuickShell)
 //!         .build()?,
 //! );
-//! lambda_runtime::run(service_fn(move |event: LambdaEvent<serde_json::Value>| {
-//!     let worker = worker.clone();
-//!     async move { ironflow_lambda::handler::handle(&worker, event).await }
-//! }))
+//! // The runtime loop in a task on the worker threads, beside the runs (see
+//! // `handler::in_worker_task`).
+//! ironflow_lambda::handler::in_worker_task(lambda_runtime::run(service_fn(
+//!     move |event: LambdaEvent<serde_json::Value>| {
+//!         let worker = worker.clone();
+//!         async move { ironflow_lambda::handler::handle(&worker, event).await }
+//!     },
+//! )))
 //! .await
 //! # }
 //! ```

@@ -135,7 +135,7 @@ async fn a_steps_lines_reach_the_api_while_its_run_still_executes() {
 }
 
 #[tokio::test]
-async fn an_invocation_returns_while_another_on_the_same_worker_still_waits_for_lines() {
+async fn a_second_invocation_on_the_same_worker_waits_for_the_first_to_return() {
     let h = Arc::new(Harness::start().await);
     let go = h.path("go");
     let waits = until_file(&go, "echo waiting", "true");
@@ -146,38 +146,44 @@ async fn an_invocation_returns_while_another_on_the_same_worker_still_waits_for_
             .build()
             .unwrap(),
     );
-    let one_run = serde_json::json!({"max_runs": 1});
     let slow = h.create("waits", 0).await;
-    let first = {
-        let (h, worker, event) = (h.clone(), worker.clone(), one_run.clone());
+    let invoke = |h: Arc<Harness>| {
+        let worker = worker.clone();
         tokio::spawn(async move {
-            h.invoke_event(&worker, event, common::deadline_in(LONG))
+            let one_run = serde_json::json!({"max_runs": 1});
+            h.invoke_event(&worker, one_run, common::deadline_in(LONG))
                 .await
         })
     };
-    // Its line pushed, the first invocation's pump waits for more.
-    common::wait_until("the waiting run's line is in the API", LONG, || {
+    let first = invoke(h.clone());
+    common::wait_until("the first invocation's run prints", LONG, || {
         let h = h.clone();
         async move { stdout_of(&h, slow).await == ["waiting"] }
     })
     .await;
-
     let quick = h.create("quick", 0).await;
-    let second = tokio::time::timeout(
-        LONG,
-        h.invoke_event(&worker, one_run, common::deadline_in(LONG)),
-    )
-    .await
-    .expect("the second invocation returns while the first still runs")
-    .unwrap();
-    assert_eq!(second.runs[0].run_id, quick);
-    assert_eq!(second.runs[0].outcome, Outcome::Completed, "{second:?}");
-    assert_eq!(stdout_of(&h, quick).await, ["quick"]);
-    assert_eq!(h.status(slow).await, RunStatus::Running);
-
+    let second = invoke(h.clone());
     std::fs::write(&go, "").unwrap();
-    let first = first.await.unwrap().unwrap();
-    assert_eq!(first.runs[0].outcome, Outcome::Completed, "{first:?}");
+
+    let (first, second) = (
+        first.await.unwrap().unwrap(),
+        second.await.unwrap().unwrap(),
+    );
+    assert_eq!(first.runs[0].run_id, slow);
+    assert_eq!(second.runs[0].run_id, quick);
+    assert_eq!(
+        first.logs.sent, 1,
+        "each invocation sends its own run's lines"
+    );
+    assert_eq!(second.logs.sent, 1);
+    let (slow, quick) = (h.run(slow).await, h.run(quick).await);
+    assert_eq!(quick.status.state, RunStatus::Completed);
+    assert!(
+        quick.started_at >= slow.completed_at,
+        "the second invocation claimed only once the first had returned: {:?} < {:?}",
+        quick.started_at,
+        slow.completed_at
+    );
 }
 
 /// A shell command: `first`, then wait until the test creates `go`, then `last`.

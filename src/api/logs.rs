@@ -17,7 +17,7 @@ use futures_util::StreamExt;
 use ironflow_engine::log_sender::{LogLine, LogReceiver};
 use ironflow_store::entities::LogStream;
 use serde::Serialize;
-use tokio::sync::{Mutex, Notify};
+use tokio::sync::Mutex;
 use tokio::time::{Instant, timeout_at};
 use tokio_util::sync::CancellationToken;
 use tracing::warn;
@@ -53,10 +53,6 @@ impl std::ops::AddAssign for FlushReport {
 pub struct LogForwarder {
     client: ApiClient,
     receiver: Mutex<LogReceiver>,
-    /// Notified by [`LogForwarder::flush`] before it waits for the receiver: a pump waiting
-    /// for lines lets go of it (invocations sharing the forwarder in one process must not
-    /// hold each other's last flush).
-    flush_wanted: Notify,
 }
 
 #[derive(Serialize)]
@@ -73,7 +69,6 @@ impl LogForwarder {
         Self {
             client,
             receiver: Mutex::new(receiver),
-            flush_wanted: Notify::new(),
         }
     }
 
@@ -81,19 +76,16 @@ impl LogForwarder {
     /// a line, take it and every line queued behind it, push them (each call bounded by
     /// `until`), and wait again. Lines printed during a push go out with the next one, so a
     /// chatty step makes at most one push at a time. Pushes run one after the other, so each
-    /// run's lines keep their order.
+    /// run's lines keep their order. The pump holds the receiver while it waits: the worker
+    /// runs one invocation at a time, whose last [`LogForwarder::flush`] comes after its pump
+    /// has stopped.
     pub async fn pump(&self, stop: CancellationToken, until: Instant) -> FlushReport {
         let mut total = FlushReport::default();
         loop {
             let lines = {
-                let mut receiver = tokio::select! {
-                    () = stop.cancelled() => return total,
-                    receiver = self.receiver.lock() => receiver,
-                };
+                let mut receiver = self.receiver.lock().await;
                 let first = tokio::select! {
                     () = stop.cancelled() => return total,
-                    // A flush waits for the receiver: it goes to the flush (the lock is fair).
-                    () = self.flush_wanted.notified() => continue,
                     line = receiver.recv() => line,
                 };
                 // None: the engine is gone, nothing more will come.
@@ -110,7 +102,6 @@ impl LogForwarder {
 
     /// Send every line queued so far, bounded by `until`.
     pub async fn flush(&self, until: Instant) -> FlushReport {
-        self.flush_wanted.notify_one();
         let lines = {
             let mut receiver = self.receiver.lock().await;
             let mut lines = Vec::new();

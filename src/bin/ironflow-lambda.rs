@@ -47,6 +47,10 @@ async fn main() -> Result<(), Error> {
     .await
 }
 
+/// Settings from the environment (the worker token from Secrets Manager when only
+/// IRONFLOW_WORKER_TOKEN_SECRET_ARN is set), the example workflows, the default provider, the
+/// poison-pill table, and wake-ups when `IRONFLOW_WAKE_QUEUE_URL` is set (the AWS clients
+/// honour `AWS_ENDPOINT_URL`).
 async fn build_worker() -> Result<LambdaWorker, BuildError> {
     // Region, credentials and endpoint from the Lambda environment: loaded once, for Secrets
     // Manager, the poison-pill table and the wake-up queue.

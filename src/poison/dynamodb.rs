@@ -21,7 +21,7 @@
 //! - one item per run claimed with `lease_recoveries > 0`, `pk = "<namespace>#run#<run id>"`
 //!   ([`run_key`]): `lease_recoveries_seen` (N, the highest value this function saw),
 //!   `seen_by` (S, a token of the write that set it) and `expires_at` (now +
-//!   [`RUN_RETENTION`](super::RUN_RETENTION)). Runs that were never recovered have no item.
+//!   [`RUN_RETENTION`]). Runs that were never recovered have no item.
 //!
 //! The namespace (`IRONFLOW_POISON_NAMESPACE`, default the Lambda function's name) contains no
 //! `#`, so keys of different namespaces never collide.

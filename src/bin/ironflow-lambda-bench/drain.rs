@@ -196,9 +196,9 @@ impl DrainResult {
 }
 
 /// After the last run is terminal, how long the reference worker keeps running before it is
-/// stopped: longer than its log pusher's 200 ms batch window, so that the log lines of the last
-/// runs reach the API and are counted, as ours are (our last invocation sends them before it
-/// returns).
+/// stopped: ample time for its log pusher (which pushes lines as they come, waiting at most
+/// 200 ms for one) to deliver the last runs' lines, so that they are counted, as ours are (our
+/// last invocation sends them before it returns).
 const SETTLE: Duration = Duration::from_millis(400);
 
 /// A drain that takes longer than this is a failure of the bench.

@@ -394,14 +394,15 @@ pub fn render(o: &Options, m: &Machine, r: &Results) -> String {
          the last log flush and the orphan check; at its start, the slots wait for the first \
          claims. The claim-ahead row shows what claiming one run ahead of a free slot buys: \
          without it, every run start waits for a claim round trip, as the reference worker's \
-         do. The N = {} row has a quarter of the boundaries: what a larger \
+         do. The N = {} row has fewer boundaries (counted below): what a larger \
          `IRONFLOW_MAX_RUNS_PER_INVOCATION` buys. On Lambda a boundary costs more than here: \
          the runtime's response and next-event calls, and a wake-up's trip through SQS when \
          the next invocation is not already queued. On this in-memory store a claim holds the \
          store's one write lock while it scans every run (ironflow-store's \
-         `memory/run_store.rs`), so a claim sent while runs execute delays their own requests: \
-         claiming ahead gains less here than against PostgreSQL, whose claims lock only the \
-         row they take (`FOR UPDATE ... SKIP LOCKED`).",
+         `memory/run_store.rs`), so a claim sent while runs execute delays their own requests, \
+         which may be why claiming ahead gains little here (not measured against PostgreSQL, \
+         whose claims lock the rows they take, `FOR UPDATE OF r, sm SKIP LOCKED`, not the \
+         store).",
         Which::OursLargerBatch.max_runs(s)
     );
     for w in Workload::ALL {
@@ -422,14 +423,23 @@ pub fn render(o: &Options, m: &Machine, r: &Results) -> String {
                 / s.runs as f64;
         let without = median(&walls(&r.drains[&(w, Which::OursNoClaimAhead)]));
         let with = median(&walls(ours));
-        let larger = median(&walls(&r.drains[&(w, Which::OursLargerBatch)]));
+        let larger_results = &r.drains[&(w, Which::OursLargerBatch)];
+        let larger = median(&walls(larger_results));
+        let larger_boundaries = (median(
+            &larger_results
+                .iter()
+                .map(|d| d.invocations as f64)
+                .collect::<Vec<_>>(),
+        ) - 1.0)
+            .max(0.0);
         let _ = writeln!(
             md,
             "- {}: {cost_ms:.2} ms per invocation boundary ({boundaries:.0} boundaries), against \
              {run_ms:.2} ms per run per slot for the reference worker (its wall time × C / K). \
              Claim-ahead off: \
              {without:.3} s, on: {with:.3} s (it claims ahead only while a claim takes at least \
-             {}% of a run). N = {}: {larger:.3} s, {:.2} of the reference.",
+             {}% of a run). N = {}: {larger:.3} s ({larger_boundaries:.0} boundaries), {:.2} of \
+             the reference.",
             w.describe(),
             ironflow_lambda::config::DEFAULT_CLAIM_AHEAD_PERCENT,
             Which::OursLargerBatch.max_runs(s),
@@ -443,7 +453,7 @@ pub fn render(o: &Options, m: &Machine, r: &Results) -> String {
         "Counted at the API (a middleware on the router, per matched route) from the worker's \
          start until it stopped, over every round, divided by the runs drained. The reference \
          worker is stopped {} ms after the last run is terminal so that its log pusher \
-         (200 ms batches) delivers the last lines; the empty claims it makes meanwhile (one per \
+         delivers the last lines; the empty claims it makes meanwhile (one per \
          {} ms poll interval) are included.\n",
         400,
         s.poll_interval.as_millis()
