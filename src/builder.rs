@@ -404,7 +404,8 @@ impl LambdaWorkerBuilder {
         check_settings(&s)?;
         let tags = normalize_worker_tags(s.tags.clone());
 
-        let store: Arc<dyn Store> = Arc::new(ApiRunStore::new(&s.api_url, s.worker_token.expose()));
+        let api_store = ApiRunStore::new(&s.api_url, s.worker_token.expose());
+        let store: Arc<dyn Store> = Arc::new(api_store.clone());
         let strategy = self
             .account_strategy
             .unwrap_or_else(|| Arc::new(LeastUtilized));
@@ -413,7 +414,10 @@ impl LambdaWorkerBuilder {
                 .with_strategy(strategy)
                 .with_max_capacity_wait(s.max_capacity_wait),
         );
-        let mut engine = Engine::new(store, provider);
+        // `ctx.send_signal` goes through the API (`POST /api/v1/internal/signals`), which stores
+        // the signal and wakes the waiting runs to Pending for a claim, as the reference worker
+        // does. The engine's default would resume them in this process, outside any invocation.
+        let mut engine = Engine::new(store, provider).with_signal_sender(Arc::new(api_store));
         if let Some(decision) = self.decision_provider {
             engine = engine.with_decision_provider(decision);
         }

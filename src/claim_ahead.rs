@@ -131,7 +131,7 @@ impl RunPace {
     ///   it); a run handed back ran until the cutoff, so it pushes the average up.
     /// - Failed, TimedOut, Panicked (a failure of the workflow) and Released (slots stayed
     ///   busy until the claim window closed): the run history is cleared.
-    /// - LeaseLost, PoisonBlocked: ignored, they say nothing about the pace.
+    /// - LeaseLost, PoisonBlocked, Suspended: ignored, they say nothing about the pace.
     pub fn record(&self, outcome: Outcome, executed: Duration) {
         if outcome.is_workflow_failure() || outcome == Outcome::Released {
             self.run.clear();

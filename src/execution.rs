@@ -18,7 +18,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use futures_util::FutureExt;
 use ironflow_engine::engine::Engine;
-use ironflow_store::entities::{LeaseRequest, Run};
+use ironflow_store::entities::{LeaseRequest, Run, RunStatus};
 use serde::Serialize;
 use tokio::time::{Instant, sleep_until, timeout_at};
 use tracing::{Instrument, error, info, info_span, warn};
@@ -31,8 +31,13 @@ use crate::lease::LeaseRefresher;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, PartialOrd, Ord)]
 #[serde(rename_all = "snake_case")]
 pub enum Outcome {
-    /// The handler finished; the engine recorded the run's status.
+    /// The handler finished; the engine recorded the run's final status (`completed`, or
+    /// `warning`, `cancelled`... as the run ended).
     Completed,
+    /// The handler stopped before the end of the workflow, which now waits: for a timer or a
+    /// signal (status `sleeping`), an approval (`awaiting_approval`) or an operator
+    /// (`paused`). The API wakes it back to Pending, and a later invocation claims it.
+    Suspended,
     /// The handler returned an error; the engine already recorded the failure or armed a retry.
     Failed,
     /// The run attempt outlived the run timeout; failed or scheduled for retry.
@@ -190,7 +195,8 @@ async fn execute_in_span(p: ExecutionParams, run: Run, refresher: LeaseRefresher
         Box::pin(std::panic::AssertUnwindSafe(p.engine.execute_handler_run(run.id)).catch_unwind());
 
     enum Stop {
-        Finished(Result<Result<(), String>, String>),
+        /// The handler returned (`Ok`: the run's status as the engine left it), or panicked.
+        Finished(Result<Result<RunStatus, String>, String>),
         LeaseLost,
         TimedOut,
         Cutoff,
@@ -198,7 +204,7 @@ async fn execute_in_span(p: ExecutionParams, run: Run, refresher: LeaseRefresher
     let stop = tokio::select! {
         biased;
         finished = &mut execution => Stop::Finished(match finished {
-            Ok(result) => Ok(result.map(|_| ()).map_err(|e| e.to_string())),
+            Ok(result) => Ok(result.map(|r| r.run.status.state).map_err(|e| e.to_string())),
             Err(panic) => Err(panic_message(panic)),
         }),
         () = refresher.lost() => Stop::LeaseLost,
@@ -218,7 +224,12 @@ async fn execute_in_span(p: ExecutionParams, run: Run, refresher: LeaseRefresher
     }
 
     match stop {
-        Stop::Finished(Ok(Ok(()))) => {
+        Stop::Finished(Ok(Ok(status))) if !status.is_terminal() => {
+            // A timer, a signal, an approval or an operator: the API wakes it back to Pending.
+            info!(status = %status, "run suspended");
+            report(Outcome::Suspended, None)
+        }
+        Stop::Finished(Ok(Ok(_))) => {
             info!("run completed");
             report(Outcome::Completed, None)
         }

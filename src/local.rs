@@ -16,7 +16,7 @@ use ironflow_api::routes::{RouterConfig, create_router};
 use ironflow_api::state::AppState;
 use ironflow_auth::jwt::JwtConfig;
 use ironflow_core::providers::claude::ClaudeCodeProvider;
-use ironflow_engine::engine::Engine;
+use ironflow_engine::engine::{Engine, ExecutionMode};
 use ironflow_engine::notify::Event;
 use ironflow_store::memory::InMemoryStore;
 use ironflow_store::store::Store;
@@ -80,10 +80,12 @@ impl LocalApi {
         port: u16,
     ) -> Result<Self, LocalApiError> {
         let store: Arc<dyn Store> = Arc::new(InMemoryStore::new());
-        let engine = Arc::new(Engine::new(
-            store.clone(),
-            Arc::new(ClaudeCodeProvider::new()),
-        ));
+        // Workers execute the runs (this API registers no handler): a run woken by a signal or
+        // an approval goes back to Pending for a worker to claim.
+        let engine = Arc::new(
+            Engine::new(store.clone(), Arc::new(ClaudeCodeProvider::new()))
+                .with_execution_mode(ExecutionMode::Workers),
+        );
         let jwt = Arc::new(JwtConfig {
             secret: uuid::Uuid::new_v4().to_string(),
             access_token_ttl_secs: 900,

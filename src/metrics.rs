@@ -45,6 +45,7 @@ pub const BACKLOG: &str = "Backlog";
 pub fn outcome_metric(outcome: Outcome) -> &'static str {
     match outcome {
         Outcome::Completed => "RunsCompleted",
+        Outcome::Suspended => "RunsSuspended",
         Outcome::Failed => "RunsFailed",
         Outcome::TimedOut => "RunsTimedOut",
         Outcome::Panicked => "RunsPanicked",
