@@ -12,7 +12,9 @@ use common::Harness;
 use ironflow_engine::context::WorkflowContext;
 use ironflow_engine::handler::{HandlerFuture, WorkflowHandler};
 use ironflow_engine::signal::{SentSignals, Signal};
+use ironflow_lambda::builder::LambdaWorker;
 use ironflow_lambda::execution::Outcome;
+use ironflow_lambda::invocation::InvocationSummary;
 use ironflow_store::entities::RunStatus;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -84,24 +86,15 @@ async fn a_signal_sent_by_a_run_wakes_the_waiting_run_through_the_api() {
         .register(Sender)
         .build()
         .unwrap();
-    let one_run = || serde_json::json!({"max_runs": 1});
 
     let waiter = h.create("waiter", 0).await;
-    let first = h
-        .invoke_event(&worker, one_run(), common::deadline_in(LONG))
-        .await
-        .unwrap();
-    assert_eq!(first.runs[0].run_id, waiter);
-    assert_eq!(first.runs[0].outcome, Outcome::Suspended, "{first:?}");
+    let first = one_run(&h, &worker).await;
+    assert_ran(&first, waiter, Outcome::Suspended);
     assert_eq!(h.status(waiter).await, RunStatus::Sleeping);
 
     let sender = h.create("sender", 0).await;
-    let second = h
-        .invoke_event(&worker, one_run(), common::deadline_in(LONG))
-        .await
-        .unwrap();
-    assert_eq!(second.runs[0].run_id, sender);
-    assert_eq!(second.runs[0].outcome, Outcome::Completed, "{second:?}");
+    let second = one_run(&h, &worker).await;
+    assert_ran(&second, sender, Outcome::Completed);
     assert_eq!(h.status(sender).await, RunStatus::Completed);
 
     common::wait_until("the waiter is Pending again", LONG, || {
@@ -109,12 +102,8 @@ async fn a_signal_sent_by_a_run_wakes_the_waiting_run_through_the_api() {
         async move { h.status(waiter).await == RunStatus::Pending }
     })
     .await;
-    let third = h
-        .invoke_event(&worker, one_run(), common::deadline_in(LONG))
-        .await
-        .unwrap();
-    assert_eq!(third.runs[0].run_id, waiter);
-    assert_eq!(third.runs[0].outcome, Outcome::Completed, "{third:?}");
+    let third = one_run(&h, &worker).await;
+    assert_ran(&third, waiter, Outcome::Completed);
     assert_eq!(h.status(waiter).await, RunStatus::Completed);
     let steps = h.steps(waiter).await;
     let after = steps
@@ -130,4 +119,19 @@ async fn a_signal_sent_by_a_run_wakes_the_waiting_run_through_the_api() {
         Some("released by sender"),
         "the waiter received the sender's payload: {after:?}"
     );
+}
+
+/// One invocation claiming at most one run.
+async fn one_run(h: &Harness, worker: &LambdaWorker) -> InvocationSummary {
+    let event = serde_json::json!({"max_runs": 1});
+    h.invoke_event(worker, event, common::deadline_in(LONG))
+        .await
+        .unwrap()
+}
+
+/// `summary` claimed `run` alone, which ended with `outcome`.
+fn assert_ran(summary: &InvocationSummary, run: uuid::Uuid, outcome: Outcome) {
+    assert_eq!(summary.runs.len(), 1, "{summary:?}");
+    assert_eq!(summary.runs[0].run_id, run, "{summary:?}");
+    assert_eq!(summary.runs[0].outcome, outcome, "{summary:?}");
 }
