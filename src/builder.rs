@@ -572,8 +572,8 @@ fn registered_workflows(engine: &Engine) -> Option<Vec<String>> {
 ///
 /// It runs one invocation at a time, as Lambda sends an execution environment one event at a
 /// time: a second call of [`crate::handler::handle`] on the same worker waits until the first
-/// returns (its deadline running meanwhile). Its slots, claim pace, pooled connections and
-/// step-log channel belong to the invocation under way.
+/// returns (its deadline running meanwhile): the step-log channel, the claim pace and the
+/// pooled connections it shares across invocations serve one at a time.
 pub struct LambdaWorker {
     pub(crate) engine: Arc<Engine>,
     pub(crate) capabilities: WorkerCapabilities,

@@ -127,15 +127,18 @@ impl RunPace {
     }
 
     /// Take in how a run ended and how long it executed in this invocation.
-    /// - Completed, HandedBack: the execution time moves the average (the first one sets
-    ///   it); a run handed back ran until the cutoff, so it pushes the average up.
+    /// - Completed, Suspended, HandedBack: the execution time moves the average (the first
+    ///   one sets it); a run handed back ran until the cutoff, so it pushes the average up.
     /// - Failed, TimedOut, Panicked (a failure of the workflow) and Released (slots stayed
     ///   busy until the claim window closed): the run history is cleared.
-    /// - LeaseLost, PoisonBlocked, Suspended: ignored, they say nothing about the pace.
+    /// - LeaseLost, PoisonBlocked: ignored, they say nothing about the pace.
     pub fn record(&self, outcome: Outcome, executed: Duration) {
         if outcome.is_workflow_failure() || outcome == Outcome::Released {
             self.run.clear();
-        } else if matches!(outcome, Outcome::Completed | Outcome::HandedBack) {
+        } else if matches!(
+            outcome,
+            Outcome::Completed | Outcome::Suspended | Outcome::HandedBack
+        ) {
             self.run.add(executed);
         }
     }
@@ -206,6 +209,13 @@ mod tests {
             assert_eq!(pace.runs_ahead(), 0, "{clearing:?}");
             assert_eq!(pace.averages().0, None, "{clearing:?}");
         }
+    }
+
+    #[test]
+    fn a_suspended_run_moves_the_average_as_a_completed_one_does() {
+        let pace = RunPace::new(10);
+        pace.record(Outcome::Suspended, 5 * MS);
+        assert_eq!(pace.averages().0, Some(5 * MS));
     }
 
     #[test]

@@ -36,7 +36,8 @@ pub enum Outcome {
     Completed,
     /// The handler stopped before the end of the workflow, which now waits: for a timer or a
     /// signal (status `sleeping`), an approval (`awaiting_approval`) or an operator
-    /// (`paused`). The API wakes it back to Pending, and a later invocation claims it.
+    /// (`paused`; `pending` or `running` if already resumed). The API wakes it back to
+    /// Pending, and a later invocation (schedule tick, wake-up or direct call) claims it.
     Suspended,
     /// The handler returned an error; the engine already recorded the failure or armed a retry.
     Failed,
@@ -195,8 +196,9 @@ async fn execute_in_span(p: ExecutionParams, run: Run, refresher: LeaseRefresher
         Box::pin(std::panic::AssertUnwindSafe(p.engine.execute_handler_run(run.id)).catch_unwind());
 
     enum Stop {
-        /// The handler returned (`Ok`: the run's status as the engine left it), or panicked.
-        Finished(Result<Result<RunStatus, String>, String>),
+        /// The handler returned (`Ok`: the run the engine returned, with its status: ours, or
+        /// the root run a sub-workflow child resumed), or panicked.
+        Finished(Result<Result<(Uuid, RunStatus), String>, String>),
         LeaseLost,
         TimedOut,
         Cutoff,
@@ -204,7 +206,9 @@ async fn execute_in_span(p: ExecutionParams, run: Run, refresher: LeaseRefresher
     let stop = tokio::select! {
         biased;
         finished = &mut execution => Stop::Finished(match finished {
-            Ok(result) => Ok(result.map(|r| r.run.status.state).map_err(|e| e.to_string())),
+            Ok(result) => Ok(result
+                .map(|r| (r.run.id, r.run.status.state))
+                .map_err(|e| e.to_string())),
             Err(panic) => Err(panic_message(panic)),
         }),
         () = refresher.lost() => Stop::LeaseLost,
@@ -224,8 +228,10 @@ async fn execute_in_span(p: ExecutionParams, run: Run, refresher: LeaseRefresher
     }
 
     match stop {
-        Stop::Finished(Ok(Ok(status))) if !status.is_terminal() => {
-            // A timer, a signal, an approval or an operator: the API wakes it back to Pending.
+        // Our own run, left waiting by its handler (a timer or signal: sleeping; an approval;
+        // an operator's pause, or already resumed from it: pending, running). A sub-workflow
+        // child resumes its root, whose status is not this run's: completed, as before.
+        Stop::Finished(Ok(Ok((id, status)))) if id == run.id && !status.is_terminal() => {
             info!(status = %status, "run suspended");
             report(Outcome::Suspended, None)
         }

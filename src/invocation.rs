@@ -177,6 +177,9 @@ async fn run_in_span(
         .checked_sub(RESPONSE_RESERVE)
         .unwrap_or_else(Instant::now);
     let log_pump_stop = CancellationToken::new();
+    // Should this invocation be dropped or panic before it stops the pump, the pump stops too
+    // and lets go of the log channel (the next invocation's pump needs it).
+    let _stop_pump_on_drop = log_pump_stop.clone().drop_guard();
     let log_pump = {
         let (logs, stop) = (worker.logs.clone(), log_pump_stop.clone());
         tokio::spawn(async move { logs.pump(stop, last_write).await })

@@ -10,7 +10,7 @@
 //! | metric | unit | dimensions |
 //! |---|---|---|
 //! | `RunsClaimed` | Count | function |
-//! | `RunsCompleted`, `RunsFailed`, `RunsTimedOut`, `RunsPanicked`, `RunsHandedBack`, `RunsReleased`, `LeasesLost`, `PoisonPillSkips` | Count | function, workflow |
+//! | `RunsCompleted`, `RunsSuspended`, `RunsFailed`, `RunsTimedOut`, `RunsPanicked`, `RunsHandedBack`, `RunsReleased`, `LeasesLost`, `PoisonPillSkips` | Count | function, workflow |
 //! | `ApiErrors` | Count | function |
 //! | `LogLinesDropped` | Count | function |
 //! | `PoisonTableErrors` | Count | function |

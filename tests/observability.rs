@@ -186,6 +186,48 @@ async fn a_second_invocation_on_the_same_worker_waits_for_the_first_to_return() 
     );
 }
 
+#[tokio::test]
+async fn an_invocation_dropped_midway_leaves_the_log_channel_to_the_next_one() {
+    let h = Arc::new(Harness::start().await);
+    // Never created: the step waits until its invocation is dropped.
+    let waits = until_file(&h.path("go"), "echo waiting", "true");
+    let worker = Arc::new(
+        h.builder()
+            .register(ShellWorkflow::one("waits", &waits))
+            .register(ShellWorkflow::one("quick", "echo quick"))
+            .build()
+            .unwrap(),
+    );
+    let slow = h.create("waits", 0).await;
+    let dropped = {
+        let (h, worker) = (h.clone(), worker.clone());
+        tokio::spawn(async move { h.invoke(&worker, LONG).await })
+    };
+    common::wait_until("the run's line is in the API", LONG, || {
+        let h = h.clone();
+        async move { stdout_of(&h, slow).await == ["waiting"] }
+    })
+    .await;
+    // As when the runtime drops a handler's future (a panic caught by lambda_runtime).
+    dropped.abort();
+    assert!(dropped.await.unwrap_err().is_cancelled());
+
+    let quick = h.create("quick", 0).await;
+    let event = serde_json::json!({"max_runs": 1});
+    // A deadline beyond the test's limit: a last flush stuck until it would fail the test.
+    let next = tokio::time::timeout(
+        LONG,
+        h.invoke_event(&worker, event, common::deadline_in(2 * LONG)),
+    )
+    .await
+    .expect("the next invocation returns")
+    .unwrap();
+    assert_eq!(next.runs[0].run_id, quick);
+    assert_eq!(next.runs[0].outcome, Outcome::Completed, "{next:?}");
+    assert_eq!(next.logs.sent, 1, "its own pump sent its line: {next:?}");
+    assert_eq!(stdout_of(&h, quick).await, ["quick"]);
+}
+
 /// A shell command: `first`, then wait until the test creates `go`, then `last`.
 fn until_file(go: &std::path::Path, first: &str, last: &str) -> String {
     format!(

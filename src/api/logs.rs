@@ -83,7 +83,10 @@ impl LogForwarder {
         let mut total = FlushReport::default();
         loop {
             let lines = {
-                let mut receiver = self.receiver.lock().await;
+                let mut receiver = tokio::select! {
+                    () = stop.cancelled() => return total,
+                    receiver = self.receiver.lock() => receiver,
+                };
                 let first = tokio::select! {
                     () = stop.cancelled() => return total,
                     line = receiver.recv() => line,
@@ -103,7 +106,11 @@ impl LogForwarder {
     /// Send every line queued so far, bounded by `until`.
     pub async fn flush(&self, until: Instant) -> FlushReport {
         let lines = {
-            let mut receiver = self.receiver.lock().await;
+            // Free once this invocation's pump has stopped; bounded all the same.
+            let Ok(mut receiver) = timeout_at(until, self.receiver.lock()).await else {
+                warn!("step logs not flushed: the log channel stayed busy until the deadline");
+                return FlushReport::default();
+            };
             let mut lines = Vec::new();
             while let Ok(line) = receiver.try_recv() {
                 lines.push(line);

@@ -155,13 +155,17 @@ impl PoisonGate {
         }
     }
 
-    /// Count a finished run's outcome: failures increment, a success resets.
+    /// Count a finished run's outcome: failures increment; a success resets, as does a run
+    /// suspended by its handler (it ran without failing, as the reference worker counts any
+    /// handler that returned).
     pub async fn record(&mut self, report: &RunReport) {
         let workflow = report.workflow.as_str();
         if report.outcome.is_workflow_failure() {
             let failure_id = format!("{}/{}", report.run_id, report.retry_count);
             self.record_failure(workflow, &failure_id).await;
-        } else if report.outcome == Outcome::Completed && self.counter(workflow).await.is_some() {
+        } else if matches!(report.outcome, Outcome::Completed | Outcome::Suspended)
+            && self.counter(workflow).await.is_some()
+        {
             if !self.table_usable() {
                 return;
             }
@@ -364,6 +368,18 @@ mod tests {
             Some(vec![])
         );
         assert!(gate.blocked_reason("wf").await.is_some());
+    }
+
+    #[tokio::test]
+    async fn a_suspended_run_ends_a_failure_streak_as_a_completed_one_does() {
+        for ending in [Outcome::Completed, Outcome::Suspended] {
+            let table = Arc::new(MemoryPoisonTable::new(policy()));
+            let mut gate = PoisonGate::new(table, policy(), PoisonMode::Fail);
+            gate.record(&report("wf", Outcome::Failed)).await;
+            gate.record(&report("wf", ending)).await;
+            gate.record(&report("wf", Outcome::Failed)).await;
+            assert_eq!(gate.blocked_reason("wf").await, None, "{ending:?}");
+        }
     }
 
     #[tokio::test]
