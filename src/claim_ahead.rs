@@ -17,15 +17,11 @@
 //! setup). A cold start has no history, so its first runs are claimed one free slot at a time.
 //!
 //! The same pace decides how an invocation's first claims go out. After a batch that took its
-//! N (the backlog likely goes on), while claims are that large a share of a run, the next
-//! invocation on this instance sends its first claims together, one per slot (at most N), so
-//! that every slot starts after one claim round trip instead of one more per slot; otherwise
-//! (a cold start, a batch that ran out of pending runs, runs long beside a claim) it sends one,
-//! and a tick with nothing pending costs a single claim. Slots started together also run in
-//! step, their requests and process spawns colliding: with three-step shell runs, claims
-//! together drained 1-2 % slower than one at a time (ironflow-lambda-bench, three 21-round
-//! runs), with no-op runs 8-14 % faster. A threshold of `0` turns both off: claims go out one
-//! at a time, each into a free slot, as the reference worker's.
+//! N (the backlog likely goes on), the next invocation on this instance sends its first claims
+//! together, one per slot (at most N), so that every slot starts after one claim round trip
+//! instead of one more per slot; otherwise (a cold start, a batch that ran out of pending runs)
+//! it sends one, and a tick with nothing pending costs a single claim. A threshold of `0` turns
+//! both off: claims go out one at a time, each into a free slot, as the reference worker's.
 //!
 //! Whatever the pace, N (`IRONFLOW_MAX_RUNS_PER_INVOCATION`) still bounds the runs claimed per
 //! invocation and C (`IRONFLOW_CONCURRENCY`) the runs executing at once; at most one run waits.
@@ -120,11 +116,10 @@ impl RunPace {
     }
 
     /// How many of an invocation's first claims go out together: one per slot (`concurrency`,
-    /// at most `max_runs`) after a batch that took its N while claims pay to overlap
-    /// ([`RunPace::runs_ahead`] is 1), else 1; always 1 with a threshold of 0 (the reference
-    /// worker's claims, one at a time into a free slot).
+    /// at most `max_runs`) after a batch that took its N, else 1; always 1 with a threshold of
+    /// 0 (the reference worker's claims, one at a time into a free slot).
     pub fn first_claims(&self, concurrency: usize, max_runs: usize) -> usize {
-        if self.runs_ahead() > 0 && self.last_batch_full.load(Ordering::Relaxed) {
+        if self.percent > 0 && self.last_batch_full.load(Ordering::Relaxed) {
             concurrency.min(max_runs).max(1)
         } else {
             1
@@ -239,20 +234,11 @@ mod tests {
     }
 
     #[test]
-    fn first_claims_go_out_together_only_after_a_full_batch_while_claims_are_a_large_share() {
-        let long_runs = RunPace::new(10);
-        long_runs.record_batch_end(true);
-        long_runs.record(Outcome::Completed, 100 * MS);
-        long_runs.record_claim(5 * MS);
-        assert_eq!(long_runs.first_claims(4, 8), 1, "claims 5 % of a run");
-
+    fn first_claims_go_out_together_only_after_a_full_batch() {
         let pace = RunPace::new(10);
         assert_eq!(pace.first_claims(4, 8), 1, "cold start");
         pace.record_batch_end(true);
-        assert_eq!(pace.first_claims(4, 8), 1, "no history yet");
-        pace.record(Outcome::Completed, 10 * MS);
-        pace.record_claim(5 * MS);
-        assert_eq!(pace.first_claims(4, 8), 4, "claims 50 % of a run");
+        assert_eq!(pace.first_claims(4, 8), 4);
         assert_eq!(pace.first_claims(4, 2), 2, "never more than N");
         pace.record_batch_end(false);
         assert_eq!(pace.first_claims(4, 8), 1);

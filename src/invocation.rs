@@ -207,8 +207,7 @@ async fn run_in_span(
     // starts it in the next slot that frees, once the runs that ended have been settled, so
     // the poison-pill gate has seen their outcomes when it checks the run's workflow.
     let mut waiting: Option<Claimed> = None;
-    // After a full batch, while claims pay to overlap, the first claims go out together, one
-    // per slot (crate::claim_ahead);
+    // After a full batch, the first claims go out together, one per slot (crate::claim_ahead);
     // the loop starts them as it would claim, then stops for the reason one of them gave.
     let mut first: VecDeque<Claimed> = VecDeque::new();
     let mut first_stop: Option<StopReason> = None;

@@ -354,13 +354,11 @@ fn claims_sent(h: &Harness) -> u64 {
 #[tokio::test]
 async fn after_a_full_batch_the_first_claims_go_out_together() {
     let h = Harness::start().await;
-    // At 1 %, claims are always a large enough share of these shell runs.
     let worker = h
         .builder()
         .register(quick(&h))
         .concurrency(2)
         .max_runs_per_invocation(2)
-        .claim_ahead_percent(1)
         .build()
         .unwrap();
     h.create("quick", 0).await;
