@@ -111,16 +111,8 @@ async fn a_steps_lines_reach_the_api_while_its_run_still_executes() {
             .unwrap(),
     );
     let id = h.create("live", 0).await;
-    let invocation = {
-        let (h, worker) = (h.clone(), worker.clone());
-        tokio::spawn(async move { h.invoke(&worker, LONG).await })
-    };
     // The step waits for `go`, which only this test creates once it has seen the first line.
-    common::wait_until("the first line is in the API", LONG, || {
-        let h = h.clone();
-        async move { stdout_of(&h, id).await == ["early"] }
-    })
-    .await;
+    let invocation = invoke_until_printed(&h, &worker, id, "early").await;
     assert_eq!(
         h.status(id).await,
         RunStatus::Running,
@@ -199,15 +191,7 @@ async fn an_invocation_dropped_midway_leaves_the_log_channel_to_the_next_one() {
             .unwrap(),
     );
     let slow = h.create("waits", 0).await;
-    let dropped = {
-        let (h, worker) = (h.clone(), worker.clone());
-        tokio::spawn(async move { h.invoke(&worker, LONG).await })
-    };
-    common::wait_until("the run's line is in the API", LONG, || {
-        let h = h.clone();
-        async move { stdout_of(&h, slow).await == ["waiting"] }
-    })
-    .await;
+    let dropped = invoke_until_printed(&h, &worker, slow, "waiting").await;
     // As when the runtime drops a handler's future (a panic caught by lambda_runtime).
     dropped.abort();
     assert!(dropped.await.unwrap_err().is_cancelled());
@@ -226,6 +210,26 @@ async fn an_invocation_dropped_midway_leaves_the_log_channel_to_the_next_one() {
     assert_eq!(next.runs[0].outcome, Outcome::Completed, "{next:?}");
     assert_eq!(next.logs.sent, 1, "its own pump sent its line: {next:?}");
     assert_eq!(stdout_of(&h, quick).await, ["quick"]);
+}
+
+/// Start an invocation in a task, and wait until `run`'s first stdout line, `line`, is in the
+/// API (the run still executing).
+async fn invoke_until_printed(
+    h: &Arc<Harness>,
+    worker: &Arc<ironflow_lambda::builder::LambdaWorker>,
+    run: uuid::Uuid,
+    line: &'static str,
+) -> tokio::task::JoinHandle<ironflow_lambda::invocation::InvocationSummary> {
+    let invocation = {
+        let (h, worker) = (h.clone(), worker.clone());
+        tokio::spawn(async move { h.invoke(&worker, LONG).await })
+    };
+    common::wait_until("the run's first line is in the API", LONG, || {
+        let h = h.clone();
+        async move { stdout_of(&h, run).await == [line] }
+    })
+    .await;
+    invocation
 }
 
 /// A shell command: `first`, then wait until the test creates `go`, then `last`.
