@@ -145,8 +145,8 @@ async fn run_in_span(
     budget: Budget,
     request: &BatchRequest,
 ) -> InvocationSummary {
-    // One invocation at a time per worker (see LambdaWorker): what follows owns its slots,
-    // pace and step-log channel.
+    // One invocation at a time per worker (see LambdaWorker): the step-log channel, claim
+    // pace and pooled connections shared across invocations serve this one alone.
     let _one_at_a_time = worker.one_at_a_time.lock().await;
     let s = &worker.settings;
     let guard = InvocationGuard::enter();

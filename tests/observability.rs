@@ -130,14 +130,7 @@ async fn a_steps_lines_reach_the_api_while_its_run_still_executes() {
 async fn a_second_invocation_on_the_same_worker_waits_for_the_first_to_return() {
     let h = Arc::new(Harness::start().await);
     let go = h.path("go");
-    let waits = until_file(&go, "echo waiting", "true");
-    let worker = Arc::new(
-        h.builder()
-            .register(ShellWorkflow::one("waits", &waits))
-            .register(ShellWorkflow::one("quick", "echo quick"))
-            .build()
-            .unwrap(),
-    );
+    let worker = waits_and_quick(&h, &go);
     let slow = h.create("waits", 0).await;
     let invoke = |h: Arc<Harness>| {
         let worker = worker.clone();
@@ -181,15 +174,8 @@ async fn a_second_invocation_on_the_same_worker_waits_for_the_first_to_return() 
 #[tokio::test]
 async fn an_invocation_dropped_midway_leaves_the_log_channel_to_the_next_one() {
     let h = Arc::new(Harness::start().await);
-    // Never created: the step waits until its invocation is dropped.
-    let waits = until_file(&h.path("go"), "echo waiting", "true");
-    let worker = Arc::new(
-        h.builder()
-            .register(ShellWorkflow::one("waits", &waits))
-            .register(ShellWorkflow::one("quick", "echo quick"))
-            .build()
-            .unwrap(),
-    );
+    // `go` is never created: the step waits until its invocation is dropped.
+    let worker = waits_and_quick(&h, &h.path("go"));
     let slow = h.create("waits", 0).await;
     let dropped = invoke_until_printed(&h, &worker, slow, "waiting").await;
     // As when the runtime drops a handler's future (a panic caught by lambda_runtime).
@@ -230,6 +216,22 @@ async fn invoke_until_printed(
     })
     .await;
     invocation
+}
+
+/// A worker with two workflows: `waits` prints `waiting` then waits for `go`; `quick` prints
+/// `quick`.
+fn waits_and_quick(
+    h: &Harness,
+    go: &std::path::Path,
+) -> Arc<ironflow_lambda::builder::LambdaWorker> {
+    let waits = until_file(go, "echo waiting", "true");
+    Arc::new(
+        h.builder()
+            .register(ShellWorkflow::one("waits", &waits))
+            .register(ShellWorkflow::one("quick", "echo quick"))
+            .build()
+            .unwrap(),
+    )
 }
 
 /// A shell command: `first`, then wait until the test creates `go`, then `last`.
