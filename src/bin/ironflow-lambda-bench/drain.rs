@@ -45,6 +45,15 @@ impl Workload {
         }
     }
 
+    /// The workload named `name` on the command line (`noop`, `shell`).
+    pub fn parse(name: &str) -> Option<Self> {
+        match name {
+            "noop" => Some(Workload::NoOp),
+            "shell" => Some(Workload::ThreeStepShell),
+            _ => None,
+        }
+    }
+
     pub fn describe(self) -> &'static str {
         match self {
             Workload::NoOp => "no-op (a handler with no step)",
@@ -122,7 +131,7 @@ pub enum Which {
 pub const LARGER_BATCH: usize = 4;
 
 impl Which {
-    /// Every worker, in the order of a round (reversed every other round).
+    /// Every worker, in the order of the first round (later rounds rotate it: `round_order`).
     pub const ALL: [Which; 5] = [
         Which::Reference,
         Which::Ours,
@@ -130,6 +139,23 @@ impl Which {
         Which::OursOneInvocation,
         Which::OursLargerBatch,
     ];
+
+    /// The row named `name` on the command line (`reference`, `ours`, `no-claim-ahead`,
+    /// `one-invocation`, `larger-batch`).
+    pub fn parse(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|w| w.flag() == name)
+    }
+
+    /// The row's name on the command line.
+    pub fn flag(self) -> &'static str {
+        match self {
+            Which::Reference => "reference",
+            Which::Ours => "ours",
+            Which::OursNoClaimAhead => "no-claim-ahead",
+            Which::OursOneInvocation => "one-invocation",
+            Which::OursLargerBatch => "larger-batch",
+        }
+    }
 
     /// The row's name in the report.
     pub fn name(self, s: &DrainSettings) -> String {
@@ -187,6 +213,61 @@ pub struct DrainResult {
     pub requests: BTreeMap<String, u64>,
     /// Our invocations used (0 for the reference worker).
     pub invocations: usize,
+    /// What the bench process (worker, API and watcher alike) and its reaped children (the
+    /// shell steps) used from the worker's start until every run was terminal.
+    pub usage: Usage,
+}
+
+/// CPU time and context switches over a span, from `getrusage(2)`.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Usage {
+    /// User + system CPU time of this process, all threads.
+    pub cpu: Duration,
+    /// User + system CPU time of the children reaped in the span (`RUSAGE_CHILDREN`).
+    pub children_cpu: Duration,
+    /// Voluntary context switches of this process (a thread parked: waiting for work or I/O).
+    pub voluntary_switches: u64,
+    /// Involuntary context switches of this process (a thread preempted by the scheduler).
+    pub involuntary_switches: u64,
+}
+
+impl Usage {
+    /// This process's and its reaped children's usage so far.
+    fn now() -> Self {
+        let get = |who| {
+            // SAFETY: getrusage writes one rusage into the zeroed struct it is given and reads
+            // nothing else.
+            let mut u: libc::rusage = unsafe { std::mem::zeroed() };
+            let rc = unsafe { libc::getrusage(who, &mut u) };
+            (rc == 0).then_some(u)
+        };
+        let cpu = |u: &libc::rusage| {
+            let us = |t: libc::timeval| t.tv_sec as u64 * 1_000_000 + t.tv_usec as u64;
+            Duration::from_micros(us(u.ru_utime) + us(u.ru_stime))
+        };
+        let (me, children) = (get(libc::RUSAGE_SELF), get(libc::RUSAGE_CHILDREN));
+        Self {
+            cpu: me.as_ref().map(cpu).unwrap_or_default(),
+            children_cpu: children.as_ref().map(cpu).unwrap_or_default(),
+            voluntary_switches: me.map_or(0, |u| u.ru_nvcsw as u64),
+            involuntary_switches: me.map_or(0, |u| u.ru_nivcsw as u64),
+        }
+    }
+
+    /// The usage between `before` and now.
+    fn since(before: Self) -> Self {
+        let now = Self::now();
+        Self {
+            cpu: now.cpu.saturating_sub(before.cpu),
+            children_cpu: now.children_cpu.saturating_sub(before.children_cpu),
+            voluntary_switches: now
+                .voluntary_switches
+                .saturating_sub(before.voluntary_switches),
+            involuntary_switches: now
+                .involuntary_switches
+                .saturating_sub(before.involuntary_switches),
+        }
+    }
 }
 
 impl DrainResult {
@@ -225,8 +306,9 @@ pub async fn drain(
     }
     let before = api.requests_by_route();
     let watcher = tokio::spawn(all_terminal(api.store().clone(), ids));
+    let usage_before = Usage::now();
 
-    let (seen, start, invocations) = match which {
+    let (seen, start, invocations, usage) = match which {
         Which::Reference => {
             let builder = WorkerBuilder::new(&api.url(), &token)
                 .provider(Arc::new(ClaudeCodeProvider::new()));
@@ -242,10 +324,11 @@ pub async fn drain(
             let done = timeout(DRAIN_LIMIT, watcher)
                 .await
                 .map_err(|_| BenchError::msg("the reference worker did not drain in time"))???;
+            let usage = Usage::since(usage_before);
             sleep(SETTLE).await;
             task.abort();
             let _ = task.await;
-            (done, start, 0)
+            (done, start, 0, usage)
         }
         Which::Ours
         | Which::OursNoClaimAhead
@@ -300,7 +383,7 @@ pub async fn drain(
             let done = timeout(DRAIN_LIMIT, watcher)
                 .await
                 .map_err(|_| BenchError::msg("runs reported finished are not terminal"))???;
-            (done, start, invocations)
+            (done, start, invocations, Usage::since(usage_before))
         }
     };
     let after = api.requests_by_route();
@@ -317,6 +400,7 @@ pub async fn drain(
         from_first_claim: seen.all_terminal - seen.first_claimed,
         requests,
         invocations,
+        usage,
     })
 }
 

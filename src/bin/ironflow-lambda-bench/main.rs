@@ -14,7 +14,10 @@
 //! Options: `--quick`, `--runs K`, `--rounds R`, `--concurrency C`, `--max-runs N`,
 //! `--out PATH`, `--function PATH` (the function binary to measure; default: the release
 //! `ironflow-lambda` beside the bench), `--drain-only` (the drain rounds and their medians,
-//! printed; nothing written).
+//! printed; nothing written). With `--drain-only` only: `--workload noop|shell` (one workload
+//! instead of both) and `--rows LIST` (comma-separated, out of `reference`, `ours`,
+//! `no-claim-ahead`, `one-invocation`, `larger-batch`; default all), for A/B checks and
+//! profiles of one row.
 //! Not part of the test command.
 
 mod drain;
@@ -28,7 +31,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use drain::{DrainResult, DrainSettings, LARGER_BATCH, Which, Workload};
+use drain::{DrainResult, DrainSettings, Which, Workload};
 use ironflow_lambda::handler;
 use latency::DeadlineSettings;
 
@@ -68,6 +71,10 @@ pub struct Options {
     /// Only the drain rounds (`--drain-only`): medians printed, no report written.
     pub drain_only: bool,
     pub drain: DrainSettings,
+    /// The workloads drained (`--workload`; default both).
+    pub workloads: Vec<Workload>,
+    /// The rows of each round, in order (`--rows`; default [`Which::ALL`]).
+    pub rows: Vec<Which>,
     pub rounds: usize,
     pub idle_invocations: usize,
     pub deadline: DeadlineSettings,
@@ -92,6 +99,8 @@ fn parse(args: Vec<String>) -> Result<Options, String> {
             invocation: Duration::from_secs(60),
             poll_interval: Duration::from_millis(100),
         },
+        workloads: Workload::ALL.to_vec(),
+        rows: Which::ALL.to_vec(),
         // Single rounds swing by ±20 % on a shared 2-core machine: medians of 21 hold to a few %.
         rounds: if quick { 2 } else { 21 },
         idle_invocations: if quick { 50 } else { 200 },
@@ -127,9 +136,32 @@ fn parse(args: Vec<String>) -> Result<Options, String> {
             "--max-runs" => o.drain.max_runs = number(value("--max-runs")?, "--max-runs")?,
             "--out" => o.out = Some(PathBuf::from(value("--out")?)),
             "--function" => o.function = Some(PathBuf::from(value("--function")?)),
+            "--workload" => {
+                let v = value("--workload")?;
+                o.workloads = vec![
+                    Workload::parse(&v)
+                        .ok_or(format!("--workload takes noop or shell, got {v:?}"))?,
+                ];
+            }
+            "--rows" => {
+                let v = value("--rows")?;
+                o.rows = v
+                    .split(',')
+                    .map(|name| {
+                        Which::parse(name.trim()).ok_or(format!(
+                            "--rows takes a comma-separated list of reference, ours, \
+                             no-claim-ahead, one-invocation, larger-batch; got {name:?}"
+                        ))
+                    })
+                    .collect::<Result<_, _>>()?;
+            }
             "-h" | "--help" => return Err(String::new()),
             other => return Err(format!("unknown argument {other:?}")),
         }
+    }
+    let subset = o.workloads.len() < Workload::ALL.len() || o.rows != Which::ALL;
+    if subset && !o.drain_only {
+        return Err("--workload and --rows need --drain-only: the report needs every row".into());
     }
     Ok(o)
 }
@@ -156,7 +188,8 @@ async fn main() -> ExitCode {
             }
             eprintln!(
                 "usage: ironflow-lambda-bench [--quick] [--runs K] [--rounds R] [--concurrency C] \
-                 [--max-runs N] [--out PATH] [--function PATH] [--drain-only]"
+                 [--max-runs N] [--out PATH] [--function PATH] [--drain-only \
+                 [--workload noop|shell] [--rows reference,ours,no-claim-ahead,one-invocation,larger-batch]]"
             );
             return ExitCode::from(2);
         }
@@ -194,16 +227,13 @@ async fn run(o: Options) -> Result<(), BenchError> {
 
     let mut drains: BTreeMap<(Workload, Which), Vec<DrainResult>> = BTreeMap::new();
     for round in 0..o.rounds {
-        for workload in Workload::ALL {
-            // Alternate who goes first, so that a drift of the machine's load hits both.
-            let mut order = Which::ALL;
-            if round % 2 == 1 {
-                order.reverse();
-            }
-            for which in order {
+        for &workload in &o.workloads {
+            for which in round_order(&o.rows, round) {
                 let r = drain::drain(which, workload, &o.drain).await?;
+                let per_run_ms = |d: Duration| d.as_secs_f64() * 1000.0 / o.drain.runs as f64;
                 eprintln!(
-                    "round {}/{} {:<14} {:<10} {:>8.3} s  {:>6.1} runs/s  {:>5.2} requests/run  {} invocations",
+                    "round {}/{} {:<14} {:<10} {:>8.3} s  {:>6.1} runs/s  {:>5.2} requests/run  {} invocations  \
+                     CPU/run {:.3} ms + children {:.3} ms  switches/run {:.1} voluntary {:.1} involuntary",
                     round + 1,
                     o.rounds,
                     workload.name(),
@@ -211,7 +241,11 @@ async fn run(o: Options) -> Result<(), BenchError> {
                     r.wall.as_secs_f64(),
                     o.drain.runs as f64 / r.wall.as_secs_f64(),
                     r.total_requests() as f64 / o.drain.runs as f64,
-                    r.invocations
+                    r.invocations,
+                    per_run_ms(r.usage.cpu),
+                    per_run_ms(r.usage.children_cpu),
+                    r.usage.voluntary_switches as f64 / o.drain.runs as f64,
+                    r.usage.involuntary_switches as f64 / o.drain.runs as f64,
                 );
                 drains.entry((workload, which)).or_default().push(r);
             }
@@ -219,7 +253,7 @@ async fn run(o: Options) -> Result<(), BenchError> {
     }
 
     if o.drain_only {
-        print_drain_medians(&drains);
+        print_drain_medians(&drains, o.drain.runs);
         return Ok(());
     }
 
@@ -256,32 +290,52 @@ async fn run(o: Options) -> Result<(), BenchError> {
     Ok(())
 }
 
-/// `--drain-only`: each workload's median wall time per worker and the ratio ours / reference.
-fn print_drain_medians(drains: &BTreeMap<(Workload, Which), Vec<DrainResult>>) {
-    let median_s = |w, which| {
-        let walls: Vec<f64> = drains
-            .get(&(w, which))
-            .map(|rs| rs.iter().map(|r| r.wall.as_secs_f64()).collect())
-            .unwrap_or_default();
-        report::median(&walls)
+/// The rows of round `round` (0-based), in the order they drain: `rows` rotated by one more
+/// place each round, so that over `rows.len()` rounds every row drains once in every position
+/// (first, second, ...), and reversed in every other block of `rows.len()` rounds, so that every
+/// row also follows every other one. A drift of the machine's load, and whatever a drain leaves
+/// behind for the next one, then hit every row alike. (A fixed order, reversed every other
+/// round, kept the reference first or last and ours second or fourth; the second position ran
+/// about 4 % slower than the mean in 9bb9368's run.)
+fn round_order(rows: &[Which], round: usize) -> Vec<Which> {
+    let mut order = rows.to_vec();
+    if order.is_empty() {
+        return order;
+    }
+    order.rotate_left(round % rows.len());
+    if (round / rows.len()) % 2 == 1 {
+        order.reverse();
+    }
+    order
+}
+
+/// `--drain-only`: per workload and row, the median wall time, its ratio to the reference's
+/// (when the reference row ran) and the median CPU time and context switches per run.
+fn print_drain_medians(drains: &BTreeMap<(Workload, Which), Vec<DrainResult>>, runs: usize) {
+    let median_of = |rs: &[DrainResult], f: &dyn Fn(&DrainResult) -> f64| {
+        report::median(&rs.iter().map(f).collect::<Vec<_>>())
     };
-    for w in Workload::ALL {
-        let reference = median_s(w, Which::Reference);
-        let (ours, without, one, larger) = (
-            median_s(w, Which::Ours),
-            median_s(w, Which::OursNoClaimAhead),
-            median_s(w, Which::OursOneInvocation),
-            median_s(w, Which::OursLargerBatch),
-        );
+    let per_run = |x: f64| x / runs as f64;
+    for ((w, which), rs) in drains {
+        let wall = median_of(rs, &|r| r.wall.as_secs_f64());
+        let ratio = drains
+            .get(&(*w, Which::Reference))
+            .map(|reference| {
+                format!(
+                    " ({:.3} of the reference)",
+                    wall / median_of(reference, &|r| r.wall.as_secs_f64())
+                )
+            })
+            .unwrap_or_default();
         println!(
-            "{:<14} reference {reference:.3} s  ours {ours:.3} s ({:.2})  without claim-ahead \
-             {without:.3} s ({:.2})  ours in one invocation {one:.3} s ({:.2})  ours with \
-             {LARGER_BATCH} × N {larger:.3} s ({:.2})",
+            "{:<14} {:<15} {wall:.3} s{ratio}  per run: CPU {:.3} ms + children {:.3} ms, \
+             {:.1} voluntary + {:.1} involuntary switches",
             w.name(),
-            ours / reference,
-            without / reference,
-            one / reference,
-            larger / reference
+            which.flag(),
+            per_run(median_of(rs, &|r| r.usage.cpu.as_secs_f64() * 1000.0)),
+            per_run(median_of(rs, &|r| r.usage.children_cpu.as_secs_f64() * 1000.0)),
+            per_run(median_of(rs, &|r| r.usage.voluntary_switches as f64)),
+            per_run(median_of(rs, &|r| r.usage.involuntary_switches as f64)),
         );
     }
 }
@@ -296,4 +350,47 @@ pub fn epoch_us() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_row_drains_once_in_every_position_per_block_of_rounds() {
+        let rows = Which::ALL;
+        for block in 0..2 {
+            let orders: Vec<Vec<Which>> = (0..rows.len())
+                .map(|i| round_order(&rows, block * rows.len() + i))
+                .collect();
+            for position in 0..rows.len() {
+                let mut at: Vec<Which> = orders.iter().map(|o| o[position]).collect();
+                at.sort();
+                assert_eq!(at, rows.to_vec(), "block {block}, position {position}");
+            }
+        }
+        // The second block reverses the first's orders: each row is followed by the rows that
+        // preceded it.
+        assert_eq!(
+            round_order(&rows, 0),
+            vec![
+                Which::Reference,
+                Which::Ours,
+                Which::OursNoClaimAhead,
+                Which::OursOneInvocation,
+                Which::OursLargerBatch
+            ]
+        );
+        assert_eq!(
+            round_order(&rows, rows.len()),
+            vec![
+                Which::OursLargerBatch,
+                Which::OursOneInvocation,
+                Which::OursNoClaimAhead,
+                Which::Ours,
+                Which::Reference
+            ]
+        );
+        assert_eq!(round_order(&[Which::Ours], 3), vec![Which::Ours]);
+    }
 }

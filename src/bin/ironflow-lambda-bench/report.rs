@@ -176,8 +176,8 @@ pub fn render(o: &Options, m: &Machine, r: &Results) -> String {
     let _ = writeln!(
         md,
         "Measured on {} by `{command}`{}. Not part of the test command. Every number below \
-         comes from that one run on this machine; timings are medians over alternating rounds, \
-         and the ratios compare the two workers in the same run.\n",
+         comes from that one run on this machine; timings are medians over rounds that rotate \
+         the order of the drains, and the ratios compare the two workers in the same run.\n",
         m.date,
         if o.quick {
             " (quick mode: small counts, indicative only)"
@@ -330,8 +330,9 @@ pub fn render(o: &Options, m: &Machine, r: &Results) -> String {
          invocations back to back through `handler::handle_summary` (the Lambda code path), \
          awaited one after the other from a task on the worker threads, as the deployed \
          function's Lambda runtime loop runs them (`handler::in_worker_task`), \
-         each claiming at most N = {} runs with a deadline {} s away. Rounds alternate who goes \
-         first.\n",
+         each claiming at most N = {} runs with a deadline {} s away. Each round rotates the order \
+         of the drains by one place, and every other block of five rounds reverses it: every \
+         row drains as often in each position, and after each other row.\n",
         s.runs,
         s.concurrency,
         s.max_runs,
@@ -445,6 +446,48 @@ pub fn render(o: &Options, m: &Machine, r: &Results) -> String {
             Which::OursLargerBatch.max_runs(s),
             ratio_of(w, Which::OursLargerBatch)
         );
+    }
+
+    let _ = writeln!(
+        md,
+        "\n**CPU per run.** `getrusage(2)` of the bench's process, from the worker's start \
+         until every run is terminal, divided by K: the process holds the worker, the embedded \
+         API and the watcher alike, so this is the worker's cost plus the API's for the \
+         requests it sends; \"children\" is the shell steps' processes. Where the machine is \
+         busy (the shell drains keep both cores near saturation), a thread's CPU time grows \
+         with its wait for a core, so compare rows of one workload, and the process's CPU with \
+         its children's (their work is the same for every row).\n\n\
+         | workflow | worker | process CPU per run (median) | children's CPU per run | \
+         process / children | voluntary context switches per run | involuntary |\n\
+         |---|---|---|---|---|---|---|"
+    );
+    for w in Workload::ALL {
+        for which in Which::ALL {
+            let results = &r.drains[&(w, which)];
+            let per_run = |f: &dyn Fn(&DrainResult) -> f64| {
+                median(&results.iter().map(f).collect::<Vec<_>>()) / s.runs as f64
+            };
+            let cpu = per_run(&|d| d.usage.cpu.as_secs_f64() * 1000.0);
+            let children = per_run(&|d| d.usage.children_cpu.as_secs_f64() * 1000.0);
+            let _ = writeln!(
+                md,
+                "| {} | {} | {cpu:.3} ms | {} | {} | {:.1} | {:.1} |",
+                w.describe(),
+                which.name(s),
+                if children > 0.0 {
+                    format!("{children:.3} ms")
+                } else {
+                    "–".to_string()
+                },
+                if children > 0.0 {
+                    format!("{:.2}", cpu / children)
+                } else {
+                    "–".to_string()
+                },
+                per_run(&|d| d.usage.voluntary_switches as f64),
+                per_run(&|d| d.usage.involuntary_switches as f64),
+            );
+        }
     }
 
     let _ = writeln!(md, "\n## HTTP requests per run\n");
