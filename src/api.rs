@@ -1,11 +1,12 @@
 //! Our own client for the internal API routes `ApiRunStore` does not cover (or keeps private
-//! in the reference worker): log pushing, the artifact sink, and the pending-run count that
-//! sizes wake-ups.
+//! in the reference worker): log pushing, the artifact sink, the pending-run count that sizes
+//! wake-ups, and the probe that explains a refused claim.
 //!
 //! One [`ApiClient`] is built per cold start, beside `ApiRunStore`, from the same
 //! `IRONFLOW_API_URL` and worker token.
 
 pub mod artifacts;
+pub mod diagnose;
 pub mod logs;
 pub mod pending;
 

@@ -442,8 +442,10 @@ async fn run_in_span(
 
 /// Claim the next run this worker can take.
 ///
-/// A transport failure (not an HTTP status) is retried at once, up to [`CLAIM_ATTEMPTS`] in
-/// all: a pooled connection dropped during a freeze fails the request sent on it and is
+/// A refusal (an HTTP error status) is returned with what a read-only probe of the same API
+/// says about it ([`crate::api::ApiClient::claim_refusal_hint`]): a wrong `IRONFLOW_API_URL`
+/// path or a refused worker token is named in the error. A transport failure (not an HTTP
+/// status) is retried at once, up to [`CLAIM_ATTEMPTS`] in all: a pooled connection dropped during a freeze fails the request sent on it and is
 /// evicted, and the retry goes out on another one (see [`crate::pool`]). A lost claim response
 /// is safe to retry: the run it may have claimed sits under a lease nobody refreshes, and the
 /// API's reaper requeues it after the lease TTL.
@@ -464,6 +466,15 @@ async fn claim(
             {
                 warn!(error = %msg, attempt, "claim failed on the connection, retrying");
                 attempt += 1;
+            }
+            // The API answered with an error status, which ApiRunStore does not keep: a
+            // read-only probe names it and the setting to fix (crate::api::diagnose).
+            Err(StoreError::Database(msg)) if msg.starts_with("worker API error") => {
+                let msg = match worker.api.claim_refusal_hint(capabilities).await {
+                    Some(hint) => format!("{} ({hint})", msg.trim_end()),
+                    None => msg,
+                };
+                return Err(StoreError::Database(msg));
             }
             other => return other,
         }

@@ -225,3 +225,51 @@ async fn an_unreachable_api_stops_the_batch_with_the_error_in_the_summary() {
     assert!(summary.errors[0].contains("claim failed"), "{summary:?}");
     assert!(!summary.errors[0].contains("some-token"));
 }
+
+/// A worker of this harness's API at `api_url` with `token`, every other setting default.
+fn worker_at(api_url: &str, token: &str) -> ironflow_lambda::builder::LambdaWorker {
+    LambdaWorkerBuilder::new(api_url, token)
+        .provider(Arc::new(
+            ironflow_core::providers::claude::ClaudeCodeProvider::new(),
+        ))
+        .register(ShellWorkflow::one("quick", "echo hi"))
+        .deadline_margin(Duration::from_millis(500))
+        .build()
+        .unwrap()
+}
+
+#[tokio::test]
+async fn a_wrong_api_path_is_reported_with_the_status_and_the_variable_to_fix() {
+    let h = Harness::start().await;
+    let id = h.create("quick", 0).await;
+    // A common mistake: the API's base URL with its /api/v1 prefix. The API answers the claim
+    // 404 with an empty body, which ApiRunStore reports as "worker API error: ".
+    let worker = worker_at(&format!("{}/api/v1", h.api.url()), h.api.token());
+
+    let summary = h.invoke(&worker, Duration::from_secs(30)).await;
+
+    assert_eq!(summary.claimed, 0);
+    assert_eq!(summary.stop_reason, StopReason::ClaimError);
+    let error = &summary.errors[0];
+    assert!(error.contains("404"), "{error}");
+    assert!(error.contains("IRONFLOW_API_URL"), "{error}");
+    assert!(!error.contains(h.api.token()), "{error}");
+    assert_eq!(h.status(id).await, RunStatus::Pending, "nothing claimed");
+}
+
+#[tokio::test]
+async fn a_refused_worker_token_is_reported_with_the_status_and_the_variable_to_fix() {
+    let h = Harness::start().await;
+    let id = h.create("quick", 0).await;
+    let worker = worker_at(&h.api.url(), SECRET);
+
+    let summary = h.invoke(&worker, Duration::from_secs(30)).await;
+
+    assert_eq!(summary.claimed, 0);
+    assert_eq!(summary.stop_reason, StopReason::ClaimError);
+    let error = &summary.errors[0];
+    assert!(error.contains("401"), "{error}");
+    assert!(error.contains("IRONFLOW_WORKER_TOKEN"), "{error}");
+    assert!(!error.contains(SECRET), "{error}");
+    assert_eq!(h.status(id).await, RunStatus::Pending, "nothing claimed");
+}
