@@ -115,6 +115,20 @@ pub enum ConfigError {
         /// The value found (never the value of a secret).
         found: String,
     },
+    /// More than one variable is missing or malformed: each of them, in the order of the
+    /// module table.
+    #[error("{} environment variables are wrong: {}", .0.len(), list(.0))]
+    Several(Vec<ConfigError>),
+}
+
+/// `1) <error>; 2) <error>...`
+fn list(errors: &[ConfigError]) -> String {
+    errors
+        .iter()
+        .enumerate()
+        .map(|(i, e)| format!("{}) {e}", i + 1))
+        .collect::<Vec<_>>()
+        .join("; ")
 }
 
 /// Every tunable of the worker, with the reference worker's defaults where it has one.
@@ -212,7 +226,8 @@ impl Settings {
     ///
     /// # Errors
     ///
-    /// [`ConfigError`] naming the first variable that is missing or malformed.
+    /// [`ConfigError`] naming the variable that is missing or malformed
+    /// ([`ConfigError::Several`] listing each of them when there are more).
     pub fn from_env() -> Result<Self, ConfigError> {
         Self::from_lookup(|name| std::env::var(name).ok())
     }
@@ -221,7 +236,8 @@ impl Settings {
     ///
     /// # Errors
     ///
-    /// [`ConfigError`] naming the first variable that is missing or malformed.
+    /// [`ConfigError`] naming the variable that is missing or malformed
+    /// ([`ConfigError::Several`] listing each of them when there are more).
     pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
         Self::from_lookup_with_token(lookup, None)
     }
@@ -232,7 +248,8 @@ impl Settings {
     ///
     /// # Errors
     ///
-    /// [`ConfigError`] naming the first variable that is missing or malformed.
+    /// [`ConfigError`] naming the variable that is missing or malformed
+    /// ([`ConfigError::Several`] listing each of them when there are more).
     pub fn from_lookup_with_token(
         lookup: impl Fn(&str) -> Option<String>,
         worker_token: Option<WorkerToken>,
@@ -243,36 +260,40 @@ impl Settings {
                 .filter(|v| !v.is_empty())
         };
 
-        let api_url = get("IRONFLOW_API_URL").ok_or(ConfigError::Missing {
-            variable: "IRONFLOW_API_URL",
-            expected: "the ironflow API's base URL, e.g. https://ironflow.example.com",
-        })?;
-        if !(api_url.starts_with("http://") || api_url.starts_with("https://"))
+        // Every variable is checked, and every problem reported at once: a cold start that
+        // fails on a bad environment names all of them in one log line.
+        let mut errors = Vec::new();
+        let api_url = get("IRONFLOW_API_URL").unwrap_or_default();
+        if api_url.is_empty() {
+            errors.push(ConfigError::Missing {
+                variable: "IRONFLOW_API_URL",
+                expected: "the ironflow API's base URL, e.g. https://ironflow.example.com",
+            });
+        } else if !(api_url.starts_with("http://") || api_url.starts_with("https://"))
             || api_url.contains(char::is_whitespace)
         {
-            return Err(ConfigError::Invalid {
+            errors.push(ConfigError::Invalid {
                 variable: "IRONFLOW_API_URL",
                 expected: "an http:// or https:// URL",
-                found: api_url,
+                found: api_url.clone(),
             });
         }
-        let token =
-            match worker_token {
-                Some(token) => token,
-                None => get("IRONFLOW_WORKER_TOKEN").map(WorkerToken::new).ok_or(
-                    ConfigError::Missing {
-                        variable: "IRONFLOW_WORKER_TOKEN",
-                        expected: "the ironflow API's worker token (WORKER_TOKEN on the API), or \
+        let token = worker_token
+            .or_else(|| get("IRONFLOW_WORKER_TOKEN").map(WorkerToken::new))
+            .unwrap_or_else(|| {
+                errors.push(ConfigError::Missing {
+                    variable: "IRONFLOW_WORKER_TOKEN",
+                    expected: "the ironflow API's worker token (WORKER_TOKEN on the API), or \
                                IRONFLOW_WORKER_TOKEN_SECRET_ARN naming a Secrets Manager secret \
                                that holds it",
-                    },
-                )?,
-            };
+                });
+                WorkerToken::new("")
+            });
 
         // The token travels in an `Authorization` header: anything but visible ASCII would
         // fail every request later with an error that does not point here.
         if !token.expose().bytes().all(|b| b.is_ascii_graphic()) {
-            return Err(ConfigError::Invalid {
+            errors.push(ConfigError::Invalid {
                 variable: "IRONFLOW_WORKER_TOKEN",
                 expected: "visible ASCII without spaces or line breaks (it is sent as a bearer token)",
                 found: "(not shown: it is a secret)".to_string(),
@@ -282,37 +303,64 @@ impl Settings {
         let positive = "a whole number greater than 0";
         let whole = "a whole number (0 or more)";
 
-        if let Some(v) = parse::<usize>(&get, "IRONFLOW_MAX_RUNS_PER_INVOCATION", positive, 1)? {
+        if let Some(v) = keep(
+            &mut errors,
+            parse::<usize>(&get, "IRONFLOW_MAX_RUNS_PER_INVOCATION", positive, 1),
+        ) {
             s.max_runs_per_invocation = v;
         }
-        if let Some(v) = parse::<usize>(&get, "IRONFLOW_CONCURRENCY", positive, 1)? {
+        if let Some(v) = keep(
+            &mut errors,
+            parse::<usize>(&get, "IRONFLOW_CONCURRENCY", positive, 1),
+        ) {
             s.concurrency = v;
         }
-        if let Some(v) = parse::<u64>(&get, "IRONFLOW_RUN_TIMEOUT_SECS", positive, 1)? {
+        if let Some(v) = keep(
+            &mut errors,
+            parse::<u64>(&get, "IRONFLOW_RUN_TIMEOUT_SECS", positive, 1),
+        ) {
             s.run_timeout = Duration::from_secs(v);
         }
-        if let Some(v) = parse::<u64>(&get, "IRONFLOW_DEADLINE_MARGIN_MS", whole, 0)? {
+        if let Some(v) = keep(
+            &mut errors,
+            parse::<u64>(&get, "IRONFLOW_DEADLINE_MARGIN_MS", whole, 0),
+        ) {
             s.deadline_margin = Duration::from_millis(v);
         }
-        if let Some(v) = parse::<u64>(&get, "IRONFLOW_MIN_CLAIM_BUDGET_MS", whole, 0)? {
+        if let Some(v) = keep(
+            &mut errors,
+            parse::<u64>(&get, "IRONFLOW_MIN_CLAIM_BUDGET_MS", whole, 0),
+        ) {
             s.min_claim_budget = Duration::from_millis(v);
         }
-        if let Some(v) = parse::<u32>(&get, "IRONFLOW_CLAIM_AHEAD_PERCENT", whole, 0)? {
+        if let Some(v) = keep(
+            &mut errors,
+            parse::<u32>(&get, "IRONFLOW_CLAIM_AHEAD_PERCENT", whole, 0),
+        ) {
             s.claim_ahead_percent = v;
         }
-        if let Some(v) = parse::<u64>(&get, "IRONFLOW_FUNCTION_TIMEOUT_SECS", positive, 1)? {
+        if let Some(v) = keep(
+            &mut errors,
+            parse::<u64>(&get, "IRONFLOW_FUNCTION_TIMEOUT_SECS", positive, 1),
+        ) {
             s.function_timeout = Duration::from_secs(v);
         }
-        if let Some(v) = parse::<u64>(&get, "IRONFLOW_LEASE_TTL_SECS", positive, 1)? {
+        if let Some(v) = keep(
+            &mut errors,
+            parse::<u64>(&get, "IRONFLOW_LEASE_TTL_SECS", positive, 1),
+        ) {
             s.lease_ttl = Duration::from_secs(v);
         }
-        if let Some(v) = parse::<u64>(&get, "IRONFLOW_LEASE_REFRESH_INTERVAL_SECS", positive, 1)? {
+        if let Some(v) = keep(
+            &mut errors,
+            parse::<u64>(&get, "IRONFLOW_LEASE_REFRESH_INTERVAL_SECS", positive, 1),
+        ) {
             s.lease_refresh_interval = Duration::from_secs(v);
         }
         if let Some(v) = get("IRONFLOW_WORKER_TAGS") {
             s.tags = v.split(',').map(str::to_string).collect();
             if let Err(e) = ironflow_store::entities::validate_worker_tags(&s.tags) {
-                return Err(ConfigError::Invalid {
+                errors.push(ConfigError::Invalid {
                     variable: "IRONFLOW_WORKER_TAGS",
                     expected: "comma-separated tags of 1 to 64 ASCII letters, digits or - _ . : / =, at most 32",
                     found: format!("{v} ({e})"),
@@ -322,27 +370,36 @@ impl Settings {
         if let Some(v) = get("IRONFLOW_WORKER_ID_PREFIX") {
             s.worker_id_prefix = v;
         }
-        if let Some(v) = parse::<u32>(&get, "IRONFLOW_POISON_THRESHOLD", positive, 1)? {
+        if let Some(v) = keep(
+            &mut errors,
+            parse::<u32>(&get, "IRONFLOW_POISON_THRESHOLD", positive, 1),
+        ) {
             s.poison.threshold = v;
         }
-        if let Some(v) = parse::<u64>(&get, "IRONFLOW_POISON_COOLDOWN_SECS", whole, 0)? {
+        if let Some(v) = keep(
+            &mut errors,
+            parse::<u64>(&get, "IRONFLOW_POISON_COOLDOWN_SECS", whole, 0),
+        ) {
             s.poison.cooldown = Duration::from_secs(v);
         }
         if let Some(v) = get("IRONFLOW_POISON_TABLE") {
-            if !is_table_name_or_arn(&v) {
-                return Err(ConfigError::Invalid {
+            if is_table_name_or_arn(&v) {
+                s.poison_table = Some(v);
+            } else {
+                errors.push(ConfigError::Invalid {
                     variable: "IRONFLOW_POISON_TABLE",
                     expected: "a DynamoDB table name (3 to 255 of A-Z a-z 0-9 _ - .) or table ARN",
                     found: v,
                 });
             }
-            s.poison_table = Some(v);
         }
         let namespace = get("IRONFLOW_POISON_NAMESPACE");
         let explicit = namespace.is_some();
         if let Some(v) = namespace.or_else(|| get("AWS_LAMBDA_FUNCTION_NAME")) {
-            if !is_namespace(&v) {
-                return Err(ConfigError::Invalid {
+            if is_namespace(&v) {
+                s.poison_namespace = v;
+            } else {
+                errors.push(ConfigError::Invalid {
                     variable: if explicit {
                         "IRONFLOW_POISON_NAMESPACE"
                     } else {
@@ -352,36 +409,51 @@ impl Settings {
                     found: v,
                 });
             }
-            s.poison_namespace = v;
         }
         if let Some(v) = get("IRONFLOW_POISON_MODE") {
-            s.poison_mode = v.parse().map_err(|_| ConfigError::Invalid {
-                variable: "IRONFLOW_POISON_MODE",
-                expected: "fail or defer",
-                found: v,
-            })?;
+            match v.parse() {
+                Ok(mode) => s.poison_mode = mode,
+                Err(_) => errors.push(ConfigError::Invalid {
+                    variable: "IRONFLOW_POISON_MODE",
+                    expected: "fail or defer",
+                    found: v,
+                }),
+            }
         }
-        if let Some(v) = parse::<u32>(&get, "IRONFLOW_MAX_HANDBACKS_WITHOUT_PROGRESS", positive, 1)?
-        {
+        if let Some(v) = keep(
+            &mut errors,
+            parse::<u32>(&get, "IRONFLOW_MAX_HANDBACKS_WITHOUT_PROGRESS", positive, 1),
+        ) {
             s.max_handbacks_without_progress = v;
         }
-        if let Some(v) = parse::<u64>(&get, "IRONFLOW_MAX_CAPACITY_WAIT_SECS", whole, 0)? {
+        if let Some(v) = keep(
+            &mut errors,
+            parse::<u64>(&get, "IRONFLOW_MAX_CAPACITY_WAIT_SECS", whole, 0),
+        ) {
             s.max_capacity_wait = Duration::from_secs(v);
         }
         if let Some(v) = get("IRONFLOW_HEARTBEAT_URL") {
-            if !(v.starts_with("http://") || v.starts_with("https://")) {
-                return Err(ConfigError::Invalid {
+            if v.starts_with("http://") || v.starts_with("https://") {
+                s.heartbeat_url = Some(v);
+            } else {
+                errors.push(ConfigError::Invalid {
                     variable: "IRONFLOW_HEARTBEAT_URL",
                     expected: "an http:// or https:// URL",
                     found: "(not shown: heartbeat URLs usually embed a secret)".to_string(),
                 });
             }
-            s.heartbeat_url = Some(v);
         }
-        if let Some(v) = parse::<u64>(&get, "IRONFLOW_EMULATED_INVOCATION_SECS", positive, 1)? {
+        if let Some(v) = keep(
+            &mut errors,
+            parse::<u64>(&get, "IRONFLOW_EMULATED_INVOCATION_SECS", positive, 1),
+        ) {
             s.emulated_invocation = Some(Duration::from_secs(v));
         }
-        Ok(s)
+        match errors.len() {
+            0 => Ok(s),
+            1 => Err(errors.remove(0)),
+            _ => Err(ConfigError::Several(errors)),
+        }
     }
 }
 
@@ -408,6 +480,14 @@ pub fn is_namespace(v: &str) -> bool {
     !v.is_empty()
         && v.len() <= MAX_POISON_NAMESPACE_LEN
         && !v.chars().any(|c| c == '#' || c.is_control())
+}
+
+/// The value of a checked variable, or `None` with its error added to `errors`.
+fn keep<T>(errors: &mut Vec<ConfigError>, checked: Result<Option<T>, ConfigError>) -> Option<T> {
+    checked.unwrap_or_else(|e| {
+        errors.push(e);
+        None
+    })
 }
 
 /// Parse an optional numeric variable no smaller than `min`.
@@ -571,6 +651,53 @@ pub(crate) mod tests {
                 "{text}"
             );
         }
+    }
+
+    #[test]
+    fn every_bad_variable_is_reported_at_once() {
+        let err = Settings::from_lookup(lookup(&[
+            ("IRONFLOW_API_URL", "ftp://x"),
+            ("IRONFLOW_WORKER_TOKEN", "has space"),
+            ("IRONFLOW_MAX_RUNS_PER_INVOCATION", "0"),
+            ("IRONFLOW_POISON_TABLE", "x"),
+        ]))
+        .unwrap_err();
+        let ConfigError::Several(errors) = &err else {
+            panic!("expected several errors, got {err:?}");
+        };
+        let variables: Vec<&str> = errors
+            .iter()
+            .map(|e| match e {
+                ConfigError::Missing { variable, .. } | ConfigError::Invalid { variable, .. } => {
+                    *variable
+                }
+                ConfigError::Several(_) => "nested",
+            })
+            .collect();
+        assert_eq!(
+            variables,
+            [
+                "IRONFLOW_API_URL",
+                "IRONFLOW_WORKER_TOKEN",
+                "IRONFLOW_MAX_RUNS_PER_INVOCATION",
+                "IRONFLOW_POISON_TABLE"
+            ]
+        );
+        let text = err.to_string();
+        assert!(text.starts_with("4 environment variables are wrong: 1) environment variable IRONFLOW_API_URL is invalid"), "{text}");
+        assert!(
+            text.contains("; 4) environment variable IRONFLOW_POISON_TABLE"),
+            "{text}"
+        );
+        assert!(!text.contains("has space"), "the token leaked: {text}");
+        // One bad variable is reported alone, as before.
+        assert!(matches!(
+            Settings::from_lookup(lookup(&[("IRONFLOW_WORKER_TOKEN", "t")])),
+            Err(ConfigError::Missing {
+                variable: "IRONFLOW_API_URL",
+                ..
+            })
+        ));
     }
 
     #[test]

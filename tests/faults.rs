@@ -36,6 +36,31 @@ fn cold_start(env: &[(&str, &str)]) -> (bool, String) {
 }
 
 #[test]
+fn several_bad_variables_are_all_named_in_one_cold_start() {
+    let (ok, output) = cold_start(&[
+        ("IRONFLOW_WORKER_TOKEN", SECRET),
+        ("IRONFLOW_CONCURRENCY", "two"),
+        ("IRONFLOW_POISON_MODE", "explode"),
+    ]);
+    assert!(!ok, "the cold start must fail: {output}");
+    assert!(
+        output.contains("3 environment variables are wrong"),
+        "{output}"
+    );
+    for variable in [
+        "IRONFLOW_API_URL",
+        "IRONFLOW_CONCURRENCY",
+        "IRONFLOW_POISON_MODE",
+    ] {
+        assert!(
+            output.contains(variable),
+            "{variable} not named in: {output}"
+        );
+    }
+    assert!(!output.contains(SECRET), "the token leaked: {output}");
+}
+
+#[test]
 fn a_bad_environment_stops_the_cold_start_with_the_variable_named() {
     type Env<'a> = &'a [(&'a str, &'a str)];
     let cases: [(Env, &str, &str); 4] = [
