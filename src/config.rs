@@ -96,6 +96,7 @@ impl fmt::Display for WorkerToken {
 
 /// A missing or malformed environment variable.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum ConfigError {
     /// A required variable is not set (or is empty).
     #[error("environment variable {variable} is not set: expected {expected}")]
@@ -115,8 +116,10 @@ pub enum ConfigError {
         /// The value found (never the value of a secret).
         found: String,
     },
-    /// More than one variable is missing or malformed: each of them, in the order of the
-    /// module table.
+    /// More than one of the variables [`Settings`] reads is missing or malformed: each of them,
+    /// in the order of the module table. (The wake-up queue's variables, `crate::wake`, and the
+    /// secret's ARN, `crate::secrets`, are checked apart, and so are the builder's checks
+    /// across settings.)
     #[error("{} environment variables are wrong: {}", .0.len(), list(.0))]
     Several(Vec<ConfigError>),
 }

@@ -372,6 +372,10 @@ async fn run_in_span(
         reports.insert(run.id, report);
     }
 
+    if stop_reason == StopReason::ClaimError {
+        explain_refused_claim(worker, &mut poison, &mut errors, last_write).await;
+    }
+
     while let Some(joined) = executions.join_next().await {
         settle(joined, worker, &mut poison, &mut reports).await;
     }
@@ -442,10 +446,8 @@ async fn run_in_span(
 
 /// Claim the next run this worker can take.
 ///
-/// A refusal (an HTTP error status) is returned with what a read-only probe of the same API
-/// says about it ([`crate::api::ApiClient::claim_refusal_hint`]): a wrong `IRONFLOW_API_URL`
-/// path or a refused worker token is named in the error. A transport failure (not an HTTP
-/// status) is retried at once, up to [`CLAIM_ATTEMPTS`] in all: a pooled connection dropped during a freeze fails the request sent on it and is
+/// A transport failure (not an HTTP status) is retried at once, up to [`CLAIM_ATTEMPTS`] in
+/// all: a pooled connection dropped during a freeze fails the request sent on it and is
 /// evicted, and the retry goes out on another one (see [`crate::pool`]). A lost claim response
 /// is safe to retry: the run it may have claimed sits under a lease nobody refreshes, and the
 /// API's reaper requeues it after the lease TTL.
@@ -467,17 +469,32 @@ async fn claim(
                 warn!(error = %msg, attempt, "claim failed on the connection, retrying");
                 attempt += 1;
             }
-            // The API answered with an error status, which ApiRunStore does not keep: a
-            // read-only probe names it and the setting to fix (crate::api::diagnose).
-            Err(StoreError::Database(msg)) if msg.starts_with("worker API error") => {
-                let msg = match worker.api.claim_refusal_hint(capabilities).await {
-                    Some(hint) => format!("{} ({hint})", msg.trim_end()),
-                    None => msg,
-                };
-                return Err(StoreError::Database(msg));
-            }
             other => return other,
         }
+    }
+}
+
+/// After a claim the API refused (`worker API error: <body>`: ApiRunStore keeps no status, and
+/// a wrong path has no body), the status of a read-only probe of the same API and the setting
+/// it points to, appended to that claim's error ([`crate::api::ApiClient::claim_refusal_hint`]).
+/// Once per invocation, after the claim loop, while the invocation's runs (if any) go on, and
+/// given up at `until`.
+async fn explain_refused_claim(
+    worker: &LambdaWorker,
+    poison: &mut PoisonGate,
+    errors: &mut [String],
+    until: Instant,
+) {
+    let Some(refused) = errors
+        .iter_mut()
+        .rev()
+        .find(|e| e.contains("worker API error"))
+    else {
+        return;
+    };
+    let capabilities = poison.capabilities_for_claim(&worker.capabilities).await;
+    if let Ok(Some(hint)) = timeout_at(until, worker.api.claim_refusal_hint(&capabilities)).await {
+        *refused = format!("{} ({hint})", refused.trim_end());
     }
 }
 

@@ -7,7 +7,7 @@
 //! invocation asks the same API a read-only question with the same URL and token,
 //! `GET /api/v1/internal/runs/pending-count` ([`super::pending`]), whose status this client
 //! keeps, and names the setting to fix. The probe never claims anything, and it is sent only
-//! after a refused claim.
+//! after a refused claim, once per invocation, when the claim loop has stopped.
 
 use ironflow_store::entities::WorkerCapabilities;
 use reqwest::StatusCode;
@@ -20,8 +20,8 @@ impl ApiClient {
     /// with the same base URL and token, and which setting that points to, e.g.
     /// `"GET /api/v1/internal/runs/pending-count answers 404 Not Found: IRONFLOW_API_URL must be
     /// ..."`. `None` when the probe succeeds or gets no answer (the refusal's own message is
-    /// all there is then). Takes up to the pending-count timeout (5 s, one retry on a dropped
-    /// connection): the caller bounds it by the claim window.
+    /// all there is then). Takes up to 10 s (the pending-count timeout, 5 s, and one retry on
+    /// a dropped connection): the caller bounds it further.
     pub async fn claim_refusal_hint(&self, capabilities: &WorkerCapabilities) -> Option<String> {
         match self.pending_runs(capabilities).await {
             Err(PendingCountError::Status { status, .. }) => Some(hint(status)),

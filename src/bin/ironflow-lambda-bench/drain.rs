@@ -131,7 +131,7 @@ pub enum Which {
 pub const LARGER_BATCH: usize = 4;
 
 impl Which {
-    /// Every worker, in the order of the first round (later rounds rotate it: `round_order`).
+    /// Every worker: the rows of a round, in the order `round_order` draws from.
     pub const ALL: [Which; 5] = [
         Which::Reference,
         Which::Ours,
@@ -213,8 +213,11 @@ pub struct DrainResult {
     pub requests: BTreeMap<String, u64>,
     /// Our invocations used (0 for the reference worker).
     pub invocations: usize,
-    /// What the bench process (worker, API and watcher alike) and its reaped children (the
-    /// shell steps) used from the worker's start until every run was terminal.
+    /// What the bench process (worker, API and the watcher's 1 ms polls alike) and its reaped
+    /// children (the shell steps) used from the worker's start until it stopped: for ours,
+    /// until the last invocation returned (its last log lines pushed); for the reference, until
+    /// [`SETTLE`] after every run was terminal (its last log lines pushed meanwhile), as the
+    /// HTTP requests are counted.
     pub usage: Usage,
 }
 
@@ -324,8 +327,8 @@ pub async fn drain(
             let done = timeout(DRAIN_LIMIT, watcher)
                 .await
                 .map_err(|_| BenchError::msg("the reference worker did not drain in time"))???;
-            let usage = Usage::since(usage_before);
             sleep(SETTLE).await;
+            let usage = Usage::since(usage_before);
             task.abort();
             let _ = task.await;
             (done, start, 0, usage)

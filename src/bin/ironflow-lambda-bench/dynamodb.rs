@@ -15,6 +15,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicI32, Ordering};
 use std::time::Duration;
 
 use aws_sdk_dynamodb::Client;
@@ -43,10 +44,22 @@ pub struct Moto {
 
 impl Drop for Moto {
     fn drop(&mut self) {
-        if let Some(pid) = self.pid {
-            // SAFETY: kill(2) on the pid of the server this bench started.
-            unsafe { libc::kill(pid, libc::SIGKILL) };
+        if self.pid.is_some() {
+            kill_started_server();
         }
+    }
+}
+
+/// The pid of the moto server this bench started (0: none), for [`kill_started_server`].
+static STARTED: AtomicI32 = AtomicI32::new(0);
+
+/// Kill the moto server this bench started, if any: on drop, and from the signal handler that
+/// stops the bench (`std::process::exit` runs no destructor).
+pub fn kill_started_server() {
+    let pid = STARTED.swap(0, Ordering::SeqCst);
+    if pid > 0 {
+        // SAFETY: kill(2) on the pid of the server this bench started.
+        unsafe { libc::kill(pid, libc::SIGKILL) };
     }
 }
 
@@ -81,7 +94,10 @@ impl Moto {
             ))
             .output()
             .map_err(|e| format!("not measured: could not start moto: {e}"))?;
-        let pid = String::from_utf8_lossy(&out.stdout).trim().parse().ok();
+        let pid: Option<i32> = String::from_utf8_lossy(&out.stdout).trim().parse().ok();
+        if let Some(pid) = pid {
+            STARTED.store(pid, Ordering::SeqCst);
+        }
         let moto = Self {
             endpoint: format!("http://127.0.0.1:{port}"),
             pid,

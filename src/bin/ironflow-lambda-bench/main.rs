@@ -101,8 +101,9 @@ fn parse(args: Vec<String>) -> Result<Options, String> {
         },
         workloads: Workload::ALL.to_vec(),
         rows: Which::ALL.to_vec(),
-        // Single rounds swing by ±20 % on a shared 2-core machine: medians of 21 hold to a few %.
-        rounds: if quick { 2 } else { 21 },
+        // Single rounds swing by ±20 % on a shared 2-core machine: medians of 20 hold to a few
+        // %. 20 is two whole blocks of the round order's design (2 × 5 rows, `round_order`).
+        rounds: if quick { 2 } else { 20 },
         idle_invocations: if quick { 50 } else { 200 },
         deadline: DeadlineSettings {
             invocation: Duration::from_secs(3),
@@ -117,6 +118,8 @@ fn parse(args: Vec<String>) -> Result<Options, String> {
         function: None,
         args: args.clone(),
     };
+    // Whether --workload and --rows were given.
+    let mut subset = (false, false);
     let mut it = args.into_iter();
     while let Some(a) = it.next() {
         let mut value = |name: &str| it.next().ok_or(format!("{name} needs a value"));
@@ -136,32 +139,42 @@ fn parse(args: Vec<String>) -> Result<Options, String> {
             "--max-runs" => o.drain.max_runs = number(value("--max-runs")?, "--max-runs")?,
             "--out" => o.out = Some(PathBuf::from(value("--out")?)),
             "--function" => o.function = Some(PathBuf::from(value("--function")?)),
+            "--workload" if subset.0 => return Err("--workload is given twice".into()),
             "--workload" => {
                 let v = value("--workload")?;
                 o.workloads = vec![
                     Workload::parse(&v)
                         .ok_or(format!("--workload takes noop or shell, got {v:?}"))?,
                 ];
+                subset.0 = true;
             }
+            "--rows" if subset.1 => return Err("--rows is given twice".into()),
             "--rows" => {
                 let v = value("--rows")?;
-                o.rows = v
-                    .split(',')
-                    .map(|name| {
-                        Which::parse(name.trim()).ok_or(format!(
-                            "--rows takes a comma-separated list of reference, ours, \
-                             no-claim-ahead, one-invocation, larger-batch; got {name:?}"
-                        ))
-                    })
-                    .collect::<Result<_, _>>()?;
+                let mut rows: Vec<Which> = Vec::new();
+                for name in v.split(',') {
+                    let row = Which::parse(name.trim()).ok_or(format!(
+                        "--rows takes a comma-separated list of reference, ours, \
+                         no-claim-ahead, one-invocation, larger-batch; got {name:?}"
+                    ))?;
+                    if rows.contains(&row) {
+                        return Err(format!("--rows names {name:?} twice"));
+                    }
+                    rows.push(row);
+                }
+                o.rows = rows;
+                subset.1 = true;
             }
             "-h" | "--help" => return Err(String::new()),
             other => return Err(format!("unknown argument {other:?}")),
         }
     }
-    let subset = o.workloads.len() < Workload::ALL.len() || o.rows != Which::ALL;
-    if subset && !o.drain_only {
-        return Err("--workload and --rows need --drain-only: the report needs every row".into());
+    if (subset.0 || subset.1) && !o.drain_only {
+        return Err(
+            "--workload and --rows need --drain-only: the report drains both workloads with \
+             every row in the design's order"
+                .into(),
+        );
     }
     Ok(o)
 }
@@ -195,11 +208,22 @@ async fn main() -> ExitCode {
         }
     };
     // The reference worker installs SIGINT/SIGTERM handlers that outlive it (its drain is
-    // stopped by aborting its task): Ctrl+C must still stop the bench.
+    // stopped by aborting its task), and they swallow the signals: Ctrl+C and SIGTERM must
+    // still stop the bench, and the moto server it may have started.
     tokio::spawn(async {
-        let _ = tokio::signal::ctrl_c().await;
+        let code = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut term) => tokio::select! {
+                _ = tokio::signal::ctrl_c() => 130,
+                _ = term.recv() => 143,
+            },
+            Err(_) => {
+                let _ = tokio::signal::ctrl_c().await;
+                130
+            }
+        };
         eprintln!("interrupted");
-        std::process::exit(130);
+        dynamodb::kill_started_server();
+        std::process::exit(code);
     });
     // In a task on the worker threads, as the deployed function runs its Lambda runtime loop
     // (`handler::in_worker_task`): our invocations are awaited from there.
@@ -215,7 +239,11 @@ async fn main() -> ExitCode {
 async fn run(o: Options) -> Result<(), BenchError> {
     // moto first: started before we become a subreaper, it is not our descendant, and our
     // invocations' orphan sweep leaves it alone.
-    let moto = dynamodb::Moto::find_or_start().await;
+    let moto = if o.drain_only {
+        Err("not measured: --drain-only".to_string())
+    } else {
+        dynamodb::Moto::find_or_start().await
+    };
     // Like the deployed function: descendants left by shell steps are reaped by us.
     ironflow_lambda::orphans::become_subreaper();
     let machine = report::Machine::read();
@@ -290,20 +318,31 @@ async fn run(o: Options) -> Result<(), BenchError> {
     Ok(())
 }
 
-/// The rows of round `round` (0-based), in the order they drain: `rows` rotated by one more
-/// place each round, so that over `rows.len()` rounds every row drains once in every position
-/// (first, second, ...), and reversed in every other block of `rows.len()` rounds, so that every
-/// row also follows every other one. A drift of the machine's load, and whatever a drain leaves
-/// behind for the next one, then hit every row alike. (A fixed order, reversed every other
-/// round, kept the reference first or last and ours second or fourth; the second position ran
-/// about 4 % slower than the mean in 9bb9368's run.)
+/// The rows of round `round` (0-based), in the order they drain: a Williams design. Round `i`
+/// of a block takes the base order `0, 1, n-1, 2, n-2, ...` of `rows` (n of them) shifted by
+/// `i`, and the next n rounds take the same orders reversed. Over every 2n rounds each row
+/// drains twice in each position (first, second, ...) and twice right after each other row, so
+/// that a drift of the machine's load, and whatever a drain leaves behind for the next one,
+/// hit every row alike. (A fixed order, reversed every other round, kept the reference first or
+/// last and ours second or fourth; the second position ran about 4 % slower than the mean in
+/// 9bb9368's run.)
 fn round_order(rows: &[Which], round: usize) -> Vec<Which> {
-    let mut order = rows.to_vec();
-    if order.is_empty() {
-        return order;
+    let n = rows.len();
+    if n == 0 {
+        return Vec::new();
     }
-    order.rotate_left(round % rows.len());
-    if (round / rows.len()) % 2 == 1 {
+    let (mut low, mut high) = (1, n - 1);
+    let base = std::iter::once(0).chain((1..n).map(|k| {
+        if k % 2 == 1 {
+            low += 1;
+            low - 1
+        } else {
+            high -= 1;
+            high + 1
+        }
+    }));
+    let mut order: Vec<Which> = base.map(|b| rows[(b + round) % n]).collect();
+    if (round / n) % 2 == 1 {
         order.reverse();
     }
     order
@@ -357,40 +396,32 @@ mod tests {
     use super::*;
 
     #[test]
-    fn every_row_drains_once_in_every_position_per_block_of_rounds() {
-        let rows = Which::ALL;
-        for block in 0..2 {
-            let orders: Vec<Vec<Which>> = (0..rows.len())
-                .map(|i| round_order(&rows, block * rows.len() + i))
-                .collect();
-            for position in 0..rows.len() {
-                let mut at: Vec<Which> = orders.iter().map(|o| o[position]).collect();
-                at.sort();
-                assert_eq!(at, rows.to_vec(), "block {block}, position {position}");
+    fn every_row_drains_twice_in_each_position_and_after_each_other_row_per_2n_rounds() {
+        for n in 1..=Which::ALL.len() {
+            let rows = &Which::ALL[..n];
+            let orders: Vec<Vec<Which>> = (0..2 * n).map(|r| round_order(rows, r)).collect();
+            for order in &orders {
+                let mut sorted = order.clone();
+                sorted.sort();
+                assert_eq!(sorted, rows.to_vec(), "every row once per round");
+            }
+            for position in 0..n {
+                for row in rows {
+                    let times = orders.iter().filter(|o| o[position] == *row).count();
+                    assert_eq!(times, 2, "n = {n}: {row:?} in position {position}");
+                }
+            }
+            for before in rows {
+                for after in rows.iter().filter(|r| *r != before) {
+                    let times = orders
+                        .iter()
+                        .flat_map(|o| o.windows(2))
+                        .filter(|w| w[0] == *before && w[1] == *after)
+                        .count();
+                    assert_eq!(times, 2, "n = {n}: {after:?} right after {before:?}");
+                }
             }
         }
-        // The second block reverses the first's orders: each row is followed by the rows that
-        // preceded it.
-        assert_eq!(
-            round_order(&rows, 0),
-            vec![
-                Which::Reference,
-                Which::Ours,
-                Which::OursNoClaimAhead,
-                Which::OursOneInvocation,
-                Which::OursLargerBatch
-            ]
-        );
-        assert_eq!(
-            round_order(&rows, rows.len()),
-            vec![
-                Which::OursLargerBatch,
-                Which::OursOneInvocation,
-                Which::OursNoClaimAhead,
-                Which::Ours,
-                Which::Reference
-            ]
-        );
-        assert_eq!(round_order(&[Which::Ours], 3), vec![Which::Ours]);
+        assert!(round_order(&[], 3).is_empty());
     }
 }

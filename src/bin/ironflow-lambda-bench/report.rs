@@ -176,8 +176,8 @@ pub fn render(o: &Options, m: &Machine, r: &Results) -> String {
     let _ = writeln!(
         md,
         "Measured on {} by `{command}`{}. Not part of the test command. Every number below \
-         comes from that one run on this machine; timings are medians over rounds that rotate \
-         the order of the drains, and the ratios compare the two workers in the same run.\n",
+         comes from that one run on this machine; timings are medians over rounds in a balanced \
+         order, and the ratios compare the two workers in the same run.\n",
         m.date,
         if o.quick {
             " (quick mode: small counts, indicative only)"
@@ -330,9 +330,9 @@ pub fn render(o: &Options, m: &Machine, r: &Results) -> String {
          invocations back to back through `handler::handle_summary` (the Lambda code path), \
          awaited one after the other from a task on the worker threads, as the deployed \
          function's Lambda runtime loop runs them (`handler::in_worker_task`), \
-         each claiming at most N = {} runs with a deadline {} s away. Each round rotates the order \
-         of the drains by one place, and every other block of five rounds reverses it: every \
-         row drains as often in each position, and after each other row.\n",
+         each claiming at most N = {} runs with a deadline {} s away. The rounds follow a Williams \
+         design: over every 10 rounds each of the 5 rows drains twice in each position and \
+         twice right after each other row.\n",
         s.runs,
         s.concurrency,
         s.max_runs,
@@ -451,9 +451,10 @@ pub fn render(o: &Options, m: &Machine, r: &Results) -> String {
     let _ = writeln!(
         md,
         "\n**CPU per run.** `getrusage(2)` of the bench's process, from the worker's start \
-         until every run is terminal, divided by K: the process holds the worker, the embedded \
-         API and the watcher alike, so this is the worker's cost plus the API's for the \
-         requests it sends; \"children\" is the shell steps' processes. Where the machine is \
+         until it stopped (as the HTTP requests are counted), divided by K: the process holds \
+         the worker, the embedded API and the watcher polling the store every 1 ms alike, so \
+         this is the worker's cost plus the API's for the requests it sends, plus the watcher's \
+         (which grows with the wall time); \"children\" is the shell steps' processes. Where the machine is \
          busy (the shell drains keep both cores near saturation), a thread's CPU time grows \
          with its wait for a core, so compare rows of one workload, and the process's CPU with \
          its children's (their work is the same for every row).\n\n\
