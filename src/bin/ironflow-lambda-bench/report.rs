@@ -231,20 +231,27 @@ pub fn render(o: &Options, m: &Machine, r: &Results) -> String {
     let rss_mib = r.batch.peak_rss_kib as f64 / 1024.0;
     let _ = writeln!(md, "## Targets\n");
     let _ = writeln!(md, "| target (issue 7) | measured | met |\n|---|---|---|");
+    // Met only if both measures hold: the wall time counts what each worker does before its
+    // first claim, and the reference's `Worker::run` builds its log pusher's HTTP client there
+    // (native TLS, loading the system's CA certificates), 11-14 ms in this session's runs, which
+    // our invocations do not pay (their clients are built with the worker, as at a cold start,
+    // before the clock starts; the cold start is measured below). From the first claim on, the two drain the same backlog.
     for w in Workload::ALL {
-        let x = ratio(w);
+        let (x, claimed) = (ratio(w), ratio_claimed(w, Which::Ours));
         let aim = if w == Workload::NoOp {
             " (aim ≤ 0.8)"
         } else {
             ""
         };
+        let met = x <= 1.0 && claimed <= 1.0;
         let _ = writeln!(
             md,
-            "| drain time ours / reference, {} ≤ 1.0{aim} | {x:.3} | {}{} |",
+            "| drain time ours / reference, {} ≤ 1.0{aim}: wall time; from the first claim | \
+             {x:.3}; {claimed:.3} | {}{} |",
             w.describe(),
-            yes(x <= 1.0),
-            if w == Workload::NoOp && x <= 1.0 {
-                if x <= 0.8 {
+            yes(met),
+            if w == Workload::NoOp && met {
+                if x.max(claimed) <= 0.8 {
                     ", ≤ 0.8 too"
                 } else {
                     ", not ≤ 0.8"
@@ -326,7 +333,10 @@ pub fn render(o: &Options, m: &Machine, r: &Results) -> String {
          runs from the worker's start (the reference's `Worker::run`, our first invocation) \
          until a watcher polling the API's store every 1 ms sees all K runs terminal; \
          \"from first claim\" starts instead when the watcher first sees a run claimed, \
-         leaving out what a worker does before its first claim. Ours: \
+         leaving out what a worker does before its first claim (the reference's `Worker::run` \
+         builds its log pusher's HTTP client, with native TLS, before its first claim: most of \
+         the difference between its two columns; ours are built with the worker, as at \
+         a cold start). A drain target is met only if both ratios are. Ours: \
          invocations back to back through `handler::handle_summary` (the Lambda code path), \
          awaited one after the other from a task on the worker threads, as the deployed \
          function's Lambda runtime loop runs them (`handler::in_worker_task`), \
