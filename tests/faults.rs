@@ -263,38 +263,38 @@ fn worker_at(api_url: &str, token: &str) -> ironflow_lambda::builder::LambdaWork
         .unwrap()
 }
 
-#[tokio::test]
-async fn a_wrong_api_path_is_reported_with_the_status_and_the_variable_to_fix() {
+/// One invocation of a worker at the API's URL followed by `path`, with `token` (`None`: the
+/// API's own), against a pending run: nothing is claimed, the batch stops on a claim error, and
+/// the run stays Pending. Returns that error.
+async fn refused_claim_error(path: &str, token: Option<&str>) -> String {
     let h = Harness::start().await;
     let id = h.create("quick", 0).await;
-    // A common mistake: the API's base URL with its /api/v1 prefix. The API answers the claim
-    // 404 with an empty body, which ApiRunStore reports as "worker API error: ".
-    let worker = worker_at(&format!("{}/api/v1", h.api.url()), h.api.token());
+    let url = format!("{}{path}", h.api.url());
+    let worker = worker_at(&url, token.unwrap_or(h.api.token()));
 
     let summary = h.invoke(&worker, Duration::from_secs(30)).await;
 
     assert_eq!(summary.claimed, 0);
     assert_eq!(summary.stop_reason, StopReason::ClaimError);
-    let error = &summary.errors[0];
+    assert_eq!(h.status(id).await, RunStatus::Pending, "nothing claimed");
+    let error = summary.errors[0].clone();
+    assert!(!error.contains(h.api.token()), "{error}");
+    error
+}
+
+#[tokio::test]
+async fn a_wrong_api_path_is_reported_with_the_status_and_the_variable_to_fix() {
+    // A common mistake: the API's base URL with its /api/v1 prefix. The API answers the claim
+    // 404 with an empty body, which ApiRunStore reports as "worker API error: ".
+    let error = refused_claim_error("/api/v1", None).await;
     assert!(error.contains("404"), "{error}");
     assert!(error.contains("IRONFLOW_API_URL"), "{error}");
-    assert!(!error.contains(h.api.token()), "{error}");
-    assert_eq!(h.status(id).await, RunStatus::Pending, "nothing claimed");
 }
 
 #[tokio::test]
 async fn a_refused_worker_token_is_reported_with_the_status_and_the_variable_to_fix() {
-    let h = Harness::start().await;
-    let id = h.create("quick", 0).await;
-    let worker = worker_at(&h.api.url(), SECRET);
-
-    let summary = h.invoke(&worker, Duration::from_secs(30)).await;
-
-    assert_eq!(summary.claimed, 0);
-    assert_eq!(summary.stop_reason, StopReason::ClaimError);
-    let error = &summary.errors[0];
+    let error = refused_claim_error("", Some(SECRET)).await;
     assert!(error.contains("401"), "{error}");
     assert!(error.contains("IRONFLOW_WORKER_TOKEN"), "{error}");
     assert!(!error.contains(SECRET), "{error}");
-    assert_eq!(h.status(id).await, RunStatus::Pending, "nothing claimed");
 }
