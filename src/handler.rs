@@ -131,8 +131,11 @@ pub async fn handle_response(
             one_batch(worker, &context, &BatchRequest::default()).await
         }
         Trigger::Direct(direct) => {
-            info!(max_runs = ?direct.request.max_runs, reason = direct.reason.as_deref().unwrap_or(""),
-                "direct invocation");
+            info!(
+                max_runs = direct.request.max_runs,
+                reason = direct.reason.as_deref().unwrap_or(""),
+                "direct invocation"
+            );
             one_batch(worker, &context, &direct.request).await
         }
         Trigger::Sqs(wake_ups) => {
@@ -141,7 +144,7 @@ pub async fn handle_response(
                     "malformed wake-up: reported as a batch item failure");
             }
             for w in &wake_ups.accepted {
-                info!(message_id = %w.message_id, max_runs = ?w.max_runs,
+                info!(message_id = %w.message_id, max_runs = w.max_runs,
                     reason = w.reason.as_deref().unwrap_or(""), "wake-up");
             }
             let mut batch_response = SqsBatchResponse::default();

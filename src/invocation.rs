@@ -73,6 +73,19 @@ pub enum StopReason {
     ClaimError,
 }
 
+impl StopReason {
+    /// The name in the summary and in log lines: `max_runs`, `no_pending_run`, `cutoff` or
+    /// `claim_error`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::MaxRuns => "max_runs",
+            Self::NoPendingRun => "no_pending_run",
+            Self::Cutoff => "cutoff",
+            Self::ClaimError => "claim_error",
+        }
+    }
+}
+
 /// The invocation's JSON summary, returned to direct and scheduled invocations and logged.
 #[derive(Debug, Clone, Serialize)]
 pub struct InvocationSummary {
@@ -437,7 +450,7 @@ async fn run_in_span(
     metrics::record(&summary);
     info!(
         claimed = summary.claimed,
-        stop_reason = ?summary.stop_reason,
+        stop_reason = summary.stop_reason.as_str(),
         time_left_ms = summary.time_left_ms,
         "invocation finished"
     );
@@ -629,5 +642,22 @@ async fn wait_for_an_end(
             true
         }
         () = sleep_until(window_end) => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stop_reason_names_in_log_lines_match_the_summary_json() {
+        for reason in [
+            StopReason::MaxRuns,
+            StopReason::NoPendingRun,
+            StopReason::Cutoff,
+            StopReason::ClaimError,
+        ] {
+            assert_eq!(serde_json::to_value(reason).unwrap(), reason.as_str());
+        }
     }
 }

@@ -180,6 +180,16 @@ pub enum WakeTrigger {
     Backlog,
 }
 
+impl WakeTrigger {
+    /// The name in the summary and in log lines: `handed_back` or `backlog`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::HandedBack => "handed_back",
+            Self::Backlog => "backlog",
+        }
+    }
+}
+
 /// What the wake-up phase did, in the invocation summary (`wake_ups`, present when
 /// `IRONFLOW_WAKE_QUEUE_URL` is set).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
@@ -300,8 +310,12 @@ pub(crate) async fn after_batch(worker: &LambdaWorker, end: BatchEnd<'_>) -> Opt
         settings.max_per_invocation,
     );
     if count == 0 {
-        info!(?trigger, pending_runs = ?report.pending_runs, queued = ?report.queued,
-            "enough wake-ups already queued");
+        info!(
+            trigger = trigger.as_str(),
+            pending_runs = report.pending_runs,
+            queued = report.queued,
+            "enough wake-ups already queued"
+        );
         return Some(report);
     }
     report.delay_secs = match trigger {
@@ -330,8 +344,14 @@ pub(crate) async fn after_batch(worker: &LambdaWorker, end: BatchEnd<'_>) -> Opt
             fail::<()>(&mut report, "sending wake-ups ran into the deadline".into());
         }
     }
-    info!(?trigger, sent = report.sent, pending_runs = ?report.pending_runs,
-        queued = ?report.queued, delay_secs = report.delay_secs, "wake-ups sent");
+    info!(
+        trigger = trigger.as_str(),
+        sent = report.sent,
+        pending_runs = report.pending_runs,
+        queued = report.queued,
+        delay_secs = report.delay_secs,
+        "wake-ups sent"
+    );
     Some(report)
 }
 
@@ -416,9 +436,15 @@ async fn send(waker: &Waker, count: usize, body: &str, delay_secs: u64) -> (usiz
 
 #[cfg(test)]
 mod tests {
-
     use super::*;
     use crate::config::tests::lookup;
+
+    #[test]
+    fn trigger_names_in_log_lines_match_the_summary_json() {
+        for trigger in [WakeTrigger::HandedBack, WakeTrigger::Backlog] {
+            assert_eq!(serde_json::to_value(trigger).unwrap(), trigger.as_str());
+        }
+    }
 
     const URL: (&str, &str) = (
         "IRONFLOW_WAKE_QUEUE_URL",

@@ -224,7 +224,7 @@ impl PoisonGate {
             .cloned()
             .partition(|w| !self.blocked_now(w, now));
         if !blocked.is_empty() {
-            info!(blocked = ?blocked, "defer mode: not claiming runs of blocked workflows");
+            info!(blocked = %blocked.join(","), "defer mode: not claiming runs of blocked workflows");
         }
         WorkerCapabilities::new(Some(allowed), registered.tags.clone())
     }
