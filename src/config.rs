@@ -274,10 +274,11 @@ impl Settings {
             });
         } else if !(api_url.starts_with("http://") || api_url.starts_with("https://"))
             || api_url.contains(char::is_whitespace)
+            || !reqwest::Url::parse(&api_url).is_ok_and(|u| u.has_host())
         {
             errors.push(ConfigError::Invalid {
                 variable: "IRONFLOW_API_URL",
-                expected: "an http:// or https:// URL",
+                expected: "an http:// or https:// URL with a host",
                 found: api_url.clone(),
             });
         }
@@ -652,6 +653,27 @@ pub(crate) mod tests {
             assert!(
                 text.contains(variable) && text.contains(expected) && text.contains(value),
                 "{text}"
+            );
+        }
+    }
+
+    #[test]
+    fn an_api_url_without_a_host_is_refused() {
+        for url in ["http://", "http://:8080"] {
+            let err = Settings::from_lookup(lookup(&[
+                ("IRONFLOW_API_URL", url),
+                ("IRONFLOW_WORKER_TOKEN", "t"),
+            ]))
+            .unwrap_err();
+            assert!(
+                matches!(
+                    err,
+                    ConfigError::Invalid {
+                        variable: "IRONFLOW_API_URL",
+                        ..
+                    }
+                ),
+                "{url}: {err:?}"
             );
         }
     }

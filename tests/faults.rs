@@ -36,6 +36,23 @@ fn cold_start(env: &[(&str, &str)]) -> (bool, String) {
 }
 
 #[test]
+fn outside_lambda_the_cold_start_stops_with_an_error_not_a_panic() {
+    // A valid environment, but no Lambda Runtime API (lambda_runtime itself would panic).
+    let (ok, output) = cold_start(&[
+        ("IRONFLOW_API_URL", "http://127.0.0.1:9"),
+        ("IRONFLOW_WORKER_TOKEN", SECRET),
+        ("AWS_REGION", "us-east-1"),
+    ]);
+    assert!(!ok, "the cold start must fail: {output}");
+    assert!(
+        output.contains("AWS_LAMBDA_RUNTIME_API is not set"),
+        "{output}"
+    );
+    assert!(!output.contains("panicked"), "a panic: {output}");
+    assert!(!output.contains(SECRET), "the token leaked: {output}");
+}
+
+#[test]
 fn several_bad_variables_are_all_named_in_one_cold_start() {
     let (ok, output) = cold_start(&[
         ("IRONFLOW_WORKER_TOKEN", SECRET),

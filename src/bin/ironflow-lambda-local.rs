@@ -152,7 +152,8 @@ async fn print_table(
         println!(
             "{:<14} {:<38} {:<10} {:>11} {:>15}  {}",
             run.workflow_name,
-            run.id,
+            // Uuid's Display ignores the width: pad its string.
+            run.id.to_string(),
             run.status.state.to_string(),
             invocations_per_run.get(id).copied().unwrap_or(0),
             format!("{done}/{}", steps.len()),

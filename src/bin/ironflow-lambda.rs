@@ -28,6 +28,15 @@ async fn main() -> Result<(), Error> {
     let namespace =
         std::env::var("IRONFLOW_METRICS_NAMESPACE").unwrap_or_else(|_| "ironflow-lambda".into());
     let collector = metrics::install(&namespace, &function);
+    // lambda_runtime panics on a missing runtime variable: outside Lambda (or cargo lambda
+    // watch), stop with an error that says so instead.
+    if std::env::var_os("AWS_LAMBDA_RUNTIME_API").is_none() {
+        let e = "AWS_LAMBDA_RUNTIME_API is not set: this binary runs under AWS Lambda or \
+                 `cargo lambda watch` (README); to run workflows locally without them, use \
+                 `cargo run --bin ironflow-lambda-local`";
+        tracing::error!(error = e, "not under a Lambda runtime");
+        return Err(e.into());
+    }
     // The runtime loop itself runs in a task on the worker threads, beside the runs its
     // invocations execute (see `in_worker_task`).
     handler::in_worker_task(lambda_runtime::run(service_fn(
