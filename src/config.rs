@@ -272,9 +272,9 @@ impl Settings {
                 variable: "IRONFLOW_API_URL",
                 expected: "the ironflow API's base URL, e.g. https://ironflow.example.com",
             });
-        } else if !(api_url.starts_with("http://") || api_url.starts_with("https://"))
-            || api_url.contains(char::is_whitespace)
-            || !reqwest::Url::parse(&api_url).is_ok_and(|u| u.has_host())
+        } else if api_url.contains(char::is_whitespace)
+            || !reqwest::Url::parse(&api_url)
+                .is_ok_and(|u| matches!(u.scheme(), "http" | "https") && u.has_host())
         {
             errors.push(ConfigError::Invalid {
                 variable: "IRONFLOW_API_URL",

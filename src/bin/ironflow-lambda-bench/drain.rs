@@ -221,6 +221,33 @@ pub struct DrainResult {
     pub usage: Usage,
 }
 
+/// [`Usage`] per run drained.
+#[derive(Debug, Clone, Copy)]
+pub struct UsagePerRun {
+    /// This process's CPU time per run, in ms.
+    pub cpu_ms: f64,
+    /// The reaped children's CPU time per run, in ms.
+    pub children_cpu_ms: f64,
+    pub voluntary_switches: f64,
+    pub involuntary_switches: f64,
+}
+
+impl UsagePerRun {
+    /// The field-by-field median of `results`' usage per run, `runs` runs each.
+    pub fn median(results: &[DrainResult], runs: usize) -> Self {
+        let per_run: Vec<UsagePerRun> = results.iter().map(|r| r.usage.per_run(runs)).collect();
+        let median = |f: fn(&UsagePerRun) -> f64| {
+            crate::report::median(&per_run.iter().map(f).collect::<Vec<_>>())
+        };
+        Self {
+            cpu_ms: median(|u| u.cpu_ms),
+            children_cpu_ms: median(|u| u.children_cpu_ms),
+            voluntary_switches: median(|u| u.voluntary_switches),
+            involuntary_switches: median(|u| u.involuntary_switches),
+        }
+    }
+}
+
 /// CPU time and context switches over a span, from `getrusage(2)`.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Usage {
@@ -254,6 +281,17 @@ impl Usage {
             children_cpu: children.as_ref().map(cpu).unwrap_or_default(),
             voluntary_switches: me.map_or(0, |u| u.ru_nvcsw as u64),
             involuntary_switches: me.map_or(0, |u| u.ru_nivcsw as u64),
+        }
+    }
+
+    /// This usage divided among `runs` runs.
+    pub fn per_run(&self, runs: usize) -> UsagePerRun {
+        let runs = runs.max(1) as f64;
+        UsagePerRun {
+            cpu_ms: self.cpu.as_secs_f64() * 1000.0 / runs,
+            children_cpu_ms: self.children_cpu.as_secs_f64() * 1000.0 / runs,
+            voluntary_switches: self.voluntary_switches as f64 / runs,
+            involuntary_switches: self.involuntary_switches as f64 / runs,
         }
     }
 

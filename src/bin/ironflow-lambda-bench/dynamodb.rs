@@ -39,14 +39,11 @@ use crate::drain::{DrainSettings, NoOp, ThreeStepShell, Workload, invoke};
 /// moto's server for the measurement: found in the environment, or started (and killed on drop).
 pub struct Moto {
     pub endpoint: String,
-    pid: Option<i32>,
 }
 
 impl Drop for Moto {
     fn drop(&mut self) {
-        if self.pid.is_some() {
-            kill_started_server();
-        }
+        kill_started_server();
     }
 }
 
@@ -69,10 +66,7 @@ impl Moto {
     /// Call before [`ironflow_lambda::orphans::become_subreaper`]. `Err` says why there is none.
     pub async fn find_or_start() -> Result<Self, String> {
         if let Ok(endpoint) = std::env::var("IRONFLOW_TEST_MOTO_ENDPOINT") {
-            return Ok(Self {
-                endpoint,
-                pid: None,
-            });
+            return Ok(Self { endpoint });
         }
         let server = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(".venv/bin/moto_server");
         if !server.exists() {
@@ -94,13 +88,11 @@ impl Moto {
             ))
             .output()
             .map_err(|e| format!("not measured: could not start moto: {e}"))?;
-        let pid: Option<i32> = String::from_utf8_lossy(&out.stdout).trim().parse().ok();
-        if let Some(pid) = pid {
+        if let Ok(pid) = String::from_utf8_lossy(&out.stdout).trim().parse::<i32>() {
             STARTED.store(pid, Ordering::SeqCst);
         }
         let moto = Self {
             endpoint: format!("http://127.0.0.1:{port}"),
-            pid,
         };
         let probe = format!("{}/moto-api/data.json", moto.endpoint);
         for _ in 0..300 {

@@ -31,7 +31,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use drain::{DrainResult, DrainSettings, Which, Workload};
+use drain::{DrainResult, DrainSettings, UsagePerRun, Which, Workload};
 use ironflow_lambda::handler;
 use latency::DeadlineSettings;
 
@@ -118,8 +118,7 @@ fn parse(args: Vec<String>) -> Result<Options, String> {
         function: None,
         args: args.clone(),
     };
-    // Whether --workload and --rows were given.
-    let mut subset = (false, false);
+    let (mut workload_given, mut rows_given) = (false, false);
     let mut it = args.into_iter();
     while let Some(a) = it.next() {
         let mut value = |name: &str| it.next().ok_or(format!("{name} needs a value"));
@@ -139,16 +138,16 @@ fn parse(args: Vec<String>) -> Result<Options, String> {
             "--max-runs" => o.drain.max_runs = number(value("--max-runs")?, "--max-runs")?,
             "--out" => o.out = Some(PathBuf::from(value("--out")?)),
             "--function" => o.function = Some(PathBuf::from(value("--function")?)),
-            "--workload" if subset.0 => return Err("--workload is given twice".into()),
+            "--workload" if workload_given => return Err("--workload is given twice".into()),
             "--workload" => {
                 let v = value("--workload")?;
                 o.workloads = vec![
                     Workload::parse(&v)
                         .ok_or(format!("--workload takes noop or shell, got {v:?}"))?,
                 ];
-                subset.0 = true;
+                workload_given = true;
             }
-            "--rows" if subset.1 => return Err("--rows is given twice".into()),
+            "--rows" if rows_given => return Err("--rows is given twice".into()),
             "--rows" => {
                 let v = value("--rows")?;
                 let mut rows: Vec<Which> = Vec::new();
@@ -163,13 +162,13 @@ fn parse(args: Vec<String>) -> Result<Options, String> {
                     rows.push(row);
                 }
                 o.rows = rows;
-                subset.1 = true;
+                rows_given = true;
             }
             "-h" | "--help" => return Err(String::new()),
             other => return Err(format!("unknown argument {other:?}")),
         }
     }
-    if (subset.0 || subset.1) && !o.drain_only {
+    if (workload_given || rows_given) && !o.drain_only {
         return Err(
             "--workload and --rows need --drain-only: the report drains both workloads with \
              every row in the design's order"
@@ -258,7 +257,7 @@ async fn run(o: Options) -> Result<(), BenchError> {
         for &workload in &o.workloads {
             for which in round_order(&o.rows, round) {
                 let r = drain::drain(which, workload, &o.drain).await?;
-                let per_run_ms = |d: Duration| d.as_secs_f64() * 1000.0 / o.drain.runs as f64;
+                let u = r.usage.per_run(o.drain.runs);
                 eprintln!(
                     "round {}/{} {:<14} {:<10} {:>8.3} s  {:>6.1} runs/s  {:>5.2} requests/run  {} invocations  \
                      CPU/run {:.3} ms + children {:.3} ms  switches/run {:.1} voluntary {:.1} involuntary",
@@ -270,10 +269,10 @@ async fn run(o: Options) -> Result<(), BenchError> {
                     o.drain.runs as f64 / r.wall.as_secs_f64(),
                     r.total_requests() as f64 / o.drain.runs as f64,
                     r.invocations,
-                    per_run_ms(r.usage.cpu),
-                    per_run_ms(r.usage.children_cpu),
-                    r.usage.voluntary_switches as f64 / o.drain.runs as f64,
-                    r.usage.involuntary_switches as f64 / o.drain.runs as f64,
+                    u.cpu_ms,
+                    u.children_cpu_ms,
+                    u.voluntary_switches,
+                    u.involuntary_switches,
                 );
                 drains.entry((workload, which)).or_default().push(r);
             }
@@ -351,30 +350,23 @@ fn round_order(rows: &[Which], round: usize) -> Vec<Which> {
 /// `--drain-only`: per workload and row, the median wall time, its ratio to the reference's
 /// (when the reference row ran) and the median CPU time and context switches per run.
 fn print_drain_medians(drains: &BTreeMap<(Workload, Which), Vec<DrainResult>>, runs: usize) {
-    let median_of = |rs: &[DrainResult], f: &dyn Fn(&DrainResult) -> f64| {
-        report::median(&rs.iter().map(f).collect::<Vec<_>>())
-    };
-    let per_run = |x: f64| x / runs as f64;
+    let median_wall = |rs: &[DrainResult]| report::median(&report::walls(rs));
     for ((w, which), rs) in drains {
-        let wall = median_of(rs, &|r| r.wall.as_secs_f64());
+        let wall = median_wall(rs);
         let ratio = drains
             .get(&(*w, Which::Reference))
-            .map(|reference| {
-                format!(
-                    " ({:.3} of the reference)",
-                    wall / median_of(reference, &|r| r.wall.as_secs_f64())
-                )
-            })
+            .map(|reference| format!(" ({:.3} of the reference)", wall / median_wall(reference)))
             .unwrap_or_default();
+        let u = UsagePerRun::median(rs, runs);
         println!(
             "{:<14} {:<15} {wall:.3} s{ratio}  per run: CPU {:.3} ms + children {:.3} ms, \
              {:.1} voluntary + {:.1} involuntary switches",
             w.name(),
             which.flag(),
-            per_run(median_of(rs, &|r| r.usage.cpu.as_secs_f64() * 1000.0)),
-            per_run(median_of(rs, &|r| r.usage.children_cpu.as_secs_f64() * 1000.0)),
-            per_run(median_of(rs, &|r| r.usage.voluntary_switches as f64)),
-            per_run(median_of(rs, &|r| r.usage.involuntary_switches as f64)),
+            u.cpu_ms,
+            u.children_cpu_ms,
+            u.voluntary_switches,
+            u.involuntary_switches,
         );
     }
 }

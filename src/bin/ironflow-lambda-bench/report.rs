@@ -3,7 +3,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write;
 
-use crate::drain::{DrainResult, Which, Workload};
+use crate::drain::{DrainResult, UsagePerRun, Which, Workload};
 use crate::dynamodb::DynamoDb;
 use crate::{Options, Results};
 
@@ -121,7 +121,8 @@ fn max(values: &[f64]) -> f64 {
     values.iter().copied().fold(f64::NEG_INFINITY, f64::max)
 }
 
-fn walls(results: &[DrainResult]) -> Vec<f64> {
+/// Each drain's wall time, in s.
+pub fn walls(results: &[DrainResult]) -> Vec<f64> {
     results.iter().map(|r| r.wall.as_secs_f64()).collect()
 }
 
@@ -233,9 +234,10 @@ pub fn render(o: &Options, m: &Machine, r: &Results) -> String {
     let _ = writeln!(md, "| target (issue 7) | measured | met |\n|---|---|---|");
     // Met only if both measures hold: the wall time counts what each worker does before its
     // first claim, and the reference's `Worker::run` builds its log pusher's HTTP client there
-    // (native TLS, loading the system's CA certificates), 11-14 ms in this session's runs, which
-    // our invocations do not pay (their clients are built with the worker, as at a cold start,
-    // before the clock starts; the cold start is measured below). From the first claim on, the two drain the same backlog.
+    // (native TLS, loading the system's CA certificates): most of the difference between the
+    // reference's two columns. Our invocations do not pay it: their clients are built with the
+    // worker, as at a cold start, before the clock starts (the cold start is measured below).
+    // From the first claim on, the two drain the same backlog.
     for w in Workload::ALL {
         let (x, claimed) = (ratio(w), ratio_claimed(w, Which::Ours));
         let aim = if w == Workload::NoOp {
@@ -475,11 +477,8 @@ pub fn render(o: &Options, m: &Machine, r: &Results) -> String {
     for w in Workload::ALL {
         for which in Which::ALL {
             let results = &r.drains[&(w, which)];
-            let per_run = |f: &dyn Fn(&DrainResult) -> f64| {
-                median(&results.iter().map(f).collect::<Vec<_>>()) / s.runs as f64
-            };
-            let cpu = per_run(&|d| d.usage.cpu.as_secs_f64() * 1000.0);
-            let children = per_run(&|d| d.usage.children_cpu.as_secs_f64() * 1000.0);
+            let u = UsagePerRun::median(results, s.runs);
+            let (cpu, children) = (u.cpu_ms, u.children_cpu_ms);
             let _ = writeln!(
                 md,
                 "| {} | {} | {cpu:.3} ms | {} | {} | {:.1} | {:.1} |",
@@ -495,8 +494,8 @@ pub fn render(o: &Options, m: &Machine, r: &Results) -> String {
                 } else {
                     "–".to_string()
                 },
-                per_run(&|d| d.usage.voluntary_switches as f64),
-                per_run(&|d| d.usage.involuntary_switches as f64),
+                u.voluntary_switches,
+                u.involuntary_switches,
             );
         }
     }
