@@ -25,6 +25,7 @@ use crate::api::artifacts::ApiArtifactSink;
 use crate::api::logs::LogForwarder;
 use crate::api::{ApiClient, ClientError};
 use crate::claim_ahead::RunPace;
+use crate::claimed_store::ClaimedRunStore;
 use crate::config::{ConfigError, Settings, WorkerToken};
 use crate::poison::dynamodb::{DynamoPoisonTable, DynamoSetupError};
 use crate::poison::memory::MemoryPoisonTable;
@@ -405,7 +406,8 @@ impl LambdaWorkerBuilder {
         let tags = normalize_worker_tags(s.tags.clone());
 
         let api_store = ApiRunStore::new(&s.api_url, s.worker_token.expose());
-        let store: Arc<dyn Store> = Arc::new(api_store.clone());
+        let claimed_store = Arc::new(ClaimedRunStore::new(Arc::new(api_store.clone())));
+        let store: Arc<dyn Store> = claimed_store.clone();
         let strategy = self
             .account_strategy
             .unwrap_or_else(|| Arc::new(LeastUtilized));
@@ -457,6 +459,7 @@ impl LambdaWorkerBuilder {
 
         Ok(LambdaWorker {
             engine: Arc::new(engine),
+            claimed_store,
             capabilities,
             poison_table,
             poison_mode,
@@ -576,6 +579,8 @@ fn registered_workflows(engine: &Engine) -> Option<Vec<String>> {
 /// pooled connections it shares across invocations serve one at a time.
 pub struct LambdaWorker {
     pub(crate) engine: Arc<Engine>,
+    /// The engine's store, which takes each claimed run for the engine's first read of it.
+    pub(crate) claimed_store: Arc<ClaimedRunStore>,
     pub(crate) capabilities: WorkerCapabilities,
     pub(crate) poison_table: Arc<dyn PoisonTable>,
     pub(crate) poison_mode: PoisonMode,

@@ -24,6 +24,7 @@ use tokio::time::{Instant, sleep_until, timeout_at};
 use tracing::{Instrument, error, info, info_span, warn};
 use uuid::Uuid;
 
+use crate::claimed_store::ClaimedRunStore;
 use crate::handback::{self, HandbackPolicy};
 use crate::lease::LeaseRefresher;
 
@@ -146,6 +147,8 @@ impl Claimed {
 #[derive(Clone)]
 pub(crate) struct ExecutionParams {
     pub engine: Arc<Engine>,
+    /// The engine's store, primed with each run before the engine reads it.
+    pub claimed_store: Arc<ClaimedRunStore>,
     pub lease: LeaseRequest,
     pub run_timeout: Duration,
     pub cutoff: Instant,
@@ -192,6 +195,9 @@ async fn execute_in_span(p: ExecutionParams, run: Run, refresher: LeaseRefresher
     // Polled by this task rather than spawned: the run's end releases its slot without a hop
     // to another task (each hop waits for a thread, a long wait while shell steps keep both
     // cores busy). A panic of the handler is caught here as a spawned task's would be.
+    // The engine's first read of the run is served the claimed copy (no request); the guard
+    // drops the copy if the read never came.
+    let _primed = p.claimed_store.prime(&run);
     let mut execution =
         Box::pin(std::panic::AssertUnwindSafe(p.engine.execute_handler_run(run.id)).catch_unwind());
 

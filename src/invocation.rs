@@ -173,6 +173,7 @@ async fn run_in_span(
     };
     let params = ExecutionParams {
         engine: worker.engine.clone(),
+        claimed_store: worker.claimed_store.clone(),
         lease: lease.clone(),
         run_timeout: s.run_timeout,
         cutoff: budget.cutoff(),

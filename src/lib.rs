@@ -36,13 +36,14 @@
 //!
 //! Modules, in the order of one invocation: [`config`], [`secrets`] and [`builder`] (cold start),
 //! [`handler`] and [`trigger`] (event in), [`deadline`] and [`invocation`] (the batch),
-//! [`execution`], [`lease`] and [`handback`] (one run), [`poison`] (the poison-pill table),
+//! [`execution`], [`claimed_store`], [`lease`] and [`handback`] (one run), [`poison`] (the poison-pill table),
 //! [`orphans`] (no process outlives the invocation), [`pool`] (stale connections after a
 //! freeze), [`wake`] and [`api`] (wake-ups after the batch).
 
 pub mod api;
 pub mod builder;
 pub mod claim_ahead;
+pub mod claimed_store;
 pub mod config;
 pub mod deadline;
 pub mod execution;

@@ -387,6 +387,30 @@ async fn after_a_full_batch_the_first_claims_go_out_together() {
     assert_eq!(executions(&h.path("quick")), 3);
 }
 
+/// Reads of one run (`GET /api/v1/internal/runs/{id}`) the API has answered so far.
+fn run_reads(h: &Harness) -> u64 {
+    h.api
+        .requests_by_route()
+        .get("GET /api/v1/internal/runs/{id}")
+        .copied()
+        .unwrap_or(0)
+}
+
+#[tokio::test]
+async fn the_engine_reads_a_claimed_run_from_its_claim_first_then_from_the_api() {
+    let h = Harness::start().await;
+    let worker = h.builder().register(Noop).build().unwrap();
+    let id = h.create("noop", 0).await;
+    let before = run_reads(&h);
+    let summary = h.invoke(&worker, LONG).await;
+    assert_eq!(summary.count(Outcome::Completed), 1, "{summary:?}");
+    assert_eq!(h.status(id).await, RunStatus::Completed);
+    // The engine reads a handler-less run four times: to start it, its steps to replay, the
+    // pause check at its end and the run as its final write left it. The first is the
+    // claim's copy; the other three are live reads.
+    assert_eq!(run_reads(&h) - before, 3, "{:?}", h.api.requests_by_route());
+}
+
 /// Returns at once: a warm-up run, whose execution is a few API requests, so that a claim's
 /// round trip is a large share of it (claim-ahead's pace, `claim_ahead_percent(1)`).
 struct Noop;
