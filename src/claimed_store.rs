@@ -6,16 +6,17 @@
 //! (`GET /api/v1/internal/runs/next`) returned that same run, as the store holds it after the
 //! claim. [`ClaimedRunStore::prime`] keeps the claimed run for that one read, which then costs
 //! no request: a no-op run takes 5 requests instead of 6. Every other call, and every later read
-//! of the run, goes to the API as before, so a pause or a cancel is seen where the engine looks
-//! for it (before each step, at the end of the run).
+//! of the run, goes to the API as before: an operator's pause is seen where the engine checks for
+//! it (before each step and at the end of the run), a cancel by the lease refresher (the API
+//! refuses to renew the lease of a run no longer Running).
 //!
-//! What the engine takes from that first read (the workflow's name, the handler version, the
-//! input, labels, retry count, carried cost and duration, creation time) is written when the
-//! run is created or by the holder of its lease, which is this invocation until it executes the
-//! run: the claimed copy is the stored one. Runs whose first read uses their lease
-//! (sub-workflow children, which the engine resumes through their root run, handing over the
-//! lease the read shows) are not primed: the lease refresher may have renewed the lease since
-//! the claim.
+//! What the engine takes from that first read (the workflow's name and trigger, labels, the
+//! handler version, retry count, carried cost and duration, cost limit and creation time; the
+//! input is read live, later) does not change after the run's creation, or only under its lease,
+//! which this invocation holds until it executes the run: the claimed copy is the stored one.
+//! Runs whose first read uses their lease (sub-workflow children, which the engine resumes
+//! through their root run, handing over the lease the read shows) are not primed: the lease
+//! refresher may have renewed the lease since the claim.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -98,7 +99,8 @@ impl Drop for Primed<'_> {
 
 impl RunStore for ClaimedRunStore {
     fn get_run(&self, id: Uuid) -> StoreFuture<'_, Option<Run>> {
-        match self.entries().remove(&id) {
+        let primed = self.entries().remove(&id);
+        match primed {
             Some(run) => Box::pin(std::future::ready(Ok(Some(run)))),
             None => self.inner.get_run(id),
         }
@@ -358,6 +360,13 @@ mod tests {
         let read = store.get_run(other.id).await.unwrap().unwrap();
         assert_eq!(read.id, other.id);
         assert_eq!(store.primed_count(), 1, "still kept for its own run");
-        assert_eq!(store.list_steps(run.id).await.unwrap().len(), 0);
+        // A write through the wrapper lands in the store.
+        let update = RunUpdate {
+            duration_ms: Some(42),
+            ..RunUpdate::default()
+        };
+        store.update_run(run.id, update).await.unwrap();
+        let stored = inner.get_run(run.id).await.unwrap().unwrap();
+        assert_eq!(stored.duration_ms, 42);
     }
 }

@@ -192,12 +192,12 @@ async fn execute_in_span(p: ExecutionParams, run: Run, refresher: LeaseRefresher
     );
 
     info!(attempt_started_at = %attempt_start, "executing run");
+    // The engine's first read of the run is served the claimed copy (no request); the guard
+    // drops the copy once the execution stops, if the read never came.
+    let primed = p.claimed_store.prime(&run);
     // Polled by this task rather than spawned: the run's end releases its slot without a hop
     // to another task (each hop waits for a thread, a long wait while shell steps keep both
     // cores busy). A panic of the handler is caught here as a spawned task's would be.
-    // The engine's first read of the run is served the claimed copy (no request); the guard
-    // drops the copy if the read never came.
-    let _primed = p.claimed_store.prime(&run);
     let mut execution =
         Box::pin(std::panic::AssertUnwindSafe(p.engine.execute_handler_run(run.id)).catch_unwind());
 
@@ -221,6 +221,8 @@ async fn execute_in_span(p: ExecutionParams, run: Run, refresher: LeaseRefresher
         () = sleep_until(run_deadline) => Stop::TimedOut,
         () = sleep_until(p.cutoff) => Stop::Cutoff,
     };
+    // Whatever follows (a failure recorded, a handback) reads the run from the API.
+    drop(primed);
     let target = refresher.target();
     if matches!(stop, Stop::Finished(Ok(_))) {
         // The engine wrote the run's status: nothing of ours follows that a late refresh

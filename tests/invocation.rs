@@ -399,7 +399,14 @@ fn run_reads(h: &Harness) -> u64 {
 #[tokio::test]
 async fn the_engine_reads_a_claimed_run_from_its_claim_first_then_from_the_api() {
     let h = Harness::start().await;
-    let worker = h.builder().register(Noop).build().unwrap();
+    // No lease refresh during the run: a refresh landing after the run's end would be refused
+    // and followed by a read of its own.
+    let worker = h
+        .builder()
+        .register(Noop)
+        .lease_refresh_interval(Duration::from_secs(9))
+        .build()
+        .unwrap();
     let id = h.create("noop", 0).await;
     let before = run_reads(&h);
     let summary = h.invoke(&worker, LONG).await;
