@@ -6,7 +6,7 @@
 //!
 //! | variable | meaning | default |
 //! |---|---|---|
-//! | `IRONFLOW_API_URL` | base URL of the ironflow API (`http(s)://host[:port]`) | required |
+//! | `IRONFLOW_API_URL` | base URL of the ironflow API (`http(s)://host[:port]`, without credentials) | required |
 //! | `IRONFLOW_WORKER_TOKEN` | the API's worker token | required, unless the next one is set |
 //! | `IRONFLOW_WORKER_TOKEN_SECRET_ARN` | Secrets Manager secret holding the token ([`crate::secrets`]) | none |
 //! | `IRONFLOW_MAX_RUNS_PER_INVOCATION` | runs one invocation claims at most (N) | 8 |
@@ -272,15 +272,26 @@ impl Settings {
                 variable: "IRONFLOW_API_URL",
                 expected: "the ironflow API's base URL, e.g. https://ironflow.example.com",
             });
-        } else if api_url.contains(char::is_whitespace)
-            || !reqwest::Url::parse(&api_url)
-                .is_ok_and(|u| matches!(u.scheme(), "http" | "https") && u.has_host())
-        {
-            errors.push(ConfigError::Invalid {
-                variable: "IRONFLOW_API_URL",
-                expected: "an http:// or https:// URL with a host",
-                found: api_url.clone(),
-            });
+        } else {
+            let parsed = reqwest::Url::parse(&api_url).ok();
+            if api_url.contains(char::is_whitespace)
+                || !parsed
+                    .as_ref()
+                    .is_some_and(|u| matches!(u.scheme(), "http" | "https") && u.has_host())
+            {
+                errors.push(ConfigError::Invalid {
+                    variable: "IRONFLOW_API_URL",
+                    expected: "an http:// or https:// URL with a host",
+                    found: without_userinfo(&api_url),
+                });
+            } else if parsed.is_some_and(|u| !u.username().is_empty() || u.password().is_some()) {
+                errors.push(ConfigError::Invalid {
+                    variable: "IRONFLOW_API_URL",
+                    expected: "a URL without credentials (user:password@): the API authenticates \
+                               workers by the token in IRONFLOW_WORKER_TOKEN",
+                    found: without_userinfo(&api_url),
+                });
+            }
         }
         let token = worker_token
             .or_else(|| get("IRONFLOW_WORKER_TOKEN").map(WorkerToken::new))
@@ -520,6 +531,17 @@ fn parse<T: FromStr + PartialOrd + From<u8>>(
     }
 }
 
+/// `url` with whatever sits between `://` and the last `@` (a user name and password) masked
+/// as `***`, for error messages: `https://u:pw@host` → `https://***@host`.
+fn without_userinfo(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme_end), Some(at)) if scheme_end + 3 <= at => {
+            format!("{}***{}", &url[..scheme_end + 3], &url[at..])
+        }
+        _ => url.to_string(),
+    }
+}
+
 #[cfg(test)]
 pub(crate) mod tests {
     use std::collections::HashMap;
@@ -654,6 +676,34 @@ pub(crate) mod tests {
                 text.contains(variable) && text.contains(expected) && text.contains(value),
                 "{text}"
             );
+        }
+    }
+
+    #[test]
+    fn an_api_url_with_credentials_is_refused_and_they_are_not_shown() {
+        for url in [
+            "https://worker:s3cret@api.example.com",
+            "https://s3cret@api.example.com/",
+            "ftp://worker:s3cret@api.example.com",
+        ] {
+            let err = Settings::from_lookup(lookup(&[
+                ("IRONFLOW_API_URL", url),
+                ("IRONFLOW_WORKER_TOKEN", "t"),
+            ]))
+            .unwrap_err();
+            let text = err.to_string();
+            assert!(
+                matches!(
+                    err,
+                    ConfigError::Invalid {
+                        variable: "IRONFLOW_API_URL",
+                        ..
+                    }
+                ),
+                "{url}: {text}"
+            );
+            assert!(!text.contains("s3cret"), "{text}");
+            assert!(text.contains("***@api.example.com"), "{text}");
         }
     }
 
