@@ -45,6 +45,12 @@ use crate::deadline::Budget;
 pub const DEFAULT_MAX_WAKEUPS_PER_INVOCATION: usize = 3;
 /// Upper bound of `IRONFLOW_MAX_WAKEUPS_PER_INVOCATION`: 10, what one `SendMessageBatch` holds.
 pub const MAX_WAKEUPS_PER_INVOCATION_LIMIT: usize = 10;
+/// The wake-up settings that apply only with `IRONFLOW_WAKE_QUEUE_URL`.
+const WAKE_OPTIONS: [&str; 2] = [
+    "IRONFLOW_MAX_WAKEUPS_PER_INVOCATION",
+    "IRONFLOW_WAKE_DELAY_SECS",
+];
+
 /// Default of `IRONFLOW_WAKE_DELAY_SECS`: 5 s.
 pub const DEFAULT_WAKE_DELAY: Duration = Duration::from_secs(5);
 /// SQS's largest `DelaySeconds`: 900 s.
@@ -79,7 +85,8 @@ impl WakeSettings {
     ///
     /// # Errors
     ///
-    /// [`ConfigError::Invalid`] naming the malformed variable.
+    /// [`ConfigError::Invalid`] naming the malformed variable; [`ConfigError::Missing`] for
+    /// `IRONFLOW_WAKE_QUEUE_URL` when another wake-up variable is set without it.
     pub fn from_env() -> Result<Option<Self>, ConfigError> {
         Self::from_lookup(|name| std::env::var(name).ok())
     }
@@ -88,7 +95,7 @@ impl WakeSettings {
     ///
     /// # Errors
     ///
-    /// [`ConfigError::Invalid`] naming the malformed variable.
+    /// As [`WakeSettings::from_env`].
     pub fn from_lookup(
         lookup: impl Fn(&str) -> Option<String>,
     ) -> Result<Option<Self>, ConfigError> {
@@ -98,6 +105,15 @@ impl WakeSettings {
                 .filter(|v| !v.is_empty())
         };
         let Some(queue_url) = get("IRONFLOW_WAKE_QUEUE_URL") else {
+            // A wake-up setting without a queue would be ignored without a word.
+            if WAKE_OPTIONS.iter().any(|name| get(name).is_some()) {
+                return Err(ConfigError::Missing {
+                    variable: "IRONFLOW_WAKE_QUEUE_URL",
+                    expected: "the wake queue's URL, since IRONFLOW_MAX_WAKEUPS_PER_INVOCATION or \
+                               IRONFLOW_WAKE_DELAY_SECS is set (they apply only to a wake queue: \
+                               unset them to send no wake-ups)",
+                });
+            }
             return Ok(None);
         };
         if !(queue_url.starts_with("https://") || queue_url.starts_with("http://")) {
@@ -458,6 +474,25 @@ mod tests {
             WakeSettings::from_lookup(lookup(&[("IRONFLOW_WAKE_QUEUE_URL", " ")])).unwrap(),
             None
         );
+    }
+
+    #[test]
+    fn a_wake_up_setting_without_a_queue_is_refused() {
+        for var in WAKE_OPTIONS {
+            let err = WakeSettings::from_lookup(lookup(&[(var, "3")])).unwrap_err();
+            let text = err.to_string();
+            assert!(
+                matches!(
+                    err,
+                    ConfigError::Missing {
+                        variable: "IRONFLOW_WAKE_QUEUE_URL",
+                        ..
+                    }
+                ),
+                "{text}"
+            );
+            assert!(text.contains(var), "{text}");
+        }
     }
 
     #[test]
