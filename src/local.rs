@@ -25,10 +25,37 @@ use tokio::sync::broadcast;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-/// The embedded API could not start.
+/// The embedded API could not start: its loopback port could not be bound (`port` 0: any free
+/// port was asked for).
 #[derive(Debug, thiserror::Error)]
-#[error("could not start the embedded ironflow API on 127.0.0.1: {0}")]
-pub struct LocalApiError(#[from] std::io::Error);
+#[error(
+    "could not start the embedded ironflow API on {}: {source}{}",
+    bind_target(*.port),
+    bind_hint(.source)
+)]
+pub struct LocalApiError {
+    /// The port asked for; 0 for any free port.
+    pub port: u16,
+    /// Why binding failed (e.g. `AddrInUse`: another process listens there).
+    #[source]
+    pub source: std::io::Error,
+}
+
+fn bind_target(port: u16) -> String {
+    if port == 0 {
+        "a free port of 127.0.0.1".to_string()
+    } else {
+        format!("127.0.0.1:{port}")
+    }
+}
+
+fn bind_hint(source: &std::io::Error) -> &'static str {
+    if source.kind() == std::io::ErrorKind::AddrInUse {
+        " (another process listens there: pick another port)"
+    } else {
+        ""
+    }
+}
 
 /// A running embedded API. Stops when dropped.
 pub struct LocalApi {
@@ -130,8 +157,11 @@ impl LocalApi {
                 }
             },
         ));
-        let listener = TcpListener::bind(("127.0.0.1", port)).await?;
-        let addr = listener.local_addr()?;
+        let bind_error = |source| LocalApiError { port, source };
+        let listener = TcpListener::bind(("127.0.0.1", port))
+            .await
+            .map_err(bind_error)?;
+        let addr = listener.local_addr().map_err(bind_error)?;
         let server = tokio::spawn(async move {
             let _ = axum::serve(listener, app).await;
         });
@@ -202,5 +232,23 @@ pub fn new_run(workflow: &str, max_retries: u32) -> ironflow_store::entities::Ne
         max_cost_usd: None,
         priority: 0,
         worker_tags: Vec::new(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_busy_port_is_named_in_the_error() {
+        let taken = std::net::TcpListener::bind(("127.0.0.1", 0)).unwrap();
+        let port = taken.local_addr().unwrap().port();
+        let Err(err) = LocalApi::start_on_port("token", port).await else {
+            panic!("the API started on a port already bound");
+        };
+        let text = err.to_string();
+        assert_eq!(err.port, port);
+        assert!(text.contains(&format!("127.0.0.1:{port}")), "{text}");
+        assert!(text.contains("another process listens there"), "{text}");
     }
 }
