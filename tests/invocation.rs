@@ -342,13 +342,14 @@ async fn steal_lease(h: &Harness, id: uuid::Uuid) {
     h.api.store().update_run(id, update).await.unwrap();
 }
 
+/// Requests the API has answered so far on `route` (`"<METHOD> <route template>"`).
+fn requests_to(h: &Harness, route: &str) -> u64 {
+    h.api.requests_by_route().get(route).copied().unwrap_or(0)
+}
+
 /// Claims (`GET /api/v1/internal/runs/next`) the API has answered so far.
 fn claims_sent(h: &Harness) -> u64 {
-    h.api
-        .requests_by_route()
-        .get("GET /api/v1/internal/runs/next")
-        .copied()
-        .unwrap_or(0)
+    requests_to(h, "GET /api/v1/internal/runs/next")
 }
 
 #[tokio::test]
@@ -389,11 +390,7 @@ async fn after_a_full_batch_the_first_claims_go_out_together() {
 
 /// Reads of one run (`GET /api/v1/internal/runs/{id}`) the API has answered so far.
 fn run_reads(h: &Harness) -> u64 {
-    h.api
-        .requests_by_route()
-        .get("GET /api/v1/internal/runs/{id}")
-        .copied()
-        .unwrap_or(0)
+    requests_to(h, "GET /api/v1/internal/runs/{id}")
 }
 
 #[tokio::test]
