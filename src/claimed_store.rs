@@ -260,7 +260,8 @@ impl UserStore for ClaimedRunStore {
     }
 }
 
-#[cfg(test)]
+// The local runner's run template: the tests build with the default `local` feature.
+#[cfg(all(test, feature = "local"))]
 mod tests {
     use std::collections::HashMap;
 
@@ -269,22 +270,12 @@ mod tests {
 
     use super::*;
 
+    /// A manual run of `primed` (the local runner's), with `trigger` and `labels`.
     fn new_run(trigger: TriggerKind, labels: HashMap<String, String>) -> NewRun {
         NewRun {
-            workflow_name: "primed".to_string(),
             trigger,
-            payload: serde_json::json!({}),
-            max_retries: 0,
-            handler_version: None,
             labels,
-            scheduled_at: None,
-            created_by: None,
-            idempotency_key: None,
-            concurrency_key: None,
-            priority: 0,
-            concurrency_limits: Vec::new(),
-            max_cost_usd: None,
-            worker_tags: Vec::new(),
+            ..crate::local::new_run("primed", 0)
         }
     }
 
