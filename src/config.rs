@@ -531,15 +531,19 @@ fn parse<T: FromStr + PartialOrd + From<u8>>(
     }
 }
 
-/// `url` with whatever sits between `://` and the last `@` (a user name and password) masked
-/// as `***`, for error messages: `https://u:pw@host` → `https://***@host`.
+/// `url` with everything before its last `@` masked as `***`, after its scheme when it has one
+/// (`https://u:pw@host` → `https://***@host`, `u:pw@host` → `***@host`), for error messages:
+/// a malformed URL may still hold a password.
 fn without_userinfo(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
-        (Some(scheme_end), Some(at)) if scheme_end + 3 <= at => {
-            format!("{}***{}", &url[..scheme_end + 3], &url[at..])
-        }
-        _ => url.to_string(),
-    }
+    let Some(at) = url.rfind('@') else {
+        return url.to_string();
+    };
+    let start = url
+        .find("://")
+        .map(|i| i + 3)
+        .filter(|start| *start <= at)
+        .unwrap_or(0);
+    format!("{}***{}", &url[..start], &url[at..])
 }
 
 #[cfg(test)]
@@ -685,6 +689,10 @@ pub(crate) mod tests {
             "https://worker:s3cret@api.example.com",
             "https://s3cret@api.example.com/",
             "ftp://worker:s3cret@api.example.com",
+            "worker:s3cret@api.example.com",
+            "//worker:s3cret@api.example.com",
+            "https//worker:s3cret@api.example.com",
+            "https:/worker:s3cret@api.example.com",
         ] {
             let err = Settings::from_lookup(lookup(&[
                 ("IRONFLOW_API_URL", url),
