@@ -53,6 +53,28 @@ fn outside_lambda_the_cold_start_stops_with_an_error_not_a_panic() {
 }
 
 #[test]
+fn an_incomplete_lambda_runtime_environment_is_named_not_a_panic() {
+    // The Runtime API is set, but not the variables lambda_runtime reads with a panic.
+    let (ok, output) = cold_start(&[
+        ("IRONFLOW_API_URL", "http://127.0.0.1:9"),
+        ("IRONFLOW_WORKER_TOKEN", SECRET),
+        ("AWS_REGION", "us-east-1"),
+        ("AWS_LAMBDA_RUNTIME_API", "127.0.0.1:9"),
+        ("AWS_LAMBDA_FUNCTION_MEMORY_SIZE", "lots"),
+    ]);
+    assert!(!ok, "the cold start must fail: {output}");
+    for expected in [
+        "AWS_LAMBDA_FUNCTION_NAME (not set)",
+        "AWS_LAMBDA_FUNCTION_VERSION (not set)",
+        "AWS_LAMBDA_FUNCTION_MEMORY_SIZE (expected a whole number of MB, found \\\"lots\\\")",
+    ] {
+        assert!(output.contains(expected), "{expected}: {output}");
+    }
+    assert!(!output.contains("panicked"), "a panic: {output}");
+    assert!(!output.contains(SECRET), "the token leaked: {output}");
+}
+
+#[test]
 fn several_bad_variables_are_all_named_in_one_cold_start() {
     let (ok, output) = cold_start(&[
         ("IRONFLOW_WORKER_TOKEN", SECRET),

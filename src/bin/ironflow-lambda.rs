@@ -37,6 +37,10 @@ async fn main() -> Result<(), Error> {
         tracing::error!(error = e, "not under a Lambda runtime");
         return Err(e.into());
     }
+    if let Some(e) = missing_runtime_variables() {
+        tracing::error!(error = %e, "not under a complete Lambda runtime");
+        return Err(e.into());
+    }
     // The runtime loop itself runs in a task on the worker threads, beside the runs its
     // invocations execute (see `in_worker_task`).
     handler::in_worker_task(lambda_runtime::run(service_fn(
@@ -79,4 +83,33 @@ async fn build_worker() -> Result<LambdaWorker, BuildError> {
         builder = builder.wake_ups(waker);
     }
     builder.build()
+}
+
+/// The variables the Lambda runtime sets and `lambda_runtime` reads with a panic when one is
+/// missing or malformed (`Config::from_env`): a message naming them, or `None` when all are fine.
+fn missing_runtime_variables() -> Option<String> {
+    let var = |name| std::env::var(name).ok().filter(|v| !v.is_empty());
+    let mut wrong = Vec::new();
+    for name in ["AWS_LAMBDA_FUNCTION_NAME", "AWS_LAMBDA_FUNCTION_VERSION"] {
+        if var(name).is_none() {
+            wrong.push(format!("{name} (not set)"));
+        }
+    }
+    let memory = "AWS_LAMBDA_FUNCTION_MEMORY_SIZE";
+    match var(memory) {
+        None => wrong.push(format!("{memory} (not set)")),
+        Some(v) if v.parse::<i32>().is_err() => {
+            wrong.push(format!(
+                "{memory} (expected a whole number of MB, found {v:?})"
+            ));
+        }
+        Some(_) => {}
+    }
+    (!wrong.is_empty()).then(|| {
+        format!(
+            "the Lambda runtime's variables are incomplete: {}; AWS Lambda and `cargo lambda \
+             watch` set them",
+            wrong.join(", ")
+        )
+    })
 }
