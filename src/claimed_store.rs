@@ -71,7 +71,8 @@ impl ClaimedRunStore {
     }
 
     /// Runs primed and not yet read.
-    pub fn primed_count(&self) -> usize {
+    #[cfg(test)]
+    fn primed_count(&self) -> usize {
         self.entries().len()
     }
 

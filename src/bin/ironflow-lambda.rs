@@ -30,15 +30,8 @@ async fn main() -> Result<(), Error> {
     let collector = metrics::install(&namespace, &function);
     // lambda_runtime panics on a missing runtime variable: outside Lambda (or cargo lambda
     // watch), stop with an error that says so instead.
-    if std::env::var_os("AWS_LAMBDA_RUNTIME_API").is_none() {
-        let e = "AWS_LAMBDA_RUNTIME_API is not set: this binary runs under AWS Lambda or \
-                 `cargo lambda watch` (README); to run workflows locally without them, use \
-                 `cargo run --bin ironflow-lambda-local`";
-        tracing::error!(error = e, "not under a Lambda runtime");
-        return Err(e.into());
-    }
-    if let Some(e) = missing_runtime_variables() {
-        tracing::error!(error = %e, "not under a complete Lambda runtime");
+    if let Some(e) = runtime_environment_error() {
+        tracing::error!(error = %e, "not under a Lambda runtime");
         return Err(e.into());
     }
     // The runtime loop itself runs in a task on the worker threads, beside the runs its
@@ -85,9 +78,17 @@ async fn build_worker() -> Result<LambdaWorker, BuildError> {
     builder.build()
 }
 
-/// The variables the Lambda runtime sets and `lambda_runtime` reads with a panic when one is
-/// missing or malformed (`Config::from_env`): a message naming them, or `None` when all are fine.
-fn missing_runtime_variables() -> Option<String> {
+/// What is wrong with the variables the Lambda runtime sets, which `lambda_runtime` reads with a
+/// panic (`Config::from_env`): `None` when all are there and well formed.
+fn runtime_environment_error() -> Option<String> {
+    if std::env::var_os("AWS_LAMBDA_RUNTIME_API").is_none() {
+        return Some(
+            "AWS_LAMBDA_RUNTIME_API is not set: this binary runs under AWS Lambda or `cargo \
+             lambda watch` (README); to run workflows locally without them, use `cargo run \
+             --bin ironflow-lambda-local`"
+                .to_string(),
+        );
+    }
     let var = |name| std::env::var(name).ok().filter(|v| !v.is_empty());
     let mut wrong = Vec::new();
     for name in ["AWS_LAMBDA_FUNCTION_NAME", "AWS_LAMBDA_FUNCTION_VERSION"] {
