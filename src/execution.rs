@@ -51,8 +51,9 @@ pub enum Outcome {
     /// Still running at the cutoff: written back to Pending for the next invocation.
     HandedBack,
     /// Claimed ahead of a free slot, or among an invocation's first claims sent together
-    /// ([`crate::claim_ahead`]), but not started before the claim window closed: written back
-    /// to Pending without executing, for the next invocation.
+    /// ([`crate::claim_ahead`]), but not started before the claim window closed, or claimed
+    /// by a claim answered only after the window closed: written back to Pending without
+    /// executing, for the next invocation.
     Released,
     /// Claimed while its workflow was blocked as a poison pill: failed without executing
     /// (fail mode), or written back to Pending without executing (defer mode).

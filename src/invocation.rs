@@ -230,9 +230,22 @@ async fn run_in_span(
         let capabilities = poison.capabilities_for_claim(&worker.capabilities).await;
         let claims = (0..together).map(|_| claim(worker, &lease, &capabilities));
         let sent = Instant::now();
-        match timeout_at(window_end, join_all(claims)).await {
-            Err(_) => first_stop = Some(StopReason::Cutoff),
-            Ok(answers) => {
+        match claim_in_window(join_all(claims), window_end, params.cutoff).await {
+            Windowed::Late(answers) => {
+                first_stop = Some(StopReason::Cutoff);
+                for answer in answers {
+                    let late = release_late_claim(worker, answer, &lease, budget, &mut errors);
+                    if let Some(report) = late.await {
+                        order.push(report.run_id);
+                        reports.insert(report.run_id, report);
+                    }
+                }
+            }
+            Windowed::Unanswered => {
+                first_stop = Some(StopReason::Cutoff);
+                errors.push(unanswered_claim(together, s.lease_ttl));
+            }
+            Windowed::InTime(answers) => {
                 let round_trip = sent.elapsed();
                 for answer in answers {
                     match answer {
@@ -300,15 +313,29 @@ async fn run_in_span(
                 // Defer mode: blocked workflows are left out (read once, then from the cache).
                 let capabilities = poison.capabilities_for_claim(&worker.capabilities).await;
                 let sent = Instant::now();
-                let claimed = timeout_at(window_end, claim(worker, &lease, &capabilities)).await;
-                if let Ok(Ok(_)) = claimed {
+                let claim = claim(worker, &lease, &capabilities);
+                let claimed = match claim_in_window(claim, window_end, params.cutoff).await {
+                    Windowed::InTime(claimed) => claimed,
+                    Windowed::Late(answer) => {
+                        let late = release_late_claim(worker, answer, &lease, budget, &mut errors);
+                        if let Some(report) = late.await {
+                            order.push(report.run_id);
+                            reports.insert(report.run_id, report);
+                        }
+                        break StopReason::Cutoff;
+                    }
+                    Windowed::Unanswered => {
+                        errors.push(unanswered_claim(1, s.lease_ttl));
+                        break StopReason::Cutoff;
+                    }
+                };
+                if claimed.is_ok() {
                     worker.pace.record_claim(sent.elapsed());
                 }
                 let run = match claimed {
-                    Err(_) => break StopReason::Cutoff,
-                    Ok(Ok(Some(run))) => run,
-                    Ok(Ok(None)) => break StopReason::NoPendingRun,
-                    Ok(Err(e)) => {
+                    Ok(Some(run)) => run,
+                    Ok(None) => break StopReason::NoPendingRun,
+                    Err(e) => {
                         error!(error = %e, "claim failed");
                         errors.push(format!("claim failed: {e}"));
                         break StopReason::ClaimError;
@@ -379,10 +406,13 @@ async fn run_in_span(
         );
     };
     for next in waiting.take().into_iter().chain(first.drain(..)) {
-        // No slot freed before the claim window closed: it goes back to Pending unexecuted.
+        // No slot freed before the claim window closed: it goes back to Pending unexecuted,
+        // and the pace learns that slots stayed busy longer than claim-ahead bets.
         let run = next.run.clone();
         next.refresher.stop().await;
-        let report = release(worker, &run, &lease, budget).await;
+        worker.pace.record(Outcome::Released, Duration::ZERO);
+        let why = "run claimed ahead released: no slot freed in time, Pending again";
+        let report = release(worker, &run, &lease, budget, why).await;
         reports.insert(run.id, report);
     }
 
@@ -582,20 +612,20 @@ async fn defer_blocked(
     RunReport::not_executed(run, outcome, Some(error))
 }
 
-/// A run claimed ahead that got no slot before the claim window closed: written back to
-/// Pending (Released), unless its lease is no longer this invocation's (LeaseLost, nothing
-/// written). Either way the pace is cleared: slots stayed busy longer than claim-ahead bets.
+/// A run claimed but not started before the claim window closed (`why`, logged): written back
+/// to Pending (Released), unless its lease is no longer this invocation's (LeaseLost, nothing
+/// written).
 async fn release(
     worker: &LambdaWorker,
     run: &Run,
     lease: &LeaseRequest,
     budget: Budget,
+    why: &str,
 ) -> RunReport {
-    worker.pace.record(Outcome::Released, Duration::ZERO);
     let store = worker.engine.store();
     match write_back_unexecuted(store.as_ref(), run.id, lease, budget.deadline()).await {
         Ok(()) => {
-            info!(run_id = %run.id, "run claimed ahead released: no slot freed in time, Pending again");
+            info!(run_id = %run.id, "{why}");
             RunReport::not_executed(run, Outcome::Released, None)
         }
         Err(NotWrittenBack::LeaseLost(e)) => {
@@ -607,6 +637,69 @@ async fn release(
             RunReport::not_executed(run, Outcome::Released, Some(e))
         }
     }
+}
+
+/// A claim's answer, as the claim window saw it ([`claim_in_window`]).
+enum Windowed<T> {
+    /// Answered before the claim window closed.
+    InTime(T),
+    /// Answered after the claim window closed, before the cutoff.
+    Late(T),
+    /// Still unanswered at the cutoff; given up.
+    Unanswered,
+}
+
+/// Await `claim` until `window_end`, and one still in flight then until `cutoff`, instead of
+/// dropping it as the window closes: the API may already have taken a run for it, which would
+/// otherwise sit Running under a lease nobody refreshes until the lease TTL runs out. The
+/// invocation waits for its running executions until the cutoff anyway.
+async fn claim_in_window<F: Future>(
+    claim: F,
+    window_end: Instant,
+    cutoff: Instant,
+) -> Windowed<F::Output> {
+    let mut claim = std::pin::pin!(claim);
+    if let Ok(answer) = timeout_at(window_end, claim.as_mut()).await {
+        return Windowed::InTime(answer);
+    }
+    match timeout_at(cutoff, claim).await {
+        Ok(answer) => Windowed::Late(answer),
+        Err(_) => Windowed::Unanswered,
+    }
+}
+
+/// A claim answered after the claim window closed: a run it took goes back to Pending without
+/// executing (its report, to list in the summary); a failure is logged and kept in `errors`.
+async fn release_late_claim(
+    worker: &LambdaWorker,
+    answer: Result<Option<Run>, StoreError>,
+    lease: &LeaseRequest,
+    budget: Budget,
+    errors: &mut Vec<String>,
+) -> Option<RunReport> {
+    match answer {
+        Ok(Some(run)) => {
+            let why = "run released: its claim was answered after the claim window closed";
+            Some(release(worker, &run, lease, budget, why).await)
+        }
+        Ok(None) => None,
+        Err(e) => {
+            error!(error = %e, "claim failed after the claim window closed");
+            errors.push(format!("claim failed: {e}"));
+            None
+        }
+    }
+}
+
+/// The error kept for `claims` still unanswered at the cutoff.
+fn unanswered_claim(claims: usize, lease_ttl: Duration) -> String {
+    let e = format!(
+        "{claims} claim(s) still unanswered at the cutoff, given up: a run the API gave one \
+         of them goes back to Pending when its lease expires ({} s)",
+        lease_ttl.as_secs()
+    );
+    error!("{e}");
+    e
 }
 
 /// Take in a run just claimed (`ahead`: while every slot was busy): listed in claim order, its

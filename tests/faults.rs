@@ -337,3 +337,180 @@ async fn a_refused_worker_token_is_reported_with_the_status_and_the_variable_to_
     assert!(error.contains("IRONFLOW_WORKER_TOKEN"), "{error}");
     assert!(!error.contains(SECRET), "{error}");
 }
+
+/// FAULT INJECTION, not a stand-in for the API: a TCP proxy in front of the real API that holds
+/// back the answer to every claim (`GET /api/v1/internal/runs/next`) until [`Self::answer`]: the
+/// API has taken the run, but the worker does not know yet, as over a slow network.
+struct ClaimHoldingProxy {
+    addr: SocketAddr,
+    claims_seen: Arc<AtomicU64>,
+    answer: tokio::sync::watch::Sender<bool>,
+}
+
+impl ClaimHoldingProxy {
+    async fn start(upstream: SocketAddr) -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let claims_seen = Arc::new(AtomicU64::new(0));
+        let (answer, answered) = tokio::sync::watch::channel(false);
+        let seen = claims_seen.clone();
+        tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                tokio::spawn(hold_claims(
+                    client,
+                    upstream,
+                    seen.clone(),
+                    answered.clone(),
+                ));
+            }
+        });
+        Self {
+            addr,
+            claims_seen,
+            answer,
+        }
+    }
+
+    /// Let the held claim answers (and every later one) through.
+    fn answer(&self) {
+        self.answer.send_replace(true);
+    }
+}
+
+/// One connection: requests go through at once; once a claim went up, the next bytes coming
+/// back (its answer: HTTP/1.1 without pipelining) wait until `answered` turns true.
+async fn hold_claims(
+    client: TcpStream,
+    upstream: SocketAddr,
+    claims_seen: Arc<AtomicU64>,
+    mut answered: tokio::sync::watch::Receiver<bool>,
+) {
+    let Ok(server) = TcpStream::connect(upstream).await else {
+        return;
+    };
+    let (mut client_read, mut client_write) = client.into_split();
+    let (mut server_read, mut server_write) = server.into_split();
+    let held = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let hold = held.clone();
+    tokio::spawn(async move {
+        let mut buf = vec![0u8; 16 * 1024];
+        loop {
+            let n = match server_read.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => n,
+            };
+            if hold.swap(false, Ordering::SeqCst) && answered.wait_for(|a| *a).await.is_err() {
+                return;
+            }
+            if client_write.write_all(&buf[..n]).await.is_err() {
+                return;
+            }
+        }
+    });
+    let mut buf = vec![0u8; 16 * 1024];
+    loop {
+        let n = match client_read.read(&mut buf).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => n,
+        };
+        let claim = b"GET /api/v1/internal/runs/next";
+        if buf[..n].windows(claim.len()).any(|w| w == claim) {
+            claims_seen.fetch_add(1, Ordering::SeqCst);
+            held.store(true, Ordering::SeqCst);
+        }
+        if server_write.write_all(&buf[..n]).await.is_err() {
+            return;
+        }
+    }
+}
+
+/// A harness, a worker behind a [`ClaimHoldingProxy`] whose claim window closes
+/// `min_claim_budget` before its cutoff (deadline − 500 ms), and one pending run.
+async fn behind_claim_holding_proxy(
+    min_claim_budget: Duration,
+) -> (
+    Harness,
+    ClaimHoldingProxy,
+    ironflow_lambda::builder::LambdaWorker,
+    uuid::Uuid,
+) {
+    let h = Harness::start().await;
+    let upstream: SocketAddr = h.api.url().trim_start_matches("http://").parse().unwrap();
+    let proxy = ClaimHoldingProxy::start(upstream).await;
+    let worker = LambdaWorkerBuilder::new(&format!("http://{}", proxy.addr), h.api.token())
+        .provider(Arc::new(
+            ironflow_core::providers::claude::ClaudeCodeProvider::new(),
+        ))
+        .register(ShellWorkflow::one("quick", "echo hi"))
+        .lease_ttl(Duration::from_secs(10))
+        .lease_refresh_interval(Duration::from_secs(2))
+        .deadline_margin(Duration::from_millis(500))
+        .min_claim_budget(min_claim_budget)
+        .build()
+        .unwrap();
+    let id = h.create("quick", 0).await;
+    (h, proxy, worker, id)
+}
+
+#[tokio::test]
+async fn a_claim_answered_after_the_claim_window_closed_releases_its_run() {
+    let (h, proxy, worker, id) = behind_claim_holding_proxy(Duration::from_secs(4)).await;
+    let deadline_ms = common::deadline_in(Duration::from_secs(8));
+    // Claim window end: deadline − margin (500 ms) − min claim budget (4 s).
+    let window_end = std::time::UNIX_EPOCH + Duration::from_millis(deadline_ms - 4_500);
+
+    let answer_after_the_window = async {
+        common::wait_until(
+            "the claim reached the API",
+            Duration::from_secs(3),
+            || async { proxy.claims_seen.load(Ordering::SeqCst) > 0 },
+        )
+        .await;
+        assert_eq!(
+            h.status(id).await,
+            RunStatus::Running,
+            "the API took the run"
+        );
+        let closed = window_end + Duration::from_millis(300);
+        if let Ok(wait) = closed.duration_since(std::time::SystemTime::now()) {
+            tokio::time::sleep(wait).await;
+        }
+        proxy.answer();
+    };
+    let (summary, ()) = tokio::join!(
+        h.invoke_event(&worker, serde_json::json!({}), deadline_ms),
+        answer_after_the_window
+    );
+    let summary = summary.unwrap();
+
+    assert_eq!(summary.stop_reason, StopReason::Cutoff, "{summary:?}");
+    assert_eq!(summary.claimed, 1, "{summary:?}");
+    assert_eq!(summary.count(Outcome::Released), 1, "{summary:?}");
+    assert_eq!(summary.runs[0].run_id, id);
+    assert!(summary.errors.is_empty(), "{summary:?}");
+    let run = h.run(id).await;
+    assert_eq!(
+        run.status.state,
+        RunStatus::Pending,
+        "released, not left Running"
+    );
+    assert_eq!(h.steps(id).await.len(), 0, "never executed");
+}
+
+#[tokio::test]
+async fn a_claim_still_unanswered_at_the_cutoff_is_named_in_the_summary() {
+    let (h, proxy, worker, id) = behind_claim_holding_proxy(Duration::from_secs(1)).await;
+
+    let summary = h.invoke(&worker, Duration::from_secs(3)).await;
+    proxy.answer();
+
+    assert_eq!(proxy.claims_seen.load(Ordering::SeqCst), 1);
+    assert_eq!(summary.stop_reason, StopReason::Cutoff, "{summary:?}");
+    assert_eq!(summary.claimed, 0, "{summary:?}");
+    assert_eq!(summary.errors.len(), 1, "{summary:?}");
+    let error = &summary.errors[0];
+    assert!(error.contains("unanswered at the cutoff"), "{error}");
+    assert!(error.contains("lease expires (10 s)"), "{error}");
+    // What the error warns of: the API took the run, and only the lease's expiry frees it.
+    assert_eq!(h.status(id).await, RunStatus::Running);
+}
