@@ -445,11 +445,23 @@ pub fn render(o: &Options, m: &Machine, r: &Results) -> String {
                 .collect::<Vec<_>>(),
         ) - 1.0)
             .max(0.0);
+        // The batch's tail alone: when an invocation's last run starts, each of the other
+        // C − 1 slots ends its own run after a uniformly spread part of a run, then idles until
+        // the last one ends: half a run on average, so (C − 1) / (2C) of a run in wall time.
+        let one = median(&walls(&r.drains[&(w, Which::OursOneInvocation)]));
+        let c = s.concurrency as f64;
+        let tail_ms = one * 1000.0 * c / s.runs as f64 * (c - 1.0) / (2.0 * c);
+        let expected = one + boundaries * tail_ms / 1000.0;
+        let expected_ratio = expected / median(&walls(&r.drains[&(w, Which::Reference)]));
         let _ = writeln!(
             md,
             "- {}: {cost_ms:.2} ms per invocation boundary ({boundaries:.0} boundaries), against \
              {run_ms:.2} ms per run per slot for the reference worker (its wall time × C / K). \
-             Claim-ahead off: \
+             The batch's tail alone (when the last run starts, each other slot idles once its \
+             own run ends, half a run on average: (C − 1) / (2C) of one of our runs, from the \
+             one-invocation row) is {tail_ms:.2} ms of it; the one-invocation drain plus that \
+             tail at every boundary would take {expected:.3} s, {expected_ratio:.2} of the \
+             reference, against {with:.3} s measured. Claim-ahead off: \
              {without:.3} s, on: {with:.3} s (it claims ahead only while a claim takes at least \
              {}% of a run). N = {}: {larger:.3} s ({larger_boundaries:.0} boundaries), {:.2} of \
              the reference.",
