@@ -56,7 +56,7 @@ impl WorkflowHandler for MultiStep {
 }
 
 /// A step that hangs (and times out after 1 s) the first time it runs for a run, then succeeds
-/// on its step-level retry.
+/// on its step-level retry, which removes its marker file from the temporary directory.
 pub struct Flaky;
 
 impl WorkflowHandler for Flaky {
@@ -69,7 +69,7 @@ impl WorkflowHandler for Flaky {
             let marker =
                 std::env::temp_dir().join(format!("ironflow-lambda-flaky-{}", ctx.run_id()));
             let cmd = format!(
-                "if [ -e '{m}' ]; then echo recovered; else touch '{m}'; sleep 30; fi",
+                "if [ -e '{m}' ]; then rm -f '{m}'; echo recovered; else touch '{m}'; sleep 30; fi",
                 m = marker.display()
             );
             let retry = RetryPolicy::new(2).backoff(Duration::from_millis(100));

@@ -1,11 +1,20 @@
-//! The local runner's command line (`ironflow-lambda-local`): help, and arguments it refuses.
+//! The local runner (`ironflow-lambda-local`, the README's first command): the main job end to
+//! end, help, and arguments it refuses.
 
 use std::process::Command;
 
 const LOCAL: &str = env!("CARGO_BIN_EXE_ironflow-lambda-local");
 
 fn run(args: &[&str]) -> (Option<i32>, String, String) {
-    let out = Command::new(LOCAL).args(args).output().unwrap();
+    run_with(args, &[])
+}
+
+fn run_with(args: &[&str], env: &[(&str, &str)]) -> (Option<i32>, String, String) {
+    let out = Command::new(LOCAL)
+        .args(args)
+        .envs(env.iter().copied())
+        .output()
+        .unwrap();
     (
         out.status.code(),
         String::from_utf8_lossy(&out.stdout).into_owned(),
@@ -38,4 +47,28 @@ fn bad_arguments_are_named_with_the_usage() {
             "{stderr}"
         );
     }
+}
+
+#[test]
+fn the_main_job_drains_every_run_and_counts_steps_by_position() {
+    let (code, stdout, stderr) = run_with(&[], &[("RUST_LOG", "info")]);
+    assert_eq!(code, Some(0), "{stdout}\n{stderr}");
+    assert!(stdout.contains("all 11 runs are terminal"), "{stdout}");
+    // The multi-step runs outlast one invocation: handed back once or more, their interrupted
+    // step shows as an earlier attempt, not as a step left undone.
+    let multi: Vec<&str> = stdout
+        .lines()
+        .filter(|l| l.starts_with("multi-step ") && l.contains("Completed"))
+        .collect();
+    assert_eq!(multi.len(), 2, "{stdout}");
+    for row in multi {
+        assert!(row.contains(" 3/3 +"), "{row}");
+        assert!(row.contains("earlier attempt"), "{row}");
+    }
+    // A pipe, not a terminal: no colour codes in the worker's logs.
+    assert!(
+        stdout.contains("INFO"),
+        "RUST_LOG=info shows the logs: {stdout}"
+    );
+    assert!(!stdout.contains('\x1b'), "colour codes in piped output");
 }

@@ -12,7 +12,8 @@
 //! deployable function (`cargo lambda watch`), and prints the table of runs on Ctrl-C (exit 0:
 //! runs still pending then are not a failure).
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
+use std::io::IsTerminal;
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
@@ -42,6 +43,8 @@ async fn main() -> ExitCode {
             tracing_subscriber::EnvFilter::try_from_default_env()
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("off")),
         )
+        // No colour codes when the output goes to a file or a pipe.
+        .with_ansi(std::io::stdout().is_terminal())
         .init();
     match run().await {
         Ok(true) => ExitCode::SUCCESS,
@@ -95,7 +98,11 @@ async fn run() -> Result<bool, Box<dyn std::error::Error>> {
         tokio::signal::ctrl_c().await?;
         // Runs left pending are expected here (the function may not have been invoked): the
         // exit status says only whether the API ran.
-        print_table(&api, &runs, &HashMap::new()).await?;
+        let terminal = print_table(&api, &runs, None).await?;
+        println!(
+            "\n{terminal} of {} runs are terminal (the others were not run to the end)",
+            runs.len()
+        );
         return Ok(true);
     }
 
@@ -139,52 +146,72 @@ async fn run() -> Result<bool, Box<dyn std::error::Error>> {
         }
     }
 
-    print_table(&api, &runs, &invocations_per_run).await
+    let terminal = print_table(&api, &runs, Some(&invocations_per_run)).await?;
+    if terminal == runs.len() {
+        println!("\nall {} runs are terminal", runs.len());
+        Ok(true)
+    } else {
+        println!(
+            "\n{} of {} runs are not terminal after {MAX_INVOCATIONS} invocations",
+            runs.len() - terminal,
+            runs.len()
+        );
+        Ok(false)
+    }
 }
 
-/// Print the final table of runs; `Ok(true)` when every run is terminal.
+/// Print the final table of runs, and return how many are terminal.
+///
+/// `invocations_per_run`: the invocations that listed each run (`None` under `--serve`, where
+/// the deployable function's invocations are not seen here). Steps are counted by position: a
+/// step attempt that did not complete (interrupted at a handback, or failed and retried) leaves
+/// its own row in the store, shown apart as an earlier attempt.
 async fn print_table(
     api: &LocalApi,
     runs: &[Uuid],
-    invocations_per_run: &HashMap<Uuid, usize>,
-) -> Result<bool, Box<dyn std::error::Error>> {
+    invocations_per_run: Option<&HashMap<Uuid, usize>>,
+) -> Result<usize, Box<dyn std::error::Error>> {
     println!(
-        "\n{:<14} {:<38} {:<10} {:>11} {:>15}  error",
+        "\n{:<14} {:<38} {:<10} {:>11} {:<26}  error",
         "workflow", "run", "state", "invocations", "steps done/all"
     );
-    let mut ok = true;
+    let mut terminal = 0;
     for id in runs {
         let Some(run) = api.store().get_run(*id).await? else {
             continue;
         };
         let steps = api.store().list_steps(*id).await?;
-        let done = steps
+        let positions: BTreeSet<u32> = steps.iter().map(|s| s.position).collect();
+        let done: BTreeSet<u32> = steps
             .iter()
             .filter(|s| s.status.state == StepStatus::Completed)
-            .count();
-        ok &= run.status.state.is_terminal();
+            .map(|s| s.position)
+            .collect();
+        let mut step_count = format!("{}/{}", done.len(), positions.len());
+        match steps.len() - positions.len() {
+            0 => {}
+            1 => step_count.push_str(" +1 earlier attempt"),
+            n => step_count.push_str(&format!(" +{n} earlier attempts")),
+        }
+        if run.status.state.is_terminal() {
+            terminal += 1;
+        }
         println!(
-            "{:<14} {:<38} {:<10} {:>11} {:>15}  {}",
+            "{:<14} {:<38} {:<10} {:>11} {:<26}  {}",
             run.workflow_name,
             // Uuid's Display ignores the width: pad its string.
             run.id.to_string(),
             run.status.state.to_string(),
-            invocations_per_run.get(id).copied().unwrap_or(0),
-            format!("{done}/{}", steps.len()),
-            run.error
-                .as_deref()
-                .unwrap_or("")
-                .chars()
-                .take(90)
-                .collect::<String>()
+            invocations_per_run.map_or("-".to_string(), |per_run| per_run
+                .get(id)
+                .copied()
+                .unwrap_or(0)
+                .to_string()),
+            step_count,
+            run.error.as_deref().unwrap_or("")
         );
     }
-    if ok {
-        println!("\nall {} runs are terminal", runs.len());
-    } else {
-        println!("\nsome runs are not terminal");
-    }
-    Ok(ok)
+    Ok(terminal)
 }
 
 /// The mix of runs the local job drains, created through the API's internal route.
