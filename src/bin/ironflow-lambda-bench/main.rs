@@ -355,7 +355,13 @@ fn print_drain_medians(drains: &BTreeMap<(Workload, Which), Vec<DrainResult>>, r
         let wall = median_wall(rs);
         let ratio = drains
             .get(&(*w, Which::Reference))
-            .map(|reference| format!(" ({:.3} of the reference)", wall / median_wall(reference)))
+            .map(|reference| {
+                format!(
+                    " ({:.3} of the reference; per round {:.3})",
+                    wall / median_wall(reference),
+                    report::paired_ratio(rs, reference)
+                )
+            })
             .unwrap_or_default();
         let u = UsagePerRun::median(rs, runs);
         println!(

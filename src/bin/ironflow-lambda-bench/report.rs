@@ -126,6 +126,20 @@ pub fn walls(results: &[DrainResult]) -> Vec<f64> {
     results.iter().map(|r| r.wall.as_secs_f64()).collect()
 }
 
+/// The median of per-round ratios: in each round, `ours`'s wall time over `reference`'s (both
+/// lists in round order, one drain per round each). A round drains a workload with every row
+/// one after the other, so each ratio compares two drains seconds apart: a machine that slows
+/// down or speeds up over the run moves both alike, where the ratio of the two medians can
+/// pair a fast stretch of one with a slow one of the other.
+pub fn paired_ratio(ours: &[DrainResult], reference: &[DrainResult]) -> f64 {
+    let ratios: Vec<f64> = walls(ours)
+        .iter()
+        .zip(walls(reference))
+        .map(|(o, r)| o / r)
+        .collect();
+    median(&ratios)
+}
+
 fn from_first_claim(results: &[DrainResult]) -> Vec<f64> {
     results
         .iter()
@@ -224,6 +238,9 @@ pub fn render(o: &Options, m: &Machine, r: &Results) -> String {
         let reference = median(&from_first_claim(&r.drains[&(w, Which::Reference)]));
         ours / reference
     };
+    let ratio_paired = |w: Workload, which: Which| {
+        paired_ratio(&r.drains[&(w, which)], &r.drains[&(w, Which::Reference)])
+    };
     let requests = |w: Workload, which: Which| per_run(&r.drains[&(w, which)], s.runs);
     let total = |m: &BTreeMap<String, f64>| m.values().sum::<f64>();
     let idle_p99 = percentile(&r.idle.warm_ms, 99.0);
@@ -232,7 +249,9 @@ pub fn render(o: &Options, m: &Machine, r: &Results) -> String {
     let rss_mib = r.batch.peak_rss_kib as f64 / 1024.0;
     let _ = writeln!(md, "## Targets\n");
     let _ = writeln!(md, "| target (issue 7) | measured | met |\n|---|---|---|");
-    // Met only if both measures hold: the wall time counts what each worker does before its
+    // Met only if every measure holds. The ratio of medians and the median of per-round
+    // ratios can differ by several percent on a machine whose speed drifts (see
+    // `paired_ratio`). The wall time counts what each worker does before its
     // first claim, and the reference's `Worker::run` builds its log pusher's HTTP client there
     // (native TLS, loading the system's CA certificates): most of the difference between the
     // reference's two columns. Our invocations do not pay it: their clients are built with the
@@ -240,20 +259,22 @@ pub fn render(o: &Options, m: &Machine, r: &Results) -> String {
     // From the first claim on, the two drain the same backlog.
     for w in Workload::ALL {
         let (x, claimed) = (ratio(w), ratio_claimed(w, Which::Ours));
+        let paired = ratio_paired(w, Which::Ours);
         let aim = if w == Workload::NoOp {
             " (aim ≤ 0.8)"
         } else {
             ""
         };
-        let met = x <= 1.0 && claimed <= 1.0;
+        let met = x <= 1.0 && claimed <= 1.0 && paired <= 1.0;
         let _ = writeln!(
             md,
-            "| drain time ours / reference, {} ≤ 1.0{aim}: wall time; from the first claim | \
-             {x:.3}; {claimed:.3} | {}{} |",
+            "| drain time ours / reference, {} ≤ 1.0{aim}: wall time; from the first claim; \
+             per round (median of the rounds' ratios) | {x:.3}; {claimed:.3}; {paired:.3} | \
+             {}{} |",
             w.describe(),
             yes(met),
             if w == Workload::NoOp && met {
-                if x.max(claimed) <= 0.8 {
+                if x.max(claimed).max(paired) <= 0.8 {
                     ", ≤ 0.8 too"
                 } else {
                     ", not ≤ 0.8"
@@ -338,7 +359,10 @@ pub fn render(o: &Options, m: &Machine, r: &Results) -> String {
          leaving out what a worker does before its first claim (the reference's `Worker::run` \
          builds its log pusher's HTTP client, with native TLS, before its first claim: most of \
          the difference between its two columns; ours are built with the worker, as at \
-         a cold start). A drain target is met only if both ratios are. Ours: \
+         a cold start). \"Per round\" is the median of each round's ratio of the two \
+         drains' wall times, which pairs drains run seconds apart, one after the other: on a machine whose \
+         speed drifts during the run it can differ from the ratio of medians by several \
+         percent. A drain target is met only if all three ratios are. Ours: \
          invocations back to back through `handler::handle_summary` (the Lambda code path), \
          awaited one after the other from a task on the worker threads, as the deployed \
          function's Lambda runtime loop runs them (`handler::in_worker_task`), \
@@ -353,8 +377,9 @@ pub fn render(o: &Options, m: &Machine, r: &Results) -> String {
     let _ = writeln!(
         md,
         "| workflow | worker | wall time (median) | runs/s | ours / reference | from first \
-         claim (median) | ours / reference | invocations | wall time per round (s) |\n\
-         |---|---|---|---|---|---|---|---|---|"
+         claim (median) | ours / reference | per round: ours / reference (median) | \
+         invocations | wall time per round (s) |\n\
+         |---|---|---|---|---|---|---|---|---|---|"
     );
     for w in Workload::ALL {
         for which in Which::ALL {
@@ -369,7 +394,7 @@ pub fn render(o: &Options, m: &Machine, r: &Results) -> String {
             let claimed = median(&from_first_claim(results));
             let _ = writeln!(
                 md,
-                "| {} | {} | {wall:.3} s | {:.1} | {} | {claimed:.3} s | {} | {} | {} |",
+                "| {} | {} | {wall:.3} s | {:.1} | {} | {claimed:.3} s | {} | {} | {} | {} |",
                 w.describe(),
                 which.name(s),
                 s.runs as f64 / wall,
@@ -382,6 +407,10 @@ pub fn render(o: &Options, m: &Machine, r: &Results) -> String {
                 match which {
                     Which::Reference => "1".to_string(),
                     _ => format!("{:.2}", ratio_claimed(w, which)),
+                },
+                match which {
+                    Which::Reference => "1".to_string(),
+                    _ => format!("{:.2}", ratio_paired(w, which)),
                 },
                 match which {
                     Which::Reference => "–".to_string(),
