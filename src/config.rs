@@ -281,7 +281,8 @@ impl Settings {
             {
                 errors.push(ConfigError::Invalid {
                     variable: "IRONFLOW_API_URL",
-                    expected: "an http:// or https:// URL with a host",
+                    expected: "an http:// or https:// URL with a host and, if any, a port \
+                               from 1 to 65535, e.g. https://ironflow.example.com",
                     found: without_userinfo(&api_url),
                 });
             } else if parsed.is_some_and(|u| !u.username().is_empty() || u.password().is_some()) {

@@ -21,18 +21,103 @@ const BIN: &str = env!("CARGO_BIN_EXE_ironflow-lambda");
 const SECRET: &str = "tok-SECRET-do-not-log-4242";
 
 fn cold_start(env: &[(&str, &str)]) -> (bool, String) {
+    let (ok, stdout, stderr) = cold_start_apart(env);
+    (ok, format!("{stdout}{stderr}"))
+}
+
+/// The function binary run with only `env` (and PATH): success, stdout, stderr.
+fn cold_start_apart(env: &[(&str, &str)]) -> (bool, String, String) {
     let out = Command::new(BIN)
         .env_clear()
         .env("PATH", std::env::var("PATH").unwrap_or_default())
         .envs(env.iter().copied())
         .output()
         .expect("run the function binary");
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// Every line of `stdout` is a JSON object (a CloudWatch log line); returns them.
+fn json_lines(stdout: &str) -> Vec<serde_json::Value> {
+    stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
+        .collect()
+}
+
+#[test]
+fn help_says_what_the_binary_is_and_points_to_the_local_runner() {
+    let out = Command::new(BIN).arg("--help").output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}");
+    assert!(stdout.contains("environment variables"), "{stdout}");
+    assert!(stdout.contains("ironflow-lambda-local"), "{stdout}");
+}
+
+#[test]
+fn a_cold_start_error_is_one_json_line_and_no_aws_lookup_without_an_aws_service() {
+    // No AWS_REGION and no AWS service configured: no instance-metadata lookup, no warning.
+    let (ok, stdout, stderr) = cold_start_apart(&[
+        ("IRONFLOW_API_URL", "http://127.0.0.1:9"),
+        ("IRONFLOW_WORKER_TOKEN", SECRET),
+    ]);
+    assert!(!ok);
+    assert_eq!(stderr, "", "the error is not printed twice");
+    let lines = json_lines(&stdout);
+    assert_eq!(lines.len(), 1, "{stdout}");
+    assert_eq!(lines[0]["level"], "ERROR");
+    assert!(
+        lines[0]["error"]
+            .as_str()
+            .unwrap()
+            .contains("AWS_LAMBDA_RUNTIME_API is not set"),
+        "{stdout}"
     );
-    (out.status.success(), text)
+    assert!(!stdout.contains("IMDS"), "{stdout}");
+}
+
+#[tokio::test]
+async fn an_unreachable_lambda_runtime_api_is_named_with_its_cause() {
+    let closed = TcpListener::bind("127.0.0.1:0")
+        .await
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .to_string();
+    let (ok, stdout, stderr) = cold_start_apart(&[
+        ("IRONFLOW_API_URL", "http://127.0.0.1:9"),
+        ("IRONFLOW_WORKER_TOKEN", SECRET),
+        ("AWS_LAMBDA_RUNTIME_API", closed.as_str()),
+        ("AWS_LAMBDA_FUNCTION_NAME", "f"),
+        ("AWS_LAMBDA_FUNCTION_VERSION", "1"),
+        ("AWS_LAMBDA_FUNCTION_MEMORY_SIZE", "128"),
+    ]);
+    assert!(!ok);
+    assert_eq!(stderr, "", "the error is not printed twice");
+    let lines = json_lines(&stdout);
+    let error = lines
+        .iter()
+        .find(|l| l["level"] == "ERROR")
+        .unwrap_or_else(|| panic!("no error line: {stdout}"));
+    assert!(
+        error["message"]
+            .as_str()
+            .unwrap()
+            .contains("AWS_LAMBDA_RUNTIME_API"),
+        "{error}"
+    );
+    assert_eq!(error["runtime_api"], closed.as_str());
+    assert!(
+        error["error"]
+            .as_str()
+            .unwrap()
+            .contains("tcp connect error"),
+        "the cause, not only \"client error (Connect)\": {error}"
+    );
+    assert!(!stdout.contains(SECRET));
 }
 
 #[test]

@@ -2,26 +2,41 @@
 //! (see the README; the worker token from Secrets Manager when `IRONFLOW_WORKER_TOKEN_SECRET_ARN`
 //! is set), run by the Lambda runtime. Locally: `cargo lambda watch`.
 
+use std::process::ExitCode;
 use std::sync::Arc;
 
 use ironflow_core::providers::claude::ClaudeCodeProvider;
 use ironflow_lambda::builder::{BuildError, LambdaWorker, LambdaWorkerBuilder};
 use ironflow_lambda::wake::Waker;
 use ironflow_lambda::{handler, logging, metrics, orphans, workflows};
-use lambda_runtime::{Error, LambdaEvent, service_fn};
+use lambda_runtime::{LambdaEvent, service_fn};
 use serde_json::Value;
 
+const USAGE: &str =
+    "ironflow-lambda: the deployable function, run by AWS Lambda (or `cargo lambda \
+watch`) and configured by environment variables (README, \"Configuration\"). It takes no argument.
+To run the sample workflows locally without Lambda: cargo run --bin ironflow-lambda-local";
+
+/// Every error is logged as one JSON line (never the token) and the process exits 1, which
+/// Lambda reports as an init or runtime failure; nothing else is printed.
 #[tokio::main]
-async fn main() -> Result<(), Error> {
+async fn main() -> ExitCode {
+    if std::env::args()
+        .nth(1)
+        .is_some_and(|a| a == "--help" || a == "-h")
+    {
+        println!("{USAGE}");
+        return ExitCode::SUCCESS;
+    }
     logging::init(logging::filter(), std::io::stdout);
     orphans::become_subreaper();
     let worker = match build_worker().await {
         Ok(worker) => Arc::new(worker),
         Err(e) => {
-            // Stop the cold start with the error in the logs (never the token): Lambda reports
-            // the init failure and retries the cold start on the next event.
+            // Stop the cold start with the error in the logs: Lambda reports the init failure
+            // and retries the cold start on the next event.
             tracing::error!(error = %e, "cold start failed");
-            return Err(e.into());
+            return ExitCode::FAILURE;
         }
     };
     let function = std::env::var("AWS_LAMBDA_FUNCTION_NAME").unwrap_or_else(|_| "local".into());
@@ -32,11 +47,11 @@ async fn main() -> Result<(), Error> {
     // watch), stop with an error that says so instead.
     if let Some(e) = runtime_environment_error() {
         tracing::error!(error = %e, "not under a Lambda runtime");
-        return Err(e.into());
+        return ExitCode::FAILURE;
     }
     // The runtime loop itself runs in a task on the worker threads, beside the runs its
     // invocations execute (see `in_worker_task`).
-    handler::in_worker_task(lambda_runtime::run(service_fn(
+    let runtime = handler::in_worker_task(lambda_runtime::run(service_fn(
         move |event: LambdaEvent<Value>| {
             let worker = worker.clone();
             async move {
@@ -50,7 +65,26 @@ async fn main() -> Result<(), Error> {
             }
         },
     )))
-    .await
+    .await;
+    match runtime {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            let api = std::env::var("AWS_LAMBDA_RUNTIME_API").unwrap_or_default();
+            // The error and its causes ("client error (Connect): tcp connect error: ...").
+            let mut error = e.to_string();
+            let mut cause = e.source();
+            while let Some(c) = cause {
+                error.push_str(&format!(": {c}"));
+                cause = c.source();
+            }
+            tracing::error!(
+                error = %error,
+                runtime_api = %api,
+                "the Lambda Runtime API (AWS_LAMBDA_RUNTIME_API) failed: the runtime loop stopped"
+            );
+            ExitCode::FAILURE
+        }
+    }
 }
 
 /// Settings from the environment (the worker token from Secrets Manager when only
@@ -59,8 +93,21 @@ async fn main() -> Result<(), Error> {
 /// honour `AWS_ENDPOINT_URL`).
 async fn build_worker() -> Result<LambdaWorker, BuildError> {
     // Region, credentials and endpoint from the Lambda environment: loaded once, for Secrets
-    // Manager, the poison-pill table and the wake-up queue.
-    let aws = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
+    // Manager, the poison-pill table and the wake-up queue, and only when one of them is
+    // configured. Outside AWS without AWS_REGION, loading them asks the EC2 instance metadata
+    // service for a region, and warns at length when there is none.
+    let uses_aws = [
+        "IRONFLOW_WORKER_TOKEN_SECRET_ARN",
+        "IRONFLOW_POISON_TABLE",
+        "IRONFLOW_WAKE_QUEUE_URL",
+    ]
+    .iter()
+    .any(|name| std::env::var_os(name).is_some_and(|v| !v.is_empty()));
+    let aws = if uses_aws {
+        aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await
+    } else {
+        aws_config::SdkConfig::builder().build()
+    };
     let mut builder = LambdaWorkerBuilder::from_env_and_secrets(&aws)
         .await?
         .provider(Arc::new(ClaudeCodeProvider::new()))
