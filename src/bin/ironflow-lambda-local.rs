@@ -38,11 +38,20 @@ const MAX_INVOCATIONS: usize = 40;
 
 #[tokio::main]
 async fn main() -> ExitCode {
+    let filter = match tracing_subscriber::EnvFilter::try_from_default_env() {
+        Ok(filter) => filter,
+        Err(e) => {
+            if let Ok(value) = std::env::var("RUST_LOG") {
+                eprintln!(
+                    "RUST_LOG={value:?} is not a log filter ({e}); expected e.g. info or \
+                     ironflow_lambda=debug: the worker's logs stay off"
+                );
+            }
+            tracing_subscriber::EnvFilter::new("off")
+        }
+    };
     tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("off")),
-        )
+        .with_env_filter(filter)
         // No colour codes when the output goes to a file or a pipe.
         .with_ansi(std::io::stdout().is_terminal())
         .init();
@@ -164,8 +173,9 @@ async fn run() -> Result<bool, Box<dyn std::error::Error>> {
 ///
 /// `invocations_per_run`: the invocations that listed each run (`None` under `--serve`, where
 /// the deployable function's invocations are not seen here). Steps are counted by position: a
-/// step attempt that did not complete (interrupted at a handback, or failed and retried) leaves
-/// its own row in the store, shown apart as an earlier attempt.
+/// step interrupted at a handback (or failed before a run-level retry) keeps its row, and the
+/// run's next execution adds another for the same position, shown apart as an earlier attempt.
+/// A step's own retries (its retry policy) stay in one row.
 async fn print_table(
     api: &LocalApi,
     runs: &[Uuid],
