@@ -71,7 +71,7 @@ impl ClaimedRunStore {
     }
 
     /// Runs primed and not yet read.
-    #[cfg(test)]
+    #[cfg(all(test, feature = "local"))]
     fn primed_count(&self) -> usize {
         self.entries().len()
     }

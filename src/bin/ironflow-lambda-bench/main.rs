@@ -168,6 +168,15 @@ fn parse(args: Vec<String>) -> Result<Options, String> {
             other => return Err(format!("unknown argument {other:?}")),
         }
     }
+    if let Some(path) = &o.function
+        && !path.is_file()
+    {
+        // Checked now, not after minutes of drains.
+        return Err(format!(
+            "--function {}: no such file (the function binary to measure)",
+            path.display()
+        ));
+    }
     if (workload_given || rows_given) && !o.drain_only {
         return Err(
             "--workload and --rows need --drain-only: the report drains both workloads with \
@@ -195,14 +204,15 @@ async fn main() -> ExitCode {
     let options = match parse(std::env::args().skip(1).collect()) {
         Ok(o) => o,
         Err(e) => {
-            if !e.is_empty() {
-                eprintln!("error: {e}");
+            let usage = "usage: ironflow-lambda-bench [--quick] [--runs K] [--rounds R] \
+                 [--concurrency C] [--max-runs N] [--out PATH] [--function PATH] [--drain-only \
+                 [--workload noop|shell] [--rows reference,ours,no-claim-ahead,one-invocation,larger-batch]]";
+            // An empty error: --help.
+            if e.is_empty() {
+                println!("{usage}");
+                return ExitCode::SUCCESS;
             }
-            eprintln!(
-                "usage: ironflow-lambda-bench [--quick] [--runs K] [--rounds R] [--concurrency C] \
-                 [--max-runs N] [--out PATH] [--function PATH] [--drain-only \
-                 [--workload noop|shell] [--rows reference,ours,no-claim-ahead,one-invocation,larger-batch]]"
-            );
+            eprintln!("error: {e}\n{usage}");
             return ExitCode::from(2);
         }
     };
@@ -246,6 +256,15 @@ async fn run(o: Options) -> Result<(), BenchError> {
     // Like the deployed function: descendants left by shell steps are reaped by us.
     ironflow_lambda::orphans::become_subreaper();
     let machine = report::Machine::read();
+    let whole_blocks = 2 * o.rows.len();
+    if !o.rounds.is_multiple_of(whole_blocks) {
+        eprintln!(
+            "note: {} rounds is not a multiple of {whole_blocks} (2 × {} rows): the order is \
+             balanced only over whole blocks of {whole_blocks} rounds",
+            o.rounds,
+            o.rows.len()
+        );
+    }
     let binary = match (&o.function, o.drain_only) {
         (Some(path), _) => path.clone(),
         (None, false) => process::function_beside_bench()?,
@@ -259,12 +278,12 @@ async fn run(o: Options) -> Result<(), BenchError> {
                 let r = drain::drain(which, workload, &o.drain).await?;
                 let u = r.usage.per_run(o.drain.runs);
                 eprintln!(
-                    "round {}/{} {:<14} {:<10} {:>8.3} s  {:>6.1} runs/s  {:>5.2} requests/run  {} invocations  \
+                    "round {}/{} {:<14} {:<15} {:>8.3} s  {:>6.1} runs/s  {:>5.2} requests/run  {} invocations  \
                      CPU/run {:.3} ms + children {:.3} ms  switches/run {:.1} voluntary {:.1} involuntary",
                     round + 1,
                     o.rounds,
                     workload.name(),
-                    format!("{which:?}"),
+                    which.flag(),
                     r.wall.as_secs_f64(),
                     o.drain.runs as f64 / r.wall.as_secs_f64(),
                     r.total_requests() as f64 / o.drain.runs as f64,
