@@ -456,15 +456,13 @@ pub fn render(o: &Options, m: &Machine, r: &Results) -> String {
                 .collect::<Vec<_>>(),
         );
         let boundaries = (invocations - 1.0).max(1.0);
-        let cost_ms = (median(&walls(ours))
-            - median(&walls(&r.drains[&(w, Which::OursOneInvocation)])))
-            * 1000.0
-            / boundaries;
-        let run_ms =
-            median(&walls(&r.drains[&(w, Which::Reference)])) * 1000.0 * s.concurrency as f64
-                / s.runs as f64;
-        let without = median(&walls(&r.drains[&(w, Which::OursNoClaimAhead)]));
         let with = median(&walls(ours));
+        let one = median(&walls(&r.drains[&(w, Which::OursOneInvocation)]));
+        let reference = median(&walls(&r.drains[&(w, Which::Reference)]));
+        let cost_ms = (with - one) * 1000.0 / boundaries;
+        let c = s.concurrency as f64;
+        let run_ms = reference * 1000.0 * c / s.runs as f64;
+        let without = median(&walls(&r.drains[&(w, Which::OursNoClaimAhead)]));
         let larger_results = &r.drains[&(w, Which::OursLargerBatch)];
         let larger = median(&walls(larger_results));
         let larger_boundaries = (median(
@@ -477,11 +475,9 @@ pub fn render(o: &Options, m: &Machine, r: &Results) -> String {
         // The batch's tail alone: when an invocation's last run starts, each of the other
         // C − 1 slots ends its own run after a uniformly spread part of a run, then idles until
         // the last one ends: half a run on average, so (C − 1) / (2C) of a run in wall time.
-        let one = median(&walls(&r.drains[&(w, Which::OursOneInvocation)]));
-        let c = s.concurrency as f64;
         let tail_ms = one * 1000.0 * c / s.runs as f64 * (c - 1.0) / (2.0 * c);
         let expected = one + boundaries * tail_ms / 1000.0;
-        let expected_ratio = expected / median(&walls(&r.drains[&(w, Which::Reference)]));
+        let expected_ratio = expected / reference;
         let _ = writeln!(
             md,
             "- {}: {cost_ms:.2} ms per invocation boundary ({boundaries:.0} boundaries), against \
