@@ -10,9 +10,10 @@ pub mod diagnose;
 pub mod logs;
 pub mod pending;
 
+use std::sync::Arc;
 use std::time::Duration;
 
-use crate::config::WorkerToken;
+use crate::credentials::Credentials;
 
 /// Timeout of one JSON call of ours (log push), 10 s; artifact transfers have none (bulk).
 pub const CALL_TIMEOUT: Duration = Duration::from_secs(10);
@@ -23,19 +24,19 @@ pub const CALL_TIMEOUT: Duration = Duration::from_secs(10);
 pub struct ClientError(#[from] reqwest::Error);
 
 /// Base URL, worker token and a pooled HTTP client (rustls with aws-lc, the Mozilla roots of
-/// `webpki-roots`).
+/// `webpki-roots`). Each request carries the current token of [`Credentials`].
 #[derive(Clone)]
 pub struct ApiClient {
     http: reqwest::Client,
     base_url: String,
-    token: WorkerToken,
+    credentials: Arc<Credentials>,
 }
 
 impl std::fmt::Debug for ApiClient {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ApiClient")
             .field("base_url", &self.base_url)
-            .field("token", &self.token)
+            .field("token", &self.credentials.token())
             .finish_non_exhaustive()
     }
 }
@@ -49,7 +50,7 @@ impl ApiClient {
     /// # Errors
     ///
     /// [`ClientError`] when the TLS backend cannot be initialised.
-    pub fn new(base_url: &str, token: WorkerToken) -> Result<Self, ClientError> {
+    pub fn new(base_url: &str, credentials: Arc<Credentials>) -> Result<Self, ClientError> {
         // Err: a default is installed already (a second client, or the embedding program's
         // choice), which reqwest then uses.
         let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
@@ -60,7 +61,7 @@ impl ApiClient {
         Ok(Self {
             http,
             base_url: base_url.trim_end_matches('/').to_string(),
-            token,
+            credentials,
         })
     }
 
@@ -78,6 +79,6 @@ impl ApiClient {
     pub(crate) fn request(&self, method: reqwest::Method, url: &str) -> reqwest::RequestBuilder {
         self.http
             .request(method, url)
-            .bearer_auth(self.token.expose())
+            .bearer_auth(self.credentials.token().expose())
     }
 }

@@ -18,20 +18,23 @@ use ironflow_store::entities::{
     WorkerCapabilities, WorkerTagError, normalize_worker_tags, validate_worker_tags,
 };
 use ironflow_store::store::Store;
-use ironflow_worker::ApiRunStore;
 use tracing::warn;
 
 use crate::api::artifacts::ApiArtifactSink;
 use crate::api::logs::LogForwarder;
 use crate::api::{ApiClient, ClientError};
+use crate::calls::Calls;
 use crate::claim_ahead::RunPace;
-use crate::claimed_store::ClaimedRunStore;
 use crate::config::{ConfigError, Settings, WorkerToken};
+use crate::credentials::Credentials;
 use crate::poison::dynamodb::{DynamoPoisonTable, DynamoSetupError};
 use crate::poison::memory::MemoryPoisonTable;
 use crate::poison::{PoisonMode, PoisonTable};
 use crate::pool::{DEFAULT_IDLE_PROBE_AFTER, PoolWarden};
-use crate::secrets::{self, SecretError};
+use crate::runtime::{self, ExecutionRuntime};
+use crate::secrets::{self, SecretError, TokenSecret};
+use crate::store::GuardedStore;
+use crate::store::fault::FaultLog;
 use crate::wake::Waker;
 
 /// `build()` refused the configuration.
@@ -78,6 +81,16 @@ pub enum BuildError {
     /// [`LambdaWorkerBuilder::from_env_and_secrets`]).
     #[error(transparent)]
     Secret(#[from] SecretError),
+    /// The runtime the engine executes runs on could not be started (no thread could be
+    /// spawned).
+    #[error("could not start the execution runtime ({threads} threads): {source}")]
+    Runtime {
+        /// The worker threads asked for (the concurrency plus one).
+        threads: usize,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
 }
 
 /// Builder for a [`LambdaWorker`].
@@ -110,6 +123,8 @@ pub struct LambdaWorkerBuilder {
     aws: Option<SdkConfig>,
     idle_probe_after: Duration,
     waker: Option<Waker>,
+    /// The secret the token came from, to re-read it when the API refuses the token.
+    token_secret: Option<TokenSecret>,
 }
 
 impl LambdaWorkerBuilder {
@@ -152,11 +167,14 @@ impl LambdaWorkerBuilder {
         lookup: impl Fn(&str) -> Option<String>,
         aws: &SdkConfig,
     ) -> Result<Self, BuildError> {
-        let token = secrets::worker_token_from_lookup(&lookup, aws).await?;
-        Ok(
-            Self::from_settings(Settings::from_lookup_with_token(lookup, token)?)
-                .aws_config(aws.clone()),
-        )
+        let (token, secret) = match secrets::worker_token_from_lookup(&lookup, aws).await? {
+            Some((token, secret)) => (Some(token), Some(secret)),
+            None => (None, None),
+        };
+        let mut builder = Self::from_settings(Settings::from_lookup_with_token(lookup, token)?)
+            .aws_config(aws.clone());
+        builder.token_secret = secret;
+        Ok(builder)
     }
 
     /// A builder from already-loaded settings.
@@ -171,6 +189,7 @@ impl LambdaWorkerBuilder {
             aws: None,
             idle_probe_after: DEFAULT_IDLE_PROBE_AFTER,
             waker: None,
+            token_secret: None,
         }
     }
 
@@ -405,9 +424,11 @@ impl LambdaWorkerBuilder {
         check_settings(&s)?;
         let tags = normalize_worker_tags(s.tags.clone());
 
-        let api_store = ApiRunStore::new(&s.api_url, s.worker_token.expose());
-        let claimed_store = Arc::new(ClaimedRunStore::new(Arc::new(api_store.clone())));
-        let store: Arc<dyn Store> = claimed_store.clone();
+        let credentials = Arc::new(Credentials::new(s.worker_token.clone(), self.token_secret));
+        // Two stores, two HTTP clients: one for the engine, polled on the execution runtime,
+        // one for the invocation's own calls, on the caller's (crate::runtime, crate::calls).
+        let engine_store = Arc::new(GuardedStore::api(&s.api_url, credentials.clone()));
+        let store: Arc<dyn Store> = engine_store.clone();
         let strategy = self
             .account_strategy
             .unwrap_or_else(|| Arc::new(LeastUtilized));
@@ -419,7 +440,8 @@ impl LambdaWorkerBuilder {
         // `ctx.send_signal` goes through the API (`POST /api/v1/internal/signals`), which stores
         // the signal and wakes the waiting runs to Pending for a claim, as the reference worker
         // does. The engine's default would resume them in this process, outside any invocation.
-        let mut engine = Engine::new(store, provider).with_signal_sender(Arc::new(api_store));
+        let mut engine =
+            Engine::new(store, provider.clone()).with_signal_sender(engine_store.clone());
         if let Some(decision) = self.decision_provider {
             engine = engine.with_decision_provider(decision);
         }
@@ -432,10 +454,18 @@ impl LambdaWorkerBuilder {
         engine.set_worker_tags(tags);
 
         // Step logs and artifacts travel through the API: the worker holds no storage credential.
-        let api = ApiClient::new(&s.api_url, s.worker_token.clone())?;
+        // Artifacts are uploaded by the engine (on the execution runtime), logs pushed by the
+        // invocation: each with its own HTTP client.
+        let api = ApiClient::new(&s.api_url, credentials.clone())?;
+        let artifacts = ApiClient::new(&s.api_url, credentials.clone())?;
         let (log_sender, log_receiver) = ironflow_engine::log_sender::channel();
         engine.set_log_sender(log_sender);
-        engine.set_artifact_sink(Arc::new(ApiArtifactSink::new(api.clone())));
+        engine.set_artifact_sink(Arc::new(ApiArtifactSink::new(artifacts)));
+        let threads = runtime::threads_for(s.concurrency);
+        let execution_runtime = ExecutionRuntime::new(threads)
+            .map_err(|source| BuildError::Runtime { threads, source })?;
+        let calls_store = Arc::new(GuardedStore::api(&s.api_url, credentials.clone()));
+        let calls_engine = Engine::new(calls_store.clone(), provider);
 
         let poison_table = match (self.poison_table, &s.poison_table) {
             (Some(table), _) => table,
@@ -459,7 +489,10 @@ impl LambdaWorkerBuilder {
 
         Ok(LambdaWorker {
             engine: Arc::new(engine),
-            claimed_store,
+            engine_store,
+            runtime: Arc::new(execution_runtime),
+            calls_store,
+            calls_engine: Arc::new(calls_engine),
             capabilities,
             poison_table,
             poison_mode,
@@ -578,9 +611,15 @@ fn registered_workflows(engine: &Engine) -> Option<Vec<String>> {
 /// returns (its deadline running meanwhile): the step-log channel, the claim pace and the
 /// pooled connections it shares across invocations serve one at a time.
 pub struct LambdaWorker {
+    /// The engine that executes runs, on [`LambdaWorker::runtime`].
     pub(crate) engine: Arc<Engine>,
     /// The engine's store, which takes each claimed run for the engine's first read of it.
-    pub(crate) claimed_store: Arc<ClaimedRunStore>,
+    pub(crate) engine_store: Arc<GuardedStore>,
+    /// Where the engine executes runs (see [`crate::runtime`]).
+    pub(crate) runtime: Arc<ExecutionRuntime>,
+    /// The invocations' own store and recording engine (see [`crate::calls`]).
+    pub(crate) calls_store: Arc<GuardedStore>,
+    pub(crate) calls_engine: Arc<Engine>,
     pub(crate) capabilities: WorkerCapabilities,
     pub(crate) poison_table: Arc<dyn PoisonTable>,
     pub(crate) poison_mode: PoisonMode,
@@ -615,6 +654,15 @@ impl LambdaWorker {
     /// The engine (and through it the API store).
     pub fn engine(&self) -> &Arc<Engine> {
         &self.engine
+    }
+
+    /// The invocation's own calls, counting their faults in `faults`.
+    pub(crate) fn calls(&self, faults: Arc<FaultLog>) -> Calls {
+        Calls {
+            store: self.calls_store.clone(),
+            engine: self.calls_engine.clone(),
+            faults,
+        }
     }
 }
 

@@ -9,6 +9,18 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use tokio::time::Instant;
 
+/// How far ahead [`later`] ever reaches: 100 years, far beyond any setting this crate accepts
+/// (see [`crate::config::MAX_DURATION`]), and still within any platform's clock.
+pub const HORIZON: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+
+/// `at + d`, saturating: never panics, never more than [`HORIZON`] after `at`. Every instant
+/// this crate computes from a duration goes through it (or through `checked_add`).
+pub fn later(at: Instant, d: Duration) -> Instant {
+    at.checked_add(d.min(HORIZON))
+        .or_else(|| at.checked_add(Duration::from_secs(24 * 3600)))
+        .unwrap_or(at)
+}
+
 /// The longest invocation this crate plans for. Lambda's own maximum is 15 minutes; a deadline
 /// further away than this (a bogus or hand-written `Context`) is clamped to it.
 pub const MAX_INVOCATION: Duration = Duration::from_secs(15 * 60);
@@ -50,8 +62,8 @@ impl Budget {
     pub fn from_time_left(left: Duration, margin: Duration) -> Self {
         let now = Instant::now();
         let left = left.min(MAX_INVOCATION);
-        let deadline = now + left;
-        let cutoff = now + left.saturating_sub(margin);
+        let deadline = later(now, left);
+        let cutoff = later(now, left.saturating_sub(margin));
         Self { deadline, cutoff }
     }
 
@@ -100,6 +112,16 @@ mod tests {
         let budget = Budget::from_time_left(Duration::from_secs(3), Duration::from_secs(10));
         assert_eq!(budget.until_cutoff(), Duration::ZERO);
         assert!(budget.until_deadline() > Duration::ZERO);
+    }
+
+    #[test]
+    fn later_saturates() {
+        let now = Instant::now();
+        assert_eq!(
+            later(now, Duration::from_secs(3)),
+            now + Duration::from_secs(3)
+        );
+        assert_eq!(later(now, Duration::MAX), now + HORIZON);
     }
 
     #[test]

@@ -1,32 +1,55 @@
 //! One claimed run, executed under its lease, its run deadline and the invocation cutoff,
 //! down to an [`Outcome`].
 //!
+//! The engine executes the run on the execution runtime ([`crate::runtime`]), inside the run's
+//! store scope ([`crate::store::scope`]); its supervisor, here on the invocation's runtime,
+//! waits for the first of:
+//!
 //! ```text
 //! select {
-//!   engine.execute_handler_run(run)  → Completed │ Failed (already recorded by the engine)
-//!                                     │ Panicked → fail_or_schedule_retry (retryable)
-//!   lease lost                       → LeaseLost (no status write)
-//!   run deadline                     → TimedOut → fail_or_schedule_retry (retryable)
-//!   cutoff                           → handback (HandedBack, or Failed by the loop guard)
+//!   the execution's task      → Completed │ Suspended │ Failed (recorded by the engine)
+//!                             │ Panicked → fail_or_schedule_retry (retryable)
+//!   an API fault the store's retries could not overcome
+//!                             → handback (an infrastructure error, never a workflow failure)
+//!   the lease ended           → Cancelled │ LeaseLost (nothing written)
+//!                             │ expired: handback once the lease is confirmed again
+//!   run deadline              → TimedOut → fail_or_schedule_retry (retryable)
+//!   cutoff                    → handback (HandedBack, or Failed by the loop guard)
 //! }
 //! ```
+//!
+//! Every way but the first stops the execution before anything is written: its scope is
+//! fenced (nothing it sends from then on reaches the API), its task is aborted (its child
+//! processes die with it, `kill_on_drop`) and awaited for [`STOP_GRACE`]. A task still running
+//! then is blocked in workflow code that does not yield: the run's fate is written all the
+//! same, and the report says `stuck`.
 
-use std::any::Any;
 use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use futures_util::FutureExt;
-use ironflow_engine::engine::Engine;
+use ironflow_engine::engine::{Engine, WorkflowResult};
+use ironflow_engine::error::EngineError;
 use ironflow_store::entities::{LeaseRequest, Run, RunStatus};
+use ironflow_store::store::RunStore;
 use serde::Serialize;
+use tokio::task::JoinError;
 use tokio::time::{Instant, sleep_until, timeout_at};
 use tracing::{Instrument, error, info, info_span, warn};
 use uuid::Uuid;
 
-use crate::claimed_store::ClaimedRunStore;
-use crate::handback::{self, HandbackPolicy};
-use crate::lease::LeaseRefresher;
+use crate::calls::Calls;
+use crate::deadline::later;
+use crate::handback::{self, HandbackPolicy, Why};
+use crate::lease::{LeaseEnd, LeaseRefresher, RefreshContext};
+use crate::runtime::ExecutionRuntime;
+use crate::store::GuardedStore;
+use crate::store::scope::{CallScope, RunKey, ScopeStop};
+
+/// How long a stopped execution's task is awaited after its abort: 100 ms. Cancelled at its
+/// next await, a task ends in microseconds; one still running after this is blocked in
+/// workflow code.
+pub const STOP_GRACE: Duration = Duration::from_millis(100);
 
 /// How one run ended in this invocation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, PartialOrd, Ord)]
@@ -39,6 +62,8 @@ pub enum Outcome {
     /// signal (status `sleeping`), an approval (`awaiting_approval`) or an operator
     /// (`paused`; `pending` or `running` if already resumed). The API wakes it back to
     /// Pending, and a later invocation (schedule tick, wake-up or direct call) claims it.
+    /// Also a run an operator paused while it executed: abandoned at once, the resume replays
+    /// it.
     Suspended,
     /// The handler returned an error; the engine already recorded the failure or armed a retry.
     Failed,
@@ -46,9 +71,15 @@ pub enum Outcome {
     TimedOut,
     /// The handler panicked; failed or scheduled for retry.
     Panicked,
-    /// The lease went to someone else; nothing was written.
+    /// The run was cancelled through the API while this invocation held it: abandoned, nothing
+    /// written.
+    Cancelled,
+    /// The lease went to someone else, or expired and could not be confirmed again; nothing
+    /// was written.
     LeaseLost,
-    /// Still running at the cutoff: written back to Pending for the next invocation.
+    /// Written back to Pending for the next invocation, which resumes it by replay: it was
+    /// still running at the cutoff, or its attempt ended on an API fault (not a workflow
+    /// failure: `error` says which), or its lease expired and was confirmed again.
     HandedBack,
     /// Claimed ahead of a free slot, or among an invocation's first claims sent together
     /// ([`crate::claim_ahead`]), but not started before the claim window closed, or claimed
@@ -83,28 +114,79 @@ pub struct RunReport {
     /// The error, for every outcome but Completed and a clean HandedBack.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// The run was left to the API's reaper: still Running under a lease nobody refreshes,
+    /// because its handback or release could not be written (the API kept failing, or the
+    /// time ran out). The reaper requeues it after the lease TTL, and fails it instead once
+    /// its lease expired more times than its `max_retries`. In the summary only when true.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub left_to_reaper: bool,
+    /// Its execution did not stop when told to: workflow code blocks its thread. Its fate was
+    /// written all the same, and nothing it sends later reaches the API. In the summary only
+    /// when true.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub stuck: bool,
     /// The run's attempt counter when claimed (`retry_count`), part of the failure id.
     #[serde(skip)]
     pub retry_count: u32,
+    /// The run's `lease_recoveries` when claimed.
+    #[serde(skip)]
+    pub lease_recoveries: u32,
 }
 
 fn whole_millis<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
     s.serialize_u64(u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
+/// How a run's time in this invocation ended: its outcome, the error, and whether it was left
+/// to the API's reaper.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Fate {
+    pub outcome: Outcome,
+    pub error: Option<String>,
+    pub left_to_reaper: bool,
+}
+
+impl Fate {
+    /// `outcome`, with `error` when there is one, not left to the reaper.
+    pub fn new(outcome: Outcome, error: Option<String>) -> Self {
+        Self {
+            outcome,
+            error,
+            left_to_reaper: false,
+        }
+    }
+
+    /// `outcome`, left to the API's reaper for `why`.
+    pub fn left_to_reaper(outcome: Outcome, why: String) -> Self {
+        Self {
+            outcome,
+            error: Some(why),
+            left_to_reaper: true,
+        }
+    }
+}
+
 impl RunReport {
-    /// The report of a claimed run that never executed: its workflow was blocked
-    /// (PoisonBlocked), it was claimed ahead and got no slot (Released), or its lease was lost
-    /// while it waited for one (LeaseLost).
-    pub(crate) fn not_executed(run: &Run, outcome: Outcome, error: Option<String>) -> Self {
+    /// The report of `run` for `fate`, after it executed for `executed`.
+    pub(crate) fn new(run: &Run, fate: Fate, executed: Duration) -> Self {
         Self {
             run_id: run.id,
             workflow: run.workflow_name.clone(),
-            outcome,
-            executed: Duration::ZERO,
-            error,
+            outcome: fate.outcome,
+            executed,
+            error: fate.error,
+            left_to_reaper: fate.left_to_reaper,
+            stuck: false,
             retry_count: run.retry_count,
+            lease_recoveries: run.lease_recoveries,
         }
+    }
+
+    /// The report of a claimed run that never executed: its workflow was blocked
+    /// (PoisonBlocked), it was claimed ahead and got no slot (Released), or its lease was lost
+    /// while it waited for one (LeaseLost).
+    pub(crate) fn not_executed(run: &Run, fate: Fate) -> Self {
+        Self::new(run, fate, Duration::ZERO)
     }
 }
 
@@ -117,24 +199,19 @@ pub(crate) struct Claimed {
 }
 
 impl Claimed {
-    /// Start refreshing the lease of `run`, just claimed under `lease`, every `interval` until
-    /// `cutoff`.
+    /// Start refreshing the lease of `run`, claimed under `lease` by a request sent at
+    /// `claim_sent`, every `interval` until `cutoff`.
     pub fn new(
-        engine: &Engine,
+        ctx: RefreshContext,
         run: Run,
         lease: &LeaseRequest,
+        claim_sent: Instant,
         interval: Duration,
         cutoff: Instant,
     ) -> Self {
         let span = info_span!("run", run_id = %run.id, workflow = %run.workflow_name);
         let refresher = span.in_scope(|| {
-            LeaseRefresher::spawn(
-                engine.store().clone(),
-                run.id,
-                lease.clone(),
-                interval,
-                cutoff,
-            )
+            LeaseRefresher::spawn(ctx, run.id, lease.clone(), claim_sent, interval, cutoff)
         });
         Self {
             run,
@@ -147,15 +224,30 @@ impl Claimed {
 /// Everything one execution needs, cloned out of the worker so it can run in its own task.
 #[derive(Clone)]
 pub(crate) struct ExecutionParams {
+    /// The engine that executes runs (on `runtime`).
     pub engine: Arc<Engine>,
     /// The engine's store, primed with each run before the engine reads it.
-    pub claimed_store: Arc<ClaimedRunStore>,
+    pub engine_store: Arc<GuardedStore>,
+    /// Where the engine executes.
+    pub runtime: Arc<ExecutionRuntime>,
+    /// The invocation's own calls (handback, recorded failures).
+    pub calls: Calls,
     pub lease: LeaseRequest,
     pub run_timeout: Duration,
     pub cutoff: Instant,
-    /// The invocation deadline: no status write may run past it.
-    pub deadline: Instant,
+    /// No write of ours past this: the invocation deadline minus the response's reserve.
+    pub last_write: Instant,
     pub handback: HandbackPolicy,
+}
+
+impl ExecutionParams {
+    /// The scope key of `run_id`'s calls under this invocation's lease.
+    pub fn key(&self, run_id: Uuid) -> RunKey {
+        RunKey {
+            run_id,
+            worker_id: self.lease.worker_id.clone(),
+        }
+    }
 }
 
 /// Execute the `claimed` run (claimed under `params.lease`) and return its report.
@@ -170,135 +262,240 @@ pub(crate) async fn execute(params: ExecutionParams, claimed: Claimed) -> RunRep
         .await
 }
 
+/// Why the supervisor stopped waiting.
+enum Stop {
+    /// The execution's task ended: the engine's result, or a panic.
+    Finished(Box<Result<Result<WorkflowResult, EngineError>, JoinError>>),
+    /// A store call stopped the execution (an API fault, or the run left this worker).
+    Scope(ScopeStop),
+    /// The lease ended.
+    Lease(LeaseEnd),
+    TimedOut,
+    Cutoff,
+}
+
 async fn execute_in_span(p: ExecutionParams, run: Run, refresher: LeaseRefresher) -> RunReport {
     let started = Instant::now();
     // When it starts executing here; a run claimed ahead may have waited since its claim.
     let claimed_at = Utc::now();
-    let report = |outcome, error: Option<String>| RunReport {
-        run_id: run.id,
-        workflow: run.workflow_name.clone(),
-        outcome,
-        executed: started.elapsed(),
-        error,
-        retry_count: run.retry_count,
-    };
+    let key = p.key(run.id);
 
-    let attempt_start = attempt_started_at(&p.engine, &run, claimed_at).await;
+    let attempt_start = attempt_started_at(&p, &run, claimed_at).await;
     let used = (claimed_at - attempt_start).to_std().unwrap_or_default();
-    let run_deadline = started + p.run_timeout.saturating_sub(used);
+    let run_deadline = later(started, p.run_timeout.saturating_sub(used));
     let timeout_msg = format!(
         "run timed out after {}s (counted from its attempt's first start at {})",
         p.run_timeout.as_secs(),
         attempt_start.to_rfc3339()
     );
-
     info!(attempt_started_at = %attempt_start, "executing run");
-    // The engine's first read of the run is served the claimed copy (no request); the guard
-    // drops the copy once the execution stops, if the read never came.
-    let primed = p.claimed_store.prime(&run);
-    // Polled by this task rather than spawned: the run's end releases its slot without a hop
-    // to another task (each hop waits for a thread, a long wait while shell steps keep both
-    // cores busy). A panic of the handler is caught here as a spawned task's would be.
-    let mut execution =
-        Box::pin(std::panic::AssertUnwindSafe(p.engine.execute_handler_run(run.id)).catch_unwind());
 
-    enum Stop {
-        /// The handler returned (`Ok`: the run the engine returned, with its status: ours, or
-        /// the root run a sub-workflow child resumed), or panicked.
-        Finished(Result<Result<(Uuid, RunStatus), String>, String>),
-        LeaseLost,
-        TimedOut,
-        Cutoff,
-    }
-    let stop = tokio::select! {
+    let scope = Arc::new(CallScope::execution(
+        key,
+        p.cutoff,
+        refresher.clock().clone(),
+        p.calls.faults.clone(),
+    ));
+    let mut task = {
+        let (engine, store, run) = (p.engine.clone(), p.engine_store.clone(), run.clone());
+        let work = async move {
+            // The engine's first read of the run is served the claimed copy (no request); the
+            // guard drops the copy once the execution stops, if the read never came.
+            let _primed = store.prime(&run);
+            engine.execute_handler_run(run.id).await
+        };
+        p.runtime
+            .spawn(scope.clone().run(work).instrument(tracing::Span::current()))
+    };
+
+    let mut stop = tokio::select! {
         biased;
-        finished = &mut execution => Stop::Finished(match finished {
-            Ok(result) => Ok(result
-                .map(|r| (r.run.id, r.run.status.state))
-                .map_err(|e| e.to_string())),
-            Err(panic) => Err(panic_message(panic)),
-        }),
-        () = refresher.lost() => Stop::LeaseLost,
+        joined = &mut task => Stop::Finished(Box::new(joined)),
+        why = scope.stopped() => Stop::Scope(why),
+        end = refresher.ended() => Stop::Lease(end),
         () = sleep_until(run_deadline) => Stop::TimedOut,
         () = sleep_until(p.cutoff) => Stop::Cutoff,
     };
-    // Whatever follows (a failure recorded, a handback) reads the run from the API.
-    drop(primed);
     let target = refresher.target();
-    if matches!(stop, Stop::Finished(Ok(_))) {
-        // The engine wrote the run's status: nothing of ours follows that a late refresh
-        // could race with.
-        refresher.abort();
-    } else {
-        refresher.stop().await;
-        // Drop the execution: its child processes die with it (kill_on_drop), and nothing it
-        // started can write to the API any more.
-        drop(execution);
+    let mut stuck = false;
+    if !matches!(stop, Stop::Finished(_)) {
+        // Nothing the execution sends from now on reaches the API; then it is dropped (its
+        // child processes die with it).
+        scope.fence();
+        task.abort();
+        let grace = later(Instant::now(), STOP_GRACE).min(p.last_write);
+        match timeout_at(grace, &mut task).await {
+            // It ended on its own meanwhile: what it recorded stands.
+            Ok(Ok(result)) => stop = Stop::Finished(Box::new(Ok(result))),
+            Ok(Err(e)) if e.is_panic() => stop = Stop::Finished(Box::new(Err(e))),
+            Ok(Err(_cancelled)) => {}
+            Err(_) => {
+                stuck = true;
+                error!(
+                    "the run's execution did not stop: workflow code blocks its thread; its \
+                     fate is written without it, and nothing it sends later reaches the API"
+                );
+            }
+        }
     }
+    refresher.stop().await;
 
+    let timing = Timing {
+        claimed_at,
+        started,
+        timeout_msg,
+    };
+    let fate = decide(&p, &run, stop, &scope, target, timing).await;
+    let mut report = RunReport::new(&run, fate, started.elapsed());
+    if stuck {
+        report.stuck = true;
+        let note = "its execution did not stop (a step blocks its thread)";
+        report.error = Some(match report.error.take() {
+            Some(e) => format!("{e}; {note}"),
+            None => note.to_string(),
+        });
+    }
+    report
+}
+
+/// When the run was taken up here, and the timeout's message.
+struct Timing {
+    claimed_at: DateTime<Utc>,
+    started: Instant,
+    timeout_msg: String,
+}
+
+/// The run's fate for `stop`, written where it must be.
+async fn decide(
+    p: &ExecutionParams,
+    run: &Run,
+    stop: Stop,
+    scope: &CallScope,
+    target: Uuid,
+    timing: Timing,
+) -> Fate {
+    let hand_back = |why| {
+        let executed = timing.started.elapsed();
+        handback::hand_back(
+            p,
+            run,
+            target,
+            timing.claimed_at,
+            executed,
+            why,
+            scope.saw_fault(),
+        )
+    };
     match stop {
+        Stop::Finished(joined) => finished(p, run, target, *joined).await,
+        Stop::Scope(ScopeStop::Fault(fault)) => {
+            warn!(error = %fault, "the API kept failing: handing the run back");
+            hand_back(Why::ApiFault(fault)).await
+        }
+        Stop::Scope(ScopeStop::RunLeft { status, held_by }) => {
+            let end = match status {
+                RunStatus::Cancelled => LeaseEnd::Cancelled,
+                RunStatus::Running => LeaseEnd::TakenOver { held_by },
+                status => LeaseEnd::Left { status },
+            };
+            abandoned(&end)
+        }
+        Stop::Lease(end @ LeaseEnd::Expired { .. }) => {
+            // Stopped at the lease's end. Writing the handback needs the lease confirmed
+            // again first (the API had not reaped it yet); if not, it is the reaper's.
+            hand_back(Why::LeaseExpired(end.describe())).await
+        }
+        Stop::Lease(end) => abandoned(&end),
+        Stop::TimedOut => {
+            error!(error = %timing.timeout_msg, "run timed out");
+            record_failure(p, target, Outcome::TimedOut, timing.timeout_msg.clone()).await
+        }
+        Stop::Cutoff => hand_back(Why::Cutoff).await,
+    }
+}
+
+/// The fate of a run whose execution's task ended: with the engine's result, or a panic.
+async fn finished(
+    p: &ExecutionParams,
+    run: &Run,
+    target: Uuid,
+    joined: Result<Result<WorkflowResult, EngineError>, JoinError>,
+) -> Fate {
+    match joined {
         // Our own run, left waiting by its handler (a timer or signal: sleeping; an approval;
         // an operator's pause, or already resumed from it: pending, running). A sub-workflow
         // child resumes its root, whose status is not this run's: completed, as before.
-        Stop::Finished(Ok(Ok((id, status)))) if id == run.id && !status.is_terminal() => {
-            info!(status = %status, "run suspended");
-            report(Outcome::Suspended, None)
+        Ok(Ok(result)) if result.run.id == run.id && !result.run.status.state.is_terminal() => {
+            info!(status = %result.run.status.state, "run suspended");
+            Fate::new(Outcome::Suspended, None)
         }
-        Stop::Finished(Ok(Ok(_))) => {
+        Ok(Ok(_)) => {
             info!("run completed");
-            report(Outcome::Completed, None)
+            Fate::new(Outcome::Completed, None)
         }
-        Stop::Finished(Ok(Err(e))) => {
+        Ok(Err(e)) => {
             // The engine routed this failure through fail_or_schedule_retry already: writing
-            // Failed again would cancel an armed retry.
+            // Failed again would cancel an armed retry. An API fault never gets here (the
+            // store stops the execution instead): this is the workflow's own failure.
+            let e = e.to_string();
             error!(error = %e, "run failed");
-            report(Outcome::Failed, Some(e))
+            Fate::new(Outcome::Failed, Some(e))
         }
-        Stop::Finished(Err(panic)) => {
-            let msg = format!("run panicked: {panic}");
+        Err(panic) => {
+            let msg = format!("run panicked: {}", panic_message(panic));
             error!(error = %msg, "run panicked");
-            record_failure(&p, run.id, &msg).await;
-            report(Outcome::Panicked, Some(msg))
-        }
-        Stop::LeaseLost => {
-            warn!("abandoning run: lease lost");
-            report(
-                Outcome::LeaseLost,
-                Some("lease lost to another worker".into()),
-            )
-        }
-        Stop::TimedOut => {
-            error!(error = %timeout_msg, "run timed out");
-            record_failure(&p, run.id, &timeout_msg).await;
-            report(Outcome::TimedOut, Some(timeout_msg))
-        }
-        Stop::Cutoff => {
-            let executed = started.elapsed();
-            let (outcome, error) =
-                handback::hand_back(&p, &run, target, claimed_at, executed).await;
-            report(outcome, error)
+            record_failure(p, target, Outcome::Panicked, msg).await
         }
     }
 }
 
-/// Record a failure observed from outside the handler (timeout, panic) as retryable, bounded
-/// by the invocation deadline.
-async fn record_failure(p: &ExecutionParams, run_id: Uuid, msg: &str) {
+/// The fate of a run abandoned because its lease ended (nothing is written: the run is not
+/// this worker's any more).
+fn abandoned(end: &LeaseEnd) -> Fate {
+    let why = end.describe();
+    warn!(reason = %why, "abandoning the run");
+    match end {
+        LeaseEnd::Cancelled => Fate::new(Outcome::Cancelled, Some(why)),
+        LeaseEnd::Left {
+            status: RunStatus::Paused,
+        } => Fate::new(Outcome::Suspended, Some(why)),
+        _ => Fate::new(Outcome::LeaseLost, Some(why)),
+    }
+}
+
+/// Record a failure observed from outside the handler (timeout, panic) as retryable, with the
+/// invocation's own calls, bounded by the last write. A failure that could not be recorded
+/// leaves the run to the reaper.
+async fn record_failure(p: &ExecutionParams, run_id: Uuid, outcome: Outcome, msg: String) -> Fate {
     let write = p
+        .calls
         .engine
-        .fail_or_schedule_retry(run_id, msg, true, None, None);
-    match timeout_at(p.deadline, write).await {
-        Ok(Ok(status)) => info!(status = %status, "failure recorded"),
-        Ok(Err(e)) => error!(error = %e, "could not record the run's failure"),
-        Err(_) => error!("recording the run's failure ran into the invocation deadline"),
+        .fail_or_schedule_retry(run_id, &msg, true, None, None);
+    match p
+        .calls
+        .within(p.last_write, Some(p.key(run_id)), write)
+        .await
+    {
+        Ok(status) => {
+            info!(status = %status, "failure recorded");
+            Fate::new(outcome, Some(msg))
+        }
+        Err(e) => {
+            error!(error = %e, "could not record the run's failure: left to the API's reaper");
+            Fate::left_to_reaper(
+                outcome,
+                format!("{msg} (recording it failed: {e}; left to the API's reaper)"),
+            )
+        }
     }
 }
 
 /// When the current attempt of `run` first started: the earliest step of the attempt, or now
 /// for a run that never executed (its recorded duration is zero) or whose attempt has no step
-/// yet. The claim resets `started_at`, so the steps are the durable record.
+/// yet. The claim resets `started_at`, so the steps are the durable record. The read is the
+/// invocation's, bounded by the cutoff.
 async fn attempt_started_at(
-    engine: &Engine,
+    p: &ExecutionParams,
     run: &Run,
     claimed_at: DateTime<Utc>,
 ) -> DateTime<Utc> {
@@ -306,7 +503,8 @@ async fn attempt_started_at(
         return claimed_at;
     }
     let attempt = run.retry_count + 1;
-    match engine.store().list_steps(run.id).await {
+    let read = p.calls.store.list_steps(run.id);
+    match p.calls.within(p.cutoff, Some(p.key(run.id)), read).await {
         Ok(steps) => steps
             .iter()
             .filter(|s| s.attempt == attempt)
@@ -321,7 +519,11 @@ async fn attempt_started_at(
     }
 }
 
-fn panic_message(payload: Box<dyn Any + Send>) -> String {
+fn panic_message(panic: JoinError) -> String {
+    if !panic.is_panic() {
+        return panic.to_string();
+    }
+    let payload = panic.into_panic();
     if let Some(s) = payload.downcast_ref::<&str>() {
         (*s).to_string()
     } else if let Some(s) = payload.downcast_ref::<String>() {
@@ -336,17 +538,43 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_summary_shows_the_execution_time_as_whole_milliseconds() {
-        let report = RunReport {
+    fn the_summary_shows_the_execution_time_as_whole_milliseconds_and_flags_only_when_set() {
+        let mut report = RunReport {
             run_id: Uuid::nil(),
             workflow: "wf".into(),
             outcome: Outcome::Completed,
             executed: Duration::from_micros(1_999),
             error: None,
+            left_to_reaper: false,
+            stuck: false,
             retry_count: 0,
+            lease_recoveries: 0,
         };
         let json = serde_json::to_value(&report).unwrap();
         assert_eq!(json["duration_ms"], 1);
         assert!(json.get("executed").is_none() && json.get("retry_count").is_none());
+        assert!(json.get("stuck").is_none() && json.get("left_to_reaper").is_none());
+        report.stuck = true;
+        report.left_to_reaper = true;
+        let json = serde_json::to_value(&report).unwrap();
+        assert_eq!(json["stuck"], true);
+        assert_eq!(json["left_to_reaper"], true);
+    }
+
+    #[test]
+    fn a_cancel_and_a_pause_are_told_from_a_lost_lease() {
+        assert_eq!(abandoned(&LeaseEnd::Cancelled).outcome, Outcome::Cancelled);
+        assert_eq!(
+            abandoned(&LeaseEnd::Left {
+                status: RunStatus::Paused
+            })
+            .outcome,
+            Outcome::Suspended
+        );
+        let lost = abandoned(&LeaseEnd::TakenOver {
+            held_by: Some("w2".into()),
+        });
+        assert_eq!(lost.outcome, Outcome::LeaseLost);
+        assert!(lost.error.unwrap().contains("w2"));
     }
 }

@@ -1,34 +1,49 @@
-//! Handback: a run still executing at the cutoff goes back to Pending, to be resumed by the
-//! next invocation through ironflow's replay (completed steps are served from the store, the
-//! interrupted step runs again).
+//! Handback: a run whose execution stopped before its end goes back to Pending, to be resumed
+//! by the next invocation through ironflow's replay (completed steps are served from the store,
+//! the interrupted step runs again). A run is handed back at the cutoff, when its attempt ended
+//! on an API fault (an infrastructure error is never a workflow failure), and when its lease
+//! expired without a confirmed refresh but can still be confirmed now.
 //!
-//! By the time `hand_back` is called the lease refresher has stopped and the execution has
-//! been dropped. Then, in order:
-//! 1. confirm the lease is still this invocation's (`renew_lease`); if not, write nothing;
-//! 2. the loop guard: a run that made no progress (no step completed in this invocation) for
-//!    the `max_handbacks_without_progress`-th time in a row is failed instead, and so is a run
-//!    that spent a long stretch without starting or finishing any step (outside steps, a
-//!    replay redoes the same work, so it could never finish);
-//! 3. mark the steps left Running as interrupted (`Engine::interrupt_running_steps`);
+//! By the time [`hand_back`] is called the execution has been stopped (and fenced: nothing it
+//! sends reaches the API) and the lease refresher has stopped. Then, in order, with the
+//! invocation's own calls, each retried until the last write:
+//! 1. confirm the lease is still this invocation's (`renew_lease`); if not, write nothing (the
+//!    run was cancelled or is someone else's);
+//! 2. the loop guard, at the cutoff only: a run that made no progress (no step completed in
+//!    this invocation) for the `max_handbacks_without_progress`-th time in a row is failed
+//!    instead, and so is a run that spent a long stretch without starting or finishing any step
+//!    (outside steps, a replay redoes the same work, so it could never finish). Handbacks after
+//!    an API fault do not count, and neither does a stretch in which the API failed;
+//! 3. mark the steps left Running as interrupted (as `Engine::interrupt_running_steps` does; an
+//!    interruption that was not the cutoff's is marked as such in the step's debug messages,
+//!    [`INTERRUPTION_KEY`], so that the loop guard does not count it);
 //! 4. write Pending, adding this invocation's time to the run's `duration_ms`.
 //!
-//! Every write is bounded by the invocation deadline. A handback cut short by the deadline
-//! leaves the run Running under a lease nobody refreshes: the API's reaper requeues it once the
-//! lease TTL has passed, so the run is delayed, never lost.
+//! A step the execution left Running that cannot be marked interrupted keeps the run from
+//! being written Pending (its replay would take the Running step for a finished one). When a
+//! write cannot be made before the last write (the API keeps failing), the run is left Running
+//! under a lease nobody refreshes: the API's reaper requeues it once the lease TTL has passed,
+//! and fails it instead once it expired more times than its `max_retries`. The report says so
+//! (`left_to_reaper`), and the poison-pill table is told to expect that recovery
+//! ([`crate::poison::gate::PoisonGate::record`]), so that it does not count as a dead
+//! invocation.
 
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use ironflow_store::entities::{LeaseRequest, Run};
-use ironflow_store::entities::{RunStatus, RunUpdate, Step, StepStatus};
+use ironflow_store::entities::{RunStatus, RunUpdate, Step, StepStatus, StepUpdate};
 use ironflow_store::error::StoreError;
+use ironflow_store::store::RunStore;
 use ironflow_store::store::STEP_INTERRUPTED_ERROR;
-use ironflow_store::store::Store;
-use tokio::time::{Instant, timeout_at};
+use serde_json::json;
 use tracing::{error, info, warn};
 use uuid::Uuid;
 
-use crate::execution::{ExecutionParams, Outcome};
+use crate::calls::Calls;
+use crate::execution::{ExecutionParams, Fate, Outcome};
+use crate::store::fault::ApiFault;
+use crate::store::scope::RunKey;
 
 /// The loop guard's settings.
 #[derive(Debug, Clone, Copy)]
@@ -40,30 +55,57 @@ pub(crate) struct HandbackPolicy {
     pub stall_window: Duration,
 }
 
+/// Why a run is handed back.
+#[derive(Debug, Clone)]
+pub(crate) enum Why {
+    /// It was still running at the cutoff.
+    Cutoff,
+    /// Its attempt ended on an API fault the retries could not overcome.
+    ApiFault(ApiFault),
+    /// Its lease expired without a confirmed refresh (the description).
+    LeaseExpired(String),
+}
+
+/// The key of the debug message that marks a step interrupted by something else than the
+/// cutoff (`{"ironflow_lambda_interruption": "api_fault" | "lease_expired"}`): the loop guard
+/// does not count such interruptions.
+pub const INTERRUPTION_KEY: &str = "ironflow_lambda_interruption";
+
+impl Why {
+    /// The interruption mark of the steps this handback interrupts, if any.
+    fn mark(&self) -> Option<&'static str> {
+        match self {
+            Self::Cutoff => None,
+            Self::ApiFault(_) => Some("api_fault"),
+            Self::LeaseExpired(_) => Some("lease_expired"),
+        }
+    }
+
+    /// Why, for the report's error (`None` at the cutoff: a clean handback).
+    fn note(&self) -> Option<String> {
+        match self {
+            Self::Cutoff => None,
+            Self::ApiFault(fault) => Some(format!("handed back after an API fault: {fault}")),
+            Self::LeaseExpired(end) => Some(format!("{end}; confirmed again and handed back")),
+        }
+    }
+}
+
 /// Hand `run` back (see the module docs). `target` is the run whose lease is held (the run
-/// itself, or the root of its sub-workflow chain); `claimed_at` is when this invocation claimed
-/// it and `executed` how long it ran here.
+/// itself, or the root of its sub-workflow chain); `claimed_at` is when this invocation took
+/// it up and `executed` how long it ran here; `saw_fault`: its execution met API faults.
 pub(crate) async fn hand_back(
     p: &ExecutionParams,
     run: &Run,
     target: Uuid,
     claimed_at: DateTime<Utc>,
     executed: Duration,
-) -> (Outcome, Option<String>) {
-    match timeout_at(
-        p.deadline,
-        hand_back_steps(p, run, target, claimed_at, executed),
-    )
-    .await
-    {
-        Ok(result) => result,
-        Err(_) => {
-            let msg = "handback ran into the invocation deadline: the API's reaper will requeue \
-                       the run once its lease expires";
-            error!(run_id = %target, "{msg}");
-            (Outcome::HandedBack, Some(msg.to_string()))
-        }
-    }
+    why: Why,
+    saw_fault: bool,
+) -> Fate {
+    let key = p.key(target);
+    let steps = hand_back_steps(p, run, target, claimed_at, executed, &why, saw_fault);
+    p.calls.within(p.last_write, Some(key), steps).await
 }
 
 async fn hand_back_steps(
@@ -72,28 +114,16 @@ async fn hand_back_steps(
     target: Uuid,
     claimed_at: DateTime<Utc>,
     executed: Duration,
-) -> (Outcome, Option<String>) {
-    let store = p.engine.store();
-    match store.renew_lease(target, p.lease.clone()).await {
-        Ok(_) => {}
-        Err(StoreError::LeaseLost { held_by, .. }) => {
-            let msg = format!(
-                "lease lost before handback (held by {}): nothing written",
-                held_by.as_deref().unwrap_or("nobody")
-            );
-            warn!(run_id = %target, "{msg}");
-            return (Outcome::LeaseLost, Some(msg));
-        }
-        Err(e) => {
-            let msg = format!(
-                "could not confirm the lease before handback ({e}): nothing written, the API's \
-                 reaper will requeue the run once its lease expires"
-            );
-            error!(run_id = %target, "{msg}");
-            return (Outcome::HandedBack, Some(msg));
-        }
+    why: &Why,
+    saw_fault: bool,
+) -> Fate {
+    let store = &p.calls.store;
+    // 1. The lease.
+    if let Err(fate) = confirm_lease(&p.calls, target, &p.lease).await {
+        return fate;
     }
 
+    // 2. The loop guard.
     let run = if target == run.id {
         run.clone()
     } else {
@@ -105,28 +135,45 @@ async fn hand_back_steps(
     let steps = match store.list_steps(target).await {
         Ok(steps) => steps,
         Err(e) => {
-            warn!(run_id = %target, error = %e, "could not list steps for the loop guard");
-            Vec::new()
+            return reaper(format!(
+                "could not list the run's steps before handing it back ({e})"
+            ));
         }
     };
-    if let Some(reason) = loop_guard(&p.handback, &run, &steps, claimed_at, executed) {
-        error!(run_id = %target, error = %reason, "failing the run instead of handing it back");
-        return match p
-            .engine
-            .fail_or_schedule_retry(target, &reason, false, None, None)
-            .await
-        {
-            Ok(_) => (Outcome::Failed, Some(reason)),
-            Err(e) => (
-                Outcome::Failed,
-                Some(format!("{reason} (recording it failed: {e})")),
-            ),
+    if matches!(why, Why::Cutoff) {
+        let policy = HandbackPolicy {
+            // A stretch in which the API failed is not the workflow's.
+            stall_window: if saw_fault {
+                Duration::MAX
+            } else {
+                p.handback.stall_window
+            },
+            ..p.handback
         };
+        if let Some(reason) = loop_guard(&policy, &run, &steps, claimed_at, executed) {
+            error!(run_id = %target, error = %reason, "failing the run instead of handing it back");
+            let write = p
+                .calls
+                .engine
+                .fail_or_schedule_retry(target, &reason, false, None, None);
+            return match write.await {
+                Ok(_) => Fate::new(Outcome::Failed, Some(reason)),
+                Err(e) => Fate::left_to_reaper(
+                    Outcome::Failed,
+                    format!("{reason} (recording it failed: {e}; left to the API's reaper)"),
+                ),
+            };
+        }
     }
 
-    if let Err(e) = p.engine.interrupt_running_steps(target).await {
-        warn!(run_id = %target, error = %e, "could not mark the running steps interrupted");
+    // 3. The steps left Running.
+    if let Err(e) = interrupt_running_steps(&p.calls, &steps, why.mark()).await {
+        return reaper(format!(
+            "could not mark the running steps interrupted ({e})"
+        ));
     }
+
+    // 4. Pending.
     let executed_ms = u64::try_from(executed.as_millis())
         .unwrap_or(u64::MAX)
         .max(1);
@@ -138,81 +185,154 @@ async fn hand_back_steps(
     match store.update_run(target, update).await {
         Ok(()) => {
             info!(run_id = %target, executed_ms, "run handed back: Pending for the next invocation");
-            (Outcome::HandedBack, None)
+            Fate::new(Outcome::HandedBack, why.note())
         }
-        Err(e) => {
-            let msg = format!(
-                "could not write the run back to Pending ({e}): the API's reaper will requeue it \
-                 once its lease expires"
-            );
-            error!(run_id = %target, "{msg}");
-            (Outcome::HandedBack, Some(msg))
-        }
+        Err(StoreError::LeaseLost { .. }) => Fate::new(
+            Outcome::LeaseLost,
+            Some("the run left this worker while it was handed back: nothing more written".into()),
+        ),
+        Err(e) => reaper(format!("could not write the run back to Pending ({e})")),
     }
+}
+
+/// A handback that could not be written: the run is the reaper's.
+fn reaper(what: String) -> Fate {
+    let msg = format!(
+        "{what}: left Running to the API's reaper, which requeues it once its lease expires \
+         (or fails it once it expired more than max_retries times)"
+    );
+    error!("{msg}");
+    Fate::left_to_reaper(Outcome::HandedBack, msg)
+}
+
+/// Step 1 of a handback or release: confirm the lease is still `lease`'s (`renew_lease`,
+/// retried within the caller's scope). `Err` with the fate when it is not: cancelled, someone
+/// else's, or unconfirmable (the API keeps failing: the reaper's).
+async fn confirm_lease(calls: &Calls, run_id: Uuid, lease: &LeaseRequest) -> Result<(), Fate> {
+    match calls.store.renew_lease(run_id, lease.clone()).await {
+        Ok(_) => Ok(()),
+        Err(StoreError::LeaseLost { held_by, .. }) => {
+            let status = match calls.store.get_run(run_id).await {
+                Ok(Some(run)) => Some(run.status.state),
+                _ => None,
+            };
+            let fate = if status == Some(RunStatus::Cancelled) {
+                Fate::new(
+                    Outcome::Cancelled,
+                    Some("run cancelled through the API: nothing written".into()),
+                )
+            } else {
+                Fate::new(
+                    Outcome::LeaseLost,
+                    Some(format!(
+                        "lease lost before the run's fate was written (held by {}): nothing \
+                         written",
+                        held_by.as_deref().unwrap_or("nobody")
+                    )),
+                )
+            };
+            warn!(run_id = %run_id, error = fate.error.as_deref().unwrap_or(""), "not written back");
+            Err(fate)
+        }
+        Err(e) => Err(reaper(format!("could not confirm the lease ({e})"))),
+    }
+}
+
+/// Mark the Running steps among `steps` Failed with `STEP_INTERRUPTED_ERROR`, so that the
+/// replay executes them again, each write retried within the caller's scope, and with the
+/// interruption `mark` in their debug messages when it was not the cutoff.
+async fn interrupt_running_steps(
+    calls: &Calls,
+    steps: &[Step],
+    mark: Option<&str>,
+) -> Result<(), StoreError> {
+    let now = Utc::now();
+    for step in steps
+        .iter()
+        .filter(|s| s.status.state == StepStatus::Running)
+    {
+        let update = StepUpdate {
+            status: Some(StepStatus::Failed),
+            error: Some(STEP_INTERRUPTED_ERROR.to_string()),
+            completed_at: Some(now),
+            debug_messages: mark.map(|m| json!([{ INTERRUPTION_KEY: m }])),
+            ..StepUpdate::default()
+        };
+        calls.store.update_step(step.id, update).await?;
+        info!(step = %step.name, position = step.position, "interrupted step will be executed again");
+    }
+    Ok(())
 }
 
 /// Why a run that did not execute was not written back to Pending.
 #[derive(Debug)]
 pub(crate) enum NotWrittenBack {
-    /// The lease is someone else's (or the run left Running: paused, cancelled): nothing was
-    /// written, the run is theirs.
-    LeaseLost(String),
-    /// The API refused or did not answer, or the deadline came first: the run stays Running
-    /// under a lease nobody refreshes, and the API's reaper requeues it once the lease TTL has
-    /// passed.
-    Failed(String),
+    /// The lease is someone else's, or the run left Running (paused, cancelled): nothing was
+    /// written, the run is theirs. The fate to report.
+    Gone(Fate),
+    /// The API kept failing, or the time ran out: the run stays Running under a lease nobody
+    /// refreshes, for the API's reaper (the sentence for the report).
+    Reaper(String),
 }
 
-/// Write a run that did not execute in this invocation back to Pending, within the invocation
-/// `deadline`: a run claimed ahead that got no slot before the claim window closed
+/// Write a run that did not execute in this invocation back to Pending, with the invocation's
+/// calls, until `until`: a run claimed ahead that got no slot before the claim window closed
 /// ([`Outcome::Released`]), or a run of a blocked workflow in defer mode. As a handback does,
-/// it first confirms that the lease is still `lease`'s (`renew_lease`, never retried), so it
-/// never takes back a run another worker took over, a user paused or cancelled (a cancelled
-/// run written Pending would also be an illegal transition, answered 500 and retried for
-/// seconds). Nothing else is written: the run has no step to interrupt and no time to add to
-/// its `duration_ms`, and the loop guard does not count it.
+/// it first confirms that the lease is still `lease`'s, so it never takes back a run another
+/// worker took over, a user paused or cancelled (a cancelled run written Pending would also be
+/// an illegal transition). Nothing else is written: the run has no step to interrupt and no
+/// time to add to its `duration_ms`, and the loop guard does not count it.
 ///
 /// # Errors
 ///
-/// [`NotWrittenBack`], with a sentence for the run's report.
+/// [`NotWrittenBack`], with what to report.
 pub(crate) async fn write_back_unexecuted(
-    store: &dyn Store,
+    calls: &Calls,
     run_id: Uuid,
     lease: &LeaseRequest,
-    deadline: Instant,
+    until: tokio::time::Instant,
 ) -> Result<(), NotWrittenBack> {
-    let reaper = "the API's reaper will requeue it once its lease expires";
+    let key = RunKey {
+        run_id,
+        worker_id: lease.worker_id.clone(),
+    };
     let write = async {
-        match store.renew_lease(run_id, lease.clone()).await {
-            Ok(_) => {}
-            Err(StoreError::LeaseLost { held_by, .. }) => {
-                return Err(NotWrittenBack::LeaseLost(format!(
-                    "lease lost before it was written back to Pending (held by {}): nothing \
-                     written",
-                    held_by.as_deref().unwrap_or("nobody")
-                )));
-            }
-            Err(e) => {
-                return Err(NotWrittenBack::Failed(format!(
-                    "could not confirm the lease before writing it back to Pending ({e}): \
-                     nothing written, {reaper}"
-                )));
-            }
+        if let Err(fate) = confirm_lease(calls, run_id, lease).await {
+            return Err(match fate.left_to_reaper {
+                true => NotWrittenBack::Reaper(fate.error.unwrap_or_default()),
+                false => NotWrittenBack::Gone(fate),
+            });
         }
         let update = RunUpdate {
             status: Some(RunStatus::Pending),
             ..RunUpdate::default()
         };
-        store.update_run(run_id, update).await.map_err(|e| {
-            NotWrittenBack::Failed(format!("writing it back to Pending failed ({e}): {reaper}"))
-        })
+        match calls.store.update_run(run_id, update).await {
+            Ok(()) => Ok(()),
+            Err(StoreError::LeaseLost { .. }) => Err(NotWrittenBack::Gone(Fate::new(
+                Outcome::LeaseLost,
+                Some("the run left this worker before it was written back: nothing written".into()),
+            ))),
+            Err(e) => Err(NotWrittenBack::Reaper(
+                reaper(format!("writing it back to Pending failed ({e})"))
+                    .error
+                    .unwrap_or_default(),
+            )),
+        }
     };
-    match timeout_at(deadline, write).await {
-        Ok(result) => result,
-        Err(_) => Err(NotWrittenBack::Failed(format!(
-            "writing it back to Pending ran into the deadline: {reaper}"
-        ))),
-    }
+    calls.within(until, Some(key), write).await
+}
+
+/// Whether `step` was interrupted (by a handback or the reaper) and it counts for the loop
+/// guard: not when it was marked as an interruption by an API fault or an expired lease.
+fn counted_interruption(step: &Step) -> bool {
+    step.status.state == StepStatus::Failed
+        && step.error.as_deref() == Some(STEP_INTERRUPTED_ERROR)
+        && !step
+            .debug_messages
+            .as_ref()
+            .and_then(|m| m.as_array())
+            .is_some_and(|m| m.iter().any(|e| e.get(INTERRUPTION_KEY).is_some()))
 }
 
 /// Why the run must be failed rather than handed back, if it must.
@@ -259,7 +379,7 @@ fn loop_guard(
     let earlier = steps
         .iter()
         .copied()
-        .filter(|s| interrupted(s))
+        .filter(|s| counted_interruption(s))
         .filter(|s| last_progress.is_none_or(|p| s.completed_at.is_some_and(|at| at > p)))
         .count();
     let in_a_row = u32::try_from(earlier).unwrap_or(u32::MAX).saturating_add(1);
@@ -272,4 +392,35 @@ fn loop_guard(
                 .map_or_else(|| "?".to_string(), |n| format!("'{n}'"))
         )
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn interrupted_step(mark: Option<&str>) -> serde_json::Value {
+        let mut step = json!({
+            "status": "failed",
+            "error": STEP_INTERRUPTED_ERROR,
+        });
+        if let Some(m) = mark {
+            step["debug_messages"] = json!([{ INTERRUPTION_KEY: m }]);
+        }
+        step
+    }
+
+    #[test]
+    fn only_interruptions_at_the_cutoff_count_for_the_loop_guard() {
+        // The mark is the one `interrupt_running_steps` writes.
+        let marked = interrupted_step(Some("api_fault"));
+        assert!(marked["debug_messages"][0].get(INTERRUPTION_KEY).is_some());
+        assert!(Why::Cutoff.mark().is_none());
+        assert_eq!(
+            Why::LeaseExpired(String::new()).mark(),
+            Some("lease_expired")
+        );
+        assert!(Why::Cutoff.note().is_none());
+        let fault = ApiFault::timeout("PUT /runs/{id}", Duration::from_millis(5));
+        assert!(Why::ApiFault(fault).note().unwrap().contains("API fault"));
+    }
 }

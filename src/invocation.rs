@@ -33,6 +33,7 @@ use std::time::Duration;
 use futures_util::future::join_all;
 use ironflow_store::entities::{LeaseRequest, Run, WorkerCapabilities};
 use ironflow_store::error::StoreError;
+use ironflow_store::store::RunStore;
 use serde::Serialize;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
@@ -43,12 +44,16 @@ use uuid::Uuid;
 
 use crate::api::logs::FlushReport;
 use crate::builder::LambdaWorker;
+use crate::calls::Calls;
 use crate::deadline::Budget;
-use crate::execution::{self, Claimed, ExecutionParams, Outcome, RunReport};
+use crate::execution::{self, Claimed, ExecutionParams, Fate, Outcome, RunReport};
 use crate::handback::{HandbackPolicy, NotWrittenBack, write_back_unexecuted};
+use crate::lease::RefreshContext;
 use crate::orphans::InvocationGuard;
 use crate::poison::PoisonMode;
 use crate::poison::gate::PoisonGate;
+use crate::store::fault::{ApiErrorCount, FaultLog};
+use crate::store::scope::RunKey;
 use crate::wake::{self, BatchEnd, WakeReport};
 use crate::{heartbeat, metrics};
 
@@ -103,6 +108,14 @@ pub struct InvocationSummary {
     pub stop_reason: StopReason,
     /// Errors that concern the batch rather than one run (claim failures).
     pub errors: Vec<String>,
+    /// Infrastructure faults the invocation's calls met, the executions' included, per route
+    /// and kind (each attempt that met one counts; most were retried and overcome). Never a
+    /// workflow failure: see [`crate::store`].
+    pub api_errors: Vec<ApiErrorCount>,
+    /// Claimed runs whose `lease_recoveries` showed the API's reaper had taken them back from
+    /// an invocation since this function last saw them (an invocation that died, or an outage
+    /// longer than the lease TTL); each counts as a failure of its workflow.
+    pub lease_recoveries: u32,
     /// Time left before the invocation deadline at exit, in milliseconds.
     pub time_left_ms: u64,
     /// Processes left behind by runs and killed at the end of the invocation.
@@ -171,25 +184,29 @@ async fn run_in_span(
         worker_id: worker_id.clone(),
         ttl: s.lease_ttl,
     };
+    // Our own last writes (handbacks, log pushes, heartbeat) end a little before the deadline,
+    // so that the response still goes out in time.
+    let last_write = budget
+        .deadline()
+        .checked_sub(RESPONSE_RESERVE)
+        .unwrap_or_else(Instant::now);
+    let faults = Arc::new(FaultLog::default());
+    let calls = worker.calls(faults.clone());
     let params = ExecutionParams {
         engine: worker.engine.clone(),
-        claimed_store: worker.claimed_store.clone(),
+        engine_store: worker.engine_store.clone(),
+        runtime: worker.runtime.clone(),
+        calls: calls.clone(),
         lease: lease.clone(),
         run_timeout: s.run_timeout,
         cutoff: budget.cutoff(),
-        deadline: budget.deadline(),
+        last_write,
         handback: HandbackPolicy {
             max_without_progress: s.max_handbacks_without_progress,
             stall_window: s.function_timeout.saturating_sub(s.deadline_margin) / 2,
         },
     };
     let claim_window_end = budget.cutoff().checked_sub(s.min_claim_budget);
-    // Our own last writes (log pushes, heartbeat) end a little before the deadline, so that
-    // the response still goes out in time.
-    let last_write = budget
-        .deadline()
-        .checked_sub(RESPONSE_RESERVE)
-        .unwrap_or_else(Instant::now);
     let log_pump_stop = CancellationToken::new();
     // Should this invocation be dropped or panic before it stops the pump, the pump stops too
     // and lets go of the log channel (the next invocation's pump needs it).
@@ -198,7 +215,12 @@ async fn run_in_span(
         let (logs, stop) = (worker.logs.clone(), log_pump_stop.clone());
         tokio::spawn(async move { logs.pump(stop, last_write).await })
     };
-    let mut poison = PoisonGate::new(worker.poison_table.clone(), s.poison, worker.poison_mode);
+    let mut poison = PoisonGate::new(
+        worker.poison_table.clone(),
+        s.poison,
+        worker.poison_mode,
+        last_write,
+    );
     let slots = Arc::new(Semaphore::new(s.concurrency));
     let mut executions = JoinSet::new();
     let mut reports: HashMap<Uuid, RunReport> = HashMap::new();
@@ -214,7 +236,13 @@ async fn run_in_span(
         let probes = 2 * s.concurrency + 2;
         worker
             .pool
-            .before_claims(worker.engine.store().as_ref(), probes, end)
+            .before_claims(
+                worker.calls_store.unguarded(),
+                worker.engine_store.unguarded(),
+                &worker.runtime,
+                probes,
+                end,
+            )
             .await;
     }
     // A run claimed while every slot was busy (claim-ahead, crate::claim_ahead). The loop
@@ -228,13 +256,13 @@ async fn run_in_span(
     let together = worker.pace.first_claims(s.concurrency, max_runs);
     if let Some(window_end) = claim_window_end.filter(|end| together > 1 && Instant::now() < *end) {
         let capabilities = poison.capabilities_for_claim(&worker.capabilities).await;
-        let claims = (0..together).map(|_| claim(worker, &lease, &capabilities));
         let sent = Instant::now();
+        let claims = (0..together).map(|_| claim(&calls, &lease, &capabilities, last_write));
         match claim_in_window(join_all(claims), window_end, params.cutoff).await {
             Windowed::Late(answers) => {
                 first_stop = Some(StopReason::Cutoff);
                 for answer in answers {
-                    let late = release_late_claim(worker, answer, &lease, budget, &mut errors);
+                    let late = release_late_claim(&calls, answer, &lease, last_write, &mut errors);
                     if let Some(report) = late.await {
                         order.push(report.run_id);
                         reports.insert(report.run_id, report);
@@ -253,7 +281,9 @@ async fn run_in_span(
                             worker.pace.record_claim(round_trip);
                             let claimed = take_claimed(
                                 worker,
+                                &calls,
                                 run,
+                                sent,
                                 false,
                                 &mut order,
                                 &mut poison,
@@ -313,11 +343,12 @@ async fn run_in_span(
                 // Defer mode: blocked workflows are left out (read once, then from the cache).
                 let capabilities = poison.capabilities_for_claim(&worker.capabilities).await;
                 let sent = Instant::now();
-                let claim = claim(worker, &lease, &capabilities);
+                let claim = claim(&calls, &lease, &capabilities, last_write);
                 let claimed = match claim_in_window(claim, window_end, params.cutoff).await {
                     Windowed::InTime(claimed) => claimed,
                     Windowed::Late(answer) => {
-                        let late = release_late_claim(worker, answer, &lease, budget, &mut errors);
+                        let late =
+                            release_late_claim(&calls, answer, &lease, last_write, &mut errors);
                         if let Some(report) = late.await {
                             order.push(report.run_id);
                             reports.insert(report.run_id, report);
@@ -344,7 +375,9 @@ async fn run_in_span(
                 let ahead = slot.is_none();
                 let claimed = take_claimed(
                     worker,
+                    &calls,
                     run,
+                    sent,
                     ahead,
                     &mut order,
                     &mut poison,
@@ -378,10 +411,14 @@ async fn run_in_span(
         };
         // Start it, unless its lease was lost or its workflow got blocked meanwhile.
         let run = &next.run;
-        if next.refresher.is_lost() {
+        if next.refresher.end().is_some() {
             warn!(run_id = %run.id, "abandoning a run claimed ahead: lease lost while it waited");
-            let error = "lease lost to another worker before the run started".to_string();
-            let report = RunReport::not_executed(run, Outcome::LeaseLost, Some(error));
+            let error = next
+                .refresher
+                .end()
+                .map_or_else(|| "lease lost".to_string(), |end| end.describe());
+            let error = format!("{error}, before the run started");
+            let report = RunReport::not_executed(run, Fate::new(Outcome::LeaseLost, Some(error)));
             reports.insert(run.id, report);
             continue;
         }
@@ -389,8 +426,8 @@ async fn run_in_span(
             let run = next.run.clone();
             next.refresher.stop().await;
             let report = match poison.mode() {
-                PoisonMode::Fail => fail_blocked(worker, &run, reason, budget).await,
-                PoisonMode::Defer => defer_blocked(worker, &run, &lease, reason, budget).await,
+                PoisonMode::Fail => fail_blocked(&calls, &run, &lease, reason, last_write).await,
+                PoisonMode::Defer => defer_blocked(&calls, &run, &lease, reason, last_write).await,
             };
             reports.insert(run.id, report);
             continue;
@@ -412,7 +449,7 @@ async fn run_in_span(
         next.refresher.stop().await;
         worker.pace.record(Outcome::Released, Duration::ZERO);
         let why = "run claimed ahead released: no slot freed in time, Pending again";
-        let report = release(worker, &run, &lease, budget, why).await;
+        let report = release(&calls, &run, &lease, last_write, why).await;
         reports.insert(run.id, report);
     }
 
@@ -471,6 +508,8 @@ async fn run_in_span(
         runs,
         stop_reason,
         errors,
+        api_errors: faults.snapshot(),
+        lease_recoveries: poison.lease_recoveries(),
         time_left_ms: u64::try_from(budget.until_deadline().as_millis()).unwrap_or(u64::MAX),
         orphans_killed,
         logs,
@@ -488,34 +527,21 @@ async fn run_in_span(
     summary
 }
 
-/// Claim the next run this worker can take.
-///
-/// A transport failure (not an HTTP status) is retried at once, up to [`CLAIM_ATTEMPTS`] in
-/// all: a pooled connection dropped during a freeze fails the request sent on it and is
-/// evicted, and the retry goes out on another one (see [`crate::pool`]). A lost claim response
-/// is safe to retry: the run it may have claimed sits under a lease nobody refreshes, and the
-/// API's reaper requeues it after the lease TTL.
+/// Claim the next run this worker can take, with the invocation's own calls: a fault is
+/// retried (at most [`crate::store::CLAIM_ATTEMPTS`] attempts, none past `until`; the caller
+/// gives up on a claim still unanswered at the cutoff, [`claim_in_window`]). A lost claim
+/// answer is safe to retry: the run it may have claimed sits under a lease nobody refreshes,
+/// and the API's reaper requeues it after the lease TTL.
 async fn claim(
-    worker: &LambdaWorker,
+    calls: &Calls,
     lease: &LeaseRequest,
     capabilities: &WorkerCapabilities,
+    until: Instant,
 ) -> Result<Option<Run>, StoreError> {
-    let store = worker.engine.store();
-    let mut attempt = 1;
-    loop {
-        let result = store
-            .pick_next_pending_for(Some(lease.clone()), Some(capabilities.clone()))
-            .await;
-        match result {
-            Err(StoreError::Database(msg))
-                if msg.starts_with("worker HTTP error") && attempt < CLAIM_ATTEMPTS =>
-            {
-                warn!(error = %msg, attempt, "claim failed on the connection, retrying");
-                attempt += 1;
-            }
-            other => return other,
-        }
-    }
+    let pick = calls
+        .store
+        .pick_next_pending_for(Some(lease.clone()), Some(capabilities.clone()));
+    calls.within(until, None, pick).await
 }
 
 /// After a claim the API refused (`worker API error: <body>`: ApiRunStore keeps no status, and
@@ -545,9 +571,6 @@ async fn explain_refused_claim(
 /// Time kept for the response after our last write to the API: 250 ms.
 const RESPONSE_RESERVE: Duration = Duration::from_millis(250);
 
-/// Attempts of a claim that fails on the connection.
-const CLAIM_ATTEMPTS: u32 = 3;
-
 /// Turn a finished execution into its report and update the poison-pill table.
 async fn settle(
     joined: Result<(RunReport, OwnedSemaphorePermit), tokio::task::JoinError>,
@@ -570,21 +593,28 @@ async fn settle(
 
 /// Fail a claimed run of a blocked workflow without executing it.
 async fn fail_blocked(
-    worker: &LambdaWorker,
+    calls: &Calls,
     run: &Run,
+    lease: &LeaseRequest,
     reason: String,
-    budget: Budget,
+    until: Instant,
 ) -> RunReport {
     warn!(run_id = %run.id, workflow = %run.workflow_name, error = %reason, "skipping run: poison pill");
-    let write = worker
+    let key = RunKey {
+        run_id: run.id,
+        worker_id: lease.worker_id.clone(),
+    };
+    let write = calls
         .engine
         .fail_or_schedule_retry(run.id, &reason, false, None, None);
-    let error = match timeout_at(budget.deadline(), write).await {
-        Ok(Ok(_)) => reason,
-        Ok(Err(e)) => format!("{reason} (recording it failed: {e})"),
-        Err(_) => format!("{reason} (recording it ran into the deadline)"),
+    let fate = match calls.within(until, Some(key), write).await {
+        Ok(_) => Fate::new(Outcome::PoisonBlocked, Some(reason)),
+        Err(e) => Fate::left_to_reaper(
+            Outcome::PoisonBlocked,
+            format!("{reason} (recording it failed: {e}; left to the API's reaper)"),
+        ),
     };
-    RunReport::not_executed(run, Outcome::PoisonBlocked, Some(error))
+    RunReport::not_executed(run, fate)
 }
 
 /// Defer mode: a run claimed while its workflow is blocked (the block came from this claim's
@@ -592,51 +622,53 @@ async fn fail_blocked(
 /// instance after this invocation read the counter) is written back to Pending without
 /// executing; the following claims leave its workflow out.
 async fn defer_blocked(
-    worker: &LambdaWorker,
+    calls: &Calls,
     run: &Run,
     lease: &LeaseRequest,
     reason: String,
-    budget: Budget,
+    until: Instant,
 ) -> RunReport {
     warn!(run_id = %run.id, workflow = %run.workflow_name, error = %reason, "deferring run: poison pill");
-    let store = worker.engine.store();
-    let (outcome, error) =
-        match write_back_unexecuted(store.as_ref(), run.id, lease, budget.deadline()).await {
-            Ok(()) => (
-                Outcome::PoisonBlocked,
-                format!("{reason}; written back to Pending (defer mode)"),
-            ),
-            Err(NotWrittenBack::LeaseLost(e)) => (Outcome::LeaseLost, format!("{reason}; {e}")),
-            Err(NotWrittenBack::Failed(e)) => (Outcome::PoisonBlocked, format!("{reason}; {e}")),
-        };
-    RunReport::not_executed(run, outcome, Some(error))
+    let fate = match write_back_unexecuted(calls, run.id, lease, until).await {
+        Ok(()) => Fate::new(
+            Outcome::PoisonBlocked,
+            Some(format!("{reason}; written back to Pending (defer mode)")),
+        ),
+        Err(NotWrittenBack::Gone(fate)) => Fate::new(
+            fate.outcome,
+            Some(format!("{reason}; {}", fate.error.unwrap_or_default())),
+        ),
+        Err(NotWrittenBack::Reaper(e)) => {
+            Fate::left_to_reaper(Outcome::PoisonBlocked, format!("{reason}; {e}"))
+        }
+    };
+    RunReport::not_executed(run, fate)
 }
 
 /// A run claimed but not started before the claim window closed (`why`, logged): written back
-/// to Pending (Released), unless its lease is no longer this invocation's (LeaseLost, nothing
-/// written).
+/// to Pending (Released), unless its lease is no longer this invocation's (nothing written).
 async fn release(
-    worker: &LambdaWorker,
+    calls: &Calls,
     run: &Run,
     lease: &LeaseRequest,
-    budget: Budget,
+    until: Instant,
     why: &str,
 ) -> RunReport {
-    let store = worker.engine.store();
-    match write_back_unexecuted(store.as_ref(), run.id, lease, budget.deadline()).await {
+    let fate = match write_back_unexecuted(calls, run.id, lease, until).await {
         Ok(()) => {
             info!(run_id = %run.id, "{why}");
-            RunReport::not_executed(run, Outcome::Released, None)
+            Fate::new(Outcome::Released, None)
         }
-        Err(NotWrittenBack::LeaseLost(e)) => {
-            warn!(run_id = %run.id, error = %e, "run claimed ahead not released");
-            RunReport::not_executed(run, Outcome::LeaseLost, Some(e))
+        Err(NotWrittenBack::Gone(fate)) => {
+            warn!(run_id = %run.id, error = fate.error.as_deref().unwrap_or(""), "run claimed ahead not released");
+            fate
         }
-        Err(NotWrittenBack::Failed(e)) => {
+        Err(NotWrittenBack::Reaper(e)) => {
             error!(run_id = %run.id, error = %e, "could not release a run claimed ahead");
-            RunReport::not_executed(run, Outcome::Released, Some(e))
+            Fate::left_to_reaper(Outcome::Released, e)
         }
-    }
+    };
+    RunReport::not_executed(run, fate)
 }
 
 /// A claim's answer, as the claim window saw it ([`claim_in_window`]).
@@ -671,16 +703,16 @@ async fn claim_in_window<F: Future>(
 /// A claim answered after the claim window closed: a run it took goes back to Pending without
 /// executing (its report, to list in the summary); a failure is logged and kept in `errors`.
 async fn release_late_claim(
-    worker: &LambdaWorker,
+    calls: &Calls,
     answer: Result<Option<Run>, StoreError>,
     lease: &LeaseRequest,
-    budget: Budget,
+    until: Instant,
     errors: &mut Vec<String>,
 ) -> Option<RunReport> {
     match answer {
         Ok(Some(run)) => {
             let why = "run released: its claim was answered after the claim window closed";
-            Some(release(worker, &run, lease, budget, why).await)
+            Some(release(calls, &run, lease, until, why).await)
         }
         Ok(None) => None,
         Err(e) => {
@@ -702,12 +734,15 @@ fn unanswered_claim(claims: usize, lease_ttl: Duration) -> String {
     e
 }
 
-/// Take in a run just claimed (`ahead`: while every slot was busy): listed in claim order, its
-/// recovery from a dead invocation counted by the poison-pill gate, its lease refresher
-/// started (every interval, until the cutoff).
+/// Take in a run just claimed by a request sent at `claim_sent` (`ahead`: while every slot was
+/// busy): listed in claim order, its recovery from a dead invocation counted by the
+/// poison-pill gate, its lease refresher started (every interval, until the cutoff).
+#[allow(clippy::too_many_arguments)]
 async fn take_claimed(
     worker: &LambdaWorker,
+    calls: &Calls,
     run: Run,
+    claim_sent: Instant,
     ahead: bool,
     order: &mut Vec<Uuid>,
     poison: &mut PoisonGate,
@@ -716,9 +751,15 @@ async fn take_claimed(
 ) -> Claimed {
     order.push(run.id);
     info!(run_id = %run.id, workflow = %run.workflow_name, ahead, "claimed run");
-    poison.on_claim(&run).await;
+    // The lease starts now: its refresher before the poison-pill table's calls.
+    let ctx = RefreshContext {
+        store: calls.store.clone(),
+        faults: calls.faults.clone(),
+    };
     let interval = worker.settings.lease_refresh_interval;
-    Claimed::new(&worker.engine, run, lease, interval, cutoff)
+    let claimed = Claimed::new(ctx, run, lease, claim_sent, interval, cutoff);
+    poison.on_claim(&claimed.run).await;
+    claimed
 }
 
 /// Wait until an execution ends and settle it; `false` if the claim window closed first.

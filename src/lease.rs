@@ -1,71 +1,222 @@
-//! The bounded lease refresher of one claimed run.
+//! The lease of one claimed run: how long it is valid, and the refresher that keeps it so.
 //!
-//! Started at the claim, so that a run claimed ahead ([`crate::claim_ahead`]) keeps its lease
-//! while it waits for a slot. Refreshes the run's lease (`POST /api/v1/internal/runs/{id}/lease`)
-//! every interval until a bound, the cutoff, after which the invocation writes the run's fate
-//! itself; an execution that reaches its run deadline stops it before writing the timeout.
-//! Signals *lease lost* when the API hands the run to someone else (after following a
-//! sub-workflow child's lease to its root, as the reference worker does), or when refreshes
-//! keep failing for longer than the lease TTL.
+//! **A lease is only as good as its last confirmed refresh.** The API dates a lease from when it
+//! receives the request (`now + TTL`); the worker cannot know that moment, so it dates the
+//! lease from when it *sent* the request whose answer confirmed it (the claim, then each
+//! refresh): [`LeaseClock::valid_until`] is never later than the API's expiry. Every store call
+//! an execution makes is bounded by it ([`crate::store`]), and the run's supervisor stops the
+//! execution when it passes ([`LeaseEnd::Expired`]), so that no run executes past its lease:
+//! past that moment the API's reaper may hand the run to another worker.
+//!
+//! The refresher starts at the claim, so that a run claimed ahead ([`crate::claim_ahead`])
+//! keeps its lease while it waits for a slot, and refreshes the lease
+//! (`POST /api/v1/internal/runs/{id}/lease`) every refresh interval until its bound (the
+//! cutoff: from there the invocation writes the run's fate itself, after confirming the lease
+//! once more). A refresh that fails is retried at once with a short backoff, each attempt
+//! bounded by the lease's validity; when the validity runs out without a confirmed refresh
+//! (the API is down, or accepts connections and never answers), the lease has
+//! [expired](LeaseEnd::Expired). A refusal (409) ends it too: the refresher reads the run to
+//! tell a cancel or a pause from another worker's takeover, after following a sub-workflow
+//! child's lease to its root, as the reference worker does.
+//!
+//! **TTL and refresh interval.** Between two refreshes the lease must survive one interval
+//! plus the time a refresh takes; everything beyond that is what failed refreshes can be
+//! retried in before the lease expires: `TTL − interval`. The builder refuses an interval that
+//! is not below the TTL; keep `TTL ≥ 2 × interval` (the default 90 s / 30 s leaves 60 s of
+//! retries, enough to ride out an API restart).
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use ironflow_engine::engine::chain_root;
-use ironflow_store::entities::LeaseRequest;
+use ironflow_store::entities::{LeaseRequest, RunStatus};
 use ironflow_store::error::StoreError;
 use ironflow_store::store::Store;
-use tokio::task::JoinHandle;
-use tokio::time::{Instant, sleep_until, timeout_at};
-use tokio_util::sync::CancellationToken;
+use tokio::sync::watch;
+use tokio::time::{Instant, sleep_until};
+use tokio_util::task::AbortOnDropHandle;
 use tracing::{Instrument, info, warn};
 use uuid::Uuid;
 
-/// A running refresher. Dropping it without [`LeaseRefresher::stop`] aborts the task too.
+use crate::deadline::later;
+use crate::store::fault::FaultLog;
+use crate::store::scope::{CallScope, RunKey};
+
+/// Longest wait between two attempts of a failed refresh: 1 s (less when the lease's validity
+/// ends sooner).
+const RETRY_AFTER: Duration = Duration::from_secs(1);
+
+/// Until when a lease is valid: the send time of the request whose answer last confirmed it,
+/// plus the TTL. Shared by the refresher (which moves it forward), the execution's store calls
+/// and the run's supervisor (which stop at it).
+#[derive(Debug)]
+pub struct LeaseClock {
+    base: Instant,
+    /// Microseconds after `base`.
+    valid_until: AtomicU64,
+}
+
+impl LeaseClock {
+    /// A lease confirmed by a request sent at `sent` (the claim), valid for `ttl`.
+    pub fn new(sent: Instant, ttl: Duration) -> Self {
+        let clock = Self {
+            base: sent,
+            valid_until: AtomicU64::new(0),
+        };
+        clock.confirm(sent, ttl);
+        clock
+    }
+
+    /// When the lease stops being valid, as far as this worker knows.
+    pub fn valid_until(&self) -> Instant {
+        later(
+            self.base,
+            Duration::from_micros(self.valid_until.load(Ordering::Acquire)),
+        )
+    }
+
+    /// Whether the lease is still valid now.
+    pub fn is_valid(&self) -> bool {
+        Instant::now() < self.valid_until()
+    }
+
+    /// A refresh sent at `sent` was confirmed: the lease is valid until `sent + ttl` (never
+    /// moved back by a late answer to an older request).
+    pub fn confirm(&self, sent: Instant, ttl: Duration) {
+        let until = later(sent, ttl).saturating_duration_since(self.base);
+        let micros = u64::try_from(until.as_micros()).unwrap_or(u64::MAX);
+        self.valid_until.fetch_max(micros, Ordering::AcqRel);
+    }
+}
+
+/// Why a lease ended before its refresher's bound.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LeaseEnd {
+    /// Another worker holds the run's lease now (the reaper took the run back and it was
+    /// claimed again, or the lease was moved by hand).
+    TakenOver {
+        /// The worker that holds it, when the API says.
+        held_by: Option<String>,
+    },
+    /// The run was cancelled through the API.
+    Cancelled,
+    /// The run left Running for another reason (an operator paused it; it ended).
+    Left {
+        /// Its status as read back.
+        status: RunStatus,
+    },
+    /// No refresh was confirmed before the lease's validity ran out.
+    Expired {
+        /// The last refresh's error, if one failed (none: it got no answer at all).
+        last_error: Option<String>,
+    },
+}
+
+impl LeaseEnd {
+    /// A sentence for the run's report and the log.
+    pub fn describe(&self) -> String {
+        match self {
+            Self::TakenOver { held_by } => format!(
+                "lease lost to another worker ({})",
+                held_by.as_deref().unwrap_or("holder not named by the API")
+            ),
+            Self::Cancelled => "run cancelled through the API while it executed".to_string(),
+            Self::Left { status } => {
+                format!("run left Running while it executed (now {status}): abandoned")
+            }
+            Self::Expired { last_error } => match last_error {
+                Some(e) => format!(
+                    "lease expired: no refresh confirmed within the lease TTL (last error: {e})"
+                ),
+                None => "lease expired: no refresh confirmed within the lease TTL (the API \
+                         accepted connections but did not answer)"
+                    .to_string(),
+            },
+        }
+    }
+}
+
+/// A running refresher. Dropping it stops the task.
 pub struct LeaseRefresher {
-    lost: CancellationToken,
+    clock: Arc<LeaseClock>,
+    ended: watch::Receiver<Option<LeaseEnd>>,
     target: Arc<Mutex<Uuid>>,
-    handle: JoinHandle<()>,
+    task: AbortOnDropHandle<()>,
+}
+
+/// What a refresher needs to reach the API: the invocation's store and the log its faults are
+/// counted in.
+#[derive(Clone)]
+pub struct RefreshContext {
+    /// The invocation's store (never the executions': their runtime may be blocked).
+    pub store: Arc<dyn Store>,
+    /// The invocation's fault log.
+    pub faults: Arc<FaultLog>,
 }
 
 impl LeaseRefresher {
-    /// Start refreshing `run_id`'s lease every `interval`, until `until`.
+    /// Start refreshing the lease of `run_id`, claimed under `lease` by a request sent at
+    /// `claim_sent`, every `interval` until `until`.
     pub fn spawn(
-        store: Arc<dyn Store>,
+        ctx: RefreshContext,
         run_id: Uuid,
         lease: LeaseRequest,
+        claim_sent: Instant,
         interval: Duration,
         until: Instant,
     ) -> Self {
-        let lost = CancellationToken::new();
+        let clock = Arc::new(LeaseClock::new(claim_sent, lease.ttl));
+        let (end_tx, ended) = watch::channel(None);
         let target = Arc::new(Mutex::new(run_id));
-        let handle = tokio::spawn(
-            refresh(
-                store,
-                run_id,
-                lease,
-                interval,
-                until,
-                lost.clone(),
-                target.clone(),
-            )
+        let refresh = Refresh {
+            ctx,
+            run_id,
+            lease,
+            first: later(claim_sent, interval),
+            interval,
+            until,
+            clock: clock.clone(),
+            target: target.clone(),
+        };
+        let task = AbortOnDropHandle::new(tokio::spawn(
+            async move {
+                if let Some(end) = refresh.run().await {
+                    end_tx.send_replace(Some(end));
+                }
+            }
             .instrument(tracing::Span::current()),
-        );
+        ));
         Self {
-            lost,
+            clock,
+            ended,
             target,
-            handle,
+            task,
         }
     }
 
-    /// Resolves once the lease is lost; never resolves otherwise.
-    pub async fn lost(&self) {
-        self.lost.cancelled().await;
+    /// The lease's validity, for the execution's store calls and its supervisor.
+    pub fn clock(&self) -> &Arc<LeaseClock> {
+        &self.clock
     }
 
-    /// Whether the lease was found lost (at a refresh: it renews every interval).
-    pub fn is_lost(&self) -> bool {
-        self.lost.is_cancelled()
+    /// Resolves once the lease has ended (see [`LeaseEnd`]); never otherwise.
+    pub async fn ended(&self) -> LeaseEnd {
+        let mut ended = self.ended.clone();
+        let end = match ended.wait_for(Option::is_some).await {
+            Ok(end) => end.clone(),
+            Err(_) => None,
+        };
+        match end {
+            Some(end) => end,
+            // The refresher returned at its bound without an end: the invocation decides.
+            None => std::future::pending().await,
+        }
+    }
+
+    /// How the lease ended, if it has.
+    pub fn end(&self) -> Option<LeaseEnd> {
+        self.ended.borrow().clone()
     }
 
     /// The run whose lease is held: the claimed run, or the root it was followed to.
@@ -76,98 +227,182 @@ impl LeaseRefresher {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// Stop refreshing without waiting for the task: no refresh starts after this, but one
-    /// already under way may still complete. For a run whose handler finished (the engine has
-    /// written its status, and a late refresh is refused with *lease lost*): it saves the wait
-    /// for the aborted task to be polled, a thread hop on the path from one run to the next
-    /// claim.
-    pub fn abort(self) {
-        self.handle.abort();
-    }
-
     /// Stop refreshing and wait until the task has ended: no refresh is sent after this.
     /// For a run whose fate the invocation writes next (handback, timeout, panic, release of
     /// a run claimed ahead, a waiting run whose workflow got blocked).
-    pub async fn stop(mut self) {
-        self.handle.abort();
-        let _ = (&mut self.handle).await;
+    pub async fn stop(self) {
+        self.task.abort();
+        let _ = self.task.await;
     }
 }
 
-impl Drop for LeaseRefresher {
-    fn drop(&mut self) {
-        self.handle.abort();
-    }
-}
-
-async fn refresh(
-    store: Arc<dyn Store>,
+/// One refresher's loop.
+struct Refresh {
+    ctx: RefreshContext,
     run_id: Uuid,
     lease: LeaseRequest,
+    /// When the first refresh is due: one interval after the claim was sent.
+    first: Instant,
     interval: Duration,
     until: Instant,
-    lost: CancellationToken,
-    target_cell: Arc<Mutex<Uuid>>,
-) {
-    let ttl = lease.ttl;
-    let mut expires = Instant::now() + ttl;
-    let mut target = run_id;
-    loop {
-        let next = Instant::now() + interval;
-        if next >= until {
-            // The bound comes first: the invocation decides the run's fate from here.
-            return;
-        }
-        sleep_until(next).await;
-        let renewed = match timeout_at(until, store.renew_lease(target, lease.clone())).await {
-            Ok(renewed) => renewed,
-            Err(_) => return,
-        };
-        match renewed {
-            Ok(_) => expires = Instant::now() + ttl,
-            Err(StoreError::LeaseLost { held_by, .. }) => {
-                if target == run_id
-                    && let Some(root) = follow_to_root(store.as_ref(), run_id, &lease).await
-                {
-                    info!(run_id = %run_id, root_run_id = %root, "lease followed the run to its root");
-                    target = root;
-                    *target_cell
-                        .lock()
-                        .unwrap_or_else(std::sync::PoisonError::into_inner) = root;
-                    expires = Instant::now() + ttl;
-                    continue;
+    clock: Arc<LeaseClock>,
+    target: Arc<Mutex<Uuid>>,
+}
+
+impl Refresh {
+    /// Refresh until the bound (`None`) or until the lease ends.
+    async fn run(self) -> Option<LeaseEnd> {
+        let ttl = self.lease.ttl;
+        let mut target = self.run_id;
+        let mut next = self.first;
+        let mut last_error: Option<String> = None;
+        loop {
+            if next >= self.until {
+                // The bound comes first: the invocation decides the run's fate from here.
+                return None;
+            }
+            sleep_until(next).await;
+            let sent = Instant::now();
+            let valid_until = self.clock.valid_until();
+            if sent >= valid_until {
+                return Some(self.expired(target, last_error));
+            }
+            match self.renew(target, valid_until).await {
+                Ok(()) => {
+                    self.clock.confirm(sent, ttl);
+                    last_error = None;
+                    next = later(sent, self.interval);
                 }
-                warn!(
-                    run_id = %target,
-                    held_by = held_by.as_deref().unwrap_or("nobody"),
-                    "lease lost: taken over by another worker, or the run left Running"
-                );
-                lost.cancel();
-                return;
+                Err(StoreError::LeaseLost { held_by, .. }) => {
+                    if target == self.run_id
+                        && let Some(root) = self.follow_to_root(valid_until).await
+                    {
+                        info!(run_id = %self.run_id, root_run_id = %root, "lease followed the run to its root");
+                        target = root;
+                        *self
+                            .target
+                            .lock()
+                            .unwrap_or_else(std::sync::PoisonError::into_inner) = root;
+                        self.clock.confirm(sent, ttl);
+                        next = later(sent, self.interval);
+                        continue;
+                    }
+                    let end = self.why_refused(target, held_by, valid_until).await;
+                    warn!(run_id = %target, reason = %end.describe(), "lease ended");
+                    return Some(end);
+                }
+                Err(StoreError::RunNotFound(_)) => {
+                    let end = LeaseEnd::TakenOver { held_by: None };
+                    warn!(run_id = %target, "lease ended: the run no longer exists");
+                    return Some(end);
+                }
+                Err(e) => {
+                    // Retried until the validity ends (each attempt was bounded by it already).
+                    warn!(run_id = %target, error = %e, "lease refresh failed, retrying");
+                    last_error = Some(e.to_string());
+                    let left = self
+                        .clock
+                        .valid_until()
+                        .saturating_duration_since(Instant::now());
+                    next = later(Instant::now(), RETRY_AFTER.min(left / 2));
+                }
             }
-            Err(err) if Instant::now() >= expires => {
-                warn!(
-                    run_id = %target,
-                    error = %err,
-                    ttl_secs = ttl.as_secs(),
-                    "lease could not be refreshed before it expired: abandoning the run"
-                );
-                lost.cancel();
-                return;
-            }
-            Err(err) => warn!(run_id = %target, error = %err, "lease refresh failed, retrying"),
         }
+    }
+
+    /// One renewal of `target`'s lease, retried on faults (the invocation's store), never past
+    /// `valid_until`.
+    async fn renew(&self, target: Uuid, valid_until: Instant) -> Result<(), StoreError> {
+        let scope = CallScope::returning(valid_until, self.ctx.faults.clone()).with_run(RunKey {
+            run_id: target,
+            worker_id: self.lease.worker_id.clone(),
+        });
+        Arc::new(scope)
+            .run(self.ctx.store.renew_lease(target, self.lease.clone()))
+            .await
+            .map(|_| ())
+    }
+
+    fn expired(&self, target: Uuid, last_error: Option<String>) -> LeaseEnd {
+        let end = LeaseEnd::Expired { last_error };
+        warn!(run_id = %target, ttl_secs = self.lease.ttl.as_secs(), reason = %end.describe(), "lease ended");
+        end
+    }
+
+    /// Why the API refused to renew `target`'s lease: the run's status tells a cancel or a
+    /// pause from another worker's takeover.
+    async fn why_refused(&self, target: Uuid, held_by: Option<String>, until: Instant) -> LeaseEnd {
+        let scope = Arc::new(CallScope::returning(until, self.ctx.faults.clone()));
+        let run = scope.run(self.ctx.store.get_run(target)).await;
+        match run {
+            Ok(Some(run)) if run.status.state == RunStatus::Cancelled => LeaseEnd::Cancelled,
+            Ok(Some(run)) if run.status.state != RunStatus::Running => LeaseEnd::Left {
+                status: run.status.state,
+            },
+            Ok(Some(run)) => LeaseEnd::TakenOver {
+                held_by: held_by.or(run.worker_id),
+            },
+            _ => LeaseEnd::TakenOver { held_by },
+        }
+    }
+
+    /// The root run that took over the lease of sub-workflow child `run_id`, if its lease
+    /// renews for this worker.
+    async fn follow_to_root(&self, until: Instant) -> Option<uuid::Uuid> {
+        let scope = Arc::new(CallScope::returning(until, self.ctx.faults.clone()));
+        let store = &self.ctx.store;
+        let lease = self.lease.clone();
+        scope
+            .run(async move {
+                let run = store.get_run(self.run_id).await.ok()??;
+                let root = chain_root(&run)?;
+                store.renew_lease(root, lease).await.ok().map(|_| root)
+            })
+            .await
     }
 }
 
-/// The root run that took over the lease of sub-workflow child `run_id`, if its lease renews
-/// for this worker.
-async fn follow_to_root(store: &dyn Store, run_id: Uuid, lease: &LeaseRequest) -> Option<Uuid> {
-    let run = store.get_run(run_id).await.ok()??;
-    let root = chain_root(&run)?;
-    store
-        .renew_lease(root, lease.clone())
-        .await
-        .ok()
-        .map(|_| root)
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn validity_counts_from_the_send_time_and_never_moves_back() {
+        let sent = Instant::now();
+        let clock = LeaseClock::new(sent, Duration::from_secs(10));
+        assert_eq!(clock.valid_until(), sent + Duration::from_secs(10));
+        // A refresh sent 3 s later, confirmed.
+        clock.confirm(sent + Duration::from_secs(3), Duration::from_secs(10));
+        assert_eq!(clock.valid_until(), sent + Duration::from_secs(13));
+        // A late answer to an older request does not shorten it.
+        clock.confirm(sent + Duration::from_secs(1), Duration::from_secs(10));
+        assert_eq!(clock.valid_until(), sent + Duration::from_secs(13));
+        // Nor does a TTL too large to add overflow.
+        clock.confirm(sent, Duration::MAX);
+        assert!(clock.valid_until() > sent + Duration::from_secs(1_000_000));
+    }
+
+    #[test]
+    fn each_end_says_what_happened() {
+        assert!(LeaseEnd::Cancelled.describe().contains("cancelled"));
+        assert!(
+            LeaseEnd::TakenOver {
+                held_by: Some("w2".into())
+            }
+            .describe()
+            .contains("w2")
+        );
+        assert!(
+            LeaseEnd::Expired { last_error: None }
+                .describe()
+                .contains("did not answer")
+        );
+        assert!(
+            LeaseEnd::Left {
+                status: RunStatus::Paused
+            }
+            .describe()
+            .contains("Paused")
+        );
+    }
 }

@@ -36,15 +36,16 @@
 //!
 //! Modules, in the order of one invocation: [`config`], [`secrets`] and [`builder`] (cold start),
 //! [`handler`] and [`trigger`] (event in), [`deadline`] and [`invocation`] (the batch),
-//! [`execution`], [`claimed_store`], [`lease`] and [`handback`] (one run), [`poison`] (the poison-pill table),
+//! [`execution`], [`store`], [`lease`] and [`handback`] (one run), [`poison`] (the poison-pill table),
 //! [`orphans`] (no process outlives the invocation), [`pool`] (stale connections after a
 //! freeze), [`wake`] and [`api`] (wake-ups after the batch).
 
 pub mod api;
 pub mod builder;
+pub mod calls;
 pub mod claim_ahead;
-pub mod claimed_store;
 pub mod config;
+pub mod credentials;
 pub mod deadline;
 pub mod execution;
 pub mod handback;
@@ -59,7 +60,9 @@ pub mod metrics;
 pub mod orphans;
 pub mod poison;
 pub mod pool;
+pub mod runtime;
 pub mod secrets;
+pub mod store;
 pub mod trigger;
 pub mod wake;
 pub mod workflows;

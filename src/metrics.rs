@@ -10,7 +10,7 @@
 //! | metric | unit | dimensions |
 //! |---|---|---|
 //! | `RunsClaimed` | Count | function |
-//! | `RunsCompleted`, `RunsSuspended`, `RunsFailed`, `RunsTimedOut`, `RunsPanicked`, `RunsHandedBack`, `RunsReleased`, `LeasesLost`, `PoisonPillSkips` | Count | function, workflow |
+//! | `RunsCompleted`, `RunsSuspended`, `RunsFailed`, `RunsTimedOut`, `RunsPanicked`, `RunsCancelled`, `RunsHandedBack`, `RunsReleased`, `LeasesLost`, `PoisonPillSkips` | Count | function, workflow |
 //! | `ApiErrors` | Count | function |
 //! | `LogLinesDropped` | Count | function |
 //! | `PoisonTableErrors` | Count | function |
@@ -49,6 +49,7 @@ pub fn outcome_metric(outcome: Outcome) -> &'static str {
         Outcome::Failed => "RunsFailed",
         Outcome::TimedOut => "RunsTimedOut",
         Outcome::Panicked => "RunsPanicked",
+        Outcome::Cancelled => "RunsCancelled",
         Outcome::LeaseLost => "LeasesLost",
         Outcome::HandedBack => "RunsHandedBack",
         Outcome::Released => "RunsReleased",

@@ -6,13 +6,18 @@
 //! the engine's own requests (step writes) would meet the other stale connections mid-run.
 //!
 //! So, when an invocation starts after an idle gap, [`PoolWarden::before_claims`] sends a few
-//! cheap concurrent probes (`GET /api/v1/internal/runs/{nil}`, answered 404): each takes one
-//! pooled connection, a stale one fails and is evicted from the pool, and the run's requests
-//! then go out on live or fresh connections. Cost: `2 × concurrency + 2` requests, only after
-//! an idle gap; none for back-to-back invocations.
+//! cheap concurrent probes (`GET /api/v1/internal/runs/{nil}`, answered 404) through each of
+//! the worker's two stores (the engine's, from the execution runtime that owns its connections,
+//! and the invocation's own, see [`crate::calls`]): each takes one pooled connection, a stale
+//! one fails and is evicted from the pool, and the run's requests then go out on live or fresh
+//! connections. The probes bypass the store's guard: a failed probe is the point, not a fault
+//! to retry. Cost: `2 × concurrency + 2` requests per store, only after an idle gap; none for
+//! back-to-back invocations.
 
 use std::sync::Mutex;
 use std::time::{Duration, SystemTime};
+
+use std::sync::Arc;
 
 use ironflow_store::store::Store;
 use tokio::time::{Instant, timeout_at};
@@ -40,9 +45,17 @@ impl PoolWarden {
 
     /// Before the first claim of an invocation: if the previous invocation ended more than the
     /// idle gap ago (wall clock, which keeps counting while the process is frozen), send
-    /// `probes` concurrent probes, each bounded by `until`. Returns how many failed (stale
+    /// `probes` concurrent probes through each of `invocation` (polled here) and `engine`
+    /// (polled on `runtime`), each bounded by `until`. Returns how many failed (stale
     /// connections evicted, or an unreachable API: the claim then reports the error).
-    pub async fn before_claims(&self, store: &dyn Store, probes: usize, until: Instant) -> usize {
+    pub async fn before_claims(
+        &self,
+        invocation: Arc<dyn Store>,
+        engine: Arc<dyn Store>,
+        runtime: &crate::runtime::ExecutionRuntime,
+        probes: usize,
+        until: Instant,
+    ) -> usize {
         let idle = {
             let last = self
                 .last_used
@@ -56,15 +69,21 @@ impl PoolWarden {
         if idle < self.probe_after {
             return 0;
         }
-        let probe = || async {
+        let probe = move |store: Arc<dyn Store>| async move {
             matches!(
                 timeout_at(until, store.get_run(Uuid::nil())).await,
                 Ok(Err(_)) | Err(_)
             )
         };
-        let failed = futures_util::future::join_all((0..probes).map(|_| probe()))
-            .await
+        let there = runtime.spawn({
+            let engine_probes = (0..probes).map(move |_| probe(engine.clone()));
+            futures_util::future::join_all(engine_probes)
+        });
+        let here = futures_util::future::join_all((0..probes).map(|_| probe(invocation.clone())));
+        let (here, there) = futures_util::future::join(here, there).await;
+        let failed = here
             .into_iter()
+            .chain(there.unwrap_or_default())
             .filter(|failed| *failed)
             .count();
         if failed > 0 {

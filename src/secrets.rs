@@ -68,7 +68,33 @@ pub enum SecretError {
     },
 }
 
-/// The worker token to use instead of `IRONFLOW_WORKER_TOKEN`, fetched from Secrets Manager.
+/// The Secrets Manager secret that holds the worker token, with a client to read it: read at
+/// cold start, and again when the API refuses the token a warm instance holds (it was rotated,
+/// see [`crate::credentials`]).
+#[derive(Clone, Debug)]
+pub struct TokenSecret {
+    client: aws_sdk_secretsmanager::Client,
+    arn: String,
+}
+
+impl TokenSecret {
+    /// The secret's ARN.
+    pub fn arn(&self) -> &str {
+        &self.arn
+    }
+
+    /// Read the token now (one bounded `GetSecretValue`, see [`fetch_worker_token`]).
+    ///
+    /// # Errors
+    ///
+    /// As [`fetch_worker_token`].
+    pub async fn read(&self) -> Result<WorkerToken, SecretError> {
+        fetch_worker_token(&self.client, &self.arn).await
+    }
+}
+
+/// The worker token to use instead of `IRONFLOW_WORKER_TOKEN`, fetched from Secrets Manager,
+/// and the secret it came from.
 ///
 /// `lookup` reads variables (the process environment at cold start, a map in tests); `aws` is
 /// the shared AWS configuration (region, credentials, endpoint) loaded once per cold start.
@@ -86,7 +112,7 @@ pub enum SecretError {
 pub async fn worker_token_from_lookup(
     lookup: impl Fn(&str) -> Option<String>,
     aws: &SdkConfig,
-) -> Result<Option<WorkerToken>, SecretError> {
+) -> Result<Option<(WorkerToken, TokenSecret)>, SecretError> {
     let get = |name: &str| {
         lookup(name)
             .map(|v| v.trim().to_string())
@@ -113,8 +139,12 @@ pub async fn worker_token_from_lookup(
                 .build(),
         )
         .build();
-    let client = aws_sdk_secretsmanager::Client::from_conf(config);
-    fetch_worker_token(&client, &secret_arn).await.map(Some)
+    let secret = TokenSecret {
+        client: aws_sdk_secretsmanager::Client::from_conf(config),
+        arn: secret_arn,
+    };
+    let token = secret.read().await?;
+    Ok(Some((token, secret)))
 }
 
 /// Read the worker token from the `SecretString` of the secret `secret_arn` (one
@@ -245,8 +275,14 @@ mod tests {
             }
             _ => None,
         };
-        assert_eq!(worker_token_from_lookup(lookup, &aws).await, Ok(None));
-        assert_eq!(worker_token_from_lookup(|_| None, &aws).await, Ok(None));
+        assert!(matches!(
+            worker_token_from_lookup(lookup, &aws).await,
+            Ok(None)
+        ));
+        assert!(matches!(
+            worker_token_from_lookup(|_| None, &aws).await,
+            Ok(None)
+        ));
     }
 
     #[tokio::test]

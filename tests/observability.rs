@@ -418,7 +418,7 @@ async fn json_logs_carry_request_and_run_ids_and_never_the_token() {
         .build()
         .unwrap();
     let stuck = h.create("stuck", 0).await;
-    h.create("ko", 0).await;
+    let ko = h.create("ko", 0).await;
 
     let summary = h.invoke(&worker, Duration::from_secs(3)).await;
     assert_eq!(summary.count(Outcome::HandedBack), 1, "{summary:?}");
@@ -451,14 +451,16 @@ async fn json_logs_carry_request_and_run_ids_and_never_the_token() {
             .iter()
             .any(|s| s["run_id"] == stuck.to_string() && s["workflow"] == "stuck")
     );
-    // The engine's own lines about the run carry the run's span too.
+    // The engine's own lines about a run carry the run's span too (the engine executes on
+    // its own runtime, crate::runtime).
     assert!(lines.iter().any(|l| {
         l["target"]
             .as_str()
             .is_some_and(|t| t.starts_with("ironflow_engine"))
-            && l["spans"]
-                .as_array()
-                .is_some_and(|s| s.iter().any(|s| s["run_id"] == stuck.to_string()))
+            && l["spans"].as_array().is_some_and(|s| {
+                s.iter()
+                    .any(|s| s["run_id"] == ko.to_string() && s["name"] == "run")
+            })
     }));
 }
 

@@ -18,6 +18,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ironflow_store::entities::{Run, WorkerCapabilities};
+use tokio::time::{Instant, timeout_at};
 use tracing::{error, info, warn};
 
 use super::{FailureCounter, PoisonError, PoisonMode, PoisonPolicy, PoisonTable, now_ms};
@@ -35,19 +36,52 @@ pub struct PoisonGate {
     mode: PoisonMode,
     seen: HashMap<String, Option<FailureCounter>>,
     errors: u32,
+    /// New lease recoveries seen at claim.
+    lease_recoveries: u32,
+    /// No table call past this (the invocation's last write).
+    until: Instant,
 }
 
 impl PoisonGate {
-    /// A gate over `table` for one invocation. `mode` is the effective mode: the builder
-    /// turns `defer` into `fail` when claims cannot filter by workflow.
-    pub fn new(table: Arc<dyn PoisonTable>, policy: PoisonPolicy, mode: PoisonMode) -> Self {
+    /// A gate over `table` for one invocation, whose table calls end by `until` (a call still
+    /// unanswered then fails open). `mode` is the effective mode: the builder turns `defer`
+    /// into `fail` when claims cannot filter by workflow.
+    pub fn new(
+        table: Arc<dyn PoisonTable>,
+        policy: PoisonPolicy,
+        mode: PoisonMode,
+        until: Instant,
+    ) -> Self {
         Self {
             table,
             policy,
             mode,
             seen: HashMap::new(),
             errors: 0,
+            lease_recoveries: 0,
+            until,
         }
+    }
+
+    /// Claimed runs whose lease recovery was new (each counted as a failure of its workflow):
+    /// the summary's `lease_recoveries`.
+    pub fn lease_recoveries(&self) -> u32 {
+        self.lease_recoveries
+    }
+
+    /// `call`, bounded by the gate's `until`.
+    async fn bounded<T>(
+        &self,
+        operation: &'static str,
+        call: impl Future<Output = Result<T, PoisonError>>,
+    ) -> Result<T, PoisonError> {
+        timeout_at(self.until, call).await.unwrap_or_else(|_| {
+            Err(PoisonError {
+                table: self.table.name().to_string(),
+                operation,
+                cause: "no answer before the invocation's last write".into(),
+            })
+        })
     }
 
     /// The mode this gate applies.
@@ -92,7 +126,11 @@ impl PoisonGate {
         if !self.table_usable() {
             return None;
         }
-        let counter = match self.table.counter(workflow, now_ms()).await {
+        let table = self.table.clone();
+        let counter = match self
+            .bounded("read", table.counter(workflow, now_ms()))
+            .await
+        {
             Ok(c) => c,
             Err(e) => {
                 // Fail open: an unreachable table must not stop the fleet. Cached as
@@ -119,7 +157,9 @@ impl PoisonGate {
         let now = now_ms();
         self.policy.is_blocked(&counter, now).then(|| {
             let left = Duration::from_millis(
-                (counter.last_failure_ms + self.policy.cooldown.as_millis() as u64)
+                counter
+                    .last_failure_ms
+                    .saturating_add(super::duration_ms(self.policy.cooldown))
                     .saturating_sub(now),
             );
             format!(
@@ -136,9 +176,12 @@ impl PoisonGate {
         if !self.table_usable() {
             return;
         }
+        let table = self.table.clone();
         match self
-            .table
-            .record_failure(workflow, failure_id, now_ms())
+            .bounded(
+                "record failure",
+                table.record_failure(workflow, failure_id, now_ms()),
+            )
             .await
         {
             Ok(counter) => {
@@ -157,9 +200,19 @@ impl PoisonGate {
 
     /// Count a finished run's outcome: failures increment; a success resets, as does a run
     /// suspended by its handler (it ran without failing, as the reference worker counts any
-    /// handler that returned).
+    /// handler that returned). A run this invocation left to the API's reaper is noted as
+    /// expected to come back with one more lease recovery, which then does not count as a dead
+    /// invocation: the invocation returned, only its write to the API failed.
     pub async fn record(&mut self, report: &RunReport) {
         let workflow = report.workflow.as_str();
+        if report.left_to_reaper && self.table_usable() {
+            let expected = report.lease_recoveries.saturating_add(1);
+            let table = self.table.clone();
+            let note = table.observe_lease_recoveries(report.run_id, expected, now_ms());
+            if let Err(e) = self.bounded("observe lease recoveries", note).await {
+                self.table_error(Some(workflow), &e, "its recovery will count as a failure");
+            }
+        }
         if report.outcome.is_workflow_failure() {
             let failure_id = format!("{}/{}", report.run_id, report.retry_count);
             self.record_failure(workflow, &failure_id).await;
@@ -169,7 +222,8 @@ impl PoisonGate {
             if !self.table_usable() {
                 return;
             }
-            match self.table.reset(workflow).await {
+            let table = self.table.clone();
+            match self.bounded("reset", table.reset(workflow)).await {
                 Ok(()) => {
                     self.seen.insert(workflow.to_string(), None);
                 }
@@ -203,7 +257,11 @@ impl PoisonGate {
             .collect();
         if !missing.is_empty() {
             let found = if self.table_usable() {
-                match self.table.counters(&missing, now_ms()).await {
+                let table = self.table.clone();
+                match self
+                    .bounded("batch read", table.counters(&missing, now_ms()))
+                    .await
+                {
                     Ok(found) => found,
                     Err(e) => {
                         self.table_error(None, &e, "claiming every registered workflow");
@@ -240,12 +298,11 @@ impl PoisonGate {
             return;
         }
         let workflow = run.workflow_name.as_str();
-        match self
-            .table
-            .observe_lease_recoveries(run.id, recoveries, now_ms())
-            .await
-        {
+        let table = self.table.clone();
+        let observed = table.observe_lease_recoveries(run.id, recoveries, now_ms());
+        match self.bounded("observe lease recoveries", observed).await {
             Ok(true) => {
+                self.lease_recoveries = self.lease_recoveries.saturating_add(1);
                 warn!(
                     run_id = %run.id,
                     workflow,
@@ -277,6 +334,10 @@ mod tests {
         }
     }
 
+    fn later() -> Instant {
+        Instant::now() + Duration::from_secs(60)
+    }
+
     fn report(workflow: &str, outcome: Outcome) -> RunReport {
         RunReport {
             run_id: Uuid::new_v4(),
@@ -284,7 +345,10 @@ mod tests {
             outcome,
             executed: Duration::from_millis(1),
             error: None,
+            left_to_reaper: false,
+            stuck: false,
             retry_count: 0,
+            lease_recoveries: 0,
         }
     }
 
@@ -343,12 +407,12 @@ mod tests {
         }
         let registered =
             WorkerCapabilities::new(Some(vec!["bad".into(), "good".into()]), vec!["gpu".into()]);
-        let mut gate = PoisonGate::new(table.clone(), policy(), PoisonMode::Defer);
+        let mut gate = PoisonGate::new(table.clone(), policy(), PoisonMode::Defer, later());
         let caps = gate.capabilities_for_claim(&registered).await;
         assert_eq!(caps.workflows, Some(vec!["good".to_string()]));
         assert_eq!(caps.tags, vec!["gpu".to_string()]);
 
-        let mut gate = PoisonGate::new(table, policy(), PoisonMode::Fail);
+        let mut gate = PoisonGate::new(table, policy(), PoisonMode::Fail, later());
         assert_eq!(gate.capabilities_for_claim(&registered).await, registered);
     }
 
@@ -356,7 +420,7 @@ mod tests {
     async fn a_failure_in_the_invocation_blocks_the_next_claim_in_defer_mode() {
         let table = Arc::new(MemoryPoisonTable::new(policy()));
         let registered = WorkerCapabilities::new(Some(vec!["wf".into()]), vec![]);
-        let mut gate = PoisonGate::new(table, policy(), PoisonMode::Defer);
+        let mut gate = PoisonGate::new(table, policy(), PoisonMode::Defer, later());
         assert_eq!(
             gate.capabilities_for_claim(&registered).await.workflows,
             Some(vec!["wf".to_string()])
@@ -374,7 +438,7 @@ mod tests {
     async fn a_suspended_run_ends_a_failure_streak_as_a_completed_one_does() {
         for ending in [Outcome::Completed, Outcome::Suspended] {
             let table = Arc::new(MemoryPoisonTable::new(policy()));
-            let mut gate = PoisonGate::new(table, policy(), PoisonMode::Fail);
+            let mut gate = PoisonGate::new(table, policy(), PoisonMode::Fail, later());
             gate.record(&report("wf", Outcome::Failed)).await;
             gate.record(&report("wf", ending)).await;
             gate.record(&report("wf", Outcome::Failed)).await;
@@ -385,7 +449,7 @@ mod tests {
     #[tokio::test]
     async fn table_errors_fail_open_and_stop_after_the_limit() {
         let table = Arc::new(Broken::default());
-        let mut gate = PoisonGate::new(table.clone(), policy(), PoisonMode::Fail);
+        let mut gate = PoisonGate::new(table.clone(), policy(), PoisonMode::Fail, later());
         assert_eq!(gate.blocked_reason("a").await, None);
         // Cached: the same workflow is not read again.
         assert_eq!(gate.blocked_reason("a").await, None);

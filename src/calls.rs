@@ -1,0 +1,51 @@
+//! The invocation's own calls to the API, apart from the executions': claims, lease
+//! refreshes, handbacks and releases, the failures it records from outside a handler.
+//!
+//! They go through a store of their own ([`GuardedStore`] over its own `ApiRunStore`, so its
+//! own HTTP connection pool), polled on the invocation's runtime: when workflow code blocks the
+//! threads of the execution runtime ([`crate::runtime`]), the connections its HTTP client holds
+//! there stall with them, and these calls must not wait behind them. The engine's recording
+//! functions (`fail_or_schedule_retry`) run on a second [`Engine`] over that store, one with no
+//! handler.
+//!
+//! Every call runs in a [returning](crate::store::scope::OnFault::Return) scope bounded by the
+//! caller ([`Calls::within`]): its faults are retried until the bound and counted in the
+//! invocation's fault log, and then returned.
+
+use std::sync::Arc;
+
+use ironflow_engine::engine::Engine;
+use tokio::time::Instant;
+
+use crate::store::GuardedStore;
+use crate::store::fault::FaultLog;
+use crate::store::scope::{CallScope, RunKey};
+
+/// The invocation's store, recording engine and fault log.
+#[derive(Clone)]
+pub struct Calls {
+    /// The invocation's own store.
+    pub store: Arc<GuardedStore>,
+    /// An engine with no handler over that store, for `fail_or_schedule_retry`.
+    pub engine: Arc<Engine>,
+    /// The invocation's fault log (the summary's `api_errors`).
+    pub faults: Arc<FaultLog>,
+}
+
+impl Calls {
+    /// Run `work` (calls to [`Calls::store`] or [`Calls::engine`]) in a returning scope that
+    /// gives up at `until`, about `run` when given (its writes are read back against its
+    /// lease).
+    pub async fn within<F: Future>(
+        &self,
+        until: Instant,
+        run: Option<RunKey>,
+        work: F,
+    ) -> F::Output {
+        let mut scope = CallScope::returning(until, self.faults.clone());
+        if let Some(run) = run {
+            scope = scope.with_run(run);
+        }
+        Arc::new(scope).run(work).await
+    }
+}

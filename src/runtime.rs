@@ -1,0 +1,92 @@
+//! The execution runtime: workflow code runs apart from the invocation's supervision.
+//!
+//! A step may block the thread it runs on: synchronous I/O, a CPU-bound loop,
+//! `std::thread::sleep` in a handler. On one shared runtime that stops every lease refresh,
+//! the cutoff and deadline watches and the response with it. So the engine executes runs on a
+//! runtime of its own, owned by the worker, with one worker thread more than runs may execute
+//! at once ([`threads_for`]): C blocked runs still leave a thread to drive the others'
+//! requests. The invocation's claim loop, lease refreshers, watches, handbacks and response
+//! stay on the runtime the handler is called on (the Lambda runtime loop's), with an HTTP
+//! client of their own ([`crate::calls`]).
+//!
+//! What cannot be guaranteed: a step that never yields cannot be cancelled. At the cutoff its
+//! run is handed back all the same (its store calls are fenced first: nothing it sends later
+//! reaches the API), the summary names it (`stuck`), and its thread goes on until the step
+//! returns. The deployable function ends its process once the response is out
+//! ([`crate::handler::exit_if_stuck`]), so that the step cannot carry on when Lambda thaws the
+//! instance for its next event.
+
+use std::io;
+
+use tokio::runtime::{Builder, Handle, Runtime};
+use tokio_util::task::AbortOnDropHandle;
+
+/// Worker threads of the execution runtime for `concurrency` runs at once: one more.
+pub fn threads_for(concurrency: usize) -> usize {
+    concurrency.saturating_add(1)
+}
+
+/// The runtime the engine executes runs on. Shuts down in the background when dropped (also
+/// from inside another runtime, as in tests), aborting what still runs there.
+pub struct ExecutionRuntime {
+    runtime: Option<Runtime>,
+    handle: Handle,
+}
+
+impl ExecutionRuntime {
+    /// A multi-thread runtime with `threads` worker threads named `ironflow-exec`.
+    ///
+    /// # Errors
+    ///
+    /// The I/O error of the runtime's creation (no thread could be spawned).
+    pub fn new(threads: usize) -> io::Result<Self> {
+        let runtime = Builder::new_multi_thread()
+            .worker_threads(threads.max(1))
+            .thread_name("ironflow-exec")
+            .enable_all()
+            .build()?;
+        let handle = runtime.handle().clone();
+        Ok(Self {
+            runtime: Some(runtime),
+            handle,
+        })
+    }
+
+    /// Run `future` on the execution runtime; dropping the handle aborts it.
+    pub fn spawn<F>(&self, future: F) -> AbortOnDropHandle<F::Output>
+    where
+        F: Future + Send + 'static,
+        F::Output: Send + 'static,
+    {
+        AbortOnDropHandle::new(self.handle.spawn(future))
+    }
+}
+
+impl Drop for ExecutionRuntime {
+    fn drop(&mut self) {
+        if let Some(runtime) = self.runtime.take() {
+            runtime.shutdown_background();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    #[tokio::test]
+    async fn a_blocked_execution_thread_does_not_stop_the_caller_s_runtime() {
+        let runtime = ExecutionRuntime::new(threads_for(1)).unwrap();
+        let blocked = runtime.spawn(async {
+            std::thread::sleep(Duration::from_millis(300));
+            1
+        });
+        let other = runtime.spawn(async { 2 });
+        // The caller's (current-thread) runtime keeps its timers while a thread blocks.
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        assert_eq!(other.await.unwrap(), 2, "the spare thread ran it");
+        assert_eq!(blocked.await.unwrap(), 1);
+    }
+}

@@ -1,0 +1,804 @@
+//! The store the engine executes runs through, and the invocation's own calls go through:
+//! `ironflow-worker`'s [`ApiRunStore`] under a guard that bounds, retries and reads back every
+//! call to the API, and hands each claimed run to the engine's first read of it.
+//!
+//! **Bounded and retried** ([`guard`]). `ApiRunStore`'s timeouts are fixed (30 s per request, 5 s
+//! to connect) and its `PUT`s retry a 5xx after 1, 2 and 4 s. Each call here is bounded by the
+//! [scope](scope) of the work it belongs to (an execution's cutoff and lease, the invocation's
+//! last write) and by a per-attempt limit, and its future is dropped at the bound: a reads is
+//! retried until the bound, a write is read back before it is sent again (a write retried after
+//! a lost answer meets the illegal-transition 500 its first, applied, attempt causes), and a call
+//! that cannot be read back is sent again only when it surely never left.
+//!
+//! **An infrastructure error is never a workflow failure.** An API fault ([`fault`]) the retries
+//! could not overcome never returns to the engine, which would record the run as Failed for good
+//! (it treats a store error as non-retryable): the execution's scope stops, and the run's
+//! supervisor ([`crate::execution`]) hands the run back to Pending, to be resumed by replay. The
+//! engine only ever sees the API's own refusals (a bad request, an output over the size limit).
+//!
+//! **The claimed run is the engine's first read.** `Engine::execute_handler_run(id)` starts with
+//! `get_run(id)`, right after the claim returned that same run. [`GuardedStore::prime`] keeps the
+//! claimed run for that one read, which then costs no request. What the engine takes from it (the
+//! workflow's name and trigger, labels, handler version, retry count, carried cost and duration,
+//! cost limit, creation time; the input is read live, later) does not change after the run's
+//! creation, or only under its lease, which this invocation holds. Every later read goes to the
+//! API: an operator's pause is seen where the engine checks for it (before each step, at the
+//! end), a cancel by the lease refresher. Sub-workflow children, whose first read hands their
+//! lease to the root run, are not primed.
+//!
+//! **The token follows rotations** ([`crate::credentials`]): a call the API answers 401 asks for a
+//! newer token, and the store is rebuilt with it.
+//!
+//! Calls `ApiRunStore` answers locally (routes a worker does not have) are forwarded as they are.
+
+pub mod fault;
+pub mod guard;
+pub mod scope;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
+
+use chrono::{DateTime, Utc};
+use ironflow_engine::engine::chain_root;
+use ironflow_engine::error::EngineError;
+use ironflow_engine::signal::{SignalOrigin, SignalSendFuture, SignalSender};
+use ironflow_store::prelude::*;
+use ironflow_store::store::StoreFuture;
+use ironflow_worker::ApiRunStore;
+use serde_json::Value;
+use uuid::Uuid;
+
+use self::fault::Route;
+use self::guard::ReadBack;
+use self::scope::CallScope;
+use crate::credentials::Credentials;
+
+/// Attempts of a claim (`GET /runs/next`) that meets faults: 3. A claim the API refuses for a
+/// wrong base URL (an empty 404) or a proxy's error page looks like a server fault; the
+/// invocation explains it after the third attempt rather than retrying until its cutoff.
+pub const CLAIM_ATTEMPTS: u32 = 3;
+
+/// How a claim is retried: [`CLAIM_ATTEMPTS`], each awaited until the scope's end (see
+/// [`guard`]).
+const CLAIM_RETRIES: guard::Retries = guard::Retries {
+    attempts: Some(CLAIM_ATTEMPTS),
+    attempt_limit: false,
+};
+
+/// Forwards each listed method to the store as first built, unchanged: `ApiRunStore` answers
+/// them locally, without a request.
+macro_rules! forward {
+    ($(fn $name:ident $(<$lt:lifetime>)? (&$($self_lt:lifetime)? self $(, $arg:ident: $ty:ty)* $(,)?) -> $ret:ty;)*) => {
+        $(
+            fn $name $(<$lt>)? (&$($self_lt)? self $(, $arg: $ty)*) -> $ret {
+                self.base.$name($($arg),*)
+            }
+        )*
+    };
+}
+
+/// Where the guarded calls go.
+enum Source {
+    /// The API: an `ApiRunStore` rebuilt when the token changes.
+    Api(ApiSource),
+    /// Any store as it is (the API's own store in tests).
+    Fixed(Arc<dyn Store>),
+}
+
+struct ApiSource {
+    url: String,
+    credentials: Arc<Credentials>,
+    /// The token generation the store was built with, and the store.
+    current: RwLock<(u64, Arc<ApiRunStore>)>,
+}
+
+impl ApiSource {
+    fn store(&self) -> Arc<ApiRunStore> {
+        let generation = self.credentials.generation();
+        {
+            let current = self.current.read().unwrap_or_else(PoisonError::into_inner);
+            if current.0 == generation {
+                return current.1.clone();
+            }
+        }
+        let mut current = self.current.write().unwrap_or_else(PoisonError::into_inner);
+        if current.0 != generation {
+            let token = self.credentials.token();
+            *current = (
+                generation,
+                Arc::new(ApiRunStore::new(&self.url, token.expose())),
+            );
+        }
+        current.1.clone()
+    }
+}
+
+/// The guarded store (see the module docs).
+pub struct GuardedStore {
+    source: Source,
+    /// The store as first built, for the calls answered without a request.
+    base: Arc<dyn Store>,
+    primed: Mutex<HashMap<Uuid, Run>>,
+}
+
+impl GuardedStore {
+    /// The API at `url`, with the token of `credentials`.
+    pub fn api(url: &str, credentials: Arc<Credentials>) -> Self {
+        let generation = credentials.generation();
+        let store = Arc::new(ApiRunStore::new(url, credentials.token().expose()));
+        Self {
+            base: store.clone(),
+            source: Source::Api(ApiSource {
+                url: url.to_string(),
+                credentials,
+                current: RwLock::new((generation, store)),
+            }),
+            primed: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Any store, guarded the same way (the API's own store in tests).
+    pub fn over(inner: Arc<dyn Store>) -> Self {
+        Self {
+            base: inner.clone(),
+            source: Source::Fixed(inner),
+            primed: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Serve `run`, as its claim returned it, to the next `get_run(run.id)`, once. The copy is
+    /// dropped with the returned guard if no read took it. Sub-workflow children are not
+    /// primed (see the module docs): their first read goes to the API.
+    pub fn prime(&self, run: &Run) -> Primed<'_> {
+        let primed = chain_root(run).is_none();
+        if primed {
+            self.entries().insert(run.id, run.clone());
+        }
+        Primed {
+            store: self,
+            run_id: run.id,
+            primed,
+        }
+    }
+
+    /// Runs primed and not yet read.
+    #[cfg(all(test, feature = "local"))]
+    fn primed_count(&self) -> usize {
+        self.entries().len()
+    }
+
+    fn entries(&self) -> std::sync::MutexGuard<'_, HashMap<Uuid, Run>> {
+        // The map holds plain data: a panic while it was held leaves nothing half-written.
+        self.primed.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The store the next attempt goes to.
+    fn inner(&self) -> Arc<dyn Store> {
+        match &self.source {
+            Source::Api(api) => api.store(),
+            Source::Fixed(store) => store.clone(),
+        }
+    }
+
+    /// The store behind the guard, for calls whose failure is the point (the connection
+    /// pool's probes, [`crate::pool`]).
+    pub fn unguarded(&self) -> Arc<dyn Store> {
+        self.inner()
+    }
+
+    fn credentials(&self) -> Option<&Credentials> {
+        match &self.source {
+            Source::Api(api) => Some(&api.credentials),
+            Source::Fixed(_) => None,
+        }
+    }
+
+    fn read<'a, T, F, Fut>(
+        &'a self,
+        route: Route,
+        call: F,
+    ) -> impl Future<Output = Result<T, StoreError>> + Send + 'a
+    where
+        F: Fn(Arc<dyn Store>) -> Fut + Send + 'a,
+        Fut: Future<Output = Result<T, StoreError>> + Send + 'a,
+        T: Send + 'a,
+    {
+        guard::read(
+            route,
+            self.credentials(),
+            guard::Retries::UNTIL_END,
+            move || call(self.inner()),
+        )
+    }
+
+    fn once<'a, T, F, Fut>(
+        &'a self,
+        route: Route,
+        stop_on_fault: bool,
+        call: F,
+    ) -> impl Future<Output = Result<T, StoreError>> + Send + 'a
+    where
+        F: Fn(Arc<dyn Store>) -> Fut + Send + 'a,
+        Fut: Future<Output = Result<T, StoreError>> + Send + 'a,
+        T: Send + 'a,
+    {
+        guard::once(route, self.credentials(), stop_on_fault, move || {
+            call(self.inner())
+        })
+    }
+
+    /// Read back a run write whose answer was lost: did it reach `target` (`None`: a write
+    /// that changes no status)?
+    async fn run_write_landed(&self, id: Uuid, target: Option<RunStatus>) -> ReadBack<()> {
+        let run = match self.inner().get_run(id).await {
+            Ok(Some(run)) => run,
+            _ => return ReadBack::Unknown,
+        };
+        let status = run.status.state;
+        let scope = CallScope::current();
+        let Some(key) = scope.run_key().filter(|k| k.run_id == id) else {
+            // Not the scope's own run (a sub-workflow's): the API refuses a transition that
+            // no longer applies.
+            return if target == Some(status) {
+                ReadBack::Applied(())
+            } else {
+                ReadBack::Resend
+            };
+        };
+        let ours = run.worker_id.as_deref() == Some(key.worker_id.as_str());
+        match target {
+            Some(target) if status == target && (status != RunStatus::Running || ours) => {
+                ReadBack::Applied(())
+            }
+            // A handback's Pending landed, and another worker has claimed the run since.
+            Some(RunStatus::Pending) if status == RunStatus::Running && !ours => {
+                ReadBack::Applied(())
+            }
+            _ if status == RunStatus::Running && ours => ReadBack::Resend,
+            _ => ReadBack::RunLeft {
+                status,
+                held_by: run.worker_id,
+            },
+        }
+    }
+
+    /// Read back a step write whose answer was lost: is the step at `target`?
+    async fn step_write_landed(&self, step_id: Uuid, target: Option<StepStatus>) -> ReadBack<()> {
+        let scope = CallScope::current();
+        let Some(key) = scope.run_key() else {
+            return ReadBack::Resend;
+        };
+        match self.inner().list_steps(key.run_id).await {
+            Ok(steps) => match steps.iter().find(|s| s.id == step_id) {
+                Some(step) if target == Some(step.status.state) => ReadBack::Applied(()),
+                _ => ReadBack::Resend,
+            },
+            Err(_) => ReadBack::Unknown,
+        }
+    }
+
+    /// Read back a step creation whose answer was lost: a step of the run with its name,
+    /// position and kind, still Pending, that this execution had not seen before.
+    async fn step_created(&self, new: &NewStep) -> ReadBack<Step> {
+        let scope = CallScope::current();
+        match self.inner().list_steps(new.run_id).await {
+            Ok(steps) => steps
+                .into_iter()
+                .filter(|s| {
+                    s.name == new.name
+                        && s.position == new.position
+                        && s.kind == new.kind
+                        && s.is_error_handler == new.is_error_handler
+                        && s.status.state == StepStatus::Pending
+                        && !scope.has_seen_step(s.id)
+                })
+                .max_by_key(|s| s.created_at)
+                .map_or(ReadBack::Resend, ReadBack::Applied),
+            Err(_) => ReadBack::Unknown,
+        }
+    }
+}
+
+/// Drops a primed run's copy if no read took it (see [`GuardedStore::prime`]).
+#[must_use = "the copy is dropped with the guard"]
+pub struct Primed<'a> {
+    store: &'a GuardedStore,
+    run_id: Uuid,
+    primed: bool,
+}
+
+impl Drop for Primed<'_> {
+    fn drop(&mut self) {
+        if self.primed {
+            self.store.entries().remove(&self.run_id);
+        }
+    }
+}
+
+impl RunStore for GuardedStore {
+    fn get_run(&self, id: Uuid) -> StoreFuture<'_, Option<Run>> {
+        let primed = self.entries().remove(&id);
+        match primed {
+            Some(run) => Box::pin(std::future::ready(Ok(Some(run)))),
+            None => Box::pin(self.read(
+                "GET /runs/{id}",
+                move |s| async move { s.get_run(id).await },
+            )),
+        }
+    }
+
+    fn create_run(&self, req: NewRun) -> StoreFuture<'_, RunCreation> {
+        Box::pin(self.once("POST /runs", true, move |s| {
+            let req = req.clone();
+            async move { s.create_run(req).await }
+        }))
+    }
+
+    fn update_run_status(&self, id: Uuid, new_status: RunStatus) -> StoreFuture<'_, ()> {
+        Box::pin(guard::write(
+            "PUT /runs/{id}/status",
+            self.credentials(),
+            move || {
+                let s = self.inner();
+                async move { s.update_run_status(id, new_status).await }
+            },
+            move || self.run_write_landed(id, Some(new_status)),
+        ))
+    }
+
+    fn update_run(&self, id: Uuid, update: RunUpdate) -> StoreFuture<'_, ()> {
+        let target = update.status;
+        Box::pin(guard::write(
+            "PUT /runs/{id}",
+            self.credentials(),
+            move || {
+                let (s, update) = (self.inner(), update.clone());
+                async move { s.update_run(id, update).await }
+            },
+            move || self.run_write_landed(id, target),
+        ))
+    }
+
+    fn update_run_returning(&self, id: Uuid, update: RunUpdate) -> StoreFuture<'_, Run> {
+        Box::pin(async move {
+            self.update_run(id, update).await?;
+            self.read(
+                "GET /runs/{id}",
+                move |s| async move { s.get_run(id).await },
+            )
+            .await?
+            .ok_or(StoreError::RunNotFound(id))
+        })
+    }
+
+    fn list_active_descendants(&self, run_id: Uuid) -> StoreFuture<'_, Vec<Run>> {
+        Box::pin(
+            self.read("GET /runs/{id}/descendants", move |s| async move {
+                s.list_active_descendants(run_id).await
+            }),
+        )
+    }
+
+    fn pick_next_pending(&self, lease: Option<LeaseRequest>) -> StoreFuture<'_, Option<Run>> {
+        self.pick_next_pending_for(lease, None)
+    }
+
+    fn pick_next_pending_for(
+        &self,
+        lease: Option<LeaseRequest>,
+        capabilities: Option<WorkerCapabilities>,
+    ) -> StoreFuture<'_, Option<Run>> {
+        Box::pin(guard::read(
+            "GET /runs/next",
+            self.credentials(),
+            CLAIM_RETRIES,
+            move || {
+                let (s, lease, capabilities) = (self.inner(), lease.clone(), capabilities.clone());
+                async move { s.pick_next_pending_for(lease, capabilities).await }
+            },
+        ))
+    }
+
+    fn renew_lease(&self, id: Uuid, lease: LeaseRequest) -> StoreFuture<'_, DateTime<Utc>> {
+        Box::pin(self.read("POST /runs/{id}/lease", move |s| {
+            let lease = lease.clone();
+            async move { s.renew_lease(id, lease).await }
+        }))
+    }
+
+    fn create_step(&self, step: NewStep) -> StoreFuture<'_, Step> {
+        Box::pin(async move {
+            let created = guard::write(
+                "POST /steps",
+                self.credentials(),
+                || {
+                    let (s, step) = (self.inner(), step.clone());
+                    async move { s.create_step(step).await }
+                },
+                || self.step_created(&step),
+            )
+            .await?;
+            CallScope::current().saw_steps([created.id]);
+            Ok(created)
+        })
+    }
+
+    fn update_step(&self, id: Uuid, update: StepUpdate) -> StoreFuture<'_, ()> {
+        let target = update.status;
+        Box::pin(guard::write(
+            "PUT /steps/{id}",
+            self.credentials(),
+            move || {
+                let (s, update) = (self.inner(), update.clone());
+                async move { s.update_step(id, update).await }
+            },
+            move || self.step_write_landed(id, target),
+        ))
+    }
+
+    fn list_steps(&self, run_id: Uuid) -> StoreFuture<'_, Vec<Step>> {
+        Box::pin(async move {
+            let steps = self
+                .read("GET /runs/{id}", move |s| async move {
+                    s.list_steps(run_id).await
+                })
+                .await?;
+            CallScope::current().saw_steps(steps.iter().map(|s| s.id));
+            Ok(steps)
+        })
+    }
+
+    fn create_step_dependencies(&self, deps: Vec<NewStepDependency>) -> StoreFuture<'_, ()> {
+        Box::pin(self.once("POST /step-dependencies", true, move |s| {
+            let deps = deps.clone();
+            async move { s.create_step_dependencies(deps).await }
+        }))
+    }
+
+    forward! {
+        fn find_run_by_idempotency_key(&self, key: &str) -> StoreFuture<'_, Option<Run>>;
+        fn list_runs(&self, filter: RunFilter, page: u32, per_page: u32) -> StoreFuture<'_, Page<Run>>;
+        fn count_blocked_runs_by_group(&self) -> StoreFuture<'_, Vec<ConcurrencyGroupBacklog>>;
+        fn reap_expired_leases(&self, limit: u32) -> StoreFuture<'_, Vec<ReapedRun>>;
+        fn claim_due_approval_deadlines(&self, limit: u32) -> StoreFuture<'_, Vec<Step>>;
+        fn claim_due_sleeping_runs(&self, limit: u32) -> StoreFuture<'_, Vec<Run>>;
+        fn pause_workflow(&self, workflow_name: &str, paused_by: Option<Uuid>) -> StoreFuture<'_, WorkflowPause>;
+        fn resume_workflow(&self, workflow_name: &str) -> StoreFuture<'_, bool>;
+        fn list_workflow_pauses(&self) -> StoreFuture<'_, Vec<WorkflowPause>>;
+        fn get_step(&self, id: Uuid) -> StoreFuture<'_, Option<Step>>;
+        fn record_step_approval(&self, step_id: Uuid, approval: StepApproval) -> StoreFuture<'_, Step>;
+        fn get_stats(&self, filter: RunFilter) -> StoreFuture<'_, RunStats>;
+        fn get_stats_history(&self, filter: StatsHistoryFilter) -> StoreFuture<'_, Vec<StatsHistoryBucket>>;
+        fn list_steps_by_agent_role<'a>(&'a self, agent_role: &'a str, page: u32, per_page: u32) -> StoreFuture<'a, Page<Step>>;
+        fn get_agent_role_stats(&self, created_after: DateTime<Utc>) -> StoreFuture<'_, Vec<AgentRoleStats>>;
+        fn list_step_dependencies(&self, run_id: Uuid) -> StoreFuture<'_, Vec<StepDependency>>;
+        fn list_purgeable_runs(&self, policy: &PurgePolicy, batch_size: u32) -> StoreFuture<'_, Vec<PurgeableRun>>;
+        fn delete_run(&self, id: Uuid) -> StoreFuture<'_, Vec<String>>;
+    }
+}
+
+impl SignalSender for GuardedStore {
+    /// `ctx.send_signal` through the API (`POST /api/v1/internal/signals`), sent again only
+    /// when it surely never left.
+    fn send(&self, signal: NewSignal, origin: SignalOrigin) -> SignalSendFuture<'_> {
+        Box::pin(async move {
+            let Source::Api(api) = &self.source else {
+                return Err(EngineError::Store(StoreError::Database(
+                    "signals are sent through the API; this store has none".into(),
+                )));
+            };
+            let sent = guard::once("POST /signals", self.credentials(), true, || {
+                let (s, signal, origin) = (api.store(), signal.clone(), origin);
+                async move {
+                    match s.send(signal, origin).await {
+                        Err(EngineError::Store(e)) => Err(e),
+                        other => Ok(other),
+                    }
+                }
+            })
+            .await;
+            sent.map_err(EngineError::Store)?
+        })
+    }
+}
+
+impl ApiKeyStore for GuardedStore {
+    forward! {
+        fn create_api_key(&self, req: NewApiKey) -> StoreFuture<'_, ApiKey>;
+        fn find_api_key_by_prefix(&self, prefix: &str) -> StoreFuture<'_, Option<ApiKey>>;
+        fn find_api_key_by_id(&self, id: Uuid) -> StoreFuture<'_, Option<ApiKey>>;
+        fn list_api_keys_by_user(&self, user_id: Uuid) -> StoreFuture<'_, Vec<ApiKey>>;
+        fn update_api_key(&self, id: Uuid, update: ApiKeyUpdate) -> StoreFuture<'_, ()>;
+        fn touch_api_key(&self, id: Uuid) -> StoreFuture<'_, ()>;
+        fn delete_api_key(&self, id: Uuid) -> StoreFuture<'_, ()>;
+    }
+}
+
+impl ApprovalDelegationStore for GuardedStore {
+    forward! {
+        fn create_delegation(&self, req: NewApprovalDelegation) -> StoreFuture<'_, ApprovalDelegation>;
+        fn find_delegation_by_id(&self, id: Uuid) -> StoreFuture<'_, Option<ApprovalDelegation>>;
+        fn list_active_delegations(&self, filter: DelegationFilter, page: u32, per_page: u32) -> StoreFuture<'_, Page<ApprovalDelegation>>;
+        fn find_active_delegation(&self, from_user_id: Uuid, to_user_id: Uuid, workflow_name: &str) -> StoreFuture<'_, Option<ApprovalDelegation>>;
+        fn delete_delegation(&self, id: Uuid) -> StoreFuture<'_, ()>;
+    }
+}
+
+impl ArtifactStore for GuardedStore {
+    fn list_artifacts_for_run(&self, run_id: Uuid) -> StoreFuture<'_, Vec<Artifact>> {
+        Box::pin(self.read("GET /runs/{id}/artifacts", move |s| async move {
+            s.list_artifacts_for_run(run_id).await
+        }))
+    }
+
+    fn find_artifact_for_input(&self, lookup: ArtifactLookup) -> StoreFuture<'_, Option<Artifact>> {
+        // ApiRunStore resolves it from the run's steps and artifacts (two reads).
+        Box::pin(self.read("GET /runs/{id}", move |s| {
+            let lookup = lookup.clone();
+            async move { s.find_artifact_for_input(lookup).await }
+        }))
+    }
+
+    forward! {
+        fn create_artifact(&self, artifact: NewArtifact) -> StoreFuture<'_, Artifact>;
+        fn get_artifact(&self, step_id: Uuid, name: &str) -> StoreFuture<'_, Option<Artifact>>;
+        fn find_artifact_by_sha256(&self, sha256: &str) -> StoreFuture<'_, Option<Artifact>>;
+        fn count_artifacts_by_storage_key(&self, storage_key: &str) -> StoreFuture<'_, u64>;
+        fn list_all_storage_keys(&self) -> StoreFuture<'_, Vec<String>>;
+    }
+}
+
+impl AuditLogStore for GuardedStore {
+    forward! {
+        fn append_audit_log(&self, entry: NewAuditLogEntry) -> StoreFuture<'_, AuditLogEntry>;
+        fn list_audit_logs(&self, filter: AuditLogFilter, page: u32, per_page: u32) -> StoreFuture<'_, Page<AuditLogEntry>>;
+    }
+}
+
+impl LogStore for GuardedStore {
+    forward! {
+        fn append_logs(&self, entries: NewLogEntries) -> StoreFuture<'_, ()>;
+        fn get_logs(&self, run_id: Uuid, filter: LogFilter, cursor: Option<Uuid>, limit: u32) -> StoreFuture<'_, Vec<LogEntry>>;
+    }
+}
+
+impl ProviderAccountStore for GuardedStore {
+    fn record_provider_account_observation(
+        &self,
+        id: Uuid,
+        observation: NewProviderAccountObservation,
+    ) -> StoreFuture<'_, Vec<ProviderAccountWindow>> {
+        // An observation only informs the account strategy: a lost one is tolerated.
+        Box::pin(self.once(
+            "POST /provider-accounts/{id}/observations",
+            false,
+            move |s| {
+                let observation = observation.clone();
+                async move { s.record_provider_account_observation(id, observation).await }
+            },
+        ))
+    }
+
+    fn list_provider_account_candidates(
+        &self,
+        kind: String,
+    ) -> StoreFuture<'_, Vec<ProviderAccountCandidate>> {
+        Box::pin(self.read("GET /provider-accounts/candidates", move |s| {
+            let kind = kind.clone();
+            async move { s.list_provider_account_candidates(kind).await }
+        }))
+    }
+
+    forward! {
+        fn create_provider_account(&self, req: NewProviderAccount) -> StoreFuture<'_, ProviderAccount>;
+        fn get_provider_account(&self, id: Uuid) -> StoreFuture<'_, Option<ProviderAccount>>;
+        fn list_provider_accounts_by_ids(&self, ids: Vec<Uuid>) -> StoreFuture<'_, Vec<ProviderAccount>>;
+        fn find_provider_account_by_name(&self, name: &str) -> StoreFuture<'_, Option<ProviderAccount>>;
+        fn list_provider_accounts(&self, kind: Option<String>, page: u32, per_page: u32) -> StoreFuture<'_, Page<ProviderAccount>>;
+        fn update_provider_account(&self, id: Uuid, update: ProviderAccountUpdate) -> StoreFuture<'_, ProviderAccount>;
+        fn delete_provider_account(&self, id: Uuid) -> StoreFuture<'_, bool>;
+        fn list_provider_account_windows(&self, ids: Vec<Uuid>) -> StoreFuture<'_, Vec<ProviderAccountWindow>>;
+        fn list_provider_account_usage(&self, id: Uuid, since: DateTime<Utc>) -> StoreFuture<'_, Vec<ProviderAccountUsagePoint>>;
+        fn purge_provider_account_usage(&self, before: DateTime<Utc>) -> StoreFuture<'_, u64>;
+    }
+}
+
+impl ScheduleStore for GuardedStore {
+    forward! {
+        fn create_schedule(&self, req: NewSchedule) -> StoreFuture<'_, Schedule>;
+        fn find_schedule_by_id(&self, id: Uuid) -> StoreFuture<'_, Option<Schedule>>;
+        fn list_schedules(&self, page: u32, per_page: u32) -> StoreFuture<'_, Page<Schedule>>;
+        fn update_schedule(&self, id: Uuid, update: ScheduleUpdate) -> StoreFuture<'_, Schedule>;
+        fn delete_schedule(&self, id: Uuid) -> StoreFuture<'_, ()>;
+        fn list_due_schedules(&self) -> StoreFuture<'_, Vec<Schedule>>;
+        fn fire_due_schedule(&self, id: Uuid, due: DateTime<Utc>, plan: ScheduleFiringPlan) -> StoreFuture<'_, Option<ScheduleFiring>>;
+    }
+}
+
+impl SecretStore for GuardedStore {
+    fn get_secret(&self, key: &str) -> StoreFuture<'_, Option<Secret>> {
+        let key = key.to_string();
+        Box::pin(self.read("GET /secrets/{key}", move |s| {
+            let key = key.clone();
+            async move { s.get_secret(&key).await }
+        }))
+    }
+
+    forward! {
+        fn set_secret(&self, key: &str, value: &str) -> StoreFuture<'_, Secret>;
+        fn delete_secret(&self, key: &str) -> StoreFuture<'_, bool>;
+        fn list_secret_keys(&self, prefix: &str) -> StoreFuture<'_, Vec<String>>;
+        fn list_secrets(&self, prefix: &str, page: u32, per_page: u32) -> StoreFuture<'_, Page<SecretMetadata>>;
+        fn secret_key_status(&self) -> StoreFuture<'_, KeyVersionStatus>;
+        fn rotate_secrets(&self, request: RotationRequest) -> StoreFuture<'_, RotationBatch>;
+    }
+}
+
+impl SignalStore for GuardedStore {
+    fn list_signals_for_key(
+        &self,
+        name: &str,
+        key: &str,
+        since: DateTime<Utc>,
+    ) -> StoreFuture<'_, Vec<Signal>> {
+        let (name, key) = (name.to_string(), key.to_string());
+        Box::pin(self.read("GET /signals", move |s| {
+            let (name, key) = (name.clone(), key.clone());
+            async move { s.list_signals_for_key(&name, &key, since).await }
+        }))
+    }
+
+    fn resolve_signal_step(
+        &self,
+        step_id: Uuid,
+        output: Value,
+    ) -> StoreFuture<'_, SignalStepResolution> {
+        Box::pin(
+            self.once("POST /steps/{id}/signal-resolution", true, move |s| {
+                let output = output.clone();
+                async move { s.resolve_signal_step(step_id, output).await }
+            }),
+        )
+    }
+
+    fn suspend_run_on_signal(
+        &self,
+        run_id: Uuid,
+        step_id: Uuid,
+        deadline_at: DateTime<Utc>,
+    ) -> StoreFuture<'_, bool> {
+        Box::pin(self.once(
+            "POST /runs/{id}/signal-suspension",
+            true,
+            move |s| async move { s.suspend_run_on_signal(run_id, step_id, deadline_at).await },
+        ))
+    }
+
+    forward! {
+        fn insert_signal(&self, signal: NewSignal) -> StoreFuture<'_, SignalInsert>;
+        fn list_signals(&self, filter: SignalFilter, page: u32, per_page: u32) -> StoreFuture<'_, Page<Signal>>;
+        fn list_signal_waiters(&self, name: &str, key: &str) -> StoreFuture<'_, Vec<Step>>;
+        fn purge_signals(&self, before: DateTime<Utc>) -> StoreFuture<'_, u64>;
+    }
+}
+
+impl UserStore for GuardedStore {
+    forward! {
+        fn create_user(&self, req: NewUser) -> StoreFuture<'_, User>;
+        fn find_user_by_email(&self, email: &str) -> StoreFuture<'_, Option<User>>;
+        fn find_user_by_username(&self, username: &str) -> StoreFuture<'_, Option<User>>;
+        fn find_user_by_id(&self, id: Uuid) -> StoreFuture<'_, Option<User>>;
+        fn count_users(&self) -> StoreFuture<'_, u64>;
+        fn list_users(&self, page: u32, per_page: u32) -> StoreFuture<'_, Page<User>>;
+        fn delete_user(&self, id: Uuid) -> StoreFuture<'_, ()>;
+        fn update_user_role(&self, id: Uuid, is_admin: bool) -> StoreFuture<'_, User>;
+        fn update_user_password(&self, id: Uuid, password_hash: String) -> StoreFuture<'_, ()>;
+        fn list_user_groups(&self, user_id: Uuid) -> StoreFuture<'_, Vec<String>>;
+        fn set_user_groups(&self, user_id: Uuid, groups: Vec<String>) -> StoreFuture<'_, Vec<String>>;
+        fn revoke_user_sessions(&self, id: Uuid) -> StoreFuture<'_, i64>;
+        fn store_refresh_token(&self, token: NewRefreshToken) -> StoreFuture<'_, ()>;
+        fn consume_refresh_token(&self, token_hash: &str) -> StoreFuture<'_, Option<Uuid>>;
+    }
+}
+
+// The local runner's run template: the tests build with the default `local` feature.
+#[cfg(all(test, feature = "local"))]
+mod tests {
+    use std::collections::HashMap;
+
+    use ironflow_core::provider::LABEL_ROOT_RUN_ID;
+    use ironflow_store::memory::InMemoryStore;
+
+    use super::*;
+
+    /// A manual run of `primed` (the local runner's), with `trigger` and `labels`.
+    fn new_run(trigger: TriggerKind, labels: HashMap<String, String>) -> NewRun {
+        NewRun {
+            trigger,
+            labels,
+            ..crate::local::new_run("primed", 0)
+        }
+    }
+
+    /// A store over a real in-memory store, and a run claimed from it.
+    async fn claimed(
+        trigger: TriggerKind,
+        labels: HashMap<String, String>,
+    ) -> (GuardedStore, Arc<InMemoryStore>, Run) {
+        let inner = Arc::new(InMemoryStore::new());
+        inner.create_run(new_run(trigger, labels)).await.unwrap();
+        let run = inner.pick_next_pending(None).await.unwrap().unwrap();
+        (GuardedStore::over(inner.clone()), inner, run)
+    }
+
+    /// Changes the stored run behind the wrapper's back, as another writer would.
+    async fn record_duration(inner: &InMemoryStore, id: Uuid, ms: u64) {
+        let update = RunUpdate {
+            duration_ms: Some(ms),
+            ..RunUpdate::default()
+        };
+        inner.update_run(id, update).await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn the_first_read_of_a_primed_run_is_its_claimed_copy_and_later_reads_are_live() {
+        let (store, inner, run) = claimed(TriggerKind::Manual, HashMap::new()).await;
+        let _primed = store.prime(&run);
+        record_duration(&inner, run.id, 1234).await;
+
+        let first = store.get_run(run.id).await.unwrap().unwrap();
+        assert_eq!(first.duration_ms, 0, "the claimed copy, not the store");
+        assert_eq!(first.status.state, RunStatus::Running);
+        assert_eq!(store.primed_count(), 0, "taken by the read");
+
+        let second = store.get_run(run.id).await.unwrap().unwrap();
+        assert_eq!(second.duration_ms, 1234, "from the store");
+    }
+
+    #[tokio::test]
+    async fn an_unread_copy_goes_with_its_guard() {
+        let (store, inner, run) = claimed(TriggerKind::Manual, HashMap::new()).await;
+        drop(store.prime(&run));
+        assert_eq!(store.primed_count(), 0);
+        record_duration(&inner, run.id, 7).await;
+        let read = store.get_run(run.id).await.unwrap().unwrap();
+        assert_eq!(read.duration_ms, 7, "from the store");
+    }
+
+    #[tokio::test]
+    async fn a_sub_workflow_child_is_not_primed() {
+        let root = Uuid::new_v4().to_string();
+        let labels = HashMap::from([(LABEL_ROOT_RUN_ID.to_string(), root)]);
+        let (store, inner, run) = claimed(TriggerKind::Workflow, labels).await;
+        let _primed = store.prime(&run);
+        assert_eq!(store.primed_count(), 0);
+        record_duration(&inner, run.id, 99).await;
+        let read = store.get_run(run.id).await.unwrap().unwrap();
+        assert_eq!(
+            read.duration_ms, 99,
+            "from the store: its lease may have moved on"
+        );
+    }
+
+    #[tokio::test]
+    async fn other_runs_and_other_calls_go_to_the_store() {
+        let (store, inner, run) = claimed(TriggerKind::Manual, HashMap::new()).await;
+        let other = inner
+            .create_run(new_run(TriggerKind::Manual, HashMap::new()))
+            .await
+            .unwrap()
+            .into_run();
+        let _primed = store.prime(&run);
+        let read = store.get_run(other.id).await.unwrap().unwrap();
+        assert_eq!(read.id, other.id);
+        assert_eq!(store.primed_count(), 1, "still kept for its own run");
+        // A write through the wrapper lands in the store.
+        let update = RunUpdate {
+            duration_ms: Some(42),
+            ..RunUpdate::default()
+        };
+        store.update_run(run.id, update).await.unwrap();
+        let stored = inner.get_run(run.id).await.unwrap().unwrap();
+        assert_eq!(stored.duration_ms, 42);
+    }
+}

@@ -1,0 +1,278 @@
+//! The scope of the store calls made by one piece of work: for which run, until when, and what
+//! happens when the API keeps failing.
+//!
+//! A scope travels with the work as a task-local ([`CallScope::run`]): the engine calls its
+//! store without knowing about invocations, and the store ([`super::GuardedStore`]) looks up
+//! the scope of the task it is polled from. An execution runs in a scope that
+//! [stops](OnFault::Stop) its run on an infrastructure fault the retries could not overcome:
+//! the call never returns to the engine (which would record the run as Failed for good), the
+//! scope records why, and the run's supervisor ([`crate::execution`]) hands the run back. The
+//! invocation's own calls (claims, lease refreshes, handbacks) run in scopes that
+//! [return](OnFault::Return) the error to them.
+//!
+//! Once its supervisor has taken the run's fate in hand, the execution's scope is
+//! [fenced](CallScope::fence): every later call from it, such as a step that blocked its thread
+//! through the cutoff and carries on afterwards, is held back and never reaches the API.
+
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use ironflow_store::entities::RunStatus;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+use super::fault::{ApiFault, FaultLog};
+use crate::deadline::later;
+use crate::lease::LeaseClock;
+
+tokio::task_local! {
+    static SCOPE: Arc<CallScope>;
+}
+
+/// Bound of a call made outside any scope (a tool or test calling the store directly): 30 s,
+/// the HTTP client's own timeout.
+pub const UNSCOPED_BOUND: Duration = Duration::from_secs(30);
+
+/// What a call does when the API keeps failing until the scope's end.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OnFault {
+    /// Record why, wake the supervisor ([`CallScope::stopped`]) and never return: the work
+    /// (an execution) is stopped from outside and its run handed back.
+    Stop,
+    /// Return the error to the caller (the invocation's own calls).
+    Return,
+}
+
+/// Why a [`OnFault::Stop`] scope stopped its work.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ScopeStop {
+    /// The API kept failing: the last fault.
+    Fault(ApiFault),
+    /// A write's read-back found the run no longer Running under this worker's lease (another
+    /// worker took it, an operator cancelled or paused it).
+    RunLeft {
+        /// The run's status as read back.
+        status: RunStatus,
+        /// Who holds its lease now, if anyone.
+        held_by: Option<String>,
+    },
+}
+
+/// The run a scope's calls are about, and the lease they run under.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunKey {
+    /// The run.
+    pub run_id: Uuid,
+    /// The worker id its lease is held under.
+    pub worker_id: String,
+}
+
+/// The scope of a piece of work's store calls (see the module docs).
+#[derive(Debug)]
+pub struct CallScope {
+    run: Option<RunKey>,
+    until: Instant,
+    lease: Option<Arc<LeaseClock>>,
+    on_fault: OnFault,
+    started_at: DateTime<Utc>,
+    faults: Arc<FaultLog>,
+    fenced: AtomicBool,
+    saw_fault: AtomicBool,
+    stop: CancellationToken,
+    stopped: Mutex<Option<ScopeStop>>,
+    /// Steps this scope's calls have read or created (a lost creation's read-back tells its
+    /// step from older ones by this).
+    seen_steps: Mutex<HashSet<Uuid>>,
+}
+
+impl CallScope {
+    /// A scope whose calls give up at `until` and return their errors, counting faults in
+    /// `faults`.
+    pub fn returning(until: Instant, faults: Arc<FaultLog>) -> Self {
+        Self {
+            run: None,
+            until,
+            lease: None,
+            on_fault: OnFault::Return,
+            started_at: Utc::now(),
+            faults,
+            fenced: AtomicBool::new(false),
+            saw_fault: AtomicBool::new(false),
+            stop: CancellationToken::new(),
+            stopped: Mutex::new(None),
+            seen_steps: Mutex::new(HashSet::new()),
+        }
+    }
+
+    /// The scope of one execution: calls about `run` stop at `until` (the cutoff) or when
+    /// `lease` stops being valid, whichever comes first, and an unrecoverable fault stops the
+    /// execution ([`OnFault::Stop`]).
+    pub fn execution(
+        run: RunKey,
+        until: Instant,
+        lease: Arc<LeaseClock>,
+        faults: Arc<FaultLog>,
+    ) -> Self {
+        Self {
+            run: Some(run),
+            lease: Some(lease),
+            on_fault: OnFault::Stop,
+            ..Self::returning(until, faults)
+        }
+    }
+
+    /// This scope about `run` (whose writes are read back against it).
+    pub fn with_run(mut self, run: RunKey) -> Self {
+        self.run = Some(run);
+        self
+    }
+
+    /// Poll `work` inside this scope.
+    pub async fn run<F: Future>(self: Arc<Self>, work: F) -> F::Output {
+        SCOPE.scope(self, work).await
+    }
+
+    /// The scope of the task being polled, or a returning one bounded by [`UNSCOPED_BOUND`]
+    /// outside any.
+    pub fn current() -> Arc<Self> {
+        SCOPE.try_with(Arc::clone).unwrap_or_else(|_| {
+            let until = later(Instant::now(), UNSCOPED_BOUND);
+            Arc::new(Self::returning(until, Arc::default()))
+        })
+    }
+
+    /// The run this scope's calls are about.
+    pub fn run_key(&self) -> Option<&RunKey> {
+        self.run.as_ref()
+    }
+
+    /// What a call does once the API kept failing.
+    pub fn on_fault(&self) -> OnFault {
+        self.on_fault
+    }
+
+    /// When calls began in this scope (steps created since are this execution's).
+    pub fn started_at(&self) -> DateTime<Utc> {
+        self.started_at
+    }
+
+    /// No call of this scope is attempted, nor retried, past this: the scope's bound or the
+    /// end of its lease's validity, whichever comes first.
+    pub fn end(&self) -> Instant {
+        match &self.lease {
+            Some(lease) => self.until.min(lease.valid_until()),
+            None => self.until,
+        }
+    }
+
+    /// Count `fault` (in the invocation's log) and remember that this scope met one.
+    pub fn record(&self, fault: &ApiFault) {
+        self.saw_fault.store(true, Ordering::Relaxed);
+        self.faults.record(fault);
+    }
+
+    /// Whether any call of this scope met an infrastructure fault (retried or not).
+    pub fn saw_fault(&self) -> bool {
+        self.saw_fault.load(Ordering::Relaxed)
+    }
+
+    /// Remember steps a call of this scope read or created.
+    pub fn saw_steps(&self, ids: impl IntoIterator<Item = Uuid>) {
+        self.seen_steps
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .extend(ids);
+    }
+
+    /// Whether a call of this scope read or created step `id`.
+    pub fn has_seen_step(&self, id: Uuid) -> bool {
+        self.seen_steps
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .contains(&id)
+    }
+
+    /// Hold back every later call of this scope (it never reaches the API).
+    pub fn fence(&self) {
+        self.fenced.store(true, Ordering::SeqCst);
+    }
+
+    /// Whether [`CallScope::fence`] was called.
+    pub fn is_fenced(&self) -> bool {
+        self.fenced.load(Ordering::SeqCst)
+    }
+
+    /// Stop this scope's work for `why` (the first reason is kept).
+    pub fn stop(&self, why: ScopeStop) {
+        let mut stopped = self
+            .stopped
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if stopped.is_none() {
+            *stopped = Some(why);
+        }
+        self.stop.cancel();
+    }
+
+    /// Why the work was stopped, once it was.
+    pub fn stop_reason(&self) -> Option<ScopeStop> {
+        self.stopped
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Resolves once a call stopped the work ([`OnFault::Stop`]); never otherwise.
+    pub async fn stopped(&self) -> ScopeStop {
+        self.stop.cancelled().await;
+        self.stop_reason()
+            .unwrap_or_else(|| ScopeStop::Fault(ApiFault::timeout("(unknown)", Duration::ZERO)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn the_scope_travels_with_the_task_and_a_default_applies_outside() {
+        let until = later(Instant::now(), Duration::from_secs(5));
+        let scope = Arc::new(CallScope::returning(until, Arc::default()));
+        let seen = scope
+            .clone()
+            .run(async { CallScope::current().end() })
+            .await;
+        assert_eq!(seen, until);
+        let outside = CallScope::current();
+        assert_eq!(outside.on_fault(), OnFault::Return);
+        assert!(outside.end() > Instant::now() + Duration::from_secs(20));
+    }
+
+    #[tokio::test]
+    async fn the_lease_bounds_an_execution_scope_and_the_first_stop_is_kept() {
+        let now = Instant::now();
+        let lease = Arc::new(LeaseClock::new(now, Duration::from_secs(1)));
+        let key = RunKey {
+            run_id: Uuid::nil(),
+            worker_id: "w".into(),
+        };
+        let scope = CallScope::execution(
+            key,
+            later(now, Duration::from_secs(60)),
+            lease,
+            Arc::default(),
+        );
+        assert_eq!(scope.end(), now + Duration::from_secs(1));
+        let first = ScopeStop::RunLeft {
+            status: RunStatus::Cancelled,
+            held_by: None,
+        };
+        scope.stop(first.clone());
+        scope.stop(ScopeStop::Fault(ApiFault::timeout("x", Duration::ZERO)));
+        assert_eq!(scope.stopped().await, first);
+    }
+}
