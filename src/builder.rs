@@ -25,13 +25,13 @@ use crate::api::logs::LogForwarder;
 use crate::api::{ApiClient, ClientError};
 use crate::calls::Calls;
 use crate::claim_ahead::RunPace;
-use crate::config::{ConfigError, Settings, WorkerToken};
+use crate::config::{self, ConfigError, Settings, WorkerToken};
 use crate::credentials::Credentials;
 use crate::poison::dynamodb::{DynamoPoisonTable, DynamoSetupError};
 use crate::poison::memory::MemoryPoisonTable;
 use crate::poison::{PoisonMode, PoisonTable};
 use crate::pool::{DEFAULT_IDLE_PROBE_AFTER, PoolWarden};
-use crate::runtime::{self, ExecutionRuntime};
+use crate::runtime::{self, ExecutionRuntime, StuckExecutions};
 use crate::secrets::{self, SecretError, TokenSecret};
 use crate::store::GuardedStore;
 use crate::store::fault::FaultLog;
@@ -225,6 +225,15 @@ impl LambdaWorkerBuilder {
         self
     }
 
+    /// Accept a plain `http://` API URL to a host that is not loopback (an API inside the VPC):
+    /// the worker token then crosses the network in clear text (`IRONFLOW_ALLOW_INSECURE_HTTP`).
+    /// Default `false`: such a URL is refused at build time. `https://` URLs and `http://` to a
+    /// loopback host need nothing.
+    pub fn allow_insecure_http(mut self, allow: bool) -> Self {
+        self.settings.allow_insecure_http = allow;
+        self
+    }
+
     /// Runs executing at once. Default 2; must be at least 1.
     pub fn concurrency(mut self, n: usize) -> Self {
         self.settings.concurrency = n;
@@ -244,15 +253,16 @@ impl LambdaWorkerBuilder {
         self
     }
 
-    /// Time kept free before the invocation deadline. Default 10 s; must be below the function
-    /// timeout. Keep it above ~8 s: a handback's status write may meet `ApiRunStore`'s retry
-    /// backoff (1 + 2 + 4 s).
+    /// Time kept free before the invocation deadline, to hand runs back and answer. Default
+    /// 10 s; at least 500 ms and below the function timeout. The handback's writes are retried
+    /// within it when the API fails, so a larger margin rides out a longer API blip.
     pub fn deadline_margin(mut self, margin: Duration) -> Self {
         self.settings.deadline_margin = margin;
         self
     }
 
-    /// No run is claimed once less than this is left before the cutoff. Default 2 s.
+    /// No run is claimed once less than this is left before the cutoff. Default 2 s; at least
+    /// 100 ms.
     pub fn min_claim_budget(mut self, budget: Duration) -> Self {
         self.settings.min_claim_budget = budget;
         self
@@ -273,14 +283,17 @@ impl LambdaWorkerBuilder {
         self
     }
 
-    /// Lease TTL requested on claim and refresh. Default 90 s. Once a lease expires, the API's
-    /// reaper requeues the run.
+    /// Lease TTL requested on claim and refresh. Default 90 s; 1 to 3600 s, the range the API
+    /// accepts. Once a lease expires, the API's reaper takes the run back: it requeues it, or
+    /// fails it once its lease expired more times than the run's `max_retries`.
     pub fn lease_ttl(mut self, ttl: Duration) -> Self {
         self.settings.lease_ttl = ttl;
         self
     }
 
-    /// Lease refresh interval. Default 30 s; must be below the lease TTL.
+    /// Lease refresh interval. Default 30 s; above zero and below the lease TTL (keep the TTL
+    /// at least twice the interval: what is left of it is the time failed refreshes are retried
+    /// in, see [`crate::lease`]).
     pub fn lease_refresh_interval(mut self, interval: Duration) -> Self {
         self.settings.lease_refresh_interval = interval;
         self
@@ -493,6 +506,7 @@ impl LambdaWorkerBuilder {
             runtime: Arc::new(execution_runtime),
             calls_store,
             calls_engine: Arc::new(calls_engine),
+            stuck: Arc::default(),
             capabilities,
             poison_table,
             poison_mode,
@@ -509,6 +523,51 @@ impl LambdaWorkerBuilder {
 
 fn check_settings(s: &Settings) -> Result<(), BuildError> {
     let invalid = |setting, reason: String| Err(BuildError::InvalidSetting { setting, reason });
+    if let Some(expected) = config::api_url_problem(&s.api_url, s.allow_insecure_http) {
+        return invalid("api_url (IRONFLOW_API_URL)", format!("expected {expected}"));
+    }
+    // Every duration must be one a deadline can be computed from.
+    let durations = [
+        ("run_timeout (IRONFLOW_RUN_TIMEOUT_SECS)", s.run_timeout),
+        (
+            "deadline_margin (IRONFLOW_DEADLINE_MARGIN_MS)",
+            s.deadline_margin,
+        ),
+        (
+            "min_claim_budget (IRONFLOW_MIN_CLAIM_BUDGET_MS)",
+            s.min_claim_budget,
+        ),
+        (
+            "function_timeout (IRONFLOW_FUNCTION_TIMEOUT_SECS)",
+            s.function_timeout,
+        ),
+        (
+            "lease_refresh_interval (IRONFLOW_LEASE_REFRESH_INTERVAL_SECS)",
+            s.lease_refresh_interval,
+        ),
+        (
+            "poison_cooldown (IRONFLOW_POISON_COOLDOWN_SECS)",
+            s.poison.cooldown,
+        ),
+        (
+            "max_capacity_wait (IRONFLOW_MAX_CAPACITY_WAIT_SECS)",
+            s.max_capacity_wait,
+        ),
+        (
+            "emulated_invocation (IRONFLOW_EMULATED_INVOCATION_SECS)",
+            s.emulated_invocation.unwrap_or_default(),
+        ),
+    ];
+    if let Some((setting, d)) = durations.iter().find(|(_, d)| *d > config::MAX_DURATION) {
+        return invalid(
+            setting,
+            format!(
+                "{} s is too large: at most {} s (100 years)",
+                d.as_secs(),
+                config::MAX_DURATION.as_secs()
+            ),
+        );
+    }
     if s.max_runs_per_invocation == 0 {
         return invalid(
             "max_runs_per_invocation (IRONFLOW_MAX_RUNS_PER_INVOCATION)",
@@ -521,19 +580,34 @@ fn check_settings(s: &Settings) -> Result<(), BuildError> {
             "must be at least 1".into(),
         );
     }
-    if s.lease_refresh_interval >= s.lease_ttl {
+    if !config::LEASE_TTL_RANGE.contains(&s.lease_ttl) {
+        return invalid(
+            "lease_ttl (IRONFLOW_LEASE_TTL_SECS)",
+            format!(
+                "{:?} is outside 1 to 3600 s, the lease TTLs the API accepts",
+                s.lease_ttl
+            ),
+        );
+    }
+    if s.lease_refresh_interval.is_zero() || s.lease_refresh_interval >= s.lease_ttl {
         return invalid(
             "lease_refresh_interval (IRONFLOW_LEASE_REFRESH_INTERVAL_SECS)",
             format!(
-                "{:?} is not below the lease TTL {:?}: the lease would expire between refreshes",
+                "{:?} is not above zero and below the lease TTL {:?}: the lease would expire \
+                 between refreshes",
                 s.lease_refresh_interval, s.lease_ttl
             ),
         );
     }
-    if s.lease_ttl < Duration::from_secs(1) {
+    if s.deadline_margin < config::MIN_DEADLINE_MARGIN {
         return invalid(
-            "lease_ttl (IRONFLOW_LEASE_TTL_SECS)",
-            format!("{:?} is below 1 s, the API's lease resolution", s.lease_ttl),
+            "deadline_margin (IRONFLOW_DEADLINE_MARGIN_MS)",
+            format!(
+                "{:?} is below {:?}: the handback and the response need that much before the \
+                 deadline",
+                s.deadline_margin,
+                config::MIN_DEADLINE_MARGIN
+            ),
         );
     }
     if s.deadline_margin >= s.function_timeout {
@@ -556,7 +630,20 @@ fn check_settings(s: &Settings) -> Result<(), BuildError> {
             ),
         );
     }
-    if s.min_claim_budget + s.deadline_margin >= s.function_timeout {
+    if s.min_claim_budget < config::MIN_CLAIM_BUDGET {
+        return invalid(
+            "min_claim_budget (IRONFLOW_MIN_CLAIM_BUDGET_MS)",
+            format!(
+                "{:?} is below {:?}: a claim needs time to be answered before the cutoff",
+                s.min_claim_budget,
+                config::MIN_CLAIM_BUDGET
+            ),
+        );
+    }
+    if s.min_claim_budget
+        .checked_add(s.deadline_margin)
+        .is_none_or(|both| both >= s.function_timeout)
+    {
         return invalid(
             "min_claim_budget (IRONFLOW_MIN_CLAIM_BUDGET_MS)",
             format!(
@@ -620,6 +707,8 @@ pub struct LambdaWorker {
     /// The invocations' own store and recording engine (see [`crate::calls`]).
     pub(crate) calls_store: Arc<GuardedStore>,
     pub(crate) calls_engine: Arc<Engine>,
+    /// Executions that did not stop when told to (workflow code blocking its thread).
+    pub(crate) stuck: Arc<StuckExecutions>,
     pub(crate) capabilities: WorkerCapabilities,
     pub(crate) poison_table: Arc<dyn PoisonTable>,
     pub(crate) poison_mode: PoisonMode,
@@ -654,6 +743,13 @@ impl LambdaWorker {
     /// The engine (and through it the API store).
     pub fn engine(&self) -> &Arc<Engine> {
         &self.engine
+    }
+
+    /// Executions still running in workflow code that blocks its thread, after their runs
+    /// were handed back or abandoned (see [`crate::runtime`]): a process with one must not go on
+    /// to another invocation once the response is out, under on-demand Lambda.
+    pub fn stuck_executions(&self) -> usize {
+        self.stuck.count()
     }
 
     /// The invocation's own calls, counting their faults in `faults`.
@@ -765,20 +861,89 @@ mod tests {
     #[test]
     fn settings_that_cannot_work_are_refused() {
         let cases = [
-            builder().max_runs_per_invocation(0),
-            builder().concurrency(0),
-            builder()
-                .lease_ttl(Duration::from_secs(10))
-                .lease_refresh_interval(Duration::from_secs(10)),
-            builder()
-                .function_timeout(Duration::from_secs(10))
-                .deadline_margin(Duration::from_secs(10)),
+            (
+                builder().max_runs_per_invocation(0),
+                "max_runs_per_invocation",
+            ),
+            (builder().concurrency(0), "concurrency"),
+            (
+                builder()
+                    .lease_ttl(Duration::from_secs(10))
+                    .lease_refresh_interval(Duration::from_secs(10)),
+                "lease_refresh_interval",
+            ),
+            (
+                builder()
+                    .function_timeout(Duration::from_secs(10))
+                    .deadline_margin(Duration::from_secs(10)),
+                "deadline_margin",
+            ),
+            // Settings that would overflow an instant, or that the API or a handback cannot
+            // work with.
+            (builder().run_timeout(Duration::MAX), "run_timeout"),
+            (
+                builder().run_timeout(Duration::from_secs(u64::MAX)),
+                "run_timeout",
+            ),
+            (builder().poison_cooldown(Duration::MAX), "poison_cooldown"),
+            (
+                builder().max_capacity_wait(Duration::MAX),
+                "max_capacity_wait",
+            ),
+            (
+                builder().emulated_invocation(Duration::MAX),
+                "emulated_invocation",
+            ),
+            (
+                builder().deadline_margin(Duration::from_secs(u64::MAX)),
+                "deadline_margin",
+            ),
+            (
+                builder().min_claim_budget(Duration::from_secs(u64::MAX)),
+                "min_claim_budget",
+            ),
+            (builder().lease_ttl(Duration::from_secs(3601)), "lease_ttl"),
+            (builder().lease_ttl(Duration::ZERO), "lease_ttl"),
+            (builder().deadline_margin(Duration::ZERO), "deadline_margin"),
+            (
+                builder().min_claim_budget(Duration::ZERO),
+                "min_claim_budget",
+            ),
+            (
+                builder().lease_refresh_interval(Duration::ZERO),
+                "lease_refresh_interval",
+            ),
         ];
-        for b in cases {
-            assert!(matches!(
-                b.build().err().unwrap(),
-                BuildError::InvalidSetting { .. }
-            ));
+        for (b, named) in cases {
+            let err = b.build().err().expect("refused");
+            assert!(
+                matches!(&err, BuildError::InvalidSetting { setting, .. } if setting.starts_with(named)),
+                "{named}: {err}"
+            );
+        }
+    }
+
+    #[test]
+    fn plain_http_to_a_remote_host_needs_the_opt_in() {
+        let remote = || {
+            LambdaWorkerBuilder::new("http://api.internal.example:8080", "token")
+                .provider(Arc::new(ClaudeCodeProvider::new()))
+        };
+        let err = remote().build().err().expect("refused");
+        let text = err.to_string();
+        assert!(text.contains("IRONFLOW_API_URL"), "{text}");
+        assert!(text.contains("IRONFLOW_ALLOW_INSECURE_HTTP"), "{text}");
+        assert!(remote().allow_insecure_http(true).build().is_ok());
+        for url in [
+            "https://api.example.com",
+            "http://127.0.0.1:1",
+            "http://localhost:3000",
+            "http://[::1]:3000",
+        ] {
+            let built = LambdaWorkerBuilder::new(url, "token")
+                .provider(Arc::new(ClaudeCodeProvider::new()))
+                .build();
+            assert!(built.is_ok(), "{url}");
         }
     }
 }

@@ -6,7 +6,8 @@
 //!
 //! | variable | meaning | default |
 //! |---|---|---|
-//! | `IRONFLOW_API_URL` | base URL of the ironflow API (`http(s)://host[:port]`, without credentials) | required |
+//! | `IRONFLOW_API_URL` | base URL of the ironflow API (`https://host[:port]`, without credentials; `http://` only to a loopback host, or with the next variable) | required |
+//! | `IRONFLOW_ALLOW_INSECURE_HTTP` | `true`: accept a plain `http://` URL to a host that is not loopback (an API inside the VPC): the worker token then crosses the network in clear text | `false` |
 //! | `IRONFLOW_WORKER_TOKEN` | the API's worker token | required, unless the next one is set |
 //! | `IRONFLOW_WORKER_TOKEN_SECRET_ARN` | Secrets Manager secret holding the token ([`crate::secrets`]) | none |
 //! | `IRONFLOW_MAX_RUNS_PER_INVOCATION` | runs one invocation claims at most (N) | 8 |
@@ -65,6 +66,54 @@ pub const MAX_POISON_NAMESPACE_LEN: usize = 200;
 
 /// Default number of handbacks in a row without a completed step before a run is failed.
 pub const DEFAULT_MAX_HANDBACKS_WITHOUT_PROGRESS: u32 = 3;
+
+/// The longest duration any setting takes: 100 years ([`crate::deadline::HORIZON`]), so that
+/// every deadline computed from a setting is an instant this crate can hold.
+pub const MAX_DURATION: Duration = crate::deadline::HORIZON;
+/// The lease TTLs the API accepts: 1 to 3600 s (its `validate_lease_ttl`).
+pub const LEASE_TTL_RANGE: std::ops::RangeInclusive<Duration> =
+    Duration::from_secs(1)..=Duration::from_secs(3600);
+/// The smallest deadline margin: 500 ms. A handback needs a few requests (the lease, the steps,
+/// the status) and the response its reserve (250 ms) before the deadline.
+pub const MIN_DEADLINE_MARGIN: Duration = Duration::from_millis(500);
+/// The smallest minimum claim budget: 100 ms.
+pub const MIN_CLAIM_BUDGET: Duration = Duration::from_millis(100);
+
+/// What `IRONFLOW_API_URL` (or the builder's URL) must be, when it is not: `None` when it is a
+/// usable base URL. Plain `http://` carries the worker token in clear text, so it is accepted
+/// only to a loopback host (`127.0.0.0/8`, `::1`, `localhost`) or with `allow_insecure_http`
+/// (`IRONFLOW_ALLOW_INSECURE_HTTP=true`).
+pub fn api_url_problem(url: &str, allow_insecure_http: bool) -> Option<&'static str> {
+    let parsed = reqwest::Url::parse(url).ok();
+    let Some(parsed) = parsed.filter(|u| {
+        !url.contains(char::is_whitespace) && matches!(u.scheme(), "http" | "https") && u.has_host()
+    }) else {
+        return Some(
+            "an http:// or https:// URL with a host and, if any, a port from 1 to 65535, e.g. \
+             https://ironflow.example.com",
+        );
+    };
+    if !parsed.username().is_empty() || parsed.password().is_some() {
+        return Some(
+            "a URL without credentials (user:password@): the API authenticates workers by the \
+             token in IRONFLOW_WORKER_TOKEN",
+        );
+    }
+    let host = parsed.host_str().unwrap_or("");
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    let loopback = host.eq_ignore_ascii_case("localhost")
+        || host
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback());
+    if parsed.scheme() == "http" && !loopback && !allow_insecure_http {
+        return Some(
+            "an https:// URL: plain http:// would send the worker token in clear text; it is \
+             accepted only to a loopback host, or with IRONFLOW_ALLOW_INSECURE_HTTP=true (an \
+             API inside the VPC)",
+        );
+    }
+    None
+}
 
 /// The API's worker token. Its `Debug` and `Display` print `***`.
 #[derive(Clone, PartialEq, Eq)]
@@ -142,6 +191,9 @@ fn list(errors: &[ConfigError]) -> String {
 pub struct Settings {
     /// Base URL of the ironflow API (`IRONFLOW_API_URL`).
     pub api_url: String,
+    /// Accept a plain `http://` API URL to a host that is not loopback
+    /// (`IRONFLOW_ALLOW_INSECURE_HTTP`, default `false`).
+    pub allow_insecure_http: bool,
     /// The worker token (`IRONFLOW_WORKER_TOKEN`, or the secret named by
     /// `IRONFLOW_WORKER_TOKEN_SECRET_ARN`).
     pub worker_token: WorkerToken,
@@ -199,6 +251,7 @@ impl Settings {
     pub fn new(api_url: &str, worker_token: WorkerToken) -> Self {
         Self {
             api_url: api_url.to_string(),
+            allow_insecure_http: false,
             worker_token,
             max_runs_per_invocation: DEFAULT_MAX_RUNS_PER_INVOCATION,
             concurrency: DEFAULT_CONCURRENCY,
@@ -266,33 +319,31 @@ impl Settings {
         // Every variable is checked, and every problem reported at once: a cold start that
         // fails on a bad environment names all of them in one log line.
         let mut errors = Vec::new();
+        let allow_insecure_http = match get("IRONFLOW_ALLOW_INSECURE_HTTP").as_deref() {
+            None => false,
+            Some(v) if v.eq_ignore_ascii_case("true") || v == "1" => true,
+            Some(v) if v.eq_ignore_ascii_case("false") || v == "0" => false,
+            Some(v) => {
+                errors.push(ConfigError::Invalid {
+                    variable: "IRONFLOW_ALLOW_INSECURE_HTTP",
+                    expected: "true or false",
+                    found: v.to_string(),
+                });
+                false
+            }
+        };
         let api_url = get("IRONFLOW_API_URL").unwrap_or_default();
         if api_url.is_empty() {
             errors.push(ConfigError::Missing {
                 variable: "IRONFLOW_API_URL",
                 expected: "the ironflow API's base URL, e.g. https://ironflow.example.com",
             });
-        } else {
-            let parsed = reqwest::Url::parse(&api_url).ok();
-            if api_url.contains(char::is_whitespace)
-                || !parsed
-                    .as_ref()
-                    .is_some_and(|u| matches!(u.scheme(), "http" | "https") && u.has_host())
-            {
-                errors.push(ConfigError::Invalid {
-                    variable: "IRONFLOW_API_URL",
-                    expected: "an http:// or https:// URL with a host and, if any, a port \
-                               from 1 to 65535, e.g. https://ironflow.example.com",
-                    found: without_userinfo(&api_url),
-                });
-            } else if parsed.is_some_and(|u| !u.username().is_empty() || u.password().is_some()) {
-                errors.push(ConfigError::Invalid {
-                    variable: "IRONFLOW_API_URL",
-                    expected: "a URL without credentials (user:password@): the API authenticates \
-                               workers by the token in IRONFLOW_WORKER_TOKEN",
-                    found: without_userinfo(&api_url),
-                });
-            }
+        } else if let Some(expected) = api_url_problem(&api_url, allow_insecure_http) {
+            errors.push(ConfigError::Invalid {
+                variable: "IRONFLOW_API_URL",
+                expected,
+                found: without_userinfo(&api_url),
+            });
         }
         let token = worker_token
             .or_else(|| get("IRONFLOW_WORKER_TOKEN").map(WorkerToken::new))
@@ -316,6 +367,7 @@ impl Settings {
             });
         }
         let mut s = Self::new(&api_url, token);
+        s.allow_insecure_http = allow_insecure_http;
         let positive = "a whole number greater than 0";
         let whole = "a whole number (0 or more)";
 
@@ -713,6 +765,40 @@ pub(crate) mod tests {
             );
             assert!(!text.contains("s3cret"), "{text}");
             assert!(text.contains("***@api.example.com"), "{text}");
+        }
+    }
+
+    #[test]
+    fn plain_http_to_a_remote_host_is_refused_unless_opted_in() {
+        let remote = [
+            ("IRONFLOW_API_URL", "http://10.0.3.7:8080"),
+            ("IRONFLOW_WORKER_TOKEN", "t"),
+        ];
+        let err = Settings::from_lookup(lookup(&remote)).unwrap_err();
+        let text = err.to_string();
+        assert!(text.contains("IRONFLOW_API_URL"), "{text}");
+        assert!(text.contains("IRONFLOW_ALLOW_INSECURE_HTTP=true"), "{text}");
+        let mut opted = remote.to_vec();
+        opted.push(("IRONFLOW_ALLOW_INSECURE_HTTP", "true"));
+        let s = Settings::from_lookup(lookup(&opted)).unwrap();
+        assert!(s.allow_insecure_http);
+        let mut bad = remote.to_vec();
+        bad.push(("IRONFLOW_ALLOW_INSECURE_HTTP", "yes"));
+        let err = Settings::from_lookup(lookup(&bad)).unwrap_err().to_string();
+        assert!(
+            err.contains("IRONFLOW_ALLOW_INSECURE_HTTP") && err.contains("true or false"),
+            "{err}"
+        );
+        for loopback in [
+            "http://127.0.0.1:3000",
+            "http://localhost",
+            "http://[::1]:1",
+        ] {
+            let ok = [
+                ("IRONFLOW_API_URL", loopback),
+                ("IRONFLOW_WORKER_TOKEN", "t"),
+            ];
+            assert!(Settings::from_lookup(lookup(&ok)).is_ok(), "{loopback}");
         }
     }
 

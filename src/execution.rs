@@ -42,7 +42,7 @@ use crate::calls::Calls;
 use crate::deadline::later;
 use crate::handback::{self, HandbackPolicy, Why};
 use crate::lease::{LeaseEnd, LeaseRefresher, RefreshContext};
-use crate::runtime::ExecutionRuntime;
+use crate::runtime::{ExecutionRuntime, StuckExecutions};
 use crate::store::GuardedStore;
 use crate::store::scope::{CallScope, RunKey, ScopeStop};
 
@@ -238,6 +238,8 @@ pub(crate) struct ExecutionParams {
     /// No write of ours past this: the invocation deadline minus the response's reserve.
     pub last_write: Instant,
     pub handback: HandbackPolicy,
+    /// Executions of this worker still running after they were told to stop.
+    pub stuck: Arc<StuckExecutions>,
 }
 
 impl ExecutionParams {
@@ -308,14 +310,28 @@ async fn execute_in_span(p: ExecutionParams, run: Run, refresher: LeaseRefresher
             .spawn(scope.clone().run(work).instrument(tracing::Span::current()))
     };
 
-    let mut stop = tokio::select! {
-        biased;
-        joined = &mut task => Stop::Finished(Box::new(joined)),
-        why = scope.stopped() => Stop::Scope(why),
-        end = refresher.ended() => Stop::Lease(end),
-        () = sleep_until(run_deadline) => Stop::TimedOut,
-        () = sleep_until(p.cutoff) => Stop::Cutoff,
+    // A lease the API refuses to renew because the execution itself took the run out of
+    // Running (its final status, a suspension, a pause the engine is about to see) is no reason
+    // to stop it: it is winding down, and its writes stay bounded by the lease's last validity.
+    let mut winding_down = false;
+    let mut stop = loop {
+        break tokio::select! {
+            biased;
+            joined = &mut task => Stop::Finished(Box::new(joined)),
+            why = scope.stopped() => Stop::Scope(why),
+            end = refresher.ended(), if !winding_down => match end {
+                LeaseEnd::Left { status } => {
+                    info!(status = %status, "the run left Running: letting its execution finish");
+                    winding_down = true;
+                    continue;
+                }
+                end => Stop::Lease(end),
+            },
+            () = sleep_until(run_deadline) => Stop::TimedOut,
+            () = sleep_until(p.cutoff) => Stop::Cutoff,
+        };
     };
+    let executed = started.elapsed();
     let target = refresher.target();
     let mut stuck = false;
     if !matches!(stop, Stop::Finished(_)) {
@@ -335,6 +351,8 @@ async fn execute_in_span(p: ExecutionParams, run: Run, refresher: LeaseRefresher
                     "the run's execution did not stop: workflow code blocks its thread; its \
                      fate is written without it, and nothing it sends later reaches the API"
                 );
+                // Counted until the blocked code yields (the aborted task ends then).
+                p.stuck.add(task.abort_handle());
             }
         }
     }
@@ -342,11 +360,11 @@ async fn execute_in_span(p: ExecutionParams, run: Run, refresher: LeaseRefresher
 
     let timing = Timing {
         claimed_at,
-        started,
+        executed,
         timeout_msg,
     };
     let fate = decide(&p, &run, stop, &scope, target, timing).await;
-    let mut report = RunReport::new(&run, fate, started.elapsed());
+    let mut report = RunReport::new(&run, fate, executed);
     if stuck {
         report.stuck = true;
         let note = "its execution did not stop (a step blocks its thread)";
@@ -358,10 +376,10 @@ async fn execute_in_span(p: ExecutionParams, run: Run, refresher: LeaseRefresher
     report
 }
 
-/// When the run was taken up here, and the timeout's message.
+/// When the run was taken up here, how long it executed, and the timeout's message.
 struct Timing {
     claimed_at: DateTime<Utc>,
-    started: Instant,
+    executed: Duration,
     timeout_msg: String,
 }
 
@@ -375,7 +393,7 @@ async fn decide(
     timing: Timing,
 ) -> Fate {
     let hand_back = |why| {
-        let executed = timing.started.elapsed();
+        let executed = timing.executed;
         handback::hand_back(
             p,
             run,

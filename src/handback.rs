@@ -119,7 +119,16 @@ async fn hand_back_steps(
 ) -> Fate {
     let store = &p.calls.store;
     // 1. The lease.
-    if let Err(fate) = confirm_lease(&p.calls, target, &p.lease).await {
+    if let Err(mut fate) = confirm_lease(&p.calls, target, &p.lease).await {
+        if let Why::LeaseExpired(end) = why {
+            // Not handed back: the lease stays expired, the run is the reaper's (or another
+            // worker's).
+            fate.outcome = match fate.outcome {
+                Outcome::HandedBack => Outcome::LeaseLost,
+                other => other,
+            };
+            fate.error = Some(format!("{end}; {}", fate.error.unwrap_or_default()));
+        }
         return fate;
     }
 

@@ -234,11 +234,31 @@ async fn run_batch(
             );
             Budget::from_time_left(length, settings.deadline_margin)
         }
+        None if context.deadline <= now_ms => {
+            past_deadline_once(context.deadline);
+            Budget::from_epoch_ms(context.deadline, settings.deadline_margin)
+        }
         _ => Budget::from_epoch_ms(context.deadline, settings.deadline_margin),
     };
     let summary = invocation::run(worker, &context.request_id, budget, request).await;
     info!(summary = %serde_json::to_string(&summary).unwrap_or_default(), "invocation summary");
     summary
+}
+
+/// Say once per process that `Context.deadline` has already passed: an emulator sends such a
+/// deadline (`cargo lambda watch`: 600000 ms after the epoch, in 1970), and nothing can be
+/// claimed against it until `IRONFLOW_EMULATED_INVOCATION_SECS` gives emulated invocations a
+/// length. Lambda itself always sends a future deadline.
+fn past_deadline_once(deadline_ms: u64) {
+    static SAID: std::sync::Once = std::sync::Once::new();
+    SAID.call_once(|| {
+        warn!(
+            deadline_ms,
+            "Context.deadline has already passed (an emulator's constant deadline, as cargo \
+             lambda watch sends): nothing can be claimed; set IRONFLOW_EMULATED_INVOCATION_SECS \
+             to give emulated invocations a length"
+        );
+    });
 }
 
 /// Why the batch could not run at all, if it could not: nothing claimed, and the claim loop

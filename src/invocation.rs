@@ -205,6 +205,7 @@ async fn run_in_span(
             max_without_progress: s.max_handbacks_without_progress,
             stall_window: s.function_timeout.saturating_sub(s.deadline_margin) / 2,
         },
+        stuck: worker.stuck.clone(),
     };
     let claim_window_end = budget.cutoff().checked_sub(s.min_claim_budget);
     let log_pump_stop = CancellationToken::new();
@@ -726,8 +727,9 @@ async fn release_late_claim(
 /// The error kept for `claims` still unanswered at the cutoff.
 fn unanswered_claim(claims: usize, lease_ttl: Duration) -> String {
     let e = format!(
-        "{claims} claim(s) still unanswered at the cutoff, given up: a run the API gave one \
-         of them goes back to Pending when its lease expires ({} s)",
+        "{claims} claim(s) still unanswered at the cutoff, given up: the API accepted the \
+         connection but did not answer; a run the API gave one of them goes back to Pending \
+         when its lease expires ({} s)",
         lease_ttl.as_secs()
     );
     error!("{e}");

@@ -52,6 +52,7 @@ pub mod handback;
 pub mod handler;
 pub mod heartbeat;
 pub mod invocation;
+pub mod layers;
 pub mod lease;
 #[cfg(feature = "local")]
 pub mod local;

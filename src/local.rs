@@ -62,6 +62,7 @@ pub struct LocalApi {
     addr: SocketAddr,
     token: String,
     store: Arc<dyn Store>,
+    engine: Arc<Engine>,
     requests: Arc<AtomicU64>,
     routes: Arc<Mutex<BTreeMap<String, u64>>>,
     background: CancellationToken,
@@ -121,7 +122,13 @@ impl LocalApi {
             cookie_secure: false,
         });
         let (events, _) = broadcast::channel::<Event>(1024);
-        let mut state = AppState::new(store.clone(), engine, jwt, worker_token.to_string(), events);
+        let mut state = AppState::new(
+            store.clone(),
+            engine.clone(),
+            jwt,
+            worker_token.to_string(),
+            events,
+        );
         if let Some(blob) = blob {
             state = state.with_blob_store(blob);
         }
@@ -169,6 +176,7 @@ impl LocalApi {
             addr,
             token: worker_token.to_string(),
             store,
+            engine,
             requests,
             routes,
             background,
@@ -189,6 +197,15 @@ impl LocalApi {
     /// The API's own store, to inspect runs and steps directly.
     pub fn store(&self) -> &Arc<dyn Store> {
         &self.store
+    }
+
+    /// Run one pass of the API's lease reaper now (its own runs every 60 s): runs whose lease
+    /// expired go back to Pending with their running steps interrupted, or are failed once
+    /// their lease expired more times than their `max_retries`.
+    pub async fn reap(&self) {
+        ironflow_api::reaper::Reaper::new(self.store.clone(), self.engine.clone())
+            .tick()
+            .await;
     }
 
     /// HTTP requests the API has received so far.

@@ -11,7 +11,10 @@
 //! |---|---|---|
 //! | `RunsClaimed` | Count | function |
 //! | `RunsCompleted`, `RunsSuspended`, `RunsFailed`, `RunsTimedOut`, `RunsPanicked`, `RunsCancelled`, `RunsHandedBack`, `RunsReleased`, `LeasesLost`, `PoisonPillSkips` | Count | function, workflow |
-//! | `ApiErrors` | Count | function |
+//! | `ApiErrors` | Count | function, route, kind (`connect`, `transport`, `timeout`, `server`, `unauthorized`, `throttled`; `failed` for log pushes) |
+//! | `LeaseRecoveries` | Count | function |
+//! | `RunsLeftToReaper` | Count | function |
+//! | `StuckExecutions` | Count | function |
 //! | `LogLinesDropped` | Count | function |
 //! | `PoisonTableErrors` | Count | function |
 //! | `TimeLeftAtExit` | Milliseconds | function |
@@ -29,8 +32,18 @@ use crate::invocation::InvocationSummary;
 
 /// `RunsClaimed`: runs claimed by an invocation.
 pub const RUNS_CLAIMED: &str = "RunsClaimed";
-/// `ApiErrors`: failed calls to the ironflow API that concern the batch (claims, log pushes).
+/// `ApiErrors`: infrastructure faults of calls to the ironflow API (each attempt that met one,
+/// most retried and overcome), per route and kind; and failed log pushes.
 pub const API_ERRORS: &str = "ApiErrors";
+/// `LeaseRecoveries`: claimed runs the API's reaper had taken back since this function last saw
+/// them (an invocation that died or could not hand them back, an outage longer than the TTL).
+pub const LEASE_RECOVERIES: &str = "LeaseRecoveries";
+/// `RunsLeftToReaper`: runs an invocation could not hand back, release or record, left Running
+/// for the API's reaper.
+pub const RUNS_LEFT_TO_REAPER: &str = "RunsLeftToReaper";
+/// `StuckExecutions`: executions that did not stop when told to (workflow code blocking its
+/// thread).
+pub const STUCK_EXECUTIONS: &str = "StuckExecutions";
 /// `LogLinesDropped`: step log lines the API did not receive.
 pub const LOG_LINES_DROPPED: &str = "LogLinesDropped";
 /// `PoisonTableErrors`: poison-pill table calls that failed (each failed open: the run
@@ -66,7 +79,18 @@ pub fn install(namespace: &str, function: &str) -> Option<&'static Collector> {
     match collector {
         Ok(collector) => {
             describe_counter!(RUNS_CLAIMED, Unit::Count, "runs claimed");
-            describe_counter!(API_ERRORS, Unit::Count, "failed API calls");
+            describe_counter!(API_ERRORS, Unit::Count, "API faults");
+            describe_counter!(
+                LEASE_RECOVERIES,
+                Unit::Count,
+                "lease recoveries seen at claim"
+            );
+            describe_counter!(RUNS_LEFT_TO_REAPER, Unit::Count, "runs left to the reaper");
+            describe_counter!(
+                STUCK_EXECUTIONS,
+                Unit::Count,
+                "executions that did not stop"
+            );
             describe_counter!(LOG_LINES_DROPPED, Unit::Count, "step log lines lost");
             describe_counter!(
                 POISON_TABLE_ERRORS,
@@ -90,7 +114,19 @@ pub fn record(summary: &InvocationSummary) {
     for run in &summary.runs {
         counter!(outcome_metric(run.outcome), "workflow" => run.workflow.clone()).increment(1);
     }
-    counter!(API_ERRORS).increment((summary.errors.len() + summary.logs.failed_calls) as u64);
+    for fault in &summary.api_errors {
+        counter!(API_ERRORS, "route" => fault.route, "kind" => fault.kind.as_str())
+            .increment(u64::from(fault.count));
+    }
+    if summary.logs.failed_calls > 0 {
+        counter!(API_ERRORS, "route" => "POST /runs/{id}/logs", "kind" => "failed")
+            .increment(summary.logs.failed_calls as u64);
+    }
+    counter!(LEASE_RECOVERIES).increment(u64::from(summary.lease_recoveries));
+    let left = summary.runs.iter().filter(|r| r.left_to_reaper).count();
+    counter!(RUNS_LEFT_TO_REAPER).increment(left as u64);
+    let stuck = summary.runs.iter().filter(|r| r.stuck).count();
+    counter!(STUCK_EXECUTIONS).increment(stuck as u64);
     counter!(LOG_LINES_DROPPED).increment(summary.logs.dropped as u64);
     counter!(POISON_TABLE_ERRORS).increment(u64::from(summary.poison_table_errors));
     gauge!(TIME_LEFT_AT_EXIT).set(summary.time_left_ms as f64);

@@ -12,13 +12,15 @@
 //! What cannot be guaranteed: a step that never yields cannot be cancelled. At the cutoff its
 //! run is handed back all the same (its store calls are fenced first: nothing it sends later
 //! reaches the API), the summary names it (`stuck`), and its thread goes on until the step
-//! returns. The deployable function ends its process once the response is out
-//! ([`crate::handler::exit_if_stuck`]), so that the step cannot carry on when Lambda thaws the
-//! instance for its next event.
+//! returns ([`StuckExecutions`]). The deployable function ends its process once the response is
+//! out ([`crate::layers`]), so that the step cannot carry on when Lambda thaws the instance for
+//! its next event.
 
 use std::io;
+use std::sync::Mutex;
 
 use tokio::runtime::{Builder, Handle, Runtime};
+use tokio::task::AbortHandle;
 use tokio_util::task::AbortOnDropHandle;
 
 /// Worker threads of the execution runtime for `concurrency` runs at once: one more.
@@ -70,6 +72,33 @@ impl Drop for ExecutionRuntime {
     }
 }
 
+/// Executions that were aborted but had not ended after the stop grace: workflow code blocks
+/// their thread. Each is counted until that code yields and the task ends.
+#[derive(Debug, Default)]
+pub struct StuckExecutions {
+    tasks: Mutex<Vec<AbortHandle>>,
+}
+
+impl StuckExecutions {
+    /// Count the aborted task of `handle` until it ends.
+    pub fn add(&self, handle: AbortHandle) {
+        self.lock().push(handle);
+    }
+
+    /// Executions still stuck now.
+    pub fn count(&self) -> usize {
+        let mut tasks = self.lock();
+        tasks.retain(|t| !t.is_finished());
+        tasks.len()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<AbortHandle>> {
+        self.tasks
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::time::Duration;
@@ -88,5 +117,25 @@ mod tests {
         tokio::time::sleep(Duration::from_millis(10)).await;
         assert_eq!(other.await.unwrap(), 2, "the spare thread ran it");
         assert_eq!(blocked.await.unwrap(), 1);
+    }
+
+    #[tokio::test]
+    async fn a_stuck_execution_is_counted_until_it_yields() {
+        let runtime = ExecutionRuntime::new(2).unwrap();
+        let (go, wait) = std::sync::mpsc::channel::<()>();
+        let task = runtime.spawn(async move {
+            // Blocks its thread until told, then yields.
+            let _ = wait.recv();
+            tokio::task::yield_now().await;
+        });
+        task.abort();
+        let stuck = StuckExecutions::default();
+        stuck.add(task.abort_handle());
+        drop(task);
+        assert_eq!(stuck.count(), 1);
+        go.send(()).unwrap();
+        while stuck.count() > 0 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
     }
 }

@@ -1,6 +1,8 @@
 //! The worker token read from Secrets Manager at cold start, against moto's Secrets Manager
 //! (started by `./scripts/test`, URL in `IRONFLOW_TEST_MOTO_ENDPOINT`) with the real SDK.
 
+mod common;
+
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -215,5 +217,57 @@ async fn a_secrets_manager_that_never_answers_fails_the_cold_start_naming_the_se
     assert!(
         reason.contains("timeout") || reason.contains("timed out"),
         "{reason}"
+    );
+}
+
+/// A token rotated in Secrets Manager (and on the API) while the instance is warm: the first call
+/// the API refuses re-reads the secret and goes out again with the new token.
+#[tokio::test]
+async fn a_token_rotated_while_the_instance_is_warm_is_read_again_when_the_api_refuses_it() {
+    let h = common::Harness::start().await;
+    let aws = moto_config().await;
+    let arn = create_secret(&aws, Some("the-token-before-rotation"), None).await;
+    let url = h.api.url();
+    let worker = LambdaWorkerBuilder::from_lookup_and_secrets(
+        lookup(&[
+            ("IRONFLOW_API_URL", url.as_str()),
+            (WORKER_TOKEN_SECRET_ARN_VAR, &arn),
+        ]),
+        &aws,
+    )
+    .await
+    .unwrap()
+    .provider(Arc::new(ClaudeCodeProvider::new()))
+    .register(common::ShellWorkflow::one("quick", "true"))
+    .deadline_margin(std::time::Duration::from_millis(500))
+    .build()
+    .unwrap();
+    // The rotation: the secret now holds the token the API accepts.
+    aws_sdk_secretsmanager::Client::new(&aws)
+        .put_secret_value()
+        .secret_id(&arn)
+        .secret_string(h.api.token())
+        .send()
+        .await
+        .unwrap();
+    let id = h.create("quick", 0).await;
+
+    let summary = h.invoke(&worker, std::time::Duration::from_secs(30)).await;
+
+    assert_eq!(
+        summary.count(ironflow_lambda::execution::Outcome::Completed),
+        1,
+        "{summary:?}"
+    );
+    assert_eq!(
+        h.status(id).await,
+        ironflow_store::entities::RunStatus::Completed
+    );
+    assert!(
+        summary
+            .api_errors
+            .iter()
+            .any(|e| e.kind == ironflow_lambda::store::fault::FaultKind::Unauthorized),
+        "{summary:?}"
     );
 }

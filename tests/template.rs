@@ -275,7 +275,12 @@ fn wake_ups_report_partial_batch_failures_with_bounded_concurrency() {
         ("11", "1", true),
         ("10000", "300", true),
     ] {
-        let params = BTreeMap::from([("WakeBatchSize", size), ("WakeBatchingWindowSecs", window)]);
+        let params = BTreeMap::from([
+            ("WakeBatchSize", size),
+            ("WakeBatchingWindowSecs", window),
+            ("IronflowApiUrl", "https://ironflow.example.com"),
+            ("InsecureIronflowApiUrl", ""),
+        ]);
         assert_eq!(
             rules_accept(&t, &params),
             accepted,
@@ -340,6 +345,55 @@ fn rules_accept(t: &Value, params: &BTreeMap<&str, &str>) -> bool {
 }
 
 #[test]
+fn the_api_url_is_https_unless_the_plain_http_one_is_named() {
+    let t = template();
+    let pattern = |name: &str| {
+        t["Parameters"][name]["AllowedPattern"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
+    assert!(pattern("IronflowApiUrl").contains("https://"));
+    assert!(!pattern("IronflowApiUrl").contains("https?"));
+    assert!(pattern("InsecureIronflowApiUrl").contains("http://"));
+    for (secure, insecure, accepted) in [
+        ("https://ironflow.example.com", "", true),
+        ("", "http://10.0.0.5:3000", true),
+        ("", "", false),
+        (
+            "https://ironflow.example.com",
+            "http://10.0.0.5:3000",
+            false,
+        ),
+    ] {
+        let params = BTreeMap::from([
+            ("WakeBatchSize", "10"),
+            ("WakeBatchingWindowSecs", "5"),
+            ("IronflowApiUrl", secure),
+            ("InsecureIronflowApiUrl", insecure),
+        ]);
+        assert_eq!(
+            rules_accept(&t, &params),
+            accepted,
+            "{secure:?} / {insecure:?}"
+        );
+    }
+    let env = &function(&t)["Environment"]["Variables"];
+    assert_eq!(
+        env["IRONFLOW_API_URL"],
+        json!({"Fn::If": ["HasInsecureApiUrl", {"Ref": "InsecureIronflowApiUrl"}, {"Ref": "IronflowApiUrl"}]})
+    );
+    assert_eq!(
+        env["IRONFLOW_ALLOW_INSECURE_HTTP"],
+        json!({"Fn::If": ["HasInsecureApiUrl", "true", "false"]})
+    );
+    assert_eq!(
+        t["Conditions"]["HasInsecureApiUrl"],
+        json!({"Fn::Not": [{"Fn::Equals": [{"Ref": "InsecureIronflowApiUrl"}, ""]}]})
+    );
+}
+
+#[test]
 fn failed_wake_ups_end_in_an_encrypted_dead_letter_queue() {
     let t = template();
     let wake = &resource(&t, "WakeQueue")["Properties"];
@@ -393,6 +447,7 @@ fn the_environment_is_what_the_worker_reads_and_holds_no_token() {
     let expected: BTreeSet<&str> = [
         "RUST_LOG",
         "IRONFLOW_API_URL",
+        "IRONFLOW_ALLOW_INSECURE_HTTP",
         ironflow_lambda::secrets::WORKER_TOKEN_SECRET_ARN_VAR,
         "IRONFLOW_WORKER_TAGS",
         "IRONFLOW_FUNCTION_TIMEOUT_SECS",
@@ -724,10 +779,15 @@ fn alarms_watch_the_dead_letter_queue_the_wake_queue_errors_and_throttles() {
         if r["Type"] == "AWS::CloudWatch::Alarm" {
             let p = &r["Properties"];
             let dimension = &p["Dimensions"][0]["Value"];
-            let key = (
-                p["Namespace"].as_str().unwrap().to_string(),
-                p["MetricName"].as_str().unwrap().to_string(),
-            );
+            // The worker's own metrics are in the namespace the MetricsNamespace parameter sets.
+            let namespace = match &p["Namespace"] {
+                Value::String(ns) => ns.clone(),
+                other => {
+                    assert_eq!(other, &json!({"Ref": "MetricsNamespace"}));
+                    "worker".to_string()
+                }
+            };
+            let key = (namespace, p["MetricName"].as_str().unwrap().to_string());
             watched.insert(key.clone(), dimension.clone());
             thresholds.insert(key, p["Threshold"].clone());
             assert_eq!(p["ComparisonOperator"], "GreaterThanThreshold");
@@ -763,6 +823,11 @@ fn alarms_watch_the_dead_letter_queue_the_wake_queue_errors_and_throttles() {
     );
     assert_eq!(
         watched[&key("AWS/Lambda", "Throttles")],
+        json!({"Ref": "WorkerFunction"})
+    );
+    // Runs the API's reaper took back: invocations that died or could not hand them back.
+    assert_eq!(
+        watched[&key("worker", ironflow_lambda::metrics::LEASE_RECOVERIES)],
         json!({"Ref": "WorkerFunction"})
     );
 }

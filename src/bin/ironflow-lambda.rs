@@ -7,9 +7,11 @@ use std::sync::Arc;
 
 use ironflow_core::providers::claude::ClaudeCodeProvider;
 use ironflow_lambda::builder::{BuildError, LambdaWorker, LambdaWorkerBuilder};
+use ironflow_lambda::layers::ExitWhenStuckLayer;
 use ironflow_lambda::wake::Waker;
 use ironflow_lambda::{handler, logging, metrics, orphans, workflows};
-use lambda_runtime::{LambdaEvent, service_fn};
+use lambda_runtime::layers::TracingLayer;
+use lambda_runtime::{LambdaEvent, Runtime, service_fn};
 use serde_json::Value;
 
 const USAGE: &str =
@@ -19,7 +21,11 @@ To run the sample workflows locally without Lambda: cargo run --bin ironflow-lam
 
 /// Every error is logged as one JSON line (never the token) and the process exits 1, which
 /// Lambda reports as an init or runtime failure; nothing else is printed.
-#[tokio::main]
+///
+/// The runtime loop, the claims, lease refreshers and handbacks run on this single-threaded
+/// runtime; the worker executes the runs on a runtime of its own (`ironflow_lambda::runtime`),
+/// so that workflow code blocking its threads cannot stop them.
+#[tokio::main(flavor = "current_thread")]
 async fn main() -> ExitCode {
     if std::env::args()
         .nth(1)
@@ -49,23 +55,24 @@ async fn main() -> ExitCode {
         tracing::error!(error = %e, "not under a Lambda runtime");
         return ExitCode::FAILURE;
     }
-    // The runtime loop itself runs in a task on the worker threads, beside the runs its
-    // invocations execute (see `in_worker_task`).
-    let runtime = handler::in_worker_task(lambda_runtime::run(service_fn(
-        move |event: LambdaEvent<Value>| {
-            let worker = worker.clone();
-            async move {
-                let response = handler::handle(&worker, event).await;
-                // The metrics document goes out before the response: the process may be
-                // frozen right after it.
-                if let Some(collector) = collector {
-                    metrics::flush(collector, std::io::stdout().lock());
-                }
-                response
+    let exit_when_stuck = ExitWhenStuckLayer::new(worker.clone());
+    let handler = service_fn(move |event: LambdaEvent<Value>| {
+        let worker = worker.clone();
+        async move {
+            let response = handler::handle(&worker, event).await;
+            // The metrics document goes out before the response: the process may be
+            // frozen right after it.
+            if let Some(collector) = collector {
+                metrics::flush(collector, std::io::stdout().lock());
             }
-        },
-    )))
-    .await;
+            response
+        }
+    });
+    let runtime = Runtime::new(handler)
+        .layer(TracingLayer::new())
+        .layer(exit_when_stuck)
+        .run()
+        .await;
     match runtime {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

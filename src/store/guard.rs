@@ -94,6 +94,8 @@ struct Attempts<'a> {
     backoff: Duration,
     /// Whether attempts are dropped at the per-attempt limit.
     attempt_limit: bool,
+    /// Whether an attempt leaves a quarter of the time left for a read-back (writes).
+    leave_for_read_back: bool,
 }
 
 impl<'a> Attempts<'a> {
@@ -106,6 +108,7 @@ impl<'a> Attempts<'a> {
             made: 0,
             backoff: FIRST_BACKOFF,
             attempt_limit: true,
+            leave_for_read_back: false,
         }
     }
 
@@ -126,11 +129,15 @@ impl<'a> Attempts<'a> {
             .min(MAX_ATTEMPT_TIMEOUT);
         self.made += 1;
         self.generation = self.credentials.map_or(0, Credentials::generation);
-        let bound = if self.attempt_limit {
+        let mut bound = if self.attempt_limit {
             end.min(later(start, limit))
         } else {
             end
         };
+        if self.leave_for_read_back {
+            // A write that meets a fault is read back before anything else: keep time for it.
+            bound = bound.min(later(start, (end - start).mul_f64(0.75)));
+        }
         let fault = match timeout_at(bound, call).await {
             Ok(Ok(answer)) => return Some(Ok(Ok(answer))),
             Ok(Err(e)) => match classify(self.route, &e) {
@@ -280,6 +287,7 @@ where
     CFut: Future<Output = ReadBack<T>>,
 {
     let mut a = Attempts::new(route, credentials);
+    a.leave_for_read_back = true;
     loop {
         if a.scope.is_fenced() {
             return a.held_back().await;
@@ -297,8 +305,15 @@ where
             }
             continue;
         }
+        // The first read-back goes out at once (it is a request of its own); later ones back
+        // off.
+        let mut first = true;
         loop {
-            if !a.pause(&fault).await {
+            if !first && !a.pause(&fault).await {
+                return a.give_up(Some(fault)).await;
+            }
+            first = false;
+            if Instant::now() >= a.scope.end() {
                 return a.give_up(Some(fault)).await;
             }
             if a.scope.is_fenced() {

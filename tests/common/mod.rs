@@ -2,6 +2,8 @@
 //! builder with test-sized settings, and invocations driven through the Lambda handler.
 #![allow(dead_code)]
 
+pub mod fault_proxy;
+
 use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
