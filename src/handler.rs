@@ -282,21 +282,12 @@ pub fn could_not_run(summary: &InvocationSummary) -> Option<String> {
 }
 
 /// Run `future` in a task of its own on the runtime's worker threads, and return its output.
-/// The deployed function runs its whole Lambda runtime loop (`lambda_runtime::run`, which
-/// awaits [`handle`] for each event) in it; `ironflow-lambda-bench` awaits its invocations
-/// from it likewise.
-///
-/// `#[tokio::main]` awaits its body in `block_on`, on the main thread, outside the worker
-/// threads that execute the runs. A claim loop awaited there hops to another thread at every
-/// wake-up (a run finished, a slot is free, a claim answered), on the critical path of each
-/// claim; spawning each invocation instead still costs two hops per invocation, its spawn and
-/// the runtime loop's wake-up when it ends, between one invocation's last run and the next
-/// one's first claim. With the runtime loop in this task, the loop, its invocations and their
-/// runs share the worker threads. (`ironflow-lambda-bench`, no-op runs at C = 2, N = 8, its
-/// own loop standing in for `lambda_runtime`'s: 300 runs took 0.161 s with the claim loop on
-/// the main thread, 0.123 s with each invocation spawned; with the whole loop spawned, the
-/// time from an invocation's end to the next one's start fell from about 110 µs to about
-/// 40 µs, and 500 runs from 0.167 s to 0.158 s.)
+/// `ironflow-lambda-bench` awaits its invocations from it: under `#[tokio::main]` (a
+/// multi-thread runtime) a future awaited in `block_on` runs on the main thread, outside the
+/// worker threads, and every wake-up of a claim loop awaited there (a run finished, a slot is
+/// free, a claim answered) hops to another thread. (The deployable function runs its Lambda
+/// runtime loop on a single-threaded runtime instead, where `block_on` is that thread; the runs
+/// execute on the worker's own runtime either way, see [`crate::runtime`].)
 ///
 /// Same output as awaiting `future` directly: a panic in it is resumed here. Dropping this
 /// future aborts the task at its next await; what the task spawned is its own to stop (an

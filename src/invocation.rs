@@ -221,6 +221,7 @@ async fn run_in_span(
         s.poison,
         worker.poison_mode,
         last_write,
+        &worker_id,
     );
     let slots = Arc::new(Semaphore::new(s.concurrency));
     let mut executions = JoinSet::new();

@@ -7,13 +7,15 @@
 //! invocation to resume by replay.
 //!
 //! Build a [`builder::LambdaWorker`] once per cold start and hand each event to
-//! [`handler::handle`]:
+//! [`handler::handle`], as the deployable function does (`src/bin/ironflow-lambda.rs`):
 //!
 //! ```no_run
 //! use std::sync::Arc;
 //! use ironflow_core::providers::claude::ClaudeCodeProvider;
 //! use ironflow_lambda::builder::LambdaWorkerBuilder;
-//! use lambda_runtime::{service_fn, LambdaEvent};
+//! use ironflow_lambda::layers::ExitWhenStuckLayer;
+//! use lambda_runtime::layers::TracingLayer;
+//! use lambda_runtime::{LambdaEvent, Runtime, service_fn};
 //!
 //! # async fn example() -> Result<(), lambda_runtime::Error> {
 //! let worker = Arc::new(
@@ -22,21 +24,28 @@
 //!         .register(ironflow_lambda::workflows::QuickShell)
 //!         .build()?,
 //! );
-//! // The runtime loop in a task on the worker threads, beside the runs (see
-//! // `handler::in_worker_task`).
-//! ironflow_lambda::handler::in_worker_task(lambda_runtime::run(service_fn(
-//!     move |event: LambdaEvent<serde_json::Value>| {
+//! let handler = {
+//!     let worker = worker.clone();
+//!     service_fn(move |event: LambdaEvent<serde_json::Value>| {
 //!         let worker = worker.clone();
 //!         async move { ironflow_lambda::handler::handle(&worker, event).await }
-//!     },
-//! )))
-//! .await
+//!     })
+//! };
+//! // Runs execute on the worker's own runtime; this loop, the claims and the leases on the
+//! // caller's (`#[tokio::main(flavor = "current_thread")]` in the deployable function).
+//! Runtime::new(handler)
+//!     .layer(TracingLayer::new())
+//!     .layer(ExitWhenStuckLayer::new(worker))
+//!     .run()
+//!     .await
 //! # }
 //! ```
 //!
 //! Modules, in the order of one invocation: [`config`], [`secrets`] and [`builder`] (cold start),
 //! [`handler`] and [`trigger`] (event in), [`deadline`] and [`invocation`] (the batch),
-//! [`execution`], [`store`], [`lease`] and [`handback`] (one run), [`poison`] (the poison-pill table),
+//! [`execution`], [`runtime`], [`store`], [`calls`], [`lease`] and [`handback`] (one run),
+//! [`credentials`] (the token), [`poison`] (the poison-pill table), [`layers`] (after the
+//! response),
 //! [`orphans`] (no process outlives the invocation), [`pool`] (stale connections after a
 //! freeze), [`wake`] and [`api`] (wake-ups after the batch).
 

@@ -208,6 +208,18 @@ impl LocalApi {
             .await;
     }
 
+    /// Run the API's lease reaper every `interval` (its own runs every 60 s), until the
+    /// returned handle is dropped.
+    pub fn start_reaper(
+        &self,
+        interval: std::time::Duration,
+    ) -> tokio_util::task::AbortOnDropHandle<()> {
+        let reaper = ironflow_api::reaper::Reaper::new(self.store.clone(), self.engine.clone())
+            .interval(interval);
+        let stop = self.background.child_token();
+        tokio_util::task::AbortOnDropHandle::new(tokio::spawn(reaper.run(stop)))
+    }
+
     /// HTTP requests the API has received so far.
     pub fn requests(&self) -> u64 {
         self.requests.load(Ordering::SeqCst)

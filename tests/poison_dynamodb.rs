@@ -875,7 +875,8 @@ async fn a_run_recovered_from_a_dead_invocation_counts_as_a_failure() {
     assert_eq!(num(&item, CONSECUTIVE_FAILURES), 1);
     assert_eq!(
         item[LAST_FAILURE_ID].as_s().unwrap(),
-        &format!("{victim}/lease-recovery/1")
+        &format!("lease-recovery/{}", s.worker_id),
+        "one failure per claiming invocation"
     );
     let seen = raw_item(&ep, &name, &run_key("fn", victim)).await.unwrap();
     assert_eq!(num(&seen, LEASE_RECOVERIES_SEEN), 1);

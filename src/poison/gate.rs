@@ -40,6 +40,8 @@ pub struct PoisonGate {
     lease_recoveries: u32,
     /// No table call past this (the invocation's last write).
     until: Instant,
+    /// The invocation's worker id: the failure id of the lease recoveries it sees.
+    invocation: String,
 }
 
 impl PoisonGate {
@@ -51,6 +53,7 @@ impl PoisonGate {
         policy: PoisonPolicy,
         mode: PoisonMode,
         until: Instant,
+        invocation: &str,
     ) -> Self {
         Self {
             table,
@@ -60,6 +63,7 @@ impl PoisonGate {
             errors: 0,
             lease_recoveries: 0,
             until,
+            invocation: invocation.to_string(),
         }
     }
 
@@ -200,7 +204,8 @@ impl PoisonGate {
 
     /// Count a finished run's outcome: failures increment; a success resets, as does a run
     /// suspended by its handler (it ran without failing, as the reference worker counts any
-    /// handler that returned). A run this invocation left to the API's reaper is noted as
+    /// handler that returned) or handed back cleanly at the cutoff (it executed without
+    /// failing, for as long as the invocation lasted). A run this invocation left to the API's reaper is noted as
     /// expected to come back with one more lease recovery, which then does not count as a dead
     /// invocation: the invocation returned, only its write to the API failed.
     pub async fn record(&mut self, report: &RunReport) {
@@ -216,7 +221,8 @@ impl PoisonGate {
         if report.outcome.is_workflow_failure() {
             let failure_id = format!("{}/{}", report.run_id, report.retry_count);
             self.record_failure(workflow, &failure_id).await;
-        } else if matches!(report.outcome, Outcome::Completed | Outcome::Suspended)
+        } else if (matches!(report.outcome, Outcome::Completed | Outcome::Suspended)
+            || (report.outcome == Outcome::HandedBack && report.error.is_none()))
             && self.counter(workflow).await.is_some()
         {
             if !self.table_usable() {
@@ -290,8 +296,10 @@ impl PoisonGate {
     /// Called with every claimed run, before [`PoisonGate::blocked_reason`]: a run whose
     /// `lease_recoveries` is above what this function last saw for it was held by an
     /// invocation that died (function timeout, out of memory) before handing it back, and
-    /// that counts as one failure of its workflow (id `<run id>/lease-recovery/<n>`). A run
-    /// never recovered costs nothing.
+    /// that counts as one failure of its workflow, once per claiming invocation (id
+    /// `lease-recovery/<this invocation's worker id>`): the runs one dead invocation held come
+    /// back together, and count as one death, not one per run. A run never recovered costs
+    /// nothing.
     pub async fn on_claim(&mut self, run: &Run) {
         let recoveries = run.lease_recoveries;
         if recoveries == 0 || !self.table_usable() {
@@ -310,7 +318,7 @@ impl PoisonGate {
                     "run recovered after its lease expired: the invocation that held it died; \
                      counting a failure of its workflow"
                 );
-                let failure_id = format!("{}/lease-recovery/{recoveries}", run.id);
+                let failure_id = format!("lease-recovery/{}", self.invocation);
                 self.record_failure(workflow, &failure_id).await;
             }
             Ok(false) => {}
@@ -407,12 +415,12 @@ mod tests {
         }
         let registered =
             WorkerCapabilities::new(Some(vec!["bad".into(), "good".into()]), vec!["gpu".into()]);
-        let mut gate = PoisonGate::new(table.clone(), policy(), PoisonMode::Defer, later());
+        let mut gate = PoisonGate::new(table.clone(), policy(), PoisonMode::Defer, later(), "w");
         let caps = gate.capabilities_for_claim(&registered).await;
         assert_eq!(caps.workflows, Some(vec!["good".to_string()]));
         assert_eq!(caps.tags, vec!["gpu".to_string()]);
 
-        let mut gate = PoisonGate::new(table, policy(), PoisonMode::Fail, later());
+        let mut gate = PoisonGate::new(table, policy(), PoisonMode::Fail, later(), "w");
         assert_eq!(gate.capabilities_for_claim(&registered).await, registered);
     }
 
@@ -420,7 +428,7 @@ mod tests {
     async fn a_failure_in_the_invocation_blocks_the_next_claim_in_defer_mode() {
         let table = Arc::new(MemoryPoisonTable::new(policy()));
         let registered = WorkerCapabilities::new(Some(vec!["wf".into()]), vec![]);
-        let mut gate = PoisonGate::new(table, policy(), PoisonMode::Defer, later());
+        let mut gate = PoisonGate::new(table, policy(), PoisonMode::Defer, later(), "w");
         assert_eq!(
             gate.capabilities_for_claim(&registered).await.workflows,
             Some(vec!["wf".to_string()])
@@ -438,7 +446,7 @@ mod tests {
     async fn a_suspended_run_ends_a_failure_streak_as_a_completed_one_does() {
         for ending in [Outcome::Completed, Outcome::Suspended] {
             let table = Arc::new(MemoryPoisonTable::new(policy()));
-            let mut gate = PoisonGate::new(table, policy(), PoisonMode::Fail, later());
+            let mut gate = PoisonGate::new(table, policy(), PoisonMode::Fail, later(), "w");
             gate.record(&report("wf", Outcome::Failed)).await;
             gate.record(&report("wf", ending)).await;
             gate.record(&report("wf", Outcome::Failed)).await;
@@ -447,9 +455,32 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn the_runs_of_one_dead_invocation_count_once_and_a_clean_handback_resets() {
+        let table = Arc::new(MemoryPoisonTable::new(policy()));
+        let mut gate = PoisonGate::new(table.clone(), policy(), PoisonMode::Fail, later(), "inv-1");
+        gate.record_failure("wf", "lease-recovery/inv-1").await;
+        gate.record_failure("wf", "lease-recovery/inv-1").await;
+        assert_eq!(
+            gate.blocked_reason("wf").await,
+            None,
+            "one death, threshold 2"
+        );
+        gate.record_failure("wf", "lease-recovery/inv-2").await;
+        assert!(gate.blocked_reason("wf").await.is_some());
+
+        let mut gate = PoisonGate::new(table, policy(), PoisonMode::Fail, later(), "inv-3");
+        gate.record(&report("wf", Outcome::HandedBack)).await;
+        assert_eq!(
+            gate.blocked_reason("wf").await,
+            None,
+            "reset by a clean handback"
+        );
+    }
+
+    #[tokio::test]
     async fn table_errors_fail_open_and_stop_after_the_limit() {
         let table = Arc::new(Broken::default());
-        let mut gate = PoisonGate::new(table.clone(), policy(), PoisonMode::Fail, later());
+        let mut gate = PoisonGate::new(table.clone(), policy(), PoisonMode::Fail, later(), "w");
         assert_eq!(gate.blocked_reason("a").await, None);
         // Cached: the same workflow is not read again.
         assert_eq!(gate.blocked_reason("a").await, None);

@@ -250,12 +250,13 @@ where
     let mut a = Attempts::new(route, credentials);
     a.attempt_limit = retries.attempt_limit;
     let attempts = retries.attempts;
+    let mut last = None;
     loop {
         if a.scope.is_fenced() {
             return a.held_back().await;
         }
         let fault = match a.attempt(call()).await {
-            None => return a.give_up(None).await,
+            None => return a.give_up(last).await,
             Some(Err(refused)) => return Err(refused),
             Some(Ok(Ok(answer))) => return Ok(answer),
             Some(Ok(Err(fault))) => fault,
@@ -263,6 +264,7 @@ where
         if attempts.is_some_and(|max| a.made >= max) || !a.pause(&fault).await {
             return a.give_up(Some(fault)).await;
         }
+        last = Some(fault);
     }
 }
 
@@ -288,12 +290,13 @@ where
 {
     let mut a = Attempts::new(route, credentials);
     a.leave_for_read_back = true;
+    let mut last = None;
     loop {
         if a.scope.is_fenced() {
             return a.held_back().await;
         }
         let fault = match a.attempt(call()).await {
-            None => return a.give_up(None).await,
+            None => return a.give_up(last).await,
             Some(Err(refused)) => return Err(refused),
             Some(Ok(Ok(answer))) => return Ok(answer),
             Some(Ok(Err(fault))) => fault,
@@ -303,6 +306,7 @@ where
             if !a.pause(&fault).await {
                 return a.give_up(Some(fault)).await;
             }
+            last = Some(fault);
             continue;
         }
         // The first read-back goes out at once (it is a request of its own); later ones back
@@ -325,7 +329,10 @@ where
                 .min(later(Instant::now(), MAX_ATTEMPT_TIMEOUT));
             match timeout_at(end, check()).await {
                 Ok(ReadBack::Applied(answer)) => return Ok(answer),
-                Ok(ReadBack::Resend) => break,
+                Ok(ReadBack::Resend) => {
+                    last = Some(fault);
+                    break;
+                }
                 Ok(ReadBack::RunLeft { status, held_by }) => {
                     return a.run_left(status, held_by).await;
                 }
@@ -354,12 +361,13 @@ where
     Fut: Future<Output = Result<T, StoreError>>,
 {
     let mut a = Attempts::new(route, credentials);
+    let mut last = None;
     loop {
         if a.scope.is_fenced() {
             return a.held_back().await;
         }
         let fault = match a.attempt(call()).await {
-            None => return a.give_up(None).await,
+            None => return a.give_up(last).await,
             Some(Err(refused)) => return Err(refused),
             Some(Ok(Ok(answer))) => return Ok(answer),
             Some(Ok(Err(fault))) => fault,
@@ -371,6 +379,7 @@ where
             }
             return a.give_up(Some(fault)).await;
         }
+        last = Some(fault);
     }
 }
 

@@ -223,6 +223,12 @@ impl FaultProxy {
         self.control().black_holes.push(route.to_string());
     }
 
+    /// No more black holes; the requests they hold are reset.
+    pub fn lift_black_holes(&self) {
+        self.control().black_holes.clear();
+        self.release.send_modify(|n| *n += 1);
+    }
+
     /// No more black holes, no random faults, no queued fault; held requests are reset.
     pub fn restore(&self) {
         {
