@@ -35,7 +35,7 @@
 //!   lease found lost meanwhile abandons it unexecuted;
 //! - if no slot frees before the claim window closes (`IRONFLOW_MIN_CLAIM_BUDGET_MS` before
 //!   the cutoff, so it never starts with less time than a claim would have), it is written
-//!   back to Pending without executing ([`crate::execution::Outcome::Released`]), after
+//!   back to Pending without executing ([`crate::report::Outcome::Released`]), after
 //!   confirming its lease as a handback does; it does not count as a handback, and the
 //!   wake-up after the batch brings the next invocation to it;
 //! - a failed, timed-out or panicked run, or a release, clears the run history, and a run
@@ -45,7 +45,7 @@
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
-use crate::execution::Outcome;
+use crate::report::Outcome;
 
 /// No history: a cold start, or a failure since the last completed run.
 const UNKNOWN: u64 = u64::MAX;
@@ -159,6 +159,7 @@ impl RunPace {
 
     /// The moving averages of run execution times and claim round trips; `None` without
     /// history.
+    #[cfg(test)]
     pub fn averages(&self) -> (Option<Duration>, Option<Duration>) {
         (self.run.get(), self.claim.get())
     }

@@ -36,6 +36,7 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use crate::poison::{DEFAULT_COOLDOWN, DEFAULT_THRESHOLD, PoisonMode, PoisonPolicy};
+pub use crate::secrets::{WORKER_TOKEN_SECRET_ARN_VAR, WORKER_TOKEN_VAR};
 
 /// Default runs claimed per invocation (N).
 pub const DEFAULT_MAX_RUNS_PER_INVOCATION: usize = 8;
@@ -244,6 +245,9 @@ pub struct Settings {
     /// `None` (the default): a past deadline claims nothing. Lambda always sends a future
     /// deadline, so this never applies there.
     pub emulated_invocation: Option<Duration>,
+    /// CloudWatch namespace of the EMF metrics (`IRONFLOW_METRICS_NAMESPACE`, default
+    /// `ironflow-lambda`).
+    pub metrics_namespace: String,
 }
 
 impl Settings {
@@ -275,6 +279,7 @@ impl Settings {
             max_capacity_wait: ironflow_engine::accounts::DEFAULT_MAX_CAPACITY_WAIT,
             heartbeat_url: None,
             emulated_invocation: None,
+            metrics_namespace: "ironflow-lambda".to_string(),
         }
     }
 
@@ -516,6 +521,9 @@ impl Settings {
             parse::<u64>(&get, "IRONFLOW_EMULATED_INVOCATION_SECS", positive, 1),
         ) {
             s.emulated_invocation = Some(Duration::from_secs(v));
+        }
+        if let Some(v) = get("IRONFLOW_METRICS_NAMESPACE") {
+            s.metrics_namespace = v;
         }
         match errors.len() {
             0 => Ok(s),

@@ -1,10 +1,12 @@
-//! Invocation deadline arithmetic: from `Context.deadline` (ms since the Unix epoch) to the
-//! cutoff this invocation works against.
+//! Deadline arithmetic: from `Context.deadline` (ms since the Unix epoch) to the cutoff this
+//! invocation works against ([`Budget`]), and until when a run's lease is valid
+//! ([`LeaseClock`]).
 //!
 //! Every conversion saturates: a deadline of `0`, one already past, or one absurdly far in the
 //! future never panics. A past deadline gives a cutoff that has already passed, so nothing is
 //! claimed.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use tokio::time::Instant;
@@ -88,6 +90,44 @@ impl Budget {
     }
 }
 
+/// Until when a lease is valid (see [`crate::lease`]): the send time of the request whose answer last confirmed it,
+/// plus the TTL. Shared by the refresher (which moves it forward), the execution's store calls
+/// and the run's supervisor (which stop at it).
+#[derive(Debug)]
+pub struct LeaseClock {
+    base: Instant,
+    /// Microseconds after `base`.
+    valid_until: AtomicU64,
+}
+
+impl LeaseClock {
+    /// A lease confirmed by a request sent at `sent` (the claim), valid for `ttl`.
+    pub fn new(sent: Instant, ttl: Duration) -> Self {
+        let clock = Self {
+            base: sent,
+            valid_until: AtomicU64::new(0),
+        };
+        clock.confirm(sent, ttl);
+        clock
+    }
+
+    /// When the lease stops being valid, as far as this worker knows.
+    pub fn valid_until(&self) -> Instant {
+        later(
+            self.base,
+            Duration::from_micros(self.valid_until.load(Ordering::Acquire)),
+        )
+    }
+
+    /// A refresh sent at `sent` was confirmed: the lease is valid until `sent + ttl` (never
+    /// moved back by a late answer to an older request).
+    pub fn confirm(&self, sent: Instant, ttl: Duration) {
+        let until = later(sent, ttl).saturating_duration_since(self.base);
+        let micros = u64::try_from(until.as_micros()).unwrap_or(u64::MAX);
+        self.valid_until.fetch_max(micros, Ordering::AcqRel);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -128,5 +168,20 @@ mod tests {
     fn cutoff_is_deadline_minus_margin() {
         let budget = Budget::from_time_left(Duration::from_secs(60), Duration::from_secs(10));
         assert_eq!(budget.deadline() - budget.cutoff(), Duration::from_secs(10));
+    }
+    #[test]
+    fn validity_counts_from_the_send_time_and_never_moves_back() {
+        let sent = Instant::now();
+        let clock = LeaseClock::new(sent, Duration::from_secs(10));
+        assert_eq!(clock.valid_until(), sent + Duration::from_secs(10));
+        // A refresh sent 3 s later, confirmed.
+        clock.confirm(sent + Duration::from_secs(3), Duration::from_secs(10));
+        assert_eq!(clock.valid_until(), sent + Duration::from_secs(13));
+        // A late answer to an older request does not shorten it.
+        clock.confirm(sent + Duration::from_secs(1), Duration::from_secs(10));
+        assert_eq!(clock.valid_until(), sent + Duration::from_secs(13));
+        // Nor does a TTL too large to add overflow.
+        clock.confirm(sent, Duration::MAX);
+        assert!(clock.valid_until() > sent + Duration::from_secs(1_000_000));
     }
 }

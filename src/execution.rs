@@ -32,7 +32,6 @@ use ironflow_engine::engine::{Engine, WorkflowResult};
 use ironflow_engine::error::EngineError;
 use ironflow_store::entities::{LeaseRequest, Run, RunStatus};
 use ironflow_store::store::RunStore;
-use serde::Serialize;
 use tokio::task::JoinError;
 use tokio::time::{Instant, sleep_until, timeout_at};
 use tracing::{Instrument, error, info, info_span, warn};
@@ -40,8 +39,9 @@ use uuid::Uuid;
 
 use crate::calls::Calls;
 use crate::deadline::later;
-use crate::handback::{self, HandbackPolicy, Why};
+use crate::handback::{self, HandbackContext, HandbackPolicy, Why};
 use crate::lease::{LeaseEnd, LeaseRefresher, RefreshContext};
+use crate::report::{Fate, Outcome, RunReport};
 use crate::runtime::{ExecutionRuntime, StuckExecutions};
 use crate::store::GuardedStore;
 use crate::store::scope::{CallScope, RunKey, ScopeStop};
@@ -50,145 +50,6 @@ use crate::store::scope::{CallScope, RunKey, ScopeStop};
 /// next await, a task ends in microseconds; one still running after this is blocked in
 /// workflow code.
 pub const STOP_GRACE: Duration = Duration::from_millis(100);
-
-/// How one run ended in this invocation.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, PartialOrd, Ord)]
-#[serde(rename_all = "snake_case")]
-pub enum Outcome {
-    /// The handler finished; the engine recorded the run's final status (`completed`, or
-    /// `warning`, `cancelled`... as the run ended).
-    Completed,
-    /// The handler stopped before the end of the workflow, which now waits: for a timer or a
-    /// signal (status `sleeping`), an approval (`awaiting_approval`) or an operator
-    /// (`paused`; `pending` or `running` if already resumed). The API wakes it back to
-    /// Pending, and a later invocation (schedule tick, wake-up or direct call) claims it.
-    /// Also a run an operator paused while it executed: abandoned at once, the resume replays
-    /// it.
-    Suspended,
-    /// The handler returned an error; the engine already recorded the failure or armed a retry.
-    Failed,
-    /// The run attempt outlived the run timeout; failed or scheduled for retry.
-    TimedOut,
-    /// The handler panicked; failed or scheduled for retry.
-    Panicked,
-    /// The run was cancelled through the API while this invocation held it: abandoned, nothing
-    /// written.
-    Cancelled,
-    /// The lease went to someone else, or expired and could not be confirmed again; nothing
-    /// was written.
-    LeaseLost,
-    /// Written back to Pending for the next invocation, which resumes it by replay: it was
-    /// still running at the cutoff, or its attempt ended on an API fault (not a workflow
-    /// failure: `error` says which), or its lease expired and was confirmed again.
-    HandedBack,
-    /// Claimed ahead of a free slot, or among an invocation's first claims sent together
-    /// ([`crate::claim_ahead`]), but not started before the claim window closed, or claimed
-    /// by a claim answered only after the window closed: written back to Pending without
-    /// executing, for the next invocation.
-    Released,
-    /// Claimed while its workflow was blocked as a poison pill: failed without executing
-    /// (fail mode), or written back to Pending without executing (defer mode).
-    PoisonBlocked,
-}
-
-impl Outcome {
-    /// Whether the outcome counts as a failure of the workflow for the poison-pill table.
-    pub fn is_workflow_failure(self) -> bool {
-        matches!(self, Self::Failed | Self::TimedOut | Self::Panicked)
-    }
-}
-
-/// What became of one claimed run, as listed in the invocation summary.
-#[derive(Debug, Clone, Serialize)]
-pub struct RunReport {
-    /// The run's id.
-    pub run_id: Uuid,
-    /// Its workflow.
-    pub workflow: String,
-    /// How it ended in this invocation.
-    pub outcome: Outcome,
-    /// Time it executed in this invocation (zero when it never started). In the summary as
-    /// `duration_ms`, whole milliseconds.
-    #[serde(rename = "duration_ms", serialize_with = "whole_millis")]
-    pub executed: Duration,
-    /// The error, for every outcome but Completed and a clean HandedBack.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub error: Option<String>,
-    /// The run was left to the API's reaper: still Running under a lease nobody refreshes,
-    /// because its handback or release could not be written (the API kept failing, or the
-    /// time ran out). The reaper requeues it after the lease TTL, and fails it instead once
-    /// its lease expired more times than its `max_retries`. In the summary only when true.
-    #[serde(skip_serializing_if = "std::ops::Not::not")]
-    pub left_to_reaper: bool,
-    /// Its execution did not stop when told to: workflow code blocks its thread. Its fate was
-    /// written all the same, and nothing it sends later reaches the API. In the summary only
-    /// when true.
-    #[serde(skip_serializing_if = "std::ops::Not::not")]
-    pub stuck: bool,
-    /// The run's attempt counter when claimed (`retry_count`), part of the failure id.
-    #[serde(skip)]
-    pub retry_count: u32,
-    /// The run's `lease_recoveries` when claimed.
-    #[serde(skip)]
-    pub lease_recoveries: u32,
-}
-
-fn whole_millis<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
-    s.serialize_u64(u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
-}
-
-/// How a run's time in this invocation ended: its outcome, the error, and whether it was left
-/// to the API's reaper.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Fate {
-    pub outcome: Outcome,
-    pub error: Option<String>,
-    pub left_to_reaper: bool,
-}
-
-impl Fate {
-    /// `outcome`, with `error` when there is one, not left to the reaper.
-    pub fn new(outcome: Outcome, error: Option<String>) -> Self {
-        Self {
-            outcome,
-            error,
-            left_to_reaper: false,
-        }
-    }
-
-    /// `outcome`, left to the API's reaper for `why`.
-    pub fn left_to_reaper(outcome: Outcome, why: String) -> Self {
-        Self {
-            outcome,
-            error: Some(why),
-            left_to_reaper: true,
-        }
-    }
-}
-
-impl RunReport {
-    /// The report of `run` for `fate`, after it executed for `executed`.
-    pub(crate) fn new(run: &Run, fate: Fate, executed: Duration) -> Self {
-        Self {
-            run_id: run.id,
-            workflow: run.workflow_name.clone(),
-            outcome: fate.outcome,
-            executed,
-            error: fate.error,
-            left_to_reaper: fate.left_to_reaper,
-            stuck: false,
-            retry_count: run.retry_count,
-            lease_recoveries: run.lease_recoveries,
-        }
-    }
-
-    /// The report of a claimed run that never executed: its workflow was blocked
-    /// (PoisonBlocked), it was claimed ahead and got no slot (Released), or its lease was lost
-    /// while it waited for one (LeaseLost).
-    pub(crate) fn not_executed(run: &Run, fate: Fate) -> Self {
-        Self::new(run, fate, Duration::ZERO)
-    }
-}
 
 /// A claimed run with its lease refresher, started at the claim so that a run claimed ahead
 /// keeps its lease while it waits for a slot, and the run's tracing span.
@@ -243,6 +104,16 @@ pub(crate) struct ExecutionParams {
 }
 
 impl ExecutionParams {
+    /// What a handback of this invocation needs.
+    fn handback_context(&self) -> HandbackContext<'_> {
+        HandbackContext {
+            calls: &self.calls,
+            lease: &self.lease,
+            last_write: self.last_write,
+            policy: self.handback,
+        }
+    }
+
     /// The scope key of `run_id`'s calls under this invocation's lease.
     pub fn key(&self, run_id: Uuid) -> RunKey {
         RunKey {
@@ -395,7 +266,7 @@ async fn decide(
     let hand_back = |why| {
         let executed = timing.executed;
         handback::hand_back(
-            p,
+            p.handback_context(),
             run,
             target,
             timing.claimed_at,
@@ -554,30 +425,6 @@ fn panic_message(panic: JoinError) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn the_summary_shows_the_execution_time_as_whole_milliseconds_and_flags_only_when_set() {
-        let mut report = RunReport {
-            run_id: Uuid::nil(),
-            workflow: "wf".into(),
-            outcome: Outcome::Completed,
-            executed: Duration::from_micros(1_999),
-            error: None,
-            left_to_reaper: false,
-            stuck: false,
-            retry_count: 0,
-            lease_recoveries: 0,
-        };
-        let json = serde_json::to_value(&report).unwrap();
-        assert_eq!(json["duration_ms"], 1);
-        assert!(json.get("executed").is_none() && json.get("retry_count").is_none());
-        assert!(json.get("stuck").is_none() && json.get("left_to_reaper").is_none());
-        report.stuck = true;
-        report.left_to_reaper = true;
-        let json = serde_json::to_value(&report).unwrap();
-        assert_eq!(json["stuck"], true);
-        assert_eq!(json["left_to_reaper"], true);
-    }
 
     #[test]
     fn a_cancel_and_a_pause_are_told_from_a_lost_lease() {

@@ -41,7 +41,7 @@ use tracing::{error, info, warn};
 use uuid::Uuid;
 
 use crate::calls::Calls;
-use crate::execution::{ExecutionParams, Fate, Outcome};
+use crate::report::{Fate, Outcome};
 use crate::store::fault::ApiFault;
 use crate::store::scope::RunKey;
 
@@ -53,6 +53,25 @@ pub(crate) struct HandbackPolicy {
     /// A run that executed this long in one invocation without any step running or finishing
     /// is failed at the cutoff instead of handed back.
     pub stall_window: Duration,
+}
+
+/// What a handback needs: the invocation's calls and lease, its last write, the loop guard.
+#[derive(Clone, Copy)]
+pub(crate) struct HandbackContext<'a> {
+    pub calls: &'a Calls,
+    pub lease: &'a LeaseRequest,
+    /// No write past this.
+    pub last_write: tokio::time::Instant,
+    pub policy: HandbackPolicy,
+}
+
+impl HandbackContext<'_> {
+    fn key(&self, run_id: Uuid) -> RunKey {
+        RunKey {
+            run_id,
+            worker_id: self.lease.worker_id.clone(),
+        }
+    }
 }
 
 /// Why a run is handed back.
@@ -95,7 +114,7 @@ impl Why {
 /// itself, or the root of its sub-workflow chain); `claimed_at` is when this invocation took
 /// it up and `executed` how long it ran here; `saw_fault`: its execution met API faults.
 pub(crate) async fn hand_back(
-    p: &ExecutionParams,
+    p: HandbackContext<'_>,
     run: &Run,
     target: Uuid,
     claimed_at: DateTime<Utc>,
@@ -109,7 +128,7 @@ pub(crate) async fn hand_back(
 }
 
 async fn hand_back_steps(
-    p: &ExecutionParams,
+    p: HandbackContext<'_>,
     run: &Run,
     target: Uuid,
     claimed_at: DateTime<Utc>,
@@ -119,7 +138,7 @@ async fn hand_back_steps(
 ) -> Fate {
     let store = &p.calls.store;
     // 1. The lease.
-    if let Err(mut fate) = confirm_lease(&p.calls, target, &p.lease).await {
+    if let Err(mut fate) = confirm_lease(p.calls, target, p.lease).await {
         if let Why::LeaseExpired(end) = why {
             // Not handed back: the lease stays expired, the run is the reaper's (or another
             // worker's).
@@ -155,9 +174,9 @@ async fn hand_back_steps(
             stall_window: if saw_fault {
                 Duration::MAX
             } else {
-                p.handback.stall_window
+                p.policy.stall_window
             },
-            ..p.handback
+            ..p.policy
         };
         if let Some(reason) = loop_guard(&policy, &run, &steps, claimed_at, executed) {
             error!(run_id = %target, error = %reason, "failing the run instead of handing it back");
@@ -176,7 +195,7 @@ async fn hand_back_steps(
     }
 
     // 3. The steps left Running.
-    if let Err(e) = interrupt_running_steps(&p.calls, &steps, why.mark()).await {
+    if let Err(e) = interrupt_running_steps(p.calls, &steps, why.mark()).await {
         return reaper(format!(
             "could not mark the running steps interrupted ({e})"
         ));

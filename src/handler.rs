@@ -22,11 +22,12 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use aws_lambda_events::event::sqs::SqsBatchResponse;
 use lambda_runtime::{Context, LambdaEvent};
 use serde_json::Value;
-use tracing::{Instrument, info, warn};
+use tracing::{info, warn};
 
 use crate::builder::LambdaWorker;
 use crate::deadline::Budget;
-use crate::invocation::{self, BatchRequest, InvocationSummary, StopReason};
+use crate::invocation;
+use crate::report::{BatchRequest, InvocationSummary, StopReason};
 use crate::trigger::{self, Trigger, TriggerError};
 
 /// What the handler answers.
@@ -278,57 +279,5 @@ pub fn could_not_run(summary: &InvocationSummary) -> Option<String> {
                 .to_string(),
         ),
         StopReason::MaxRuns | StopReason::NoPendingRun => None,
-    }
-}
-
-/// Run `future` in a task of its own on the runtime's worker threads, and return its output.
-/// `ironflow-lambda-bench` awaits its invocations from it: under `#[tokio::main]` (a
-/// multi-thread runtime) a future awaited in `block_on` runs on the main thread, outside the
-/// worker threads, and every wake-up of a claim loop awaited there (a run finished, a slot is
-/// free, a claim answered) hops to another thread. (The deployable function runs its Lambda
-/// runtime loop on a single-threaded runtime instead, where `block_on` is that thread; the runs
-/// execute on the worker's own runtime either way, see [`crate::runtime`].)
-///
-/// Same output as awaiting `future` directly: a panic in it is resumed here. Dropping this
-/// future aborts the task at its next await; what the task spawned is its own to stop (an
-/// invocation stops everything it starts before it returns, see [`crate::invocation`]). The
-/// task is never cancelled otherwise, short of the runtime shutting down, which is reported
-/// as a panic.
-pub async fn in_worker_task<T, F>(future: F) -> T
-where
-    F: std::future::Future<Output = T> + Send + 'static,
-    T: Send + 'static,
-{
-    struct AbortOnDrop<T>(tokio::task::JoinHandle<T>);
-    impl<T> Drop for AbortOnDrop<T> {
-        fn drop(&mut self) {
-            self.0.abort();
-        }
-    }
-    let mut task = AbortOnDrop(tokio::spawn(future.in_current_span()));
-    match (&mut task.0).await {
-        Ok(output) => output,
-        Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
-        Err(e) => std::panic::resume_unwind(Box::new(format!(
-            "the task was cancelled (the runtime is shutting down): {e}"
-        ))),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn in_worker_task_returns_the_output_and_resumes_a_panic() {
-        assert_eq!(in_worker_task(async { 7 }).await, 7);
-        let panicked = tokio::spawn(in_worker_task(async {
-            panic!("boom");
-        }))
-        .await
-        .unwrap_err();
-        assert!(panicked.is_panic());
-        let payload = panicked.into_panic();
-        assert_eq!(payload.downcast_ref::<&str>(), Some(&"boom"));
     }
 }

@@ -34,7 +34,6 @@ use futures_util::future::join_all;
 use ironflow_store::entities::{LeaseRequest, Run, WorkerCapabilities};
 use ironflow_store::error::StoreError;
 use ironflow_store::store::RunStore;
-use serde::Serialize;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
 use tokio::time::{Instant, sleep_until, timeout_at};
@@ -42,104 +41,20 @@ use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, error, info, info_span, warn};
 use uuid::Uuid;
 
-use crate::api::logs::FlushReport;
 use crate::builder::LambdaWorker;
 use crate::calls::Calls;
 use crate::deadline::Budget;
-use crate::execution::{self, Claimed, ExecutionParams, Fate, Outcome, RunReport};
+use crate::execution::{self, Claimed, ExecutionParams};
 use crate::handback::{HandbackPolicy, NotWrittenBack, write_back_unexecuted};
 use crate::lease::RefreshContext;
 use crate::orphans::InvocationGuard;
 use crate::poison::PoisonMode;
 use crate::poison::gate::PoisonGate;
-use crate::store::fault::{ApiErrorCount, FaultLog};
+use crate::report::{BatchRequest, Fate, InvocationSummary, Outcome, RunReport, StopReason};
+use crate::store::fault::FaultLog;
 use crate::store::scope::RunKey;
-use crate::wake::{self, BatchEnd, WakeReport};
+use crate::wake::{self, BatchEnd};
 use crate::{heartbeat, metrics};
-
-/// What one invocation is asked to do (from the trigger event).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct BatchRequest {
-    /// Claim at most this many runs instead of the configured N (never more than N).
-    pub max_runs: Option<usize>,
-}
-
-/// Why the claim loop stopped.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum StopReason {
-    /// N runs were claimed.
-    MaxRuns,
-    /// The API had no pending run this worker can take.
-    NoPendingRun,
-    /// Less than the minimum claim budget was left before the cutoff.
-    Cutoff,
-    /// A claim failed (API unreachable, auth refused...): see `errors`.
-    ClaimError,
-}
-
-impl StopReason {
-    /// The name in the summary and in log lines: `max_runs`, `no_pending_run`, `cutoff` or
-    /// `claim_error`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::MaxRuns => "max_runs",
-            Self::NoPendingRun => "no_pending_run",
-            Self::Cutoff => "cutoff",
-            Self::ClaimError => "claim_error",
-        }
-    }
-}
-
-/// The invocation's JSON summary, returned to direct and scheduled invocations and logged.
-#[derive(Debug, Clone, Serialize)]
-pub struct InvocationSummary {
-    /// Lambda's request id (`Context.request_id`).
-    pub request_id: String,
-    /// The worker id this invocation claimed under.
-    pub worker_id: String,
-    /// Runs claimed.
-    pub claimed: usize,
-    /// Runs per outcome.
-    pub outcomes: BTreeMap<Outcome, usize>,
-    /// Every claimed run, in claim order.
-    pub runs: Vec<RunReport>,
-    /// Why the claim loop stopped.
-    pub stop_reason: StopReason,
-    /// Errors that concern the batch rather than one run (claim failures).
-    pub errors: Vec<String>,
-    /// Infrastructure faults the invocation's calls met, the executions' included, per route
-    /// and kind (each attempt that met one counts; most were retried and overcome). Never a
-    /// workflow failure: see [`crate::store`].
-    pub api_errors: Vec<ApiErrorCount>,
-    /// Claimed runs whose `lease_recoveries` showed the API's reaper had taken them back from
-    /// an invocation since this function last saw them (an invocation that died, or an outage
-    /// longer than the lease TTL); each counts as a failure of its workflow.
-    pub lease_recoveries: u32,
-    /// Time left before the invocation deadline at exit, in milliseconds.
-    pub time_left_ms: u64,
-    /// Processes left behind by runs and killed at the end of the invocation.
-    pub orphans_killed: usize,
-    /// Step log lines forwarded to the API (and lost).
-    pub logs: FlushReport,
-    /// Whether the heartbeat ping succeeded; absent without `IRONFLOW_HEARTBEAT_URL` or when
-    /// the batch did not complete.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub heartbeat: Option<bool>,
-    /// Poison-pill table calls that failed in this invocation; each failed open (the run
-    /// executed, the failure was not counted).
-    pub poison_table_errors: u32,
-    /// The wake-ups sent after the batch; absent without a wake queue (`IRONFLOW_WAKE_QUEUE_URL`).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub wake_ups: Option<WakeReport>,
-}
-
-impl InvocationSummary {
-    /// Runs that ended with `outcome`.
-    pub fn count(&self, outcome: Outcome) -> usize {
-        self.outcomes.get(&outcome).copied().unwrap_or(0)
-    }
-}
 
 /// Run one invocation of `worker` against `budget`.
 pub async fn run(
@@ -483,9 +398,9 @@ async fn run_in_span(
     for r in &runs {
         *outcomes.entry(r.outcome).or_insert(0) += 1;
     }
-    let wake_ups = match worker.wake {
+    let wake_ups = match &worker.wake {
         None => None,
-        Some(_) => {
+        Some(waker) => {
             // The backlog is counted with what the next claim would ask for (defer mode leaves
             // out the workflows the poison-pill table blocks: their runs wake nobody).
             let capabilities = poison.capabilities_for_claim(&worker.capabilities).await;
@@ -499,7 +414,7 @@ async fn run_in_span(
                 capabilities: &capabilities,
                 budget,
             };
-            wake::after_batch(worker, end).await
+            wake::after_batch(waker, &worker.api, s.max_runs_per_invocation, end).await
         }
     };
     let summary = InvocationSummary {
@@ -780,22 +695,5 @@ async fn wait_for_an_end(
             true
         }
         () = sleep_until(window_end) => false,
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn stop_reason_names_in_log_lines_match_the_summary_json() {
-        for reason in [
-            StopReason::MaxRuns,
-            StopReason::NoPendingRun,
-            StopReason::Cutoff,
-            StopReason::ClaimError,
-        ] {
-            assert_eq!(serde_json::to_value(reason).unwrap(), reason.as_str());
-        }
     }
 }

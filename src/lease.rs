@@ -25,7 +25,6 @@
 //! is not below the TTL; keep `TTL ≥ 2 × interval` (the default 90 s / 30 s leaves 60 s of
 //! retries, enough to ride out an API restart).
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -39,56 +38,13 @@ use tokio_util::task::AbortOnDropHandle;
 use tracing::{Instrument, info, warn};
 use uuid::Uuid;
 
-use crate::deadline::later;
+use crate::deadline::{LeaseClock, later};
 use crate::store::fault::FaultLog;
 use crate::store::scope::{CallScope, RunKey};
 
 /// Longest wait between two attempts of a failed refresh: 1 s (less when the lease's validity
 /// ends sooner).
 const RETRY_AFTER: Duration = Duration::from_secs(1);
-
-/// Until when a lease is valid: the send time of the request whose answer last confirmed it,
-/// plus the TTL. Shared by the refresher (which moves it forward), the execution's store calls
-/// and the run's supervisor (which stop at it).
-#[derive(Debug)]
-pub struct LeaseClock {
-    base: Instant,
-    /// Microseconds after `base`.
-    valid_until: AtomicU64,
-}
-
-impl LeaseClock {
-    /// A lease confirmed by a request sent at `sent` (the claim), valid for `ttl`.
-    pub fn new(sent: Instant, ttl: Duration) -> Self {
-        let clock = Self {
-            base: sent,
-            valid_until: AtomicU64::new(0),
-        };
-        clock.confirm(sent, ttl);
-        clock
-    }
-
-    /// When the lease stops being valid, as far as this worker knows.
-    pub fn valid_until(&self) -> Instant {
-        later(
-            self.base,
-            Duration::from_micros(self.valid_until.load(Ordering::Acquire)),
-        )
-    }
-
-    /// Whether the lease is still valid now.
-    pub fn is_valid(&self) -> bool {
-        Instant::now() < self.valid_until()
-    }
-
-    /// A refresh sent at `sent` was confirmed: the lease is valid until `sent + ttl` (never
-    /// moved back by a late answer to an older request).
-    pub fn confirm(&self, sent: Instant, ttl: Duration) {
-        let until = later(sent, ttl).saturating_duration_since(self.base);
-        let micros = u64::try_from(until.as_micros()).unwrap_or(u64::MAX);
-        self.valid_until.fetch_max(micros, Ordering::AcqRel);
-    }
-}
 
 /// Why a lease ended before its refresher's bound.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -365,22 +321,6 @@ impl Refresh {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn validity_counts_from_the_send_time_and_never_moves_back() {
-        let sent = Instant::now();
-        let clock = LeaseClock::new(sent, Duration::from_secs(10));
-        assert_eq!(clock.valid_until(), sent + Duration::from_secs(10));
-        // A refresh sent 3 s later, confirmed.
-        clock.confirm(sent + Duration::from_secs(3), Duration::from_secs(10));
-        assert_eq!(clock.valid_until(), sent + Duration::from_secs(13));
-        // A late answer to an older request does not shorten it.
-        clock.confirm(sent + Duration::from_secs(1), Duration::from_secs(10));
-        assert_eq!(clock.valid_until(), sent + Duration::from_secs(13));
-        // Nor does a TTL too large to add overflow.
-        clock.confirm(sent, Duration::MAX);
-        assert!(clock.valid_until() > sent + Duration::from_secs(1_000_000));
-    }
 
     #[test]
     fn each_end_says_what_happened() {

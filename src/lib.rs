@@ -49,30 +49,49 @@
 //! [`orphans`] (no process outlives the invocation), [`pool`] (stale connections after a
 //! freeze), [`wake`] and [`api`] (wake-ups after the batch).
 
-pub mod api;
-pub mod builder;
-pub mod calls;
-pub mod claim_ahead;
+#![warn(missing_docs)]
+#![deny(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+#![cfg_attr(test, allow(clippy::unwrap_used, clippy::expect_used, clippy::panic))]
+
+mod api;
+mod builder;
+mod calls;
+mod claim_ahead;
 pub mod config;
-pub mod credentials;
-pub mod deadline;
-pub mod execution;
-pub mod handback;
-pub mod handler;
-pub mod heartbeat;
-pub mod invocation;
+mod credentials;
+mod deadline;
+mod entry;
+mod execution;
+mod handback;
+mod handler;
+mod heartbeat;
+mod invocation;
 pub mod layers;
-pub mod lease;
-#[cfg(feature = "local")]
-pub mod local;
+mod lease;
 pub mod logging;
 pub mod metrics;
 pub mod orphans;
 pub mod poison;
-pub mod pool;
-pub mod runtime;
-pub mod secrets;
-pub mod store;
-pub mod trigger;
-pub mod wake;
-pub mod workflows;
+mod pool;
+mod report;
+mod runtime;
+pub mod samples;
+mod secrets;
+mod store;
+mod trigger;
+mod wake;
+
+pub use builder::{BuildError, LambdaWorker, LambdaWorkerBuilder};
+pub use config::{ConfigError, Settings, WorkerToken};
+pub use entry::run;
+pub use handler::{HandlerError, Response, handle, handle_response, handle_summary};
+pub use poison::dynamodb::{DynamoPoisonTable, DynamoSetupError};
+pub use poison::memory::MemoryPoisonTable;
+pub use poison::{PoisonMode, PoisonPolicy, PoisonTable};
+pub use report::{
+    ApiErrorCount, BatchRequest, FaultKind, FlushReport, InvocationSummary, Outcome, RunReport,
+    StopReason, WakeReport, WakeTrigger,
+};
+pub use secrets::SecretError;
+pub use trigger::TriggerError;
+pub use wake::{WakeSettings, Waker};

@@ -27,8 +27,7 @@ use metrics::{Unit, counter, describe_counter, describe_gauge, gauge};
 use metrics_cloudwatch_embedded::Collector;
 use tracing::warn;
 
-use crate::execution::Outcome;
-use crate::invocation::InvocationSummary;
+use crate::report::{InvocationSummary, Outcome};
 
 /// `RunsClaimed`: runs claimed by an invocation.
 pub const RUNS_CLAIMED: &str = "RunsClaimed";

@@ -25,7 +25,7 @@ use aws_lambda_events::event::sqs::SqsMessage;
 use chrono::{DateTime, Utc};
 use serde_json::{Map, Value};
 
-use crate::invocation::BatchRequest;
+use crate::report::BatchRequest;
 
 /// Longest SQS wake-up body accepted, in bytes. A wake-up is a small JSON object; anything
 /// larger is not one of ours and fails its record.

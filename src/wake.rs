@@ -31,13 +31,13 @@ use std::time::Duration;
 
 use aws_sdk_sqs::types::{QueueAttributeName, SendMessageBatchRequestEntry};
 use ironflow_store::entities::WorkerCapabilities;
-use serde::Serialize;
 use tokio::time::{Instant, timeout_at};
 use tracing::{info, warn};
 
-use crate::builder::LambdaWorker;
+use crate::api::ApiClient;
 use crate::config::ConfigError;
 use crate::deadline::Budget;
+use crate::report::{WakeReport, WakeTrigger};
 
 /// Default of `IRONFLOW_MAX_WAKEUPS_PER_INVOCATION`: 3. Each wake-up starts a batch of up to N
 /// runs, so a backlog's draining can triple from one hop to the next, and never grows beyond
@@ -186,46 +186,6 @@ impl Waker {
     }
 }
 
-/// Why wake-ups were considered after a batch.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum WakeTrigger {
-    /// The batch handed runs back: they wait for the next invocation.
-    HandedBack,
-    /// The batch took all the runs it was asked for: more may be waiting.
-    Backlog,
-}
-
-impl WakeTrigger {
-    /// The name in the summary and in log lines: `handed_back` or `backlog`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::HandedBack => "handed_back",
-            Self::Backlog => "backlog",
-        }
-    }
-}
-
-/// What the wake-up phase did, in the invocation summary (`wake_ups`, present when
-/// `IRONFLOW_WAKE_QUEUE_URL` is set).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
-pub struct WakeReport {
-    /// Why wake-ups were considered; `null` when the batch neither handed back nor filled.
-    pub trigger: Option<WakeTrigger>,
-    /// Pending runs this worker can take, counted by the API after the batch; `null` when not
-    /// asked or the count failed.
-    pub pending_runs: Option<u64>,
-    /// Wake-ups already waiting on the queue (visible and delayed); `null` when not asked or
-    /// the queue attributes could not be read.
-    pub queued: Option<u64>,
-    /// Wake-up messages SQS accepted.
-    pub sent: usize,
-    /// Their `DelaySeconds`.
-    pub delay_secs: u64,
-    /// What went wrong (logged too); never fails the batch.
-    pub errors: Vec<String>,
-}
-
 /// Wake-up messages a batch sends: `ceil(pending_runs / runs_per_invocation) − queued`, at
 /// most `max`. An unknown backlog (`None`) counts as one invocation's worth.
 ///
@@ -267,8 +227,12 @@ pub(crate) struct BatchEnd<'a> {
 }
 
 /// Send the wake-ups the batch calls for. `None` when the worker has no wake queue.
-pub(crate) async fn after_batch(worker: &LambdaWorker, end: BatchEnd<'_>) -> Option<WakeReport> {
-    let waker = worker.wake.as_ref()?;
+pub(crate) async fn after_batch(
+    waker: &Waker,
+    api: &ApiClient,
+    runs_per_invocation: usize,
+    end: BatchEnd<'_>,
+) -> Option<WakeReport> {
     let trigger = if end.handed_back > 0 {
         Some(WakeTrigger::HandedBack)
     } else if end.filled {
@@ -297,7 +261,7 @@ pub(crate) async fn after_batch(worker: &LambdaWorker, end: BatchEnd<'_>) -> Opt
     };
     let settings = &waker.settings;
 
-    report.pending_runs = match timeout_at(until, worker.api.pending_runs(end.capabilities)).await {
+    report.pending_runs = match timeout_at(until, api.pending_runs(end.capabilities)).await {
         Ok(Ok(n)) => Some(n),
         Ok(Err(e)) => fail(&mut report, format!("pending count failed: {e}")),
         Err(_) => fail(&mut report, "pending count ran into the deadline".into()),
@@ -322,7 +286,7 @@ pub(crate) async fn after_batch(worker: &LambdaWorker, end: BatchEnd<'_>) -> Opt
     let count = wake_ups_needed(
         report.pending_runs,
         report.queued.unwrap_or(0),
-        worker.settings.max_runs_per_invocation,
+        runs_per_invocation,
         settings.max_per_invocation,
     );
     if count == 0 {

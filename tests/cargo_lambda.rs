@@ -16,8 +16,8 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use aws_sdk_sqs::types::Message;
-use ironflow_lambda::local::{LocalApi, new_run};
 use ironflow_lambda::orphans;
+use ironflow_local_api::{LocalApi, new_run};
 use ironflow_store::entities::RunStatus;
 use ironflow_store::store::Store;
 use serde_json::{Value, json};

@@ -25,8 +25,10 @@
 //!
 //! `IRONFLOW_CHAOS_SEED` reproduces a run (its fault plan and schedule; thread timing aside);
 //! without it a new seed is drawn and printed. `IRONFLOW_CHAOS_SECS` sets the chaos phase
-//! (default 40 s: the bounded run of the test command); a soak is e.g. `IRONFLOW_CHAOS_SECS=600
-//! IRONFLOW_CHAOS_RUNS=2000 IRONFLOW_CHAOS_FAULT_RATE=0.05 cargo nextest run --test chaos
+//! (default 40 s: the bounded run of the test command), `IRONFLOW_CHAOS_RUNS` the runs (310),
+//! `IRONFLOW_CHAOS_FAULT_RATE` the share of faulty requests (0.05) and `IRONFLOW_CHAOS_DRAIN_SECS`
+//! the longest the final drain may take (180); a soak is e.g. `IRONFLOW_CHAOS_SECS=600
+//! IRONFLOW_CHAOS_RUNS=2000 IRONFLOW_CHAOS_DRAIN_SECS=400 cargo nextest run --test chaos
 //! --no-capture`.
 
 mod common;
@@ -44,10 +46,10 @@ use ironflow_core::retry::RetryPolicy;
 use ironflow_engine::config::ShellConfig;
 use ironflow_engine::context::WorkflowContext;
 use ironflow_engine::handler::{HandlerFuture, WorkflowHandler};
-use ironflow_lambda::builder::{LambdaWorker, LambdaWorkerBuilder};
-use ironflow_lambda::execution::Outcome;
-use ironflow_lambda::invocation::InvocationSummary;
+use ironflow_lambda::InvocationSummary;
+use ironflow_lambda::Outcome;
 use ironflow_lambda::logging::{self, CaptureWriter};
+use ironflow_lambda::{LambdaWorker, LambdaWorkerBuilder};
 use ironflow_store::entities::{LeaseUpdate, RunStatus, RunUpdate, StepStatus};
 use ironflow_store::store::{LEASE_EXPIRED_ERROR, Store};
 use rand::rngs::StdRng;
@@ -252,6 +254,8 @@ struct Tally {
     left_to_reaper: usize,
     lease_recoveries: u32,
     healthy_poison_blocks: Vec<String>,
+    /// Healthy runs whose execution ended Failed (the engine's error).
+    healthy_failures: Vec<String>,
     /// Runs held by an invocation when it was aborted, or whose lease was stolen.
     reaped_on_purpose: HashSet<Uuid>,
     steals: usize,
@@ -285,6 +289,10 @@ impl Tally {
                 .any(|k| k.name() == r.workflow && k.healthy());
             if healthy && r.outcome == Outcome::PoisonBlocked {
                 self.healthy_poison_blocks
+                    .push(format!("{} {}: {:?}", r.workflow, r.run_id, r.error));
+            }
+            if healthy && r.outcome == Outcome::Failed {
+                self.healthy_failures
                     .push(format!("{} {}: {:?}", r.workflow, r.run_id, r.error));
             }
         }
@@ -483,7 +491,7 @@ async fn chaos() {
     // No more faults: invocations until every run is terminal.
     proxy.restore();
     let worker = instance(&url, &token, &probe);
-    let drain_end = Instant::now() + Duration::from_secs(180);
+    let drain_end = Instant::now() + Duration::from_secs(env_or("IRONFLOW_CHAOS_DRAIN_SECS", 180));
     loop {
         let mut open = 0;
         for id in &ids {
@@ -662,7 +670,7 @@ async fn invoke(worker: &LambdaWorker, request_id: &str, left: Duration) -> Invo
     let mut context = lambda_runtime::Context::default();
     context.request_id = request_id.to_string();
     context.deadline = common::deadline_in(left);
-    ironflow_lambda::handler::handle_summary(
+    ironflow_lambda::handle_summary(
         worker,
         lambda_runtime::LambdaEvent::new(serde_json::json!({}), context),
     )

@@ -10,9 +10,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use common::{Harness, ShellWorkflow};
-use ironflow_lambda::builder::LambdaWorkerBuilder;
-use ironflow_lambda::execution::Outcome;
-use ironflow_lambda::invocation::StopReason;
+use ironflow_lambda::LambdaWorkerBuilder;
+use ironflow_lambda::Outcome;
+use ironflow_lambda::StopReason;
 use ironflow_store::entities::RunStatus;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -376,7 +376,7 @@ async fn an_unreachable_api_stops_the_batch_with_the_error_in_the_summary() {
 }
 
 /// A worker of this harness's API at `api_url` with `token`, every other setting default.
-fn worker_at(api_url: &str, token: &str) -> ironflow_lambda::builder::LambdaWorker {
+fn worker_at(api_url: &str, token: &str) -> ironflow_lambda::LambdaWorker {
     LambdaWorkerBuilder::new(api_url, token)
         .provider(Arc::new(
             ironflow_core::providers::claude::ClaudeCodeProvider::new(),
@@ -516,7 +516,7 @@ async fn behind_claim_holding_proxy(
 ) -> (
     Harness,
     ClaimHoldingProxy,
-    ironflow_lambda::builder::LambdaWorker,
+    ironflow_lambda::LambdaWorker,
     uuid::Uuid,
 ) {
     let h = Harness::start().await;

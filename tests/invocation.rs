@@ -11,8 +11,8 @@ use std::time::Duration;
 use common::{Harness, ShellWorkflow, deadline_in, executions, wait_until};
 use ironflow_engine::context::WorkflowContext;
 use ironflow_engine::handler::{HandlerFuture, WorkflowHandler};
-use ironflow_lambda::execution::Outcome;
-use ironflow_lambda::invocation::StopReason;
+use ironflow_lambda::Outcome;
+use ironflow_lambda::StopReason;
 use ironflow_lambda::orphans;
 use ironflow_lambda::poison::memory::MemoryPoisonTable;
 use ironflow_lambda::poison::{PoisonPolicy, PoisonTable};
@@ -134,7 +134,7 @@ fn gauge_worker(
     claim_ahead_percent: u32,
     released: bool,
 ) -> (
-    Arc<ironflow_lambda::builder::LambdaWorker>,
+    Arc<ironflow_lambda::LambdaWorker>,
     Arc<AtomicUsize>,
     Arc<AtomicUsize>,
     Arc<AtomicBool>,
@@ -164,7 +164,7 @@ fn gauge_worker(
 /// never more than 2 at once.
 async fn claims_only_into_free_slots(
     h: &Arc<Harness>,
-    worker: &Arc<ironflow_lambda::builder::LambdaWorker>,
+    worker: &Arc<ironflow_lambda::LambdaWorker>,
     (current, max, release): (&Arc<AtomicUsize>, &Arc<AtomicUsize>, &Arc<AtomicBool>),
 ) {
     let ids: Vec<_> = futures_join(h, 4).await;
@@ -196,11 +196,7 @@ async fn claims_only_into_free_slots(
 /// A first invocation completes one gauge run (released), then the switch is set back: the
 /// instance now knows its pace, and a claim is a large share of a gauge run (a few API
 /// requests).
-async fn warm_up_gauge(
-    h: &Harness,
-    worker: &ironflow_lambda::builder::LambdaWorker,
-    release: &AtomicBool,
-) {
+async fn warm_up_gauge(h: &Harness, worker: &ironflow_lambda::LambdaWorker, release: &AtomicBool) {
     h.create("gauge", 0).await;
     let warm_up = h.invoke(worker, LONG).await;
     assert_eq!(warm_up.count(Outcome::Completed), 1, "{warm_up:?}");
@@ -430,7 +426,7 @@ impl WorkflowHandler for Noop {
 }
 
 /// Complete one no-op run, so that `worker`'s instance has a pace that claims ahead.
-async fn warm_up(h: &Harness, worker: &ironflow_lambda::builder::LambdaWorker) {
+async fn warm_up(h: &Harness, worker: &ironflow_lambda::LambdaWorker) {
     h.create("noop", 0).await;
     let warm_up = h.invoke(worker, LONG).await;
     assert_eq!(warm_up.count(Outcome::Completed), 1, "{warm_up:?}");

@@ -11,10 +11,10 @@ use common::{Harness, ShellWorkflow};
 use ironflow_engine::config::ShellConfig;
 use ironflow_engine::context::WorkflowContext;
 use ironflow_engine::handler::{HandlerFuture, WorkflowHandler};
-use ironflow_lambda::execution::Outcome;
-use ironflow_lambda::local::LocalApi;
+use ironflow_lambda::Outcome;
 use ironflow_lambda::logging::{self, CaptureWriter};
 use ironflow_lambda::metrics;
+use ironflow_local_api::LocalApi;
 use ironflow_store::entities::{LogFilter, LogStream, RunStatus};
 use tokio::net::TcpListener;
 
@@ -202,10 +202,10 @@ async fn an_invocation_dropped_midway_leaves_the_log_channel_to_the_next_one() {
 /// API (the run still executing).
 async fn invoke_until_printed(
     h: &Arc<Harness>,
-    worker: &Arc<ironflow_lambda::builder::LambdaWorker>,
+    worker: &Arc<ironflow_lambda::LambdaWorker>,
     run: uuid::Uuid,
     line: &'static str,
-) -> tokio::task::JoinHandle<ironflow_lambda::invocation::InvocationSummary> {
+) -> tokio::task::JoinHandle<ironflow_lambda::InvocationSummary> {
     let invocation = {
         let (h, worker) = (h.clone(), worker.clone());
         tokio::spawn(async move { h.invoke(&worker, LONG).await })
@@ -220,10 +220,7 @@ async fn invoke_until_printed(
 
 /// A worker with two workflows: `waits` prints `waiting` then waits for `go`; `quick` prints
 /// `quick`.
-fn waits_and_quick(
-    h: &Harness,
-    go: &std::path::Path,
-) -> Arc<ironflow_lambda::builder::LambdaWorker> {
+fn waits_and_quick(h: &Harness, go: &std::path::Path) -> Arc<ironflow_lambda::LambdaWorker> {
     let waits = until_file(go, "echo waiting", "true");
     Arc::new(
         h.builder()
@@ -297,7 +294,7 @@ async fn artifacts_upload_through_the_api_and_downloads_fail_with_a_clear_error(
     let api = LocalApi::start_with_artifacts(token, blobs.path())
         .await
         .unwrap();
-    let worker = ironflow_lambda::builder::LambdaWorkerBuilder::new(&api.url(), token)
+    let worker = ironflow_lambda::LambdaWorkerBuilder::new(&api.url(), token)
         .provider(Arc::new(
             ironflow_core::providers::claude::ClaudeCodeProvider::new(),
         ))
@@ -309,7 +306,7 @@ async fn artifacts_upload_through_the_api_and_downloads_fail_with_a_clear_error(
     let client = ironflow_worker::ApiRunStore::new(&api.url(), token);
     let id = ironflow_store::store::RunStore::create_run(
         &client,
-        ironflow_lambda::local::new_run("reports", 0),
+        ironflow_local_api::new_run("reports", 0),
     )
     .await
     .unwrap()
@@ -318,7 +315,7 @@ async fn artifacts_upload_through_the_api_and_downloads_fail_with_a_clear_error(
 
     let mut context = lambda_runtime::Context::default();
     context.deadline = common::deadline_in(LONG);
-    let summary = ironflow_lambda::handler::handle_summary(
+    let summary = ironflow_lambda::handle_summary(
         &worker,
         lambda_runtime::LambdaEvent::new(serde_json::json!({}), context),
     )

@@ -20,19 +20,18 @@ use aws_sdk_dynamodb::types::{
     ScalarAttributeType, TimeToLiveSpecification,
 };
 use ironflow_core::providers::claude::ClaudeCodeProvider;
-use ironflow_lambda::builder::{BuildError, LambdaWorker, LambdaWorkerBuilder};
+use ironflow_lambda::Outcome;
 use ironflow_lambda::config::Settings;
-use ironflow_lambda::deadline::Budget;
-use ironflow_lambda::execution::Outcome;
-use ironflow_lambda::invocation::{self, BatchRequest, InvocationSummary, StopReason};
-use ironflow_lambda::local::{LocalApi, new_run};
 use ironflow_lambda::poison::dynamodb::{
     CONSECUTIVE_FAILURES, DynamoPoisonTable, DynamoSetupError, FAILURE_IDS, LAST_FAILURE_ID,
     LAST_FAILURE_MS, LEASE_RECOVERIES_SEEN, PARTITION_KEY, TTL_ATTRIBUTE, TTL_SLACK, run_key,
     workflow_key,
 };
 use ironflow_lambda::poison::{PoisonMode, PoisonPolicy, PoisonTable, now_ms};
-use ironflow_lambda::workflows;
+use ironflow_lambda::samples;
+use ironflow_lambda::{BuildError, LambdaWorker, LambdaWorkerBuilder};
+use ironflow_lambda::{InvocationSummary, StopReason};
+use ironflow_local_api::{LocalApi, new_run};
 use ironflow_store::entities::{LeaseRequest, RunStatus};
 use ironflow_store::store::RunStore;
 use ironflow_worker::ApiRunStore;
@@ -147,8 +146,8 @@ fn worker(
 ) -> LambdaWorker {
     LambdaWorkerBuilder::new(&api.url(), api.token())
         .provider(Arc::new(ClaudeCodeProvider::new()))
-        .register(workflows::QuickShell)
-        .register(workflows::AlwaysFails)
+        .register(samples::QuickShell)
+        .register(samples::AlwaysFails)
         .max_runs_per_invocation(8)
         .concurrency(2)
         .function_timeout(Duration::from_secs(120))
@@ -165,14 +164,19 @@ fn worker(
 }
 
 async fn invoke(worker: &LambdaWorker, n: usize) -> InvocationSummary {
-    let budget = Budget::from_time_left(Duration::from_secs(100), Duration::from_secs(5));
-    invocation::run(
-        worker,
-        &format!("test-{n}"),
-        budget,
-        &BatchRequest::default(),
+    let mut context = lambda_runtime::Context::default();
+    context.request_id = format!("test-{n}");
+    context.deadline = u64::try_from(
+        (std::time::SystemTime::now() + Duration::from_secs(100))
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis(),
     )
-    .await
+    .unwrap();
+    let event = lambda_runtime::LambdaEvent::new(serde_json::json!({}), context);
+    ironflow_lambda::handle_summary(worker, event)
+        .await
+        .unwrap()
 }
 
 async fn create_runs(api: &LocalApi, workflow: &str, count: usize, max_retries: u32) -> Vec<Uuid> {
@@ -584,7 +588,7 @@ fn cold_start_from_the_environment_connects_the_table_or_names_the_missing_one()
         assert_eq!(settings.poison_namespace, "my-function");
         let worker = LambdaWorkerBuilder::from_settings(settings)
             .provider(Arc::new(ClaudeCodeProvider::new()))
-            .register(workflows::QuickShell)
+            .register(samples::QuickShell)
             .connect_poison_table()
             .await
             .unwrap()
@@ -638,7 +642,7 @@ async fn the_table_is_connected_with_the_configuration_the_cold_start_loaded() {
         .await
         .unwrap()
         .provider(Arc::new(ClaudeCodeProvider::new()))
-        .register(workflows::QuickShell)
+        .register(samples::QuickShell)
         .connect_poison_table()
         .await
         .unwrap()

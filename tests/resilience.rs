@@ -14,9 +14,9 @@ use common::{Harness, ShellWorkflow, executions, wait_until};
 use ironflow_core::providers::claude::ClaudeCodeProvider;
 use ironflow_engine::context::WorkflowContext;
 use ironflow_engine::handler::{HandlerFuture, WorkflowHandler};
-use ironflow_lambda::builder::{LambdaWorker, LambdaWorkerBuilder};
-use ironflow_lambda::execution::Outcome;
-use ironflow_lambda::store::fault::FaultKind;
+use ironflow_lambda::FaultKind;
+use ironflow_lambda::Outcome;
+use ironflow_lambda::{LambdaWorker, LambdaWorkerBuilder};
 use ironflow_store::entities::RunStatus;
 
 /// A worker of the harness's API reached through `proxy`, with test-sized settings.

@@ -10,9 +10,10 @@ use aws_config::{BehaviorVersion, Region, SdkConfig};
 use aws_sdk_secretsmanager::config::Credentials;
 use aws_sdk_secretsmanager::primitives::Blob;
 use ironflow_core::providers::claude::ClaudeCodeProvider;
-use ironflow_lambda::builder::{BuildError, LambdaWorkerBuilder};
+use ironflow_lambda::SecretError;
 use ironflow_lambda::config::ConfigError;
-use ironflow_lambda::secrets::{SecretError, WORKER_TOKEN_SECRET_ARN_VAR};
+use ironflow_lambda::config::WORKER_TOKEN_SECRET_ARN_VAR;
+use ironflow_lambda::{BuildError, LambdaWorkerBuilder};
 
 fn moto_endpoint() -> String {
     std::env::var("IRONFLOW_TEST_MOTO_ENDPOINT").unwrap_or_else(|_| {
@@ -57,7 +58,7 @@ fn lookup(vars: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> + use<> {
 async fn build(
     vars: &[(&str, &str)],
     aws: &SdkConfig,
-) -> Result<ironflow_lambda::builder::LambdaWorker, BuildError> {
+) -> Result<ironflow_lambda::LambdaWorker, BuildError> {
     LambdaWorkerBuilder::from_lookup_and_secrets(lookup(vars), aws)
         .await?
         .provider(Arc::new(ClaudeCodeProvider::new()))
@@ -255,7 +256,7 @@ async fn a_token_rotated_while_the_instance_is_warm_is_read_again_when_the_api_r
     let summary = h.invoke(&worker, std::time::Duration::from_secs(30)).await;
 
     assert_eq!(
-        summary.count(ironflow_lambda::execution::Outcome::Completed),
+        summary.count(ironflow_lambda::Outcome::Completed),
         1,
         "{summary:?}"
     );
@@ -267,7 +268,7 @@ async fn a_token_rotated_while_the_instance_is_warm_is_read_again_when_the_api_r
         summary
             .api_errors
             .iter()
-            .any(|e| e.kind == ironflow_lambda::store::fault::FaultKind::Unauthorized),
+            .any(|e| e.kind == ironflow_lambda::FaultKind::Unauthorized),
         "{summary:?}"
     );
 }

@@ -9,12 +9,12 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use aws_sdk_sqs::types::QueueAttributeName;
 use ironflow_core::providers::claude::ClaudeCodeProvider;
-use ironflow_lambda::builder::LambdaWorkerBuilder;
-use ironflow_lambda::handler::{self, HandlerError, Response};
-use ironflow_lambda::local::{LocalApi, new_run};
-use ironflow_lambda::trigger::TriggerError;
-use ironflow_lambda::wake::{WakeSettings, WakeTrigger, Waker};
-use ironflow_lambda::workflows;
+use ironflow_lambda::LambdaWorkerBuilder;
+use ironflow_lambda::TriggerError;
+use ironflow_lambda::samples;
+use ironflow_lambda::{HandlerError, Response};
+use ironflow_lambda::{WakeSettings, WakeTrigger, Waker};
+use ironflow_local_api::{LocalApi, new_run};
 use ironflow_store::entities::RunStatus;
 use ironflow_store::store::Store;
 use lambda_runtime::{Context, LambdaEvent};
@@ -49,8 +49,8 @@ fn event(payload: Value, left: Duration) -> LambdaEvent<Value> {
 fn builder(api_url: &str, token: &str) -> LambdaWorkerBuilder {
     LambdaWorkerBuilder::new(api_url, token)
         .provider(Arc::new(ClaudeCodeProvider::new()))
-        .register(workflows::QuickShell)
-        .register(workflows::MultiStep { step_secs: 30.0 })
+        .register(samples::QuickShell)
+        .register(samples::MultiStep { step_secs: 30.0 })
         .max_runs_per_invocation(2)
         .concurrency(2)
         .function_timeout(Duration::from_secs(30))
@@ -110,7 +110,7 @@ async fn sqs_wake_ups_run_one_batch_and_answer_an_empty_failure_list() {
     let worker = builder(&api.url(), TOKEN).build().unwrap();
     let runs = create(&api, "quick-shell", 2).await;
 
-    let response = handler::handle_response(
+    let response = ironflow_lambda::handle_response(
         &worker,
         event(sample("sqs-wake-ups.json"), Duration::from_secs(30)),
     )
@@ -131,7 +131,7 @@ async fn a_malformed_body_fails_only_its_own_record() {
     let worker = builder(&api.url(), TOKEN).build().unwrap();
     let runs = create(&api, "quick-shell", 1).await;
 
-    let response = handler::handle(
+    let response = ironflow_lambda::handle(
         &worker,
         event(sample("sqs-one-malformed.json"), Duration::from_secs(30)),
     )
@@ -153,9 +153,10 @@ async fn only_malformed_records_run_no_batch() {
         .unwrap()
         .to_string();
 
-    let response = handler::handle_response(&worker, event(event_json, Duration::from_secs(30)))
-        .await
-        .unwrap();
+    let response =
+        ironflow_lambda::handle_response(&worker, event(event_json, Duration::from_secs(30)))
+            .await
+            .unwrap();
     assert_eq!(response.to_json(), failures(&[&first, MALFORMED_ID]));
     assert!(response.summary().is_none());
     assert_eq!(states(api.store(), &runs).await, [RunStatus::Pending]);
@@ -165,7 +166,7 @@ async fn only_malformed_records_run_no_batch() {
 async fn sqs_batch_that_cannot_run_lists_every_record() {
     // The API unreachable.
     let worker = builder(&unreachable_url().await, TOKEN).build().unwrap();
-    let response = handler::handle(
+    let response = ironflow_lambda::handle(
         &worker,
         event(sample("sqs-wake-ups.json"), Duration::from_secs(30)),
     )
@@ -177,7 +178,7 @@ async fn sqs_batch_that_cannot_run_lists_every_record() {
     let api = LocalApi::start(TOKEN).await.unwrap();
     let runs = create(&api, "quick-shell", 1).await;
     let worker = builder(&api.url(), "wrong-token").build().unwrap();
-    let response = handler::handle(
+    let response = ironflow_lambda::handle(
         &worker,
         event(sample("sqs-one-malformed.json"), Duration::from_secs(30)),
     )
@@ -196,7 +197,7 @@ async fn sqs_batch_without_time_left_lists_every_record_and_claims_nothing() {
     let worker = builder(&api.url(), TOKEN).build().unwrap();
     let runs = create(&api, "quick-shell", 1).await;
     // 1 s left, below the 1.5 s margin: the cutoff has already passed.
-    let response = handler::handle(
+    let response = ironflow_lambda::handle(
         &worker,
         event(sample("sqs-wake-ups.json"), Duration::from_secs(1)),
     )
@@ -214,7 +215,7 @@ async fn schedule_and_direct_batches_that_cannot_run_are_errors() {
         "schedule-custom-input.json",
         "direct-empty.json",
     ] {
-        let err = handler::handle(&worker, event(sample(name), Duration::from_secs(30)))
+        let err = ironflow_lambda::handle(&worker, event(sample(name), Duration::from_secs(30)))
             .await
             .unwrap_err();
         assert!(
@@ -243,7 +244,7 @@ async fn invalid_events_are_refused_before_any_call_to_the_api() {
             "UnreportableSqsRecord",
         ),
     ] {
-        let err = handler::handle(&worker, event(sample(name), Duration::from_secs(30)))
+        let err = ironflow_lambda::handle(&worker, event(sample(name), Duration::from_secs(30)))
             .await
             .unwrap_err();
         assert!(
@@ -256,7 +257,7 @@ async fn invalid_events_are_refused_before_any_call_to_the_api() {
             "{name}"
         );
     }
-    let err = handler::handle(
+    let err = ironflow_lambda::handle(
         &worker,
         event(sample("invalid-max-runs.json"), Duration::from_secs(30)),
     )
@@ -288,7 +289,7 @@ async fn overrides_and_custom_inputs_size_the_batch() {
         ("direct-empty.json", 1),
     ] {
         let response =
-            handler::handle_response(&worker, event(sample(name), Duration::from_secs(30)))
+            ironflow_lambda::handle_response(&worker, event(sample(name), Duration::from_secs(30)))
                 .await
                 .unwrap();
         let Response::Summary(summary) = response else {
@@ -312,7 +313,9 @@ async fn a_past_deadline_gets_the_emulated_invocation_only_when_configured() {
     };
 
     let plain = builder(&api.url(), TOKEN).build().unwrap();
-    let err = handler::handle(&plain, emulated()).await.unwrap_err();
+    let err = ironflow_lambda::handle(&plain, emulated())
+        .await
+        .unwrap_err();
     assert!(err.to_string().contains("no time left"), "{err}");
     assert_eq!(states(api.store(), &runs).await, [RunStatus::Pending]);
 
@@ -320,7 +323,9 @@ async fn a_past_deadline_gets_the_emulated_invocation_only_when_configured() {
         .emulated_invocation(Duration::from_secs(20))
         .build()
         .unwrap();
-    let response = handler::handle(&emulator, emulated()).await.unwrap();
+    let response = ironflow_lambda::handle(&emulator, emulated())
+        .await
+        .unwrap();
     assert_eq!(response["claimed"], 1, "{response}");
     assert_eq!(states(api.store(), &runs).await, [RunStatus::Completed]);
 
@@ -433,7 +438,7 @@ async fn a_filled_batch_sends_what_the_backlog_needs_minus_what_is_queued() {
     create(&api, "quick-shell", 5).await;
 
     // Claims 2 of 5: 3 pending → ceil(3 / 2) = 2 wake-ups.
-    let response = handler::handle(&worker, event(json!({}), Duration::from_secs(30)))
+    let response = ironflow_lambda::handle(&worker, event(json!({}), Duration::from_secs(30)))
         .await
         .unwrap();
     let wake = &response["wake_ups"];
@@ -450,7 +455,7 @@ async fn a_filled_batch_sends_what_the_backlog_needs_minus_what_is_queued() {
     assert_eq!(queue_depth(&sqs, &url).await, (2, 0));
 
     // Claims 2 more: 1 pending → 1 wake-up needed, 2 already queued → none sent.
-    let response = handler::handle(&worker, event(json!({}), Duration::from_secs(30)))
+    let response = ironflow_lambda::handle(&worker, event(json!({}), Duration::from_secs(30)))
         .await
         .unwrap();
     assert_eq!(response["wake_ups"]["sent"], 0, "{response}");
@@ -468,7 +473,7 @@ async fn a_filled_batch_sends_what_the_backlog_needs_minus_what_is_queued() {
         .enumerate()
         .map(|(i, b)| json!({"messageId": format!("w{i}"), "body": b.to_string(), "eventSource": "aws:sqs"}))
         .collect();
-    let response = handler::handle(
+    let response = ironflow_lambda::handle(
         &worker,
         event(json!({"Records": records}), Duration::from_secs(30)),
     )
@@ -489,7 +494,7 @@ async fn wake_ups_are_capped_per_invocation() {
         .unwrap();
     create(&api, "quick-shell", 7).await;
 
-    let response = handler::handle(&worker, event(json!({}), Duration::from_secs(30)))
+    let response = ironflow_lambda::handle(&worker, event(json!({}), Duration::from_secs(30)))
         .await
         .unwrap();
     assert_eq!(response["wake_ups"]["pending_runs"], 6, "{response}");
@@ -508,7 +513,7 @@ async fn no_backlog_no_wake_up() {
         .unwrap();
     create(&api, "quick-shell", 1).await;
 
-    let response = handler::handle(&worker, event(json!({}), Duration::from_secs(30)))
+    let response = ironflow_lambda::handle(&worker, event(json!({}), Duration::from_secs(30)))
         .await
         .unwrap();
     assert_eq!(response["stop_reason"], "no_pending_run", "{response}");
@@ -532,9 +537,10 @@ async fn a_handback_sends_a_delayed_wake_up() {
     let runs = create(&api, "multi-step", 1).await;
 
     // 4 s left, 1.5 s margin: the 30 s step is handed back at the cutoff.
-    let response = handler::handle_response(&worker, event(json!({}), Duration::from_secs(4)))
-        .await
-        .unwrap();
+    let response =
+        ironflow_lambda::handle_response(&worker, event(json!({}), Duration::from_secs(4)))
+            .await
+            .unwrap();
     let summary = response.summary().unwrap();
     let wake = summary.wake_ups.as_ref().unwrap();
     assert_eq!(wake.trigger, Some(WakeTrigger::HandedBack), "{summary:?}");
@@ -561,9 +567,10 @@ async fn a_failed_send_is_reported_and_does_not_fail_the_batch() {
         .unwrap();
     let runs = create(&api, "quick-shell", 3).await;
 
-    let response = handler::handle_response(&worker, event(json!({}), Duration::from_secs(30)))
-        .await
-        .unwrap();
+    let response =
+        ironflow_lambda::handle_response(&worker, event(json!({}), Duration::from_secs(30)))
+            .await
+            .unwrap();
     let summary = response.summary().unwrap();
     assert_eq!(summary.claimed, 2);
     let wake = summary.wake_ups.as_ref().unwrap();

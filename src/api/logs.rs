@@ -24,30 +24,12 @@ use tracing::warn;
 use uuid::Uuid;
 
 use super::{ApiClient, CALL_TIMEOUT};
+use crate::report::FlushReport;
 
 /// The API takes at most 1000 lines per call.
 pub const MAX_LINES_PER_CALL: usize = 1000;
 /// Runs whose lines one flush pushes at once: 8 (each run's calls stay in order).
 pub const PARALLEL_PUSHES: usize = 8;
-
-/// What one flush did.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Serialize)]
-pub struct FlushReport {
-    /// Lines the API accepted.
-    pub sent: usize,
-    /// Lines lost: the API refused them or could not be reached before the deadline.
-    pub dropped: usize,
-    /// Calls that failed.
-    pub failed_calls: usize,
-}
-
-impl std::ops::AddAssign for FlushReport {
-    fn add_assign(&mut self, other: Self) {
-        self.sent += other.sent;
-        self.dropped += other.dropped;
-        self.failed_calls += other.failed_calls;
-    }
-}
 
 /// Owns the engine's log receiver and pushes its lines to the API.
 pub struct LogForwarder {

@@ -22,7 +22,7 @@ use tokio::time::{Instant, timeout_at};
 use tracing::{error, info, warn};
 
 use super::{FailureCounter, PoisonError, PoisonMode, PoisonPolicy, PoisonTable, now_ms};
-use crate::execution::{Outcome, RunReport};
+use crate::report::{Outcome, RunReport};
 
 /// Table errors after which an invocation stops calling the table (fails open for the rest of
 /// it): 3.

@@ -15,53 +15,12 @@
 //! (see [`super`]).
 
 use std::collections::BTreeMap;
-use std::fmt;
 use std::sync::Mutex;
 use std::time::Duration;
 
 use ironflow_store::error::StoreError;
-use serde::Serialize;
 
-/// An API route as the store reaches it, relative to `/api/v1/internal` (`"GET /runs/{id}"`):
-/// the name faults are counted under in the summary and the `ApiErrors` metric.
-pub type Route = &'static str;
-
-/// What kind of infrastructure fault a call met.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum FaultKind {
-    /// No connection could be made (refused, unresolvable, TLS handshake failed): the request
-    /// was never sent, so any call may be sent again.
-    Connect,
-    /// The request went out, but the connection failed before a complete answer came back
-    /// (reset, closed, a truncated body): the API may have applied it.
-    Transport,
-    /// No answer within our own bound (the time left, the lease's validity or the per-attempt
-    /// limit): the API accepts connections but does not answer in time.
-    Timeout,
-    /// The API, or a proxy in front of it, answered with a server error (a 5xx, or a body that
-    /// is not the API's error envelope).
-    Server,
-    /// The API refused the worker token (401 or 403).
-    Unauthorized,
-    /// The API asked the worker to slow down (429 `RATE_LIMIT_EXCEEDED`).
-    Throttled,
-}
-
-impl FaultKind {
-    /// The name in the summary and the metric's `kind` dimension: `connect`, `transport`,
-    /// `timeout`, `server`, `unauthorized` or `throttled`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Connect => "connect",
-            Self::Transport => "transport",
-            Self::Timeout => "timeout",
-            Self::Server => "server",
-            Self::Unauthorized => "unauthorized",
-            Self::Throttled => "throttled",
-        }
-    }
-}
+pub use crate::report::{ApiErrorCount, FaultKind, Route};
 
 /// One infrastructure fault: which route, what kind, and what the API or the transport said.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -204,24 +163,6 @@ impl FaultLog {
             .iter()
             .map(|(&(route, kind), &count)| ApiErrorCount { route, kind, count })
             .collect()
-    }
-}
-
-/// How many faults of one kind one route met in an invocation (an entry of the summary's
-/// `api_errors`).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct ApiErrorCount {
-    /// The route, relative to `/api/v1/internal` (`"PUT /runs/{id}"`).
-    pub route: Route,
-    /// The kind of fault.
-    pub kind: FaultKind,
-    /// How many calls (attempts) met it.
-    pub count: u32,
-}
-
-impl fmt::Display for ApiErrorCount {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{} {} × {}", self.route, self.kind.as_str(), self.count)
     }
 }
 

@@ -544,7 +544,7 @@ mod tests {
     #[tokio::test]
     async fn a_stopping_scope_stops_its_work_instead_of_returning_a_fault() {
         let faults = Arc::new(FaultLog::default());
-        let lease = Arc::new(crate::lease::LeaseClock::new(
+        let lease = Arc::new(crate::deadline::LeaseClock::new(
             Instant::now(),
             Duration::from_millis(300),
         ));

@@ -82,6 +82,7 @@ enum Source {
     /// The API: an `ApiRunStore` rebuilt when the token changes.
     Api(ApiSource),
     /// Any store as it is (the API's own store in tests).
+    #[cfg(test)]
     Fixed(Arc<dyn Store>),
 }
 
@@ -138,6 +139,7 @@ impl GuardedStore {
     }
 
     /// Any store, guarded the same way (the API's own store in tests).
+    #[cfg(test)]
     pub fn over(inner: Arc<dyn Store>) -> Self {
         Self {
             base: inner.clone(),
@@ -162,7 +164,7 @@ impl GuardedStore {
     }
 
     /// Runs primed and not yet read.
-    #[cfg(all(test, feature = "local"))]
+    #[cfg(test)]
     fn primed_count(&self) -> usize {
         self.entries().len()
     }
@@ -176,6 +178,7 @@ impl GuardedStore {
     fn inner(&self) -> Arc<dyn Store> {
         match &self.source {
             Source::Api(api) => api.store(),
+            #[cfg(test)]
             Source::Fixed(store) => store.clone(),
         }
     }
@@ -189,6 +192,7 @@ impl GuardedStore {
     fn credentials(&self) -> Option<&Credentials> {
         match &self.source {
             Source::Api(api) => Some(&api.credentials),
+            #[cfg(test)]
             Source::Fixed(_) => None,
         }
     }
@@ -482,10 +486,16 @@ impl SignalSender for GuardedStore {
     /// when it surely never left.
     fn send(&self, signal: NewSignal, origin: SignalOrigin) -> SignalSendFuture<'_> {
         Box::pin(async move {
-            let Source::Api(api) = &self.source else {
-                return Err(EngineError::Store(StoreError::Database(
-                    "signals are sent through the API; this store has none".into(),
-                )));
+            // Infallible outside the tests, whose stores are fixed ones.
+            #[allow(clippy::infallible_destructuring_match)]
+            let api = match &self.source {
+                Source::Api(api) => api,
+                #[cfg(test)]
+                Source::Fixed(_) => {
+                    return Err(EngineError::Store(StoreError::Database(
+                        "signals are sent through the API; this store has none".into(),
+                    )));
+                }
             };
             let sent = guard::once("POST /signals", self.credentials(), true, || {
                 let (s, signal, origin) = (api.store(), signal.clone(), origin);
@@ -702,7 +712,7 @@ impl UserStore for GuardedStore {
 }
 
 // The local runner's run template: the tests build with the default `local` feature.
-#[cfg(all(test, feature = "local"))]
+#[cfg(test)]
 mod tests {
     use std::collections::HashMap;
 
@@ -716,7 +726,7 @@ mod tests {
         NewRun {
             trigger,
             labels,
-            ..crate::local::new_run("primed", 0)
+            ..ironflow_local_api::new_run("primed", 0)
         }
     }
 

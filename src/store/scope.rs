@@ -19,15 +19,14 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use chrono::{DateTime, Utc};
 use ironflow_store::entities::RunStatus;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use super::fault::{ApiFault, FaultLog};
+use crate::deadline::LeaseClock;
 use crate::deadline::later;
-use crate::lease::LeaseClock;
 
 tokio::task_local! {
     static SCOPE: Arc<CallScope>;
@@ -78,7 +77,6 @@ pub struct CallScope {
     until: Instant,
     lease: Option<Arc<LeaseClock>>,
     on_fault: OnFault,
-    started_at: DateTime<Utc>,
     faults: Arc<FaultLog>,
     fenced: AtomicBool,
     saw_fault: AtomicBool,
@@ -98,7 +96,6 @@ impl CallScope {
             until,
             lease: None,
             on_fault: OnFault::Return,
-            started_at: Utc::now(),
             faults,
             fenced: AtomicBool::new(false),
             saw_fault: AtomicBool::new(false),
@@ -153,11 +150,6 @@ impl CallScope {
     /// What a call does once the API kept failing.
     pub fn on_fault(&self) -> OnFault {
         self.on_fault
-    }
-
-    /// When calls began in this scope (steps created since are this execution's).
-    pub fn started_at(&self) -> DateTime<Utc> {
-        self.started_at
     }
 
     /// No call of this scope is attempted, nor retried, past this: the scope's bound or the

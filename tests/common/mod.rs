@@ -13,11 +13,10 @@ use ironflow_core::providers::claude::ClaudeCodeProvider;
 use ironflow_engine::config::ShellConfig;
 use ironflow_engine::context::WorkflowContext;
 use ironflow_engine::handler::{HandlerFuture, WorkflowHandler};
-use ironflow_lambda::builder::{LambdaWorker, LambdaWorkerBuilder};
-use ironflow_lambda::handler;
-use ironflow_lambda::invocation::InvocationSummary;
-use ironflow_lambda::local::{LocalApi, new_run};
+use ironflow_lambda::InvocationSummary;
 use ironflow_lambda::orphans;
+use ironflow_lambda::{LambdaWorker, LambdaWorkerBuilder};
+use ironflow_local_api::{LocalApi, new_run};
 use ironflow_store::entities::{Run, RunStatus, Step};
 use ironflow_store::store::RunStore;
 use ironflow_worker::ApiRunStore;
@@ -102,11 +101,11 @@ impl Harness {
         worker: &LambdaWorker,
         event: Value,
         deadline_ms: u64,
-    ) -> Result<InvocationSummary, ironflow_lambda::trigger::TriggerError> {
+    ) -> Result<InvocationSummary, ironflow_lambda::TriggerError> {
         let mut context = Context::default();
         context.request_id = format!("req-{}", Uuid::new_v4());
         context.deadline = deadline_ms;
-        handler::handle_summary(worker, LambdaEvent::new(event, context)).await
+        ironflow_lambda::handle_summary(worker, LambdaEvent::new(event, context)).await
     }
 }
 

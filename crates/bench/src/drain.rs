@@ -13,10 +13,9 @@ use ironflow_core::providers::claude::ClaudeCodeProvider;
 use ironflow_engine::config::ShellConfig;
 use ironflow_engine::context::WorkflowContext;
 use ironflow_engine::handler::{HandlerFuture, WorkflowHandler};
-use ironflow_lambda::builder::{LambdaWorker, LambdaWorkerBuilder};
-use ironflow_lambda::handler;
-use ironflow_lambda::invocation::InvocationSummary;
-use ironflow_lambda::local::{LocalApi, new_run};
+use ironflow_lambda::InvocationSummary;
+use ironflow_lambda::{LambdaWorker, LambdaWorkerBuilder};
+use ironflow_local_api::{LocalApi, new_run};
 use ironflow_store::entities::RunStatus;
 use ironflow_store::store::Store;
 use ironflow_worker::WorkerBuilder;
@@ -323,6 +322,9 @@ impl DrainResult {
 /// last invocation sends them before it returns).
 const SETTLE: Duration = Duration::from_millis(400);
 
+/// Worker threads of the API's own runtime: 2, the machine's cores.
+pub const API_THREADS: usize = 2;
+
 /// A drain that takes longer than this is a failure of the bench.
 const DRAIN_LIMIT: Duration = Duration::from_secs(600);
 
@@ -333,7 +335,10 @@ pub async fn drain(
     s: &DrainSettings,
 ) -> Result<DrainResult, BenchError> {
     let token = Uuid::new_v4().to_string();
-    let api = LocalApi::start(&token).await?;
+    // The API runs apart, on threads of its own, as a separate server would: neither worker
+    // shares its runtime (ours executes runs on its own runtime, the reference worker on the
+    // bench's).
+    let api = LocalApi::start_apart(&token, API_THREADS).await?;
     let mut ids = Vec::with_capacity(s.runs);
     for _ in 0..s.runs {
         // Straight into the API's store: creating the runs is not part of what is measured.
@@ -407,9 +412,9 @@ pub async fn drain(
                     .filter(|r| {
                         !matches!(
                             r.outcome,
-                            ironflow_lambda::execution::Outcome::HandedBack
-                                | ironflow_lambda::execution::Outcome::Released
-                                | ironflow_lambda::execution::Outcome::LeaseLost
+                            ironflow_lambda::Outcome::HandedBack
+                                | ironflow_lambda::Outcome::Released
+                                | ironflow_lambda::Outcome::LeaseLost
                         )
                     })
                     .count();
@@ -465,7 +470,7 @@ pub async fn invoke_with(
     context: Context,
 ) -> Result<InvocationSummary, BenchError> {
     let event = LambdaEvent::new(serde_json::json!({}), context);
-    Ok(handler::handle_summary(worker, event).await?)
+    Ok(ironflow_lambda::handle_summary(worker, event).await?)
 }
 
 /// When the watcher saw the first run claimed, and every run terminal.

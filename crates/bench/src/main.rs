@@ -3,9 +3,9 @@
 //! cold start, binary size and peak RSS. Writes `BENCHMARKS.md`.
 //!
 //! ```sh
-//! cargo build --release --no-default-features --bin ironflow-lambda \
-//!   && cargo run --release --bin ironflow-lambda-bench              # full run, writes BENCHMARKS.md
-//! cargo run --release --bin ironflow-lambda-bench -- --quick        # small run, prints only
+//! cargo build --release --bin ironflow-lambda \
+//!   && cargo run --release -p ironflow-lambda-bench              # full run, writes BENCHMARKS.md
+//! cargo run --release -p ironflow-lambda-bench -- --quick        # small run, prints only
 //! ```
 //!
 //! The first command builds the deployable function as deployed (without the `local`
@@ -32,7 +32,6 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use drain::{DrainResult, DrainSettings, UsagePerRun, Which, Workload};
-use ironflow_lambda::handler;
 use latency::DeadlineSettings;
 
 /// Anything that stops the bench, with what it was doing.
@@ -41,15 +40,15 @@ pub enum BenchError {
     #[error("{0}")]
     Msg(String),
     #[error(transparent)]
-    Api(#[from] ironflow_lambda::local::LocalApiError),
+    Api(#[from] ironflow_local_api::LocalApiError),
     #[error("store: {0}")]
     Store(#[from] ironflow_store::error::StoreError),
     #[error("building our worker: {0}")]
-    Build(#[from] ironflow_lambda::builder::BuildError),
+    Build(#[from] ironflow_lambda::BuildError),
     #[error("building the reference worker: {0}")]
     Reference(#[from] ironflow_worker::WorkerError),
     #[error("invocation refused: {0}")]
-    Trigger(#[from] ironflow_lambda::trigger::TriggerError),
+    Trigger(#[from] ironflow_lambda::TriggerError),
     #[error("I/O: {0}")]
     Io(#[from] std::io::Error),
     #[error("JSON: {0}")]
@@ -236,7 +235,7 @@ async fn main() -> ExitCode {
     });
     // In a task on the worker threads, as the deployed function runs its Lambda runtime loop
     // (`handler::in_worker_task`): our invocations are awaited from there.
-    match handler::in_worker_task(run(options)).await {
+    match in_worker_task(run(options)).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e}");
@@ -406,6 +405,28 @@ pub fn epoch_us() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
+}
+
+/// Run `future` in a task of its own on the runtime's worker threads, and return its output:
+/// under `#[tokio::main]` (a multi-thread runtime) a future awaited in `block_on` runs on the
+/// main thread, outside the worker threads, and every wake-up of a claim loop awaited there (a
+/// run finished, a slot is free, a claim answered) would hop to another thread. Our invocations
+/// are awaited from here; the worker executes their runs on its own runtime either way
+/// (`ironflow_lambda`'s `runtime` module). A panic in `future` is resumed here.
+async fn in_worker_task<T, F>(future: F) -> T
+where
+    F: std::future::Future<Output = T> + Send + 'static,
+    T: Send + 'static,
+{
+    use tracing::Instrument;
+    let task = tokio_util::task::AbortOnDropHandle::new(tokio::spawn(future.in_current_span()));
+    match task.await {
+        Ok(output) => output,
+        Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+        Err(e) => std::panic::resume_unwind(Box::new(format!(
+            "the task was cancelled (the runtime is shutting down): {e}"
+        ))),
+    }
 }
 
 #[cfg(test)]

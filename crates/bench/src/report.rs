@@ -174,12 +174,12 @@ pub fn render(o: &Options, m: &Machine, r: &Results) -> String {
     let mut md = String::new();
     let command = if o.args.is_empty() {
         format!(
-            "{} && cargo run --release --bin ironflow-lambda-bench",
+            "{} && cargo run --release -p ironflow-lambda-bench",
             crate::process::BUILD_FUNCTION
         )
     } else {
         format!(
-            "{} && cargo run --release --bin ironflow-lambda-bench -- {}",
+            "{} && cargo run --release -p ironflow-lambda-bench -- {}",
             crate::process::BUILD_FUNCTION,
             o.args.join(" ")
         )
@@ -363,7 +363,7 @@ pub fn render(o: &Options, m: &Machine, r: &Results) -> String {
          drains' wall times, which pairs drains run seconds apart, one after the other: on a machine whose \
          speed drifts during the run it can differ from the ratio of medians by several \
          percent. A drain target is met only if all three ratios are. Ours: \
-         invocations back to back through `handler::handle_summary` (the Lambda code path), \
+         invocations back to back through `ironflow_lambda::handle_summary` (the Lambda code path), \
          awaited one after the other from a task on the worker threads, as the deployed \
          function's Lambda runtime loop runs them (`handler::in_worker_task`), \
          each claiming at most N = {} runs with a deadline {} s away. The rounds follow a Williams \
@@ -630,7 +630,7 @@ pub fn render(o: &Options, m: &Machine, r: &Results) -> String {
     let _ = writeln!(md, "\n## Cold start, size, memory\n");
     let _ = writeln!(
         md,
-        "The deployable binary, `cargo build --release --no-default-features --bin \
+        "The deployable binary, `cargo build --release --bin \
          ironflow-lambda` (the release profile of `Cargo.toml`: stripped, `opt-level = \"s\"`, fat \
          LTO, one codegen unit: the profile `sam build` builds the arm64 function with), started \
          against a stand-in for AWS's Lambda Runtime API on loopback (a hand-written stub: the Runtime \

@@ -7,7 +7,7 @@
 //!
 //! Two drains by our invocations with the table in use (fail mode, the default), counted with
 //! the table's own per-operation counter (`DynamoPoisonTable::calls`, retries included):
-//! the success path (runs of two workflows, all completing), and the failure path (runs of a
+//! the success path (runs of two samples, all completing), and the failure path (runs of a
 //! workflow whose step exits 1, under a threshold high enough that none is blocked).
 //! Targets (issue 7): at most 1 read per distinct workflow per invocation, 0 writes on the
 //! success path.
@@ -27,10 +27,10 @@ use ironflow_core::providers::claude::ClaudeCodeProvider;
 use ironflow_engine::config::ShellConfig;
 use ironflow_engine::context::WorkflowContext;
 use ironflow_engine::handler::{HandlerFuture, WorkflowHandler};
-use ironflow_lambda::builder::LambdaWorkerBuilder;
-use ironflow_lambda::local::{LocalApi, new_run};
+use ironflow_lambda::LambdaWorkerBuilder;
 use ironflow_lambda::poison::PoisonPolicy;
 use ironflow_lambda::poison::dynamodb::{DynamoPoisonTable, PARTITION_KEY};
+use ironflow_local_api::{LocalApi, new_run};
 use uuid::Uuid;
 
 use crate::BenchError;

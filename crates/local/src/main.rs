@@ -19,9 +19,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ironflow_core::providers::claude::ClaudeCodeProvider;
-use ironflow_lambda::builder::LambdaWorkerBuilder;
-use ironflow_lambda::local::{LocalApi, new_run};
-use ironflow_lambda::{handler, orphans, workflows};
+use ironflow_lambda::LambdaWorkerBuilder;
+use ironflow_lambda::{orphans, samples};
+use ironflow_local_api::{LocalApi, new_run};
 use ironflow_store::entities::StepStatus;
 use ironflow_store::store::{RunStore, Store};
 use ironflow_worker::ApiRunStore;
@@ -117,10 +117,10 @@ async fn run() -> Result<bool, Box<dyn std::error::Error>> {
 
     let worker = LambdaWorkerBuilder::new(&api.url(), &token)
         .provider(Arc::new(ClaudeCodeProvider::new()))
-        .register(workflows::QuickShell)
-        .register(workflows::MultiStep { step_secs: 1.2 })
-        .register(workflows::Flaky)
-        .register(workflows::AlwaysFails)
+        .register(samples::QuickShell)
+        .register(samples::MultiStep { step_secs: 1.2 })
+        .register(samples::Flaky)
+        .register(samples::AlwaysFails)
         .max_runs_per_invocation(4)
         .concurrency(2)
         .function_timeout(INVOCATION)
@@ -141,7 +141,8 @@ async fn run() -> Result<bool, Box<dyn std::error::Error>> {
         context.request_id = format!("local-{n}");
         context.deadline = epoch_ms() + INVOCATION.as_millis() as u64;
         let response =
-            handler::handle(&worker, LambdaEvent::new(serde_json::json!({}), context)).await?;
+            ironflow_lambda::handle(&worker, LambdaEvent::new(serde_json::json!({}), context))
+                .await?;
         println!("invocation {n}: {response}");
         let claimed = response["runs"].as_array().map_or(0, Vec::len);
         for r in response["runs"].as_array().into_iter().flatten() {

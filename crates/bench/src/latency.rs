@@ -1,4 +1,4 @@
-//! Invocation latencies through the Lambda handler (`handler::handle_summary`), against the
+//! Invocation latencies through the Lambda handler (`ironflow_lambda::handle_summary`), against the
 //! embedded API on loopback: an idle invocation (nothing pending), and the deadline precision
 //! of invocations whose runs outlast their deadline.
 
@@ -9,9 +9,9 @@ use ironflow_core::providers::claude::ClaudeCodeProvider;
 use ironflow_engine::config::ShellConfig;
 use ironflow_engine::context::WorkflowContext;
 use ironflow_engine::handler::{HandlerFuture, WorkflowHandler};
-use ironflow_lambda::builder::LambdaWorkerBuilder;
-use ironflow_lambda::execution::Outcome;
-use ironflow_lambda::local::{LocalApi, new_run};
+use ironflow_lambda::LambdaWorkerBuilder;
+use ironflow_lambda::Outcome;
+use ironflow_local_api::{LocalApi, new_run};
 use lambda_runtime::Context;
 use tokio::time::Instant;
 use uuid::Uuid;

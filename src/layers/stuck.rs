@@ -1,5 +1,5 @@
-//! Layers around the Lambda runtime's invocation service (`lambda_runtime::Runtime::layer`):
-//! what happens after the response is out.
+//! Ending the process after the response while an execution is stuck (a layer for
+//! `lambda_runtime::Runtime::layer`).
 
 use std::pin::Pin;
 use std::sync::Arc;

@@ -1,6 +1,6 @@
 //! The deployable binary as a process: cold start, stripped size, peak RSS.
 //!
-//! The release `ironflow-lambda` binary (built `--no-default-features`, as deployed) is started
+//! The release `ironflow-lambda` binary (built as deployed) is started
 //! against a stand-in for AWS's Lambda Runtime API on loopback. The Runtime API is AWS's
 //! protocol, not ironflow's, and no implementation of it ships in a registry package, so this
 //! hand-written stub is the legitimate peer here: it serves
@@ -18,7 +18,7 @@ use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use ironflow_lambda::local::{LocalApi, new_run};
+use ironflow_local_api::{LocalApi, new_run};
 use tokio::net::TcpListener;
 use tokio::sync::Notify;
 use tokio::time::{Instant, timeout};
@@ -177,8 +177,7 @@ async fn next(State(s): State<Arc<StubState>>) -> Response {
 }
 
 /// The command that builds the deployable function the bench measures.
-pub const BUILD_FUNCTION: &str =
-    "cargo build --release --no-default-features --bin ironflow-lambda";
+pub const BUILD_FUNCTION: &str = "cargo build --release --bin ironflow-lambda";
 
 /// The release `ironflow-lambda` binary beside this one, as [`BUILD_FUNCTION`] builds it. Not
 /// built from here: a cargo started by this process (itself started by `cargo run`) sees

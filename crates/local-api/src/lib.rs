@@ -1,8 +1,8 @@
 //! The real ironflow API, embedded: its router over an in-memory store, served on
 //! `127.0.0.1:<free port>`, with its background tasks (reaper, schedule ticker, waker).
 //!
-//! Used by the local runner (`ironflow-lambda-local`) and the tests; behind the `local`
-//! feature (on by default; the deployable function is built without it).
+//! Used by the local runner (`ironflow-lambda-local`), the tests and the benchmark of
+//! ironflow-lambda; the deployable function does not depend on it.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -67,6 +67,8 @@ pub struct LocalApi {
     routes: Arc<Mutex<BTreeMap<String, u64>>>,
     background: CancellationToken,
     server: JoinHandle<()>,
+    /// The runtime of its own it was started on ([`LocalApi::start_apart`]), if any.
+    runtime: Option<tokio::runtime::Runtime>,
 }
 
 impl LocalApi {
@@ -181,7 +183,33 @@ impl LocalApi {
             routes,
             background,
             server,
+            runtime: None,
         })
+    }
+
+    /// Start the API on a runtime of its own with `threads` worker threads, as a separate API
+    /// server would run: no client of it shares its threads (the benchmark's setting, where
+    /// the workers compared must not share the API's runtime).
+    ///
+    /// # Errors
+    ///
+    /// [`LocalApiError`] when the runtime cannot start or no loopback port can be bound.
+    pub async fn start_apart(worker_token: &str, threads: usize) -> Result<Self, LocalApiError> {
+        let failed = |source| LocalApiError { port: 0, source };
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(threads.max(1))
+            .thread_name("local-api")
+            .enable_all()
+            .build()
+            .map_err(failed)?;
+        let token = worker_token.to_string();
+        let started = runtime
+            .spawn(async move { Self::start_with(&token, None, 0).await })
+            .await
+            .map_err(|e| failed(std::io::Error::other(e)))?;
+        let mut api = started?;
+        api.runtime = Some(runtime);
+        Ok(api)
     }
 
     /// The API's base URL, e.g. `http://127.0.0.1:41234`.
@@ -240,6 +268,9 @@ impl Drop for LocalApi {
     fn drop(&mut self) {
         self.background.cancel();
         self.server.abort();
+        if let Some(runtime) = self.runtime.take() {
+            runtime.shutdown_background();
+        }
     }
 }
 

@@ -1,0 +1,213 @@
+//! The entry point of a Lambda function running ironflow workflows: [`run`].
+//!
+//! One call does what the deployable function needs at cold start and for each event: the JSON
+//! logs, the child subreaper, the settings from the environment (the worker token from Secrets
+//! Manager when `IRONFLOW_WORKER_TOKEN_SECRET_ARN` is set), the DynamoDB poison-pill table and
+//! the wake-up queue when configured, the EMF metrics, the checks of the Lambda runtime's own
+//! variables, and the runtime loop with its layers ([`crate::layers`]). Every error is one JSON
+//! log line (never the token) and exit status 1, which Lambda reports as an init or runtime
+//! failure.
+//!
+//! The runtime loop, the claims, the lease refreshers and the handbacks run on a single-threaded
+//! runtime on the main thread; the worker executes the runs on a runtime of its own
+//! ([`crate::runtime`]), so that workflow code blocking its threads cannot stop them.
+
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use lambda_runtime::layers::TracingLayer;
+use lambda_runtime::tower::ServiceBuilder;
+use lambda_runtime::{LambdaEvent, Runtime, service_fn};
+use serde_json::Value;
+use tracing::error;
+
+use crate::builder::{BuildError, LambdaWorker, LambdaWorkerBuilder};
+use crate::layers::{ExitWhenStuckLayer, MetricsLayer};
+use crate::wake::Waker;
+use crate::{handler, logging, metrics, orphans};
+
+const USAGE: &str = "This is an ironflow-lambda function: AWS Lambda (or `cargo lambda watch`) runs \
+it, and environment variables configure it (the ironflow-lambda README, \"Configuration\"). It \
+takes no argument. To run workflows locally without Lambda: `cargo run --bin \
+ironflow-lambda-local` in the ironflow-lambda repository.";
+
+/// The variables that need the AWS configuration (and only they load it: outside AWS without a
+/// region, loading it asks the EC2 instance metadata service, and warns at length).
+const AWS_VARIABLES: [&str; 3] = [
+    "IRONFLOW_WORKER_TOKEN_SECRET_ARN",
+    "IRONFLOW_POISON_TABLE",
+    "IRONFLOW_WAKE_QUEUE_URL",
+];
+
+/// Run the Lambda function: build the worker from the environment, let `configure` add the
+/// agent provider and the workflows (and any other setting), and serve every event until the
+/// runtime stops. Call it from a plain `fn main`:
+///
+/// ```no_run
+/// use std::process::ExitCode;
+/// use std::sync::Arc;
+/// use ironflow_core::providers::claude::ClaudeCodeProvider;
+///
+/// fn main() -> ExitCode {
+///     ironflow_lambda::run(|worker| {
+///         worker
+///             .provider(Arc::new(ClaudeCodeProvider::new()))
+///             .register(ironflow_lambda::samples::QuickShell)
+///     })
+/// }
+/// ```
+///
+/// Returns the process's exit status: success when the runtime loop ends (it does not, under
+/// Lambda), failure (1) after logging the error when the cold start or the runtime fails.
+/// `--help` prints what the binary is and exits 0.
+pub fn run<F>(configure: F) -> ExitCode
+where
+    F: FnOnce(LambdaWorkerBuilder) -> LambdaWorkerBuilder,
+{
+    if std::env::args()
+        .nth(1)
+        .is_some_and(|a| a == "--help" || a == "-h")
+    {
+        println!("{USAGE}");
+        return ExitCode::SUCCESS;
+    }
+    logging::init(logging::filter(), std::io::stdout);
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            error!(error = %e, "could not start the runtime");
+            return ExitCode::FAILURE;
+        }
+    };
+    runtime.block_on(serve(configure))
+}
+
+async fn serve<F>(configure: F) -> ExitCode
+where
+    F: FnOnce(LambdaWorkerBuilder) -> LambdaWorkerBuilder,
+{
+    orphans::become_subreaper();
+    let worker = match build(configure).await {
+        Ok(worker) => Arc::new(worker),
+        Err(e) => {
+            // Lambda reports the init failure and retries the cold start on the next event.
+            error!(error = %e, "cold start failed");
+            return ExitCode::FAILURE;
+        }
+    };
+    let settings = worker.settings();
+    let collector = metrics::install(&settings.metrics_namespace, &function_name());
+    // lambda_runtime panics on a missing runtime variable: say so instead.
+    if let Some(e) = runtime_environment_error() {
+        error!(error = %e, "not under a Lambda runtime");
+        return ExitCode::FAILURE;
+    }
+    let answer = {
+        let worker = worker.clone();
+        service_fn(move |event: LambdaEvent<Value>| {
+            let worker = worker.clone();
+            async move { handler::handle(&worker, event).await }
+        })
+    };
+    let handler = ServiceBuilder::new()
+        .layer(MetricsLayer::new(collector))
+        .service(answer);
+    let served = Runtime::new(handler)
+        .layer(TracingLayer::new())
+        .layer(ExitWhenStuckLayer::new(worker))
+        .run()
+        .await;
+    match served {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            error!(
+                error = %error_chain(e.as_ref()),
+                runtime_api = %std::env::var("AWS_LAMBDA_RUNTIME_API").unwrap_or_default(),
+                "the Lambda Runtime API (AWS_LAMBDA_RUNTIME_API) failed: the runtime loop stopped"
+            );
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// The worker from the environment, configured by `configure`, with the poison-pill table and
+/// the wake-ups when their variables are set (the AWS configuration is loaded once, for Secrets
+/// Manager, DynamoDB and SQS, and only when one of them is configured).
+async fn build<F>(configure: F) -> Result<LambdaWorker, BuildError>
+where
+    F: FnOnce(LambdaWorkerBuilder) -> LambdaWorkerBuilder,
+{
+    let uses_aws = AWS_VARIABLES
+        .iter()
+        .any(|name| std::env::var_os(name).is_some_and(|v| !v.is_empty()));
+    let aws = if uses_aws {
+        aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await
+    } else {
+        aws_config::SdkConfig::builder().build()
+    };
+    let builder = configure(LambdaWorkerBuilder::from_env_and_secrets(&aws).await?);
+    // IRONFLOW_POISON_TABLE set: the shared DynamoDB table, checked now (a missing table stops
+    // the cold start with its name); unset: the in-memory table.
+    let mut builder = builder.connect_poison_table().await?;
+    if let Some(waker) = Waker::from_env(&aws)? {
+        builder = builder.wake_ups(waker);
+    }
+    builder.build()
+}
+
+/// The function's name for the metrics' `function` dimension: `AWS_LAMBDA_FUNCTION_NAME`, or
+/// `local` outside Lambda.
+fn function_name() -> String {
+    std::env::var("AWS_LAMBDA_FUNCTION_NAME").unwrap_or_else(|_| "local".into())
+}
+
+/// What is wrong with the variables the Lambda runtime sets, which `lambda_runtime` reads with a
+/// panic (`Config::from_env`): `None` when all are there and well formed.
+fn runtime_environment_error() -> Option<String> {
+    if std::env::var_os("AWS_LAMBDA_RUNTIME_API").is_none() {
+        return Some(
+            "AWS_LAMBDA_RUNTIME_API is not set: this binary runs under AWS Lambda or `cargo \
+             lambda watch` (README); to run workflows locally without them, use `cargo run \
+             --bin ironflow-lambda-local`"
+                .to_string(),
+        );
+    }
+    let var = |name| std::env::var(name).ok().filter(|v| !v.is_empty());
+    let mut wrong = Vec::new();
+    for name in ["AWS_LAMBDA_FUNCTION_NAME", "AWS_LAMBDA_FUNCTION_VERSION"] {
+        if var(name).is_none() {
+            wrong.push(format!("{name} (not set)"));
+        }
+    }
+    let memory = "AWS_LAMBDA_FUNCTION_MEMORY_SIZE";
+    match var(memory) {
+        None => wrong.push(format!("{memory} (not set)")),
+        Some(v) if v.parse::<i32>().is_err() => {
+            wrong.push(format!(
+                "{memory} (expected a whole number of MB, found {v:?})"
+            ));
+        }
+        Some(_) => {}
+    }
+    (!wrong.is_empty()).then(|| {
+        format!(
+            "the Lambda runtime's variables are incomplete: {}; AWS Lambda and `cargo lambda \
+             watch` set them",
+            wrong.join(", ")
+        )
+    })
+}
+
+/// An error with its causes (`client error (Connect): tcp connect error: ...`).
+fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        text.push_str(&format!(": {c}"));
+        cause = c.source();
+    }
+    text
+}
