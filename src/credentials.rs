@@ -15,8 +15,8 @@ use std::time::Duration;
 use tokio::time::{Instant, timeout_at};
 use tracing::{info, warn};
 
-use crate::config::WorkerToken;
 use crate::secrets::TokenSecret;
+use crate::settings::WorkerToken;
 
 /// Shortest time between two re-reads of the secret: 60 s. A token the API refuses for
 /// another reason (the secret is stale too) costs one `GetSecretValue` a minute, not one per

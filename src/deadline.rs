@@ -12,7 +12,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tokio::time::Instant;
 
 /// How far ahead [`later`] ever reaches: 100 years, far beyond any setting this crate accepts
-/// (see [`crate::config::MAX_DURATION`]), and still within any platform's clock.
+/// (see [`crate::settings::MAX_DURATION`]), and still within any platform's clock.
 pub const HORIZON: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
 
 /// `at + d`, saturating: never panics, never more than [`HORIZON`] after `at`. Every instant

@@ -21,9 +21,10 @@ use lambda_runtime::{LambdaEvent, Runtime, service_fn};
 use serde_json::Value;
 use tracing::error;
 
-use crate::builder::{BuildError, LambdaWorker, LambdaWorkerBuilder};
+use crate::build_error::BuildError;
+use crate::builder::LambdaWorkerBuilder;
 use crate::layers::{ExitWhenStuckLayer, MetricsLayer};
-use crate::wake::Waker;
+use crate::worker::LambdaWorker;
 use crate::{handler, logging, metrics, orphans};
 
 const USAGE: &str = "This is an ironflow-lambda function: AWS Lambda (or `cargo lambda watch`) runs \
@@ -151,11 +152,9 @@ where
     let builder = configure(LambdaWorkerBuilder::from_env_and_secrets(&aws).await?);
     // IRONFLOW_POISON_TABLE set: the shared DynamoDB table, checked now (a missing table stops
     // the cold start with its name); unset: the in-memory table.
-    let mut builder = builder.connect_poison_table().await?;
-    if let Some(waker) = Waker::from_env(&aws)? {
-        builder = builder.wake_ups(waker);
-    }
-    builder.build()
+    // IRONFLOW_WAKE_QUEUE_URL set: the waker is built from the settings and the AWS
+    // configuration by `build`.
+    builder.connect_poison_table().await?.build()
 }
 
 /// The function's name for the metrics' `function` dimension: `AWS_LAMBDA_FUNCTION_NAME`, or

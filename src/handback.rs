@@ -9,14 +9,17 @@
 //! invocation's own calls, each retried until the last write:
 //! 1. confirm the lease is still this invocation's (`renew_lease`); if not, write nothing (the
 //!    run was cancelled or is someone else's);
-//! 2. the loop guard, at the cutoff only: a run that made no progress (no step completed in
-//!    this invocation) for the `max_handbacks_without_progress`-th time in a row is failed
-//!    instead, and so is a run that spent a long stretch without starting or finishing any step
-//!    (outside steps, a replay redoes the same work, so it could never finish). Handbacks after
-//!    an API fault do not count, and neither does a stretch in which the API failed;
+//! 2. the loop guard, at a *counted* cutoff only: a run that made no progress (no step
+//!    completed in this invocation) for the `max_handbacks_without_progress`-th time in a row
+//!    is failed instead, and so is a run that spent a long stretch without starting or
+//!    finishing any step (outside steps, a replay redoes the same work, so it could never
+//!    finish). A cutoff counts only when the execution had a fair chance: it met no API fault
+//!    and executed for at least half an invocation's window ([`HandbackPolicy::fair_share`]).
+//!    Handbacks after an API fault or an expired lease never count: an infrastructure error is
+//!    never a workflow failure, and a run claimed late in an invocation is not a slow step;
 //! 3. mark the steps left Running as interrupted (as `Engine::interrupt_running_steps` does; an
-//!    interruption that was not the cutoff's is marked as such in the step's debug messages,
-//!    [`INTERRUPTION_KEY`], so that the loop guard does not count it);
+//!    interruption that does not count is marked as such in the step's debug messages,
+//!    [`INTERRUPTION_KEY`], so that later handbacks do not count it either);
 //! 4. write Pending, adding this invocation's time to the run's `duration_ms`.
 //!
 //! A step the execution left Running that cannot be marked interrupted keeps the run from
@@ -53,6 +56,9 @@ pub(crate) struct HandbackPolicy {
     /// A run that executed this long in one invocation without any step running or finishing
     /// is failed at the cutoff instead of handed back.
     pub stall_window: Duration,
+    /// A cutoff counts for the loop guard only when the run executed at least this long in
+    /// the invocation (half the window between an invocation's start and its cutoff).
+    pub fair_share: Duration,
 }
 
 /// What a handback needs: the invocation's calls and lease, its last write, the loop guard.
@@ -85,19 +91,26 @@ pub(crate) enum Why {
     LeaseExpired(String),
 }
 
-/// The key of the debug message that marks a step interrupted by something else than the
-/// cutoff (`{"ironflow_lambda_interruption": "api_fault" | "lease_expired"}`): the loop guard
-/// does not count such interruptions.
+/// The key of the debug message that marks an interruption the loop guard does not count
+/// (`{"ironflow_lambda_interruption": "api_fault" | "lease_expired" | "short_cutoff"}`).
 pub const INTERRUPTION_KEY: &str = "ironflow_lambda_interruption";
 
 impl Why {
-    /// The interruption mark of the steps this handback interrupts, if any.
-    fn mark(&self) -> Option<&'static str> {
+    /// The interruption mark of the steps this handback interrupts: `None` for a cutoff that
+    /// counts for the loop guard (`counted`).
+    fn mark(&self, counted: bool) -> Option<&'static str> {
         match self {
-            Self::Cutoff => None,
+            Self::Cutoff if counted => None,
+            Self::Cutoff => Some("short_cutoff"),
             Self::ApiFault(_) => Some("api_fault"),
             Self::LeaseExpired(_) => Some("lease_expired"),
         }
+    }
+
+    /// Whether this handback counts for the loop guard: a cutoff after an execution that met
+    /// no API fault and executed at least [`HandbackPolicy::fair_share`].
+    fn counts(&self, policy: &HandbackPolicy, executed: Duration, saw_fault: bool) -> bool {
+        matches!(self, Self::Cutoff) && !saw_fault && executed >= policy.fair_share
     }
 
     /// Why, for the report's error (`None` at the cutoff: a clean handback).
@@ -168,34 +181,27 @@ async fn hand_back_steps(
             ));
         }
     };
-    if matches!(why, Why::Cutoff) {
-        let policy = HandbackPolicy {
-            // A stretch in which the API failed is not the workflow's.
-            stall_window: if saw_fault {
-                Duration::MAX
-            } else {
-                p.policy.stall_window
-            },
-            ..p.policy
+    let counted = why.counts(&p.policy, executed, saw_fault);
+    let failed_instead = counted
+        .then(|| loop_guard(&p.policy, &run, &steps, claimed_at, executed))
+        .flatten();
+    if let Some(reason) = failed_instead {
+        error!(run_id = %target, error = %reason, "failing the run instead of handing it back");
+        let write = p
+            .calls
+            .engine
+            .fail_or_schedule_retry(target, &reason, false, None, None);
+        return match write.await {
+            Ok(_) => Fate::new(Outcome::Failed, Some(reason)),
+            Err(e) => Fate::left_to_reaper(
+                Outcome::Failed,
+                format!("{reason} (recording it failed: {e}; left to the API's reaper)"),
+            ),
         };
-        if let Some(reason) = loop_guard(&policy, &run, &steps, claimed_at, executed) {
-            error!(run_id = %target, error = %reason, "failing the run instead of handing it back");
-            let write = p
-                .calls
-                .engine
-                .fail_or_schedule_retry(target, &reason, false, None, None);
-            return match write.await {
-                Ok(_) => Fate::new(Outcome::Failed, Some(reason)),
-                Err(e) => Fate::left_to_reaper(
-                    Outcome::Failed,
-                    format!("{reason} (recording it failed: {e}; left to the API's reaper)"),
-                ),
-            };
-        }
     }
 
     // 3. The steps left Running.
-    if let Err(e) = interrupt_running_steps(p.calls, &steps, why.mark()).await {
+    if let Err(e) = interrupt_running_steps(p.calls, &steps, why.mark(counted)).await {
         return reaper(format!(
             "could not mark the running steps interrupted ({e})"
         ));
@@ -442,11 +448,22 @@ mod tests {
         // The mark is the one `interrupt_running_steps` writes.
         let marked = interrupted_step(Some("api_fault"));
         assert!(marked["debug_messages"][0].get(INTERRUPTION_KEY).is_some());
-        assert!(Why::Cutoff.mark().is_none());
+        assert!(Why::Cutoff.mark(true).is_none());
+        assert_eq!(Why::Cutoff.mark(false), Some("short_cutoff"));
         assert_eq!(
-            Why::LeaseExpired(String::new()).mark(),
+            Why::LeaseExpired(String::new()).mark(true),
             Some("lease_expired")
         );
+        let policy = HandbackPolicy {
+            max_without_progress: 3,
+            stall_window: Duration::from_secs(10),
+            fair_share: Duration::from_secs(10),
+        };
+        let (long, short) = (Duration::from_secs(10), Duration::from_secs(9));
+        assert!(Why::Cutoff.counts(&policy, long, false));
+        assert!(!Why::Cutoff.counts(&policy, short, false), "claimed late");
+        assert!(!Why::Cutoff.counts(&policy, long, true), "met an API fault");
+        assert!(!Why::LeaseExpired(String::new()).counts(&policy, long, false));
         assert!(Why::Cutoff.note().is_none());
         let fault = ApiFault::timeout("PUT /runs/{id}", Duration::from_millis(5));
         assert!(Why::ApiFault(fault).note().unwrap().contains("API fault"));

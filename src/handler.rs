@@ -24,11 +24,11 @@ use lambda_runtime::{Context, LambdaEvent};
 use serde_json::Value;
 use tracing::{info, warn};
 
-use crate::builder::LambdaWorker;
 use crate::deadline::Budget;
 use crate::invocation;
 use crate::report::{BatchRequest, InvocationSummary, StopReason};
 use crate::trigger::{self, Trigger, TriggerError};
+use crate::worker::LambdaWorker;
 
 /// What the handler answers.
 #[derive(Debug, Clone)]

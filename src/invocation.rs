@@ -41,7 +41,6 @@ use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, error, info, info_span, warn};
 use uuid::Uuid;
 
-use crate::builder::LambdaWorker;
 use crate::calls::Calls;
 use crate::deadline::Budget;
 use crate::execution::{self, Claimed, ExecutionParams};
@@ -54,6 +53,7 @@ use crate::report::{BatchRequest, Fate, InvocationSummary, Outcome, RunReport, S
 use crate::store::fault::FaultLog;
 use crate::store::scope::RunKey;
 use crate::wake::{self, BatchEnd};
+use crate::worker::LambdaWorker;
 use crate::{heartbeat, metrics};
 
 /// Run one invocation of `worker` against `budget`.
@@ -119,6 +119,8 @@ async fn run_in_span(
         handback: HandbackPolicy {
             max_without_progress: s.max_handbacks_without_progress,
             stall_window: s.function_timeout.saturating_sub(s.deadline_margin) / 2,
+            // Half of this invocation's window, from now to its cutoff.
+            fair_share: budget.cutoff().saturating_duration_since(Instant::now()) / 2,
         },
         stuck: worker.stuck.clone(),
     };

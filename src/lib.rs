@@ -54,10 +54,10 @@
 #![cfg_attr(test, allow(clippy::unwrap_used, clippy::expect_used, clippy::panic))]
 
 mod api;
+mod build_error;
 mod builder;
 mod calls;
 mod claim_ahead;
-pub mod config;
 mod credentials;
 mod deadline;
 mod entry;
@@ -77,12 +77,14 @@ mod report;
 mod runtime;
 pub mod samples;
 mod secrets;
+pub mod settings;
 mod store;
 mod trigger;
 mod wake;
+mod worker;
 
-pub use builder::{BuildError, LambdaWorker, LambdaWorkerBuilder};
-pub use config::{ConfigError, Settings, WorkerToken};
+pub use build_error::BuildError;
+pub use builder::LambdaWorkerBuilder;
 pub use entry::run;
 pub use handler::{HandlerError, Response, handle, handle_response, handle_summary};
 pub use poison::dynamodb::{DynamoPoisonTable, DynamoSetupError};
@@ -93,5 +95,7 @@ pub use report::{
     StopReason, WakeReport, WakeTrigger,
 };
 pub use secrets::SecretError;
+pub use settings::{ConfigError, Settings, WakeSettings, WorkerToken};
 pub use trigger::TriggerError;
-pub use wake::{WakeSettings, Waker};
+pub use wake::Waker;
+pub use worker::LambdaWorker;

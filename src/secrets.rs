@@ -15,14 +15,7 @@ use aws_sdk_secretsmanager::config::timeout::TimeoutConfig;
 use aws_sdk_secretsmanager::error::{DisplayErrorContext, ProvideErrorMetadata, SdkError};
 use aws_sdk_secretsmanager::operation::get_secret_value::GetSecretValueError;
 
-use crate::config::WorkerToken;
-
-/// The environment variable naming the secret that holds the worker token: the secret's ARN
-/// (`arn:aws:secretsmanager:REGION:ACCOUNT:secret:NAME-SUFFIX`). Its `SecretString` is the token.
-pub const WORKER_TOKEN_SECRET_ARN_VAR: &str = "IRONFLOW_WORKER_TOKEN_SECRET_ARN";
-
-/// The environment variable holding the worker token itself.
-pub const WORKER_TOKEN_VAR: &str = "IRONFLOW_WORKER_TOKEN";
+use crate::settings::{WORKER_TOKEN_SECRET_ARN_VAR, WORKER_TOKEN_VAR, WorkerToken};
 
 /// Bounds of the cold start's `GetSecretValue` (with the SDK's standard retries): a stuck call
 /// fails with an error naming the secret well within Lambda's 10 s init phase, instead of

@@ -35,121 +35,14 @@ use tokio::time::{Instant, timeout_at};
 use tracing::{info, warn};
 
 use crate::api::ApiClient;
-use crate::config::ConfigError;
 use crate::deadline::Budget;
 use crate::report::{WakeReport, WakeTrigger};
+use crate::settings::{MAX_WAKEUPS_PER_INVOCATION_LIMIT, WakeSettings};
 
-/// Default of `IRONFLOW_MAX_WAKEUPS_PER_INVOCATION`: 3. Each wake-up starts a batch of up to N
-/// runs, so a backlog's draining can triple from one hop to the next, and never grows beyond
-/// what the backlog needs.
-pub const DEFAULT_MAX_WAKEUPS_PER_INVOCATION: usize = 3;
-/// Upper bound of `IRONFLOW_MAX_WAKEUPS_PER_INVOCATION`: 10, what one `SendMessageBatch` holds.
-pub const MAX_WAKEUPS_PER_INVOCATION_LIMIT: usize = 10;
-/// The wake-up settings that apply only with `IRONFLOW_WAKE_QUEUE_URL`.
-const WAKE_OPTIONS: [&str; 2] = [
-    "IRONFLOW_MAX_WAKEUPS_PER_INVOCATION",
-    "IRONFLOW_WAKE_DELAY_SECS",
-];
-
-/// Default of `IRONFLOW_WAKE_DELAY_SECS`: 5 s.
-pub const DEFAULT_WAKE_DELAY: Duration = Duration::from_secs(5);
-/// SQS's largest `DelaySeconds`: 900 s.
-pub const MAX_WAKE_DELAY: Duration = Duration::from_secs(900);
 /// Time kept free before the invocation deadline by the wake-up phase: 500 ms.
 pub const WAKE_DEADLINE_RESERVE: Duration = Duration::from_millis(500);
 /// Longest the wake-up phase takes (pending count, queue attributes, send): 5 s.
 pub const WAKE_PHASE_TIMEOUT: Duration = Duration::from_secs(5);
-
-/// Where and how many wake-ups to send.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct WakeSettings {
-    /// The queue's URL (`IRONFLOW_WAKE_QUEUE_URL`).
-    pub queue_url: String,
-    /// Messages one invocation sends at most (`IRONFLOW_MAX_WAKEUPS_PER_INVOCATION`, 1 to 10).
-    pub max_per_invocation: usize,
-    /// `DelaySeconds` of wake-ups sent after a handback (`IRONFLOW_WAKE_DELAY_SECS`, ≤ 900 s).
-    pub handback_delay: Duration,
-}
-
-impl WakeSettings {
-    /// Settings for `queue_url`, every other value at its default.
-    pub fn new(queue_url: impl Into<String>) -> Self {
-        Self {
-            queue_url: queue_url.into(),
-            max_per_invocation: DEFAULT_MAX_WAKEUPS_PER_INVOCATION,
-            handback_delay: DEFAULT_WAKE_DELAY,
-        }
-    }
-
-    /// Settings from the environment; `None` when `IRONFLOW_WAKE_QUEUE_URL` is unset or empty.
-    ///
-    /// # Errors
-    ///
-    /// [`ConfigError::Invalid`] naming the malformed variable; [`ConfigError::Missing`] for
-    /// `IRONFLOW_WAKE_QUEUE_URL` when another wake-up variable is set without it.
-    pub fn from_env() -> Result<Option<Self>, ConfigError> {
-        Self::from_lookup(|name| std::env::var(name).ok())
-    }
-
-    /// [`WakeSettings::from_env`] over any lookup (the environment, a map in tests).
-    ///
-    /// # Errors
-    ///
-    /// As [`WakeSettings::from_env`].
-    pub fn from_lookup(
-        lookup: impl Fn(&str) -> Option<String>,
-    ) -> Result<Option<Self>, ConfigError> {
-        let get = |name: &str| {
-            lookup(name)
-                .map(|v| v.trim().to_string())
-                .filter(|v| !v.is_empty())
-        };
-        let Some(queue_url) = get("IRONFLOW_WAKE_QUEUE_URL") else {
-            // A wake-up setting without a queue would be ignored without a word.
-            if WAKE_OPTIONS.iter().any(|name| get(name).is_some()) {
-                return Err(ConfigError::Missing {
-                    variable: "IRONFLOW_WAKE_QUEUE_URL",
-                    expected: "the wake queue's URL, since IRONFLOW_MAX_WAKEUPS_PER_INVOCATION or \
-                               IRONFLOW_WAKE_DELAY_SECS is set (they apply only to a wake queue: \
-                               unset them to send no wake-ups)",
-                });
-            }
-            return Ok(None);
-        };
-        if !(queue_url.starts_with("https://") || queue_url.starts_with("http://")) {
-            return Err(ConfigError::Invalid {
-                variable: "IRONFLOW_WAKE_QUEUE_URL",
-                expected: "the queue's URL, e.g. https://sqs.eu-west-1.amazonaws.com/123456789012/ironflow-wake",
-                found: queue_url,
-            });
-        }
-        let mut settings = Self::new(queue_url);
-        if let Some(raw) = get("IRONFLOW_MAX_WAKEUPS_PER_INVOCATION") {
-            settings.max_per_invocation = raw
-                .parse::<usize>()
-                .ok()
-                .filter(|n| (1..=MAX_WAKEUPS_PER_INVOCATION_LIMIT).contains(n))
-                .ok_or(ConfigError::Invalid {
-                    variable: "IRONFLOW_MAX_WAKEUPS_PER_INVOCATION",
-                    expected: "a whole number from 1 to 10",
-                    found: raw,
-                })?;
-        }
-        if let Some(raw) = get("IRONFLOW_WAKE_DELAY_SECS") {
-            settings.handback_delay = raw
-                .parse::<u64>()
-                .ok()
-                .map(Duration::from_secs)
-                .filter(|d| *d <= MAX_WAKE_DELAY)
-                .ok_or(ConfigError::Invalid {
-                    variable: "IRONFLOW_WAKE_DELAY_SECS",
-                    expected: "a whole number of seconds from 0 to 900",
-                    found: raw,
-                })?;
-        }
-        Ok(Some(settings))
-    }
-}
 
 /// Sends wake-ups to the queue. Build it once per cold start and hand it to
 /// [`LambdaWorkerBuilder::wake_ups`](crate::builder::LambdaWorkerBuilder::wake_ups).
@@ -163,21 +56,6 @@ impl Waker {
     /// A waker sending through `sqs` as `settings` say.
     pub fn new(sqs: aws_sdk_sqs::Client, settings: WakeSettings) -> Self {
         Self { sqs, settings }
-    }
-
-    /// A waker from the environment: [`WakeSettings::from_env`], and an SQS client over `aws`,
-    /// the AWS configuration loaded once at cold start (`aws_config::load_defaults`: region,
-    /// credentials, and `AWS_ENDPOINT_URL` / `AWS_ENDPOINT_URL_SQS` for an endpoint override).
-    /// `None` without a wake queue.
-    ///
-    /// # Errors
-    ///
-    /// [`ConfigError`] naming the malformed variable.
-    pub fn from_env(aws: &aws_config::SdkConfig) -> Result<Option<Self>, ConfigError> {
-        let Some(settings) = WakeSettings::from_env()? else {
-            return Ok(None);
-        };
-        Ok(Some(Self::new(aws_sdk_sqs::Client::new(aws), settings)))
     }
 
     /// The settings it sends with.
@@ -417,81 +295,11 @@ async fn send(waker: &Waker, count: usize, body: &str, delay_secs: u64) -> (usiz
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::tests::lookup;
 
     #[test]
     fn trigger_names_in_log_lines_match_the_summary_json() {
         for trigger in [WakeTrigger::HandedBack, WakeTrigger::Backlog] {
             assert_eq!(serde_json::to_value(trigger).unwrap(), trigger.as_str());
-        }
-    }
-
-    const URL: (&str, &str) = (
-        "IRONFLOW_WAKE_QUEUE_URL",
-        "https://sqs.eu-west-1.amazonaws.com/1/wake",
-    );
-
-    #[test]
-    fn no_queue_no_wake_ups() {
-        assert_eq!(WakeSettings::from_lookup(lookup(&[])).unwrap(), None);
-        assert_eq!(
-            WakeSettings::from_lookup(lookup(&[("IRONFLOW_WAKE_QUEUE_URL", " ")])).unwrap(),
-            None
-        );
-    }
-
-    #[test]
-    fn a_wake_up_setting_without_a_queue_is_refused() {
-        for var in WAKE_OPTIONS {
-            let err = WakeSettings::from_lookup(lookup(&[(var, "3")])).unwrap_err();
-            let text = err.to_string();
-            assert!(
-                matches!(
-                    err,
-                    ConfigError::Missing {
-                        variable: "IRONFLOW_WAKE_QUEUE_URL",
-                        ..
-                    }
-                ),
-                "{text}"
-            );
-            assert!(text.contains(var), "{text}");
-        }
-    }
-
-    #[test]
-    fn defaults_and_overrides() {
-        let s = WakeSettings::from_lookup(lookup(&[URL])).unwrap().unwrap();
-        assert_eq!(s.max_per_invocation, DEFAULT_MAX_WAKEUPS_PER_INVOCATION);
-        assert_eq!(s.handback_delay, DEFAULT_WAKE_DELAY);
-        let s = WakeSettings::from_lookup(lookup(&[
-            URL,
-            ("IRONFLOW_MAX_WAKEUPS_PER_INVOCATION", "10"),
-            ("IRONFLOW_WAKE_DELAY_SECS", "0"),
-        ]))
-        .unwrap()
-        .unwrap();
-        assert_eq!(s.max_per_invocation, 10);
-        assert_eq!(s.handback_delay, Duration::ZERO);
-    }
-
-    #[test]
-    fn malformed_values_name_the_variable() {
-        for (var, value) in [
-            ("IRONFLOW_MAX_WAKEUPS_PER_INVOCATION", "0"),
-            ("IRONFLOW_MAX_WAKEUPS_PER_INVOCATION", "11"),
-            ("IRONFLOW_MAX_WAKEUPS_PER_INVOCATION", "many"),
-            ("IRONFLOW_WAKE_DELAY_SECS", "901"),
-            ("IRONFLOW_WAKE_DELAY_SECS", "-1"),
-            ("IRONFLOW_WAKE_QUEUE_URL", "wake-queue"),
-        ] {
-            let vars = if var == URL.0 {
-                vec![(var, value)]
-            } else {
-                vec![URL, (var, value)]
-            };
-            let err = WakeSettings::from_lookup(lookup(&vars)).unwrap_err();
-            assert!(err.to_string().contains(var), "{err}");
         }
     }
 

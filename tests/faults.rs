@@ -214,7 +214,7 @@ fn a_bad_environment_stops_the_cold_start_with_the_variable_named() {
                 ("IRONFLOW_FUNCTION_TIMEOUT_SECS", "5"),
                 ("IRONFLOW_DEADLINE_MARGIN_MS", "5000"),
             ],
-            "deadline_margin",
+            "IRONFLOW_DEADLINE_MARGIN_MS",
             "not below the function timeout",
         ),
     ];

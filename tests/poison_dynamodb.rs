@@ -21,7 +21,6 @@ use aws_sdk_dynamodb::types::{
 };
 use ironflow_core::providers::claude::ClaudeCodeProvider;
 use ironflow_lambda::Outcome;
-use ironflow_lambda::config::Settings;
 use ironflow_lambda::poison::dynamodb::{
     CONSECUTIVE_FAILURES, DynamoPoisonTable, DynamoSetupError, FAILURE_IDS, LAST_FAILURE_ID,
     LAST_FAILURE_MS, LEASE_RECOVERIES_SEEN, PARTITION_KEY, TTL_ATTRIBUTE, TTL_SLACK, run_key,
@@ -29,6 +28,7 @@ use ironflow_lambda::poison::dynamodb::{
 };
 use ironflow_lambda::poison::{PoisonMode, PoisonPolicy, PoisonTable, now_ms};
 use ironflow_lambda::samples;
+use ironflow_lambda::settings::Settings;
 use ironflow_lambda::{BuildError, LambdaWorker, LambdaWorkerBuilder};
 use ironflow_lambda::{InvocationSummary, StopReason};
 use ironflow_local_api::{LocalApi, new_run};

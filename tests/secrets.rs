@@ -11,8 +11,8 @@ use aws_sdk_secretsmanager::config::Credentials;
 use aws_sdk_secretsmanager::primitives::Blob;
 use ironflow_core::providers::claude::ClaudeCodeProvider;
 use ironflow_lambda::SecretError;
-use ironflow_lambda::config::ConfigError;
-use ironflow_lambda::config::WORKER_TOKEN_SECRET_ARN_VAR;
+use ironflow_lambda::settings::ConfigError;
+use ironflow_lambda::settings::WORKER_TOKEN_SECRET_ARN_VAR;
 use ironflow_lambda::{BuildError, LambdaWorkerBuilder};
 
 fn moto_endpoint() -> String {

@@ -239,7 +239,7 @@ fn the_deadline_margin_is_below_every_allowed_function_timeout() {
     assert!(margin["MaxValue"].as_i64().unwrap() < shortest * 1000);
     assert_eq!(
         param_default(&t, "DeadlineMarginMs") as u128,
-        ironflow_lambda::config::DEFAULT_DEADLINE_MARGIN.as_millis(),
+        ironflow_lambda::settings::DEFAULT_DEADLINE_MARGIN.as_millis(),
         "the template's default margin is the code's"
     );
 }
@@ -451,7 +451,7 @@ fn the_environment_is_what_the_worker_reads_and_holds_no_token() {
         "RUST_LOG",
         "IRONFLOW_API_URL",
         "IRONFLOW_ALLOW_INSECURE_HTTP",
-        ironflow_lambda::config::WORKER_TOKEN_SECRET_ARN_VAR,
+        ironflow_lambda::settings::WORKER_TOKEN_SECRET_ARN_VAR,
         "IRONFLOW_WORKER_TAGS",
         "IRONFLOW_FUNCTION_TIMEOUT_SECS",
         "IRONFLOW_DEADLINE_MARGIN_MS",
@@ -473,7 +473,7 @@ fn the_environment_is_what_the_worker_reads_and_holds_no_token() {
     ]
     .into();
     assert_eq!(names, expected);
-    assert!(!names.contains(ironflow_lambda::config::WORKER_TOKEN_VAR));
+    assert!(!names.contains(ironflow_lambda::settings::WORKER_TOKEN_VAR));
     assert_eq!(
         env["IRONFLOW_WORKER_TOKEN_SECRET_ARN"],
         json!({"Ref": "WorkerTokenSecretArn"})
@@ -481,7 +481,7 @@ fn the_environment_is_what_the_worker_reads_and_holds_no_token() {
     assert_eq!(env["IRONFLOW_POISON_TABLE"], json!({"Ref": "PoisonTable"}));
     assert_eq!(
         param_default(&t, "ClaimAheadPercent"),
-        i64::from(ironflow_lambda::config::DEFAULT_CLAIM_AHEAD_PERCENT),
+        i64::from(ironflow_lambda::settings::DEFAULT_CLAIM_AHEAD_PERCENT),
         "the template's default is the code's"
     );
     assert_eq!(env["IRONFLOW_WAKE_QUEUE_URL"], json!({"Ref": "WakeQueue"}));
@@ -506,12 +506,16 @@ fn the_environment_is_what_the_worker_reads_and_holds_no_token() {
             other => other.to_string(),
         })
     };
-    let settings = ironflow_lambda::config::Settings::from_lookup_with_token(
+    let settings = ironflow_lambda::settings::Settings::from_lookup_with_token(
         |name| match name {
             "IRONFLOW_API_URL" => Some("https://ironflow.example.com".into()),
+            // A resource of the stack (the wake queue's URL).
+            "IRONFLOW_WAKE_QUEUE_URL" => {
+                Some("https://sqs.eu-west-1.amazonaws.com/123456789012/wake".into())
+            }
             _ => lookup(name),
         },
-        Some(ironflow_lambda::config::WorkerToken::new("t")),
+        Some(ironflow_lambda::settings::WorkerToken::new("t")),
     )
     .unwrap();
     assert!(settings.deadline_margin < settings.function_timeout);

@@ -9,7 +9,7 @@ use lambda_runtime::tower::{Layer, Service};
 use lambda_runtime::{Error, LambdaInvocation};
 use tracing::error;
 
-use crate::builder::LambdaWorker;
+use crate::worker::LambdaWorker;
 
 /// Ends the process once an invocation's response has been posted while an execution of the
 /// worker is still stuck in workflow code that blocks its thread ([`crate::runtime`]): Lambda

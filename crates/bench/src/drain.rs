@@ -384,7 +384,7 @@ pub async fn drain(
             let claim_ahead_percent = if which == Which::OursNoClaimAhead {
                 0
             } else {
-                ironflow_lambda::config::DEFAULT_CLAIM_AHEAD_PERCENT
+                ironflow_lambda::settings::DEFAULT_CLAIM_AHEAD_PERCENT
             };
             let builder = LambdaWorkerBuilder::new(&api.url(), &token)
                 .provider(Arc::new(ClaudeCodeProvider::new()));

@@ -491,7 +491,7 @@ pub fn render(o: &Options, m: &Machine, r: &Results) -> String {
              {}% of a run). N = {}: {larger:.3} s ({larger_boundaries:.0} boundaries), {:.2} of \
              the reference.",
             w.describe(),
-            ironflow_lambda::config::DEFAULT_CLAIM_AHEAD_PERCENT,
+            ironflow_lambda::settings::DEFAULT_CLAIM_AHEAD_PERCENT,
             Which::OursLargerBatch.max_runs(s),
             ratio_of(w, Which::OursLargerBatch)
         );

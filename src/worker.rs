@@ -1,0 +1,213 @@
+//! The worker built once per cold start, and how it is assembled from a builder's parts.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use ironflow_core::account_strategy::{AccountStrategy, LeastUtilized};
+use ironflow_core::decision::DecisionProvider;
+use ironflow_core::provider::AgentProvider;
+use ironflow_engine::accounts::AccountAwareProvider;
+use ironflow_engine::engine::Engine;
+use ironflow_engine::handler::WorkflowHandler;
+use ironflow_store::entities::{WorkerCapabilities, normalize_worker_tags};
+use ironflow_store::store::Store;
+use tracing::warn;
+
+use crate::api::ApiClient;
+use crate::api::artifacts::ApiArtifactSink;
+use crate::api::logs::LogForwarder;
+use crate::build_error::BuildError;
+use crate::calls::Calls;
+use crate::claim_ahead::RunPace;
+use crate::credentials::Credentials;
+use crate::poison::memory::MemoryPoisonTable;
+use crate::poison::{PoisonMode, PoisonTable};
+use crate::pool::PoolWarden;
+use crate::runtime::{self, ExecutionRuntime, StuckExecutions};
+use crate::secrets::TokenSecret;
+use crate::settings::Settings;
+use crate::store::GuardedStore;
+use crate::store::fault::FaultLog;
+use crate::wake::Waker;
+
+/// The worker built once per cold start ([`LambdaWorkerBuilder::build`](crate::LambdaWorkerBuilder::build))
+/// and shared by every invocation of the instance: the settings, the engine and the workflows,
+/// the HTTP clients, the poison-pill table, the claim pace and the execution runtime.
+///
+/// It runs one invocation at a time, as Lambda sends an execution environment one event at a
+/// time: a second call of [`crate::handle`] on the same worker waits until the first returns
+/// (its deadline running meanwhile): the step-log channel, the claim pace and the pooled
+/// connections it shares across invocations serve one at a time.
+pub struct LambdaWorker {
+    /// The engine that executes runs, on [`LambdaWorker::runtime`].
+    pub(crate) engine: Arc<Engine>,
+    /// The engine's store, which takes each claimed run for the engine's first read of it.
+    pub(crate) engine_store: Arc<GuardedStore>,
+    /// Where the engine executes runs (see [`crate::runtime`]).
+    pub(crate) runtime: Arc<ExecutionRuntime>,
+    /// The invocations' own store and recording engine (see [`crate::calls`]).
+    pub(crate) calls_store: Arc<GuardedStore>,
+    pub(crate) calls_engine: Arc<Engine>,
+    /// Executions that did not stop when told to (workflow code blocking its thread).
+    pub(crate) stuck: Arc<StuckExecutions>,
+    pub(crate) capabilities: WorkerCapabilities,
+    pub(crate) poison_table: Arc<dyn PoisonTable>,
+    pub(crate) poison_mode: PoisonMode,
+    pub(crate) pool: PoolWarden,
+    pub(crate) pace: RunPace,
+    pub(crate) logs: Arc<LogForwarder>,
+    pub(crate) api: ApiClient,
+    pub(crate) wake: Option<Waker>,
+    pub(crate) settings: Settings,
+    /// Held by the invocation under way ([`crate::invocation::run`]).
+    pub(crate) one_at_a_time: tokio::sync::Mutex<()>,
+}
+
+/// What a builder hands over once its settings are valid.
+pub(crate) struct Parts {
+    pub settings: Settings,
+    pub provider: Arc<dyn AgentProvider>,
+    pub decision_provider: Option<Arc<dyn DecisionProvider>>,
+    pub account_strategy: Option<Arc<dyn AccountStrategy>>,
+    pub handlers: Vec<Box<dyn WorkflowHandler>>,
+    pub poison_table: Arc<dyn PoisonTable>,
+    pub waker: Option<Waker>,
+    pub token_secret: Option<TokenSecret>,
+    pub idle_probe_after: Duration,
+}
+
+impl LambdaWorker {
+    /// Assemble the worker: the stores and HTTP clients, the engine with every handler, the
+    /// capabilities claims send, the execution runtime.
+    pub(crate) fn assemble(parts: Parts) -> Result<Self, BuildError> {
+        let s = parts.settings;
+        let tags = normalize_worker_tags(s.tags.clone());
+        let credentials = Arc::new(Credentials::new(s.worker_token.clone(), parts.token_secret));
+        // Two stores, two HTTP clients: one for the engine, polled on the execution runtime,
+        // one for the invocation's own calls, on the caller's (crate::runtime, crate::calls).
+        let engine_store = Arc::new(GuardedStore::api(&s.api_url, credentials.clone()));
+        let store: Arc<dyn Store> = engine_store.clone();
+        let strategy = parts
+            .account_strategy
+            .unwrap_or_else(|| Arc::new(LeastUtilized));
+        let provider: Arc<dyn AgentProvider> = Arc::new(
+            AccountAwareProvider::new(parts.provider, store.clone())
+                .with_strategy(strategy)
+                .with_max_capacity_wait(s.max_capacity_wait),
+        );
+        // `ctx.send_signal` goes through the API (`POST /api/v1/internal/signals`), which stores
+        // the signal and wakes the waiting runs to Pending for a claim, as the reference worker
+        // does. The engine's default would resume them in this process, outside any invocation.
+        let mut engine =
+            Engine::new(store, provider.clone()).with_signal_sender(engine_store.clone());
+        if let Some(decision) = parts.decision_provider {
+            engine = engine.with_decision_provider(decision);
+        }
+        for handler in parts.handlers {
+            engine
+                .register_boxed(handler)
+                .map_err(BuildError::Register)?;
+        }
+        let capabilities = WorkerCapabilities::new(registered_workflows(&engine), tags.clone());
+        engine.set_worker_tags(tags);
+
+        // Step logs and artifacts travel through the API: the worker holds no storage
+        // credential. Artifacts are uploaded by the engine (on the execution runtime), logs
+        // pushed by the invocation: each with its own HTTP client.
+        let api = ApiClient::new(&s.api_url, credentials.clone())?;
+        let artifacts = ApiClient::new(&s.api_url, credentials.clone())?;
+        let (log_sender, log_receiver) = ironflow_engine::log_sender::channel();
+        engine.set_log_sender(log_sender);
+        engine.set_artifact_sink(Arc::new(ApiArtifactSink::new(artifacts)));
+        let threads = runtime::threads_for(s.concurrency);
+        let execution_runtime = ExecutionRuntime::new(threads)
+            .map_err(|source| BuildError::Runtime { threads, source })?;
+        let calls_store = Arc::new(GuardedStore::api(&s.api_url, credentials));
+        let calls_engine = Engine::new(calls_store.clone(), provider);
+
+        let poison_mode = if s.poison_mode == PoisonMode::Defer && capabilities.workflows.is_none()
+        {
+            warn!(
+                "IRONFLOW_POISON_MODE=defer needs the registered workflow list on claims, and a \
+                 workflow name contains a comma: falling back to fail mode"
+            );
+            PoisonMode::Fail
+        } else {
+            s.poison_mode
+        };
+
+        Ok(Self {
+            engine: Arc::new(engine),
+            engine_store,
+            runtime: Arc::new(execution_runtime),
+            calls_store,
+            calls_engine: Arc::new(calls_engine),
+            stuck: Arc::default(),
+            capabilities,
+            poison_table: parts.poison_table,
+            poison_mode,
+            pool: PoolWarden::new(parts.idle_probe_after),
+            pace: RunPace::new(s.claim_ahead_percent),
+            logs: Arc::new(LogForwarder::new(api.clone(), log_receiver)),
+            api,
+            wake: parts.waker,
+            settings: s,
+            one_at_a_time: tokio::sync::Mutex::new(()),
+        })
+    }
+
+    /// What each claim asks the API for: the registered workflows (sorted, or `None` when a
+    /// name contains a comma) and the normalised tags.
+    pub fn capabilities(&self) -> &WorkerCapabilities {
+        &self.capabilities
+    }
+
+    /// The poison-pill mode invocations apply: the configured one, except `Defer` falls back
+    /// to `Fail` when claims cannot filter by workflow (a comma in a workflow name).
+    pub fn poison_mode(&self) -> PoisonMode {
+        self.poison_mode
+    }
+
+    /// The settings this worker runs with.
+    pub fn settings(&self) -> &Settings {
+        &self.settings
+    }
+
+    /// Executions still running in workflow code that blocks its thread, after their runs
+    /// were handed back or abandoned (see [`crate::runtime`]): a process with one must not go on
+    /// to another invocation once the response is out, under on-demand Lambda.
+    pub fn stuck_executions(&self) -> usize {
+        self.stuck.count()
+    }
+
+    /// The invocation's own calls, counting their faults in `faults`.
+    pub(crate) fn calls(&self, faults: Arc<FaultLog>) -> Calls {
+        Calls {
+            store: self.calls_store.clone(),
+            engine: self.calls_engine.clone(),
+            faults,
+        }
+    }
+}
+
+/// The default poison-pill table: in memory, per instance.
+pub(crate) fn memory_table(settings: &Settings) -> Arc<dyn PoisonTable> {
+    Arc::new(MemoryPoisonTable::new(settings.poison))
+}
+
+/// Sorted names of the registered workflows, sent with each claim so the API only hands out
+/// runs this worker can execute. The names travel as one comma-separated query parameter: if
+/// a name contains a comma, `None` (any workflow) is sent and tags alone route the runs.
+fn registered_workflows(engine: &Engine) -> Option<Vec<String>> {
+    let mut names: Vec<String> = engine
+        .handler_names()
+        .into_iter()
+        .map(str::to_string)
+        .collect();
+    if let Some(name) = names.iter().find(|n| n.contains(',')) {
+        warn!(workflow = %name, "workflow name contains a comma: claims will not filter by workflow");
+        return None;
+    }
+    names.sort();
+    Some(names)
+}
