@@ -1,0 +1,100 @@
+//! A claim's I/O: the request (`GET /api/v1/internal/runs/next`, retried by the invocation's
+//! calls), the claim window it is awaited in, and the hint added to a claim the API refused.
+
+use std::future::Future;
+use std::time::Duration;
+
+use ironflow_store::entities::{LeaseRequest, Run, WorkerCapabilities};
+use ironflow_store::error::StoreError;
+use ironflow_store::store::RunStore;
+use tokio::time::{Instant, timeout_at};
+use tracing::error;
+
+use crate::api::ApiClient;
+use crate::calls::Calls;
+
+/// What a claim answers: a run under this invocation's lease, none pending, or an error.
+pub(super) type Answer = Result<Option<Run>, StoreError>;
+
+/// Claim the next run this worker can take, with the invocation's own calls: a fault is
+/// retried (at most [`crate::store::CLAIM_ATTEMPTS`] attempts, none past `until`; the caller
+/// gives up on a claim still unanswered at the cutoff, [`in_window`]). A lost claim answer is
+/// safe to retry: the run it may have claimed sits under a lease nobody refreshes, and the
+/// API's reaper requeues it after the lease TTL.
+pub(super) async fn claim(
+    calls: &Calls,
+    lease: &LeaseRequest,
+    capabilities: &WorkerCapabilities,
+    until: Instant,
+) -> Answer {
+    let pick = calls
+        .store
+        .pick_next_pending_for(Some(lease.clone()), Some(capabilities.clone()));
+    calls.within(until, None, pick).await
+}
+
+/// A claim's answer, as the claim window saw it ([`in_window`]).
+pub(super) enum Windowed<T> {
+    /// Answered before the claim window closed.
+    InTime(T),
+    /// Answered after the claim window closed, before the cutoff.
+    Late(T),
+    /// `claims` claims still unanswered at the cutoff; given up.
+    Unanswered { claims: usize },
+}
+
+/// Await `claim` (`claims` claims sent together) until `window_end`, and one still in flight
+/// then until `cutoff`, instead of dropping it as the window closes: the API may already have
+/// taken a run for it, which would otherwise sit Running under a lease nobody refreshes until
+/// the lease TTL runs out. The invocation waits for its running executions until the cutoff
+/// anyway.
+pub(super) async fn in_window<F: Future>(
+    claim: F,
+    claims: usize,
+    window_end: Instant,
+    cutoff: Instant,
+) -> Windowed<F::Output> {
+    let mut claim = std::pin::pin!(claim);
+    if let Ok(answer) = timeout_at(window_end, claim.as_mut()).await {
+        return Windowed::InTime(answer);
+    }
+    match timeout_at(cutoff, claim).await {
+        Ok(answer) => Windowed::Late(answer),
+        Err(_) => Windowed::Unanswered { claims },
+    }
+}
+
+/// The error kept for `claims` still unanswered at the cutoff.
+pub(super) fn unanswered(claims: usize, lease_ttl: Duration) -> String {
+    let e = format!(
+        "{claims} claim(s) still unanswered at the cutoff, given up: the API accepted the \
+         connection but did not answer; a run the API gave one of them goes back to Pending \
+         when its lease expires ({} s)",
+        lease_ttl.as_secs()
+    );
+    error!("{e}");
+    e
+}
+
+/// After a claim the API refused (`worker API error: <body>`: ApiRunStore keeps no status, and
+/// a wrong path has no body), the status of a read-only probe of the same API and the setting
+/// it points to, appended to that claim's error ([`ApiClient::claim_refusal_hint`]). Once per
+/// invocation, after the claim loop, while the invocation's runs (if any) go on, and given up
+/// at `until`.
+pub(super) async fn explain_refusal(
+    api: &ApiClient,
+    capabilities: &WorkerCapabilities,
+    errors: &mut [String],
+    until: Instant,
+) {
+    let Some(refused) = errors
+        .iter_mut()
+        .rev()
+        .find(|e| e.contains("worker API error"))
+    else {
+        return;
+    };
+    if let Ok(Some(hint)) = timeout_at(until, api.claim_refusal_hint(capabilities)).await {
+        *refused = format!("{} ({hint})", refused.trim_end());
+    }
+}

@@ -1,0 +1,644 @@
+//! One invocation, as a handful of named phases ([`run_in_span`]): warm the connections, the
+//! first claims, the claim loop (its next step decided by [`slots::next`], without I/O), the
+//! release of runs claimed and never started, the drain of the executions, the flush and
+//! cleanup (step logs, leftover processes, heartbeat), and the summary with the wake-ups. The
+//! mechanisms, explained once: `docs/design.md` ([one invocation], [claim-ahead], [handback]).
+//!
+//! Nothing outlives [`run`]: every execution, lease refresher, child process and wake-up send is
+//! finished or cancelled before it returns, because Lambda freezes the process after the
+//! response.
+//!
+//! [one invocation]: https://github.com/ironflow-lambda/ironflow-lambda/blob/main/docs/design.md#one-invocation
+//! [claim-ahead]: https://github.com/ironflow-lambda/ironflow-lambda/blob/main/docs/design.md#claim-ahead
+//! [handback]: https://github.com/ironflow-lambda/ironflow-lambda/blob/main/docs/design.md#handback
+
+mod claims;
+mod slots;
+mod unstarted;
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::future::join_all;
+use ironflow_store::entities::LeaseRequest;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::task::{JoinError, JoinHandle, JoinSet};
+use tokio::time::{Instant, sleep_until};
+use tokio_util::sync::{CancellationToken, DropGuard};
+use tracing::{Instrument, error, info, info_span, warn};
+use uuid::Uuid;
+
+use self::claims::Windowed;
+use self::slots::{Next, SlotState};
+use crate::calls::Calls;
+use crate::deadline::Budget;
+use crate::execution::{self, Claimed, ExecutionParams};
+use crate::handback::HandbackPolicy;
+use crate::lease::RefreshContext;
+use crate::orphans::InvocationGuard;
+use crate::poison::PoisonMode;
+use crate::poison::gate::PoisonGate;
+use crate::report::{
+    BatchRequest, Fate, FlushReport, InvocationSummary, Outcome, RunReport, StopReason,
+};
+use crate::store::fault::FaultLog;
+use crate::wake::{self, BatchEnd};
+use crate::worker::LambdaWorker;
+use crate::{heartbeat, metrics};
+
+/// Time kept for the response after our last write to the API: 250 ms.
+const RESPONSE_RESERVE: Duration = Duration::from_millis(250);
+
+/// Run one invocation of `worker` against `budget`.
+pub async fn run(
+    worker: &LambdaWorker,
+    request_id: &str,
+    budget: Budget,
+    request: &BatchRequest,
+) -> InvocationSummary {
+    let worker_id = format!(
+        "{}-{}-{}",
+        worker.settings.worker_id_prefix,
+        if request_id.is_empty() {
+            "local"
+        } else {
+            request_id
+        },
+        &Uuid::new_v4().simple().to_string()[..8]
+    );
+    let span = info_span!("invocation", request_id = %request_id, worker_id = %worker_id);
+    run_in_span(worker, request_id, worker_id, budget, request)
+        .instrument(span)
+        .await
+}
+
+/// The phases of one invocation.
+async fn run_in_span(
+    worker: &LambdaWorker,
+    request_id: &str,
+    worker_id: String,
+    budget: Budget,
+    request: &BatchRequest,
+) -> InvocationSummary {
+    // One invocation at a time per worker (see LambdaWorker): the step-log channel, claim
+    // pace and pooled connections shared across invocations serve this one alone.
+    let _one_at_a_time = worker.one_at_a_time.lock().await;
+    let processes = InvocationGuard::enter();
+    let mut batch = Batch::new(worker, request_id, worker_id, budget, request);
+    let logs = LogPump::start(worker, batch.last_write);
+    batch.warm_connections().await;
+    batch.first_claims().await;
+    let stop_reason = batch.claim_loop().await;
+    batch.release_unstarted().await;
+    if stop_reason == StopReason::ClaimError {
+        batch.explain_refused_claim().await;
+    }
+    batch.drain().await;
+    let cleanup = batch.flush_and_clean_up(logs, processes, stop_reason).await;
+    batch.summary(stop_reason, cleanup).await
+}
+
+/// The state of one invocation's batch.
+struct Batch<'w> {
+    worker: &'w LambdaWorker,
+    request_id: &'w str,
+    worker_id: String,
+    budget: Budget,
+    max_runs: usize,
+    lease: LeaseRequest,
+    /// No write of ours past this: the deadline minus [`RESPONSE_RESERVE`].
+    last_write: Instant,
+    /// No claim past this (the cutoff minus the minimum claim budget); `None`: none at all.
+    claim_window_end: Option<Instant>,
+    faults: Arc<FaultLog>,
+    calls: Calls,
+    params: ExecutionParams,
+    poison: PoisonGate,
+    slots: Arc<Semaphore>,
+    executions: JoinSet<(RunReport, OwnedSemaphorePermit)>,
+    reports: HashMap<Uuid, RunReport>,
+    /// Claimed runs, in claim order.
+    order: Vec<Uuid>,
+    errors: Vec<String>,
+    /// A run claimed while every slot was busy ([`crate::claim_ahead`]), started in the next
+    /// slot that frees once the runs that ended have been settled, so that the poison-pill gate
+    /// has seen their outcomes when it checks the run's workflow.
+    waiting: Option<Claimed>,
+    /// Runs of the first claims, sent together after a full batch, not started yet.
+    first: VecDeque<Claimed>,
+    /// Why the first claims stop the batch, once they are all started.
+    first_stop: Option<StopReason>,
+}
+
+/// What a claim's answer leaves the batch with.
+enum Taken {
+    /// A run under this invocation's lease, its refresher started.
+    Run(Box<Claimed>),
+    /// The claims are over.
+    Stop(StopReason),
+}
+
+/// What the flush and cleanup phase measured.
+struct Cleanup {
+    logs: FlushReport,
+    orphans_killed: usize,
+    heartbeat: Option<bool>,
+}
+
+impl<'w> Batch<'w> {
+    fn new(
+        worker: &'w LambdaWorker,
+        request_id: &'w str,
+        worker_id: String,
+        budget: Budget,
+        request: &BatchRequest,
+    ) -> Self {
+        let s = &worker.settings;
+        let max_runs = request
+            .max_runs
+            .unwrap_or(s.max_runs_per_invocation)
+            .min(s.max_runs_per_invocation);
+        let lease = LeaseRequest {
+            worker_id: worker_id.clone(),
+            ttl: s.lease_ttl,
+        };
+        // Our own last writes (handbacks, log pushes, heartbeat) end a little before the
+        // deadline, so that the response still goes out in time.
+        let last_write = budget
+            .deadline()
+            .checked_sub(RESPONSE_RESERVE)
+            .unwrap_or_else(Instant::now);
+        let faults = Arc::new(FaultLog::default());
+        let calls = worker.calls(faults.clone());
+        // Half of this invocation's window, from now to its cutoff.
+        let half_window = budget.cutoff().saturating_duration_since(Instant::now()) / 2;
+        let params = ExecutionParams {
+            engine: worker.engine.clone(),
+            engine_store: worker.engine_store.clone(),
+            runtime: worker.runtime.clone(),
+            calls: calls.clone(),
+            lease: lease.clone(),
+            run_timeout: s.run_timeout,
+            cutoff: budget.cutoff(),
+            last_write,
+            handback: HandbackPolicy {
+                max_without_progress: s.max_handbacks_without_progress,
+                stall_window: s.function_timeout.saturating_sub(s.deadline_margin) / 2,
+                fair_share: half_window,
+            },
+            stuck: worker.stuck.clone(),
+        };
+        let poison = PoisonGate::new(
+            worker.poison_table.clone(),
+            s.poison,
+            worker.poison_mode,
+            last_write,
+            &worker_id,
+        );
+        info!(
+            max_runs,
+            until_cutoff_ms = budget.until_cutoff().as_millis() as u64,
+            "invocation started"
+        );
+        Self {
+            worker,
+            request_id,
+            worker_id,
+            budget,
+            max_runs,
+            lease,
+            last_write,
+            claim_window_end: budget.cutoff().checked_sub(s.min_claim_budget),
+            faults,
+            calls,
+            params,
+            poison,
+            slots: Arc::new(Semaphore::new(s.concurrency)),
+            executions: JoinSet::new(),
+            reports: HashMap::new(),
+            order: Vec::new(),
+            errors: Vec::new(),
+            waiting: None,
+            first: VecDeque::new(),
+            first_stop: None,
+        }
+    }
+
+    /// The claim window's end, while it is open.
+    fn open_window(&self) -> Option<Instant> {
+        self.claim_window_end.filter(|end| Instant::now() < *end)
+    }
+
+    /// Phase 1: evict pooled connections that died during a freeze ([`crate::pool`]).
+    async fn warm_connections(&self) {
+        let Some(end) = self.open_window() else {
+            return;
+        };
+        let w = self.worker;
+        let probes = 2 * w.settings.concurrency + 2;
+        w.pool
+            .before_claims(
+                w.calls_store.unguarded(),
+                w.engine_store.unguarded(),
+                &w.runtime,
+                probes,
+                end,
+            )
+            .await;
+    }
+
+    /// Phase 2: after a full batch, the first claims go out together, one per slot
+    /// ([`crate::claim_ahead`]); the claim loop starts them as it would claim, then stops for
+    /// the reason one of them gave.
+    async fn first_claims(&mut self) {
+        let w = self.worker;
+        let together = w.pace.first_claims(w.settings.concurrency, self.max_runs);
+        let Some(window_end) = self.open_window().filter(|_| together > 1) else {
+            return;
+        };
+        let capabilities = self.poison.capabilities_for_claim(&w.capabilities).await;
+        let sent = Instant::now();
+        let requests = (0..together)
+            .map(|_| claims::claim(&self.calls, &self.lease, &capabilities, self.last_write));
+        let answers =
+            match claims::in_window(join_all(requests), together, window_end, self.params.cutoff)
+                .await
+            {
+                Windowed::InTime(all) => all.into_iter().map(Windowed::InTime).collect(),
+                Windowed::Late(all) => all.into_iter().map(Windowed::Late).collect(),
+                Windowed::Unanswered { claims } => vec![Windowed::Unanswered { claims }],
+            };
+        let answered = Instant::now();
+        for answer in answers {
+            match self.take(answer, sent, answered, false).await {
+                Taken::Run(claimed) => self.first.push_back(*claimed),
+                // A claim error or the cutoff overrides an empty answer.
+                Taken::Stop(StopReason::NoPendingRun) => {
+                    self.first_stop.get_or_insert(StopReason::NoPendingRun);
+                }
+                Taken::Stop(reason) => self.first_stop = Some(reason),
+            }
+        }
+    }
+
+    /// Phase 3: claim and start runs until N are claimed, none is pending, a claim fails or
+    /// the claim window closes; the reason it stopped.
+    async fn claim_loop(&mut self) -> StopReason {
+        loop {
+            // Settle what ended first: whatever follows sees its poison-pill count.
+            while let Some(joined) = self.executions.try_join_next() {
+                self.settle(joined).await;
+            }
+            let window_end = self.open_window();
+            let state = SlotState {
+                claimed: self.order.len(),
+                max_runs: self.max_runs,
+                window_open: window_end.is_some(),
+                free_slot: self.slots.available_permits() > 0,
+                waiting: self.waiting.is_some(),
+                first_queued: !self.first.is_empty(),
+                first_stop: self.first_stop,
+                runs_ahead: self.worker.pace.runs_ahead(),
+            };
+            let step = slots::next(state);
+            let window_end = match (step, window_end) {
+                (Next::Stop(reason), _) => return reason,
+                (_, Some(end)) => end,
+                // `next` stops once the window is closed.
+                (_, None) => return StopReason::Cutoff,
+            };
+            match step {
+                Next::Stop(reason) => return reason,
+                Next::AwaitEnd => {
+                    if !self.await_end(window_end).await {
+                        return StopReason::Cutoff;
+                    }
+                }
+                Next::StartWaiting => {
+                    if let (Some(slot), Some(next)) = (self.free_slot(), self.waiting.take()) {
+                        self.start(next, slot).await;
+                    }
+                }
+                Next::StartFirst => {
+                    if let (Some(slot), Some(next)) = (self.free_slot(), self.first.pop_front()) {
+                        self.start(next, slot).await;
+                    }
+                }
+                Next::HoldFirst => self.waiting = self.first.pop_front(),
+                Next::Claim { ahead } => {
+                    let slot = if ahead { None } else { self.free_slot() };
+                    match self.claim_one(window_end, slot.is_none()).await {
+                        Taken::Run(claimed) => match slot {
+                            Some(slot) => self.start(*claimed, slot).await,
+                            None => self.waiting = Some(*claimed),
+                        },
+                        Taken::Stop(reason) => return reason,
+                    }
+                }
+            }
+        }
+    }
+
+    fn free_slot(&self) -> Option<OwnedSemaphorePermit> {
+        self.slots.clone().try_acquire_owned().ok()
+    }
+
+    /// One claim in the loop (`ahead`: while every slot is busy).
+    async fn claim_one(&mut self, window_end: Instant, ahead: bool) -> Taken {
+        // Defer mode: blocked workflows are left out (read once, then from the cache).
+        let w = self.worker;
+        let capabilities = self.poison.capabilities_for_claim(&w.capabilities).await;
+        let sent = Instant::now();
+        let request = claims::claim(&self.calls, &self.lease, &capabilities, self.last_write);
+        let answer = claims::in_window(request, 1, window_end, self.params.cutoff).await;
+        self.take(answer, sent, Instant::now(), ahead).await
+    }
+
+    /// The one place a claim's answer is handled: a run is listed in claim order, its
+    /// recovery from a dead invocation counted by the poison-pill gate, its lease refresher
+    /// started (every interval, until the cutoff); an answer after the claim window closed
+    /// releases its run; an empty answer, an error or no answer stops the claims.
+    async fn take(
+        &mut self,
+        answer: Windowed<claims::Answer>,
+        sent: Instant,
+        answered: Instant,
+        ahead: bool,
+    ) -> Taken {
+        let answer = match answer {
+            Windowed::InTime(answer) => answer,
+            Windowed::Late(answer) => {
+                self.release_late(answer).await;
+                return Taken::Stop(StopReason::Cutoff);
+            }
+            Windowed::Unanswered { claims } => {
+                let ttl = self.worker.settings.lease_ttl;
+                self.errors.push(claims::unanswered(claims, ttl));
+                return Taken::Stop(StopReason::Cutoff);
+            }
+        };
+        let run = match answer {
+            Ok(Some(run)) => run,
+            Ok(None) => {
+                self.worker.pace.record_claim(answered.duration_since(sent));
+                return Taken::Stop(StopReason::NoPendingRun);
+            }
+            Err(e) => {
+                error!(error = %e, "claim failed");
+                self.errors.push(format!("claim failed: {e}"));
+                return Taken::Stop(StopReason::ClaimError);
+            }
+        };
+        self.worker.pace.record_claim(answered.duration_since(sent));
+        self.order.push(run.id);
+        info!(run_id = %run.id, workflow = %run.workflow_name, ahead, "claimed run");
+        // The lease starts now: its refresher before the poison-pill table's calls.
+        let ctx = RefreshContext {
+            store: self.calls.store.clone(),
+            faults: self.calls.faults.clone(),
+        };
+        let interval = self.worker.settings.lease_refresh_interval;
+        let claimed = Claimed::new(ctx, run, &self.lease, sent, interval, self.params.cutoff);
+        self.poison.on_claim(&claimed.run).await;
+        Taken::Run(Box::new(claimed))
+    }
+
+    /// A claim answered after the claim window closed: a run it took goes back to Pending
+    /// without executing; a failure is logged and kept in the errors.
+    async fn release_late(&mut self, answer: claims::Answer) {
+        match answer {
+            Ok(Some(run)) => {
+                let why = "run released: its claim was answered after the claim window closed";
+                let report =
+                    unstarted::release(&self.calls, &run, &self.lease, self.last_write, why).await;
+                self.order.push(report.run_id);
+                self.reports.insert(report.run_id, report);
+            }
+            Ok(None) => {}
+            Err(e) => {
+                error!(error = %e, "claim failed after the claim window closed");
+                self.errors.push(format!("claim failed: {e}"));
+            }
+        }
+    }
+
+    /// Start `next` in `slot`, unless its lease was lost or its workflow got blocked while it
+    /// waited.
+    async fn start(&mut self, next: Claimed, slot: OwnedSemaphorePermit) {
+        let run = &next.run;
+        if let Some(end) = next.refresher.end() {
+            warn!(run_id = %run.id, "abandoning a run claimed ahead: lease lost while it waited");
+            let error = format!("{}, before the run started", end.describe());
+            let report = RunReport::not_executed(run, Fate::new(Outcome::LeaseLost, Some(error)));
+            self.reports.insert(run.id, report);
+            return;
+        }
+        if let Some(reason) = self.poison.blocked_reason(&run.workflow_name).await {
+            let run = next.run.clone();
+            next.refresher.stop().await;
+            let (calls, lease, until) = (&self.calls, &self.lease, self.last_write);
+            let report = match self.poison.mode() {
+                PoisonMode::Fail => {
+                    unstarted::fail_blocked(calls, &run, lease, reason, until).await
+                }
+                PoisonMode::Defer => {
+                    unstarted::defer_blocked(calls, &run, lease, reason, until).await
+                }
+            };
+            self.reports.insert(run.id, report);
+            return;
+        }
+        let params = self.params.clone();
+        // The slot goes back with the report: the run claimed ahead starts in it only once
+        // this run's outcome has reached the poison-pill table.
+        let execution = async move { (execution::execute(params, next).await, slot) };
+        self.executions
+            .spawn(execution.instrument(tracing::Span::current()));
+    }
+
+    /// Wait until an execution ends and settle it; `false` if the claim window closed first.
+    async fn await_end(&mut self, window_end: Instant) -> bool {
+        tokio::select! {
+            biased;
+            Some(joined) = self.executions.join_next() => {
+                self.settle(joined).await;
+                true
+            }
+            () = sleep_until(window_end) => false,
+        }
+    }
+
+    /// Turn a finished execution into its report and update the poison-pill table.
+    async fn settle(&mut self, joined: Result<(RunReport, OwnedSemaphorePermit), JoinError>) {
+        // `execute` catches the handler's panics itself; a JoinError here is a bug of ours.
+        let (report, _slot) = match joined {
+            Ok(done) => done,
+            Err(e) => {
+                error!(error = %e, "execution task failed");
+                return;
+            }
+        };
+        self.worker.pace.record(report.outcome, report.executed);
+        self.poison.record(&report).await;
+        self.reports.insert(report.run_id, report);
+    }
+
+    /// Phase 4: a run still waiting for a slot when the claim window closed goes back to
+    /// Pending unexecuted, and the pace learns that slots stayed busy longer than claim-ahead
+    /// bets.
+    async fn release_unstarted(&mut self) {
+        let unstarted: Vec<Claimed> = self
+            .waiting
+            .take()
+            .into_iter()
+            .chain(self.first.drain(..))
+            .collect();
+        for next in unstarted {
+            let run = next.run.clone();
+            next.refresher.stop().await;
+            self.worker.pace.record(Outcome::Released, Duration::ZERO);
+            let why = "run claimed ahead released: no slot freed in time, Pending again";
+            let report =
+                unstarted::release(&self.calls, &run, &self.lease, self.last_write, why).await;
+            self.reports.insert(run.id, report);
+        }
+    }
+
+    /// After a refused claim, the API's status and the setting it points to, in its error.
+    async fn explain_refused_claim(&mut self) {
+        let capabilities = self
+            .poison
+            .capabilities_for_claim(&self.worker.capabilities)
+            .await;
+        claims::explain_refusal(
+            &self.worker.api,
+            &capabilities,
+            &mut self.errors,
+            self.last_write,
+        )
+        .await;
+    }
+
+    /// Phase 5: every execution ends (at the latest at the cutoff, then handed back).
+    async fn drain(&mut self) {
+        while let Some(joined) = self.executions.join_next().await {
+            self.settle(joined).await;
+        }
+    }
+
+    /// Phase 6: every run has stopped; what they printed is sent, the processes they left are
+    /// killed, the heartbeat pinged after a batch without errors.
+    async fn flush_and_clean_up(
+        &self,
+        logs: LogPump,
+        processes: InvocationGuard,
+        stop_reason: StopReason,
+    ) -> Cleanup {
+        let w = self.worker;
+        let logs = logs.finish(w, self.last_write).await;
+        let orphans_killed = processes.finish().await;
+        let heartbeat = match &w.settings.heartbeat_url {
+            Some(url) if self.errors.is_empty() => {
+                Some(heartbeat::ping(w.api.http(), url, self.last_write).await)
+            }
+            _ => None,
+        };
+        w.pool.after_invocation();
+        w.pace.record_batch_end(stop_reason == StopReason::MaxRuns);
+        Cleanup {
+            logs,
+            orphans_killed,
+            heartbeat,
+        }
+    }
+
+    /// Phase 7: the wake-ups ([`crate::wake`]) and the summary, recorded in the metrics.
+    async fn summary(mut self, stop_reason: StopReason, cleanup: Cleanup) -> InvocationSummary {
+        let runs: Vec<RunReport> = self
+            .order
+            .iter()
+            .filter_map(|id| self.reports.remove(id))
+            .collect();
+        let mut outcomes = BTreeMap::new();
+        for r in &runs {
+            *outcomes.entry(r.outcome).or_insert(0) += 1;
+        }
+        let wake_ups = match &self.worker.wake {
+            None => None,
+            Some(waker) => {
+                // The backlog is counted with what the next claim would ask for (defer mode
+                // leaves out the workflows the poison-pill table blocks: their runs wake nobody).
+                let w = self.worker;
+                let capabilities = self.poison.capabilities_for_claim(&w.capabilities).await;
+                let end = BatchEnd {
+                    request_id: self.request_id,
+                    handed_back: [Outcome::HandedBack, Outcome::Released]
+                        .iter()
+                        .filter_map(|o| outcomes.get(o))
+                        .sum(),
+                    filled: stop_reason == StopReason::MaxRuns,
+                    capabilities: &capabilities,
+                    budget: self.budget,
+                };
+                wake::after_batch(waker, &w.api, w.settings.max_runs_per_invocation, end).await
+            }
+        };
+        let summary = InvocationSummary {
+            request_id: self.request_id.to_string(),
+            worker_id: self.worker_id,
+            claimed: self.order.len(),
+            outcomes,
+            runs,
+            stop_reason,
+            errors: self.errors,
+            api_errors: self.faults.snapshot(),
+            lease_recoveries: self.poison.lease_recoveries(),
+            time_left_ms: u64::try_from(self.budget.until_deadline().as_millis())
+                .unwrap_or(u64::MAX),
+            orphans_killed: cleanup.orphans_killed,
+            logs: cleanup.logs,
+            heartbeat: cleanup.heartbeat,
+            poison_table_errors: self.poison.table_errors(),
+            wake_ups,
+        };
+        metrics::record(&summary);
+        info!(
+            claimed = summary.claimed,
+            stop_reason = summary.stop_reason.as_str(),
+            time_left_ms = summary.time_left_ms,
+            "invocation finished"
+        );
+        summary
+    }
+}
+
+/// The step-log pump of one invocation: it sends the runs' log lines as they come, and stops
+/// (letting go of the worker's log channel, which the next invocation's pump needs) when it is
+/// finished or, should the invocation be dropped or panic first, when it is dropped.
+struct LogPump {
+    stop: CancellationToken,
+    task: JoinHandle<FlushReport>,
+    _stop_on_drop: DropGuard,
+}
+
+impl LogPump {
+    fn start(worker: &LambdaWorker, until: Instant) -> Self {
+        let stop = CancellationToken::new();
+        let (logs, pump_stop) = (worker.logs.clone(), stop.clone());
+        let task = tokio::spawn(async move { logs.pump(pump_stop, until).await });
+        Self {
+            _stop_on_drop: stop.clone().drop_guard(),
+            stop,
+            task,
+        }
+    }
+
+    /// Stop the pump and send whatever is still queued, before `until`.
+    async fn finish(self, worker: &LambdaWorker, until: Instant) -> FlushReport {
+        self.stop.cancel();
+        let mut logs = self.task.await.unwrap_or_default();
+        logs += worker.logs.flush(until).await;
+        logs
+    }
+}
