@@ -15,6 +15,11 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Mutex;
 use std::time::Duration;
 
+use rustix::io::Errno;
+use rustix::process::{
+    Pid, Signal, WaitId, WaitIdOptions, WaitOptions, getpid, kill_process, set_child_subreaper,
+    waitid, waitpid,
+};
 use tracing::{info, warn};
 
 static ACTIVE: Mutex<usize> = Mutex::new(0);
@@ -22,13 +27,14 @@ static ACTIVE: Mutex<usize> = Mutex::new(0);
 /// Make this process the subreaper of its descendants. Call once at cold start; harmless to
 /// call again. Returns `false` (and logs) where the kernel refuses.
 pub fn become_subreaper() -> bool {
-    // SAFETY: prctl with PR_SET_CHILD_SUBREAPER takes one integer argument and touches no
-    // memory of ours.
-    let rc = unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
-    if rc != 0 {
-        warn!(error = %std::io::Error::last_os_error(), "could not become child subreaper");
+    // prctl(PR_SET_CHILD_SUBREAPER, <non-zero>): this process's pid serves as the non-zero.
+    match set_child_subreaper(Some(getpid())) {
+        Ok(()) => true,
+        Err(e) => {
+            warn!(error = %std::io::Error::from(e), "could not become child subreaper");
+            false
+        }
     }
-    rc == 0
 }
 
 /// Marks one invocation as active until dropped; see [`InvocationGuard::finish`].
@@ -91,9 +97,9 @@ pub fn sweep(wait: Duration) -> usize {
     if descendants.is_empty() {
         return 0;
     }
-    for pid in &descendants {
-        // SAFETY: kill(2) on a pid we just read from /proc; at worst it no longer exists.
-        unsafe { libc::kill(*pid, libc::SIGKILL) };
+    for pid in descendants.iter().filter_map(|p| Pid::from_raw(*p)) {
+        // A pid just read from /proc: at worst it no longer exists.
+        let _ = kill_process(pid, Signal::KILL);
     }
     info!(
         count = descendants.len(),
@@ -110,11 +116,10 @@ pub fn sweep(wait: Duration) -> usize {
     };
     let mut pending: HashSet<i32> = children.into_iter().collect();
     while !pending.is_empty() && std::time::Instant::now() < deadline {
+        // Still pending: not reaped yet (`Ok(None)`); reaped, or no longer ours: done.
         pending.retain(|pid| {
-            let mut status = 0;
-            // SAFETY: waitpid on one of our own children, non-blocking.
-            let rc = unsafe { libc::waitpid(*pid, &mut status, libc::WNOHANG) };
-            rc == 0
+            Pid::from_raw(*pid)
+                .is_some_and(|pid| matches!(waitpid(Some(pid), WaitOptions::NOHANG), Ok(None)))
         });
         if !pending.is_empty() {
             std::thread::sleep(Duration::from_millis(5));
@@ -133,17 +138,8 @@ pub fn sweep(wait: Duration) -> usize {
 /// run started has exited and been reaped) costs one system call instead of the `/proc` scan of
 /// [`descendants`] (0.8 ms with 100 processes on the machine).
 fn has_no_child() -> bool {
-    // SAFETY: `waitid` writes only into `info`, a zeroed `siginfo_t` owned by this frame.
-    let rc = unsafe {
-        let mut info: libc::siginfo_t = std::mem::zeroed();
-        libc::waitid(
-            libc::P_ALL,
-            0,
-            &mut info,
-            libc::WEXITED | libc::WNOHANG | libc::WNOWAIT,
-        )
-    };
-    rc == -1 && std::io::Error::last_os_error().raw_os_error() == Some(libc::ECHILD)
+    let options = WaitIdOptions::EXITED | WaitIdOptions::NOHANG | WaitIdOptions::NOWAIT;
+    matches!(waitid(WaitId::All, options), Err(Errno::CHILD))
 }
 
 /// The pids of every live descendant of this process (read from `/proc`).

@@ -74,17 +74,20 @@ struct Watch {
     child: Child,
     port: u16,
     log: PathBuf,
+    /// The function's binary (`--bin`).
+    bin: &'static str,
 }
 
 impl Watch {
-    fn start(cargo_lambda: &str, envs: &[(&str, String)]) -> Self {
+    /// `cargo lambda watch --bin bin` in `dir` (a crate's directory).
+    fn start(cargo_lambda: &str, dir: &Path, bin: &'static str, envs: &[(&str, String)]) -> Self {
         let port = free_port();
         let log = manifest_dir().join(format!("target/e2e-cargo-lambda-watch-{port}.log"));
         let out = File::create(&log).unwrap();
         let mut command = Command::new(cargo_lambda);
         command
-            .current_dir(manifest_dir())
-            .args(["lambda", "watch", "--bin", FUNCTION, "--ignore-changes"])
+            .current_dir(dir)
+            .args(["lambda", "watch", "--bin", bin, "--ignore-changes"])
             .args(["--invoke-address", "127.0.0.1", "--invoke-port"])
             .arg(port.to_string())
             .env_remove("AWS_PROFILE")
@@ -100,7 +103,12 @@ impl Watch {
         }
         std::os::unix::process::CommandExt::process_group(&mut command, 0);
         let child = command.spawn().unwrap();
-        Self { child, port, log }
+        Self {
+            child,
+            port,
+            log,
+            bin,
+        }
     }
 
     fn log_tail(&self) -> String {
@@ -138,7 +146,7 @@ impl Watch {
         let mut command = tokio::process::Command::new(cargo_lambda);
         command
             .current_dir(manifest_dir())
-            .args(["lambda", "invoke", FUNCTION, "--output-format", "json"])
+            .args(["lambda", "invoke", self.bin, "--output-format", "json"])
             .args(["--invoke-address", "127.0.0.1", "--invoke-port"])
             .arg(self.port.to_string())
             .args(args)
@@ -171,9 +179,10 @@ impl Drop for Watch {
         if std::thread::panicking() {
             eprintln!("--- cargo lambda watch log (tail) ---\n{}", self.log_tail());
         }
-        let pgid = self.child.id() as i32;
-        // SAFETY: kill(2) on the process group this test created for cargo lambda watch.
-        unsafe { libc::kill(-pgid, libc::SIGTERM) };
+        // The process group this test created for cargo lambda watch.
+        if let Some(pgid) = rustix::process::Pid::from_raw(self.child.id() as i32) {
+            let _ = rustix::process::kill_process_group(pgid, rustix::process::Signal::TERM);
+        }
         let deadline = std::time::Instant::now() + Duration::from_secs(10);
         while std::time::Instant::now() < deadline {
             if let Ok(Some(_)) = self.child.try_wait() {
@@ -285,6 +294,25 @@ fn sqs_event_file(messages: &[Message], queue_arn: &str) -> PathBuf {
     path
 }
 
+/// `cargo build ARGS` in the workspace, with none of this test's cargo variables.
+async fn build(args: &[&str]) {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let mut build = tokio::process::Command::new(cargo);
+    build
+        .current_dir(manifest_dir())
+        .arg("build")
+        .args(args)
+        .kill_on_drop(true);
+    for name in cargo_test_variables() {
+        build.env_remove(name);
+    }
+    let status = timeout(BUILD_TIMEOUT, build.status())
+        .await
+        .unwrap_or_else(|_| panic!("cargo build {args:?} timed out"))
+        .unwrap();
+    assert!(status.success(), "cargo build {args:?} failed");
+}
+
 async fn states(store: &std::sync::Arc<dyn Store>, ids: &[Uuid]) -> Vec<RunStatus> {
     let mut out = Vec::new();
     for id in ids {
@@ -315,20 +343,7 @@ async fn samples_through_cargo_lambda_watch() {
 
     // Build the function (fresh after the test build: this only checks it), then run it under
     // cargo lambda watch.
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let mut build = tokio::process::Command::new(cargo);
-    build
-        .current_dir(manifest_dir())
-        .args(["build", "--bin", FUNCTION])
-        .kill_on_drop(true);
-    for name in cargo_test_variables() {
-        build.env_remove(name);
-    }
-    let status = timeout(BUILD_TIMEOUT, build.status())
-        .await
-        .expect("building the function timed out")
-        .unwrap();
-    assert!(status.success(), "cargo build --bin {FUNCTION} failed");
+    build(&["--bin", FUNCTION]).await;
 
     let envs = [
         ("IRONFLOW_API_URL", api.url()),
@@ -350,7 +365,7 @@ async fn samples_through_cargo_lambda_watch() {
         ("AWS_REGION", "us-east-1".into()),
         ("RUST_LOG", "info".into()),
     ];
-    let mut watch = Watch::start(&cargo_lambda, &envs);
+    let mut watch = Watch::start(&cargo_lambda, manifest_dir(), FUNCTION, &envs);
     watch.ready().await;
 
     let mut quick = Vec::new();
@@ -511,5 +526,81 @@ async fn samples_through_cargo_lambda_watch() {
         ),
         (0, 0, 0),
         "wake-ups left on the queue"
+    );
+}
+
+/// The example crate of a team's own workflows (`examples/my-workflows`, README "Run your own
+/// workflows"): its binary, which is `ironflow_lambda::run` and its two workflows, under
+/// `cargo lambda watch` against the real API. Its three-step workflow outlasts one invocation:
+/// handed back, and resumed by replay at its next step.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_example_crate_runs_its_own_workflows_under_cargo_lambda_watch() {
+    const EXAMPLE: &str = "my-workflows";
+    let cargo_lambda = required_env("IRONFLOW_TEST_CARGO_LAMBDA");
+    orphans::become_subreaper();
+    let api = LocalApi::start(TOKEN).await.unwrap();
+    build(&["-p", EXAMPLE]).await;
+    let envs = [
+        ("IRONFLOW_API_URL", api.url()),
+        ("IRONFLOW_WORKER_TOKEN", TOKEN.to_string()),
+        ("IRONFLOW_FUNCTION_TIMEOUT_SECS", "8".into()),
+        ("IRONFLOW_EMULATED_INVOCATION_SECS", "8".into()),
+        ("IRONFLOW_DEADLINE_MARGIN_MS", "1500".into()),
+        ("IRONFLOW_MIN_CLAIM_BUDGET_MS", "500".into()),
+        ("IRONFLOW_LEASE_TTL_SECS", "10".into()),
+        ("IRONFLOW_LEASE_REFRESH_INTERVAL_SECS", "2".into()),
+        ("RUST_LOG", "info".into()),
+    ];
+    // In the example's directory, as the README says.
+    let dir = manifest_dir().join("examples").join(EXAMPLE);
+    let mut watch = Watch::start(&cargo_lambda, &dir, EXAMPLE, &envs);
+    watch.ready().await;
+
+    let mut greet = new_run("greet", 0);
+    greet.payload = json!({"name": "Ada"});
+    let greet = api.store().create_run(greet).await.unwrap().into_run().id;
+    // Three steps of 3 s: the first 8 s invocation cannot finish them.
+    let mut report = new_run("daily-report", 0);
+    report.payload = json!({"pause_secs": 3});
+    let report = api.store().create_run(report).await.unwrap().into_run().id;
+
+    let mut handed_back = 0;
+    for n in 1..=6 {
+        if states(api.store(), &[greet, report]).await == [RunStatus::Completed; 2] {
+            break;
+        }
+        let invoked = watch.invoke(&["--data-ascii", "{}"]).await;
+        let summary = invoked.response(&format!("invocation {n}"));
+        handed_back += summary["outcomes"]["handed_back"].as_u64().unwrap_or(0);
+    }
+    assert_eq!(
+        states(api.store(), &[greet, report]).await,
+        [RunStatus::Completed; 2]
+    );
+    assert!(handed_back >= 1, "daily-report finished in one invocation");
+
+    let greeted = api.store().list_steps(greet).await.unwrap();
+    assert_eq!(greeted.len(), 1);
+    assert!(
+        format!("{:?}", greeted[0].output).contains("hello, Ada"),
+        "{:?}",
+        greeted[0].output
+    );
+    let steps = api.store().list_steps(report).await.unwrap();
+    let published = steps
+        .iter()
+        .find(|s| {
+            s.name == "publish" && s.status.state == ironflow_store::entities::StepStatus::Completed
+        })
+        .expect("publish completed");
+    assert!(
+        format!("{:?}", published.output).contains("daily total: 8"),
+        "total took extract's output from the store: {:?}",
+        published.output
+    );
+    let extracted = steps.iter().filter(|s| s.name == "extract").count();
+    assert_eq!(
+        extracted, 1,
+        "the completed extract step was replayed, not run again"
     );
 }

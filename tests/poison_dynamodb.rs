@@ -1049,8 +1049,10 @@ impl OwnMoto {
     }
 
     fn kill(&self) {
-        // SAFETY: kill(2) on the pid of the server this test started.
-        unsafe { libc::kill(self.pid, libc::SIGKILL) };
+        // The server this test started.
+        if let Some(pid) = rustix::process::Pid::from_raw(self.pid) {
+            let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
+        }
     }
 }
 

@@ -68,7 +68,7 @@ impl Moto {
         if let Ok(endpoint) = std::env::var("IRONFLOW_TEST_MOTO_ENDPOINT") {
             return Ok(Self { endpoint });
         }
-        let server = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(".venv/bin/moto_server");
+        let server = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../.venv/bin/moto_server");
         if !server.exists() {
             return Err(format!(
                 "not measured: no moto server ({} is missing: run ./scripts/test once, which \

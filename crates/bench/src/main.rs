@@ -8,16 +8,10 @@
 //! cargo run --release -p ironflow-lambda-bench -- --quick        # small run, prints only
 //! ```
 //!
-//! The first command builds the deployable function as deployed (without the `local`
-//! feature), whose cold start, size and memory are measured.
+//! The first command builds the deployable function as deployed, whose cold start, size and
+//! memory are measured.
 //!
-//! Options: `--quick`, `--runs K`, `--rounds R`, `--concurrency C`, `--max-runs N`,
-//! `--out PATH`, `--function PATH` (the function binary to measure; default: the release
-//! `ironflow-lambda` beside the bench), `--drain-only` (the drain rounds and their medians,
-//! printed; nothing written). With `--drain-only` only: `--workload noop|shell` (one workload
-//! instead of both) and `--rows LIST` (comma-separated, out of `reference`, `ours`,
-//! `no-claim-ahead`, `one-invocation`, `larger-batch`; default all), for A/B checks and
-//! profiles of one row.
+//! The options: `--help` ([`Args`]).
 //! Not part of the test command.
 
 mod drain;
@@ -85,105 +79,120 @@ pub struct Options {
     pub args: Vec<String>,
 }
 
-fn parse(args: Vec<String>) -> Result<Options, String> {
-    let quick = args.iter().any(|a| a == "--quick");
-    let drain_only = args.iter().any(|a| a == "--drain-only");
-    let mut o = Options {
-        quick,
-        drain_only,
-        drain: DrainSettings {
-            runs: if quick { 50 } else { 500 },
-            concurrency: 2,
-            max_runs: 8,
-            invocation: Duration::from_secs(60),
-            poll_interval: Duration::from_millis(100),
-        },
-        workloads: Workload::ALL.to_vec(),
-        rows: Which::ALL.to_vec(),
-        // Single rounds swing by ±20 % on a shared 2-core machine: medians of 20 hold to a few
-        // %. 20 is two whole blocks of the round order's design (2 × 5 rows, `round_order`).
-        rounds: if quick { 2 } else { 20 },
-        idle_invocations: if quick { 50 } else { 200 },
-        deadline: DeadlineSettings {
-            invocation: Duration::from_secs(3),
-            margin: Duration::from_secs(1),
-            runs: 2,
-        },
-        deadline_invocations: if quick { 3 } else { 20 },
-        cold_starts: if quick { 5 } else { 30 },
-        dynamodb_runs: if quick { 16 } else { 96 },
-        out: (!quick && !drain_only)
-            .then(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("BENCHMARKS.md")),
-        function: None,
-        args: args.clone(),
-    };
-    let (mut workload_given, mut rows_given) = (false, false);
-    let mut it = args.into_iter();
-    while let Some(a) = it.next() {
-        let mut value = |name: &str| it.next().ok_or(format!("{name} needs a value"));
-        let number = |v: String, name: &str| {
-            v.parse::<usize>()
-                .ok()
-                .filter(|n| *n > 0)
-                .ok_or(format!("{name} takes a positive integer, got {v:?}"))
+/// The command line (`--help` prints it).
+#[derive(Debug, clap::Parser)]
+#[command(
+    name = "ironflow-lambda-bench",
+    about = "Benchmark ironflow-lambda against the reference worker on this machine; writes BENCHMARKS.md"
+)]
+struct Args {
+    /// Small counts; prints the report, writes nothing.
+    #[arg(long)]
+    quick: bool,
+    /// Only the drain rounds, their medians printed; nothing written.
+    #[arg(long)]
+    drain_only: bool,
+    /// Runs per drain (default 500, 50 with --quick).
+    #[arg(long, value_name = "K", value_parser = clap::value_parser!(u32).range(1..))]
+    runs: Option<u32>,
+    /// Rounds of drains (default 20, 2 with --quick).
+    #[arg(long, value_name = "R", value_parser = clap::value_parser!(u32).range(1..))]
+    rounds: Option<u32>,
+    /// Runs executing at once (C).
+    #[arg(long, value_name = "C", default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..))]
+    concurrency: u32,
+    /// Runs one invocation claims at most (N).
+    #[arg(long, value_name = "N", default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..))]
+    max_runs: u32,
+    /// Where to write the report (default BENCHMARKS.md of the repository).
+    #[arg(long, value_name = "PATH")]
+    out: Option<PathBuf>,
+    /// The function binary to measure (default: the release `ironflow-lambda` beside the bench).
+    #[arg(long, value_name = "PATH", value_parser = existing_file)]
+    function: Option<PathBuf>,
+    /// One workload instead of both (with --drain-only).
+    #[arg(long, value_parser = ["noop", "shell"], requires = "drain_only")]
+    workload: Option<String>,
+    /// The rows of each round, comma-separated, out of reference, ours, no-claim-ahead,
+    /// one-invocation, larger-batch (with --drain-only; default all).
+    #[arg(long, value_name = "LIST", value_parser = rows, requires = "drain_only")]
+    rows: Option<Rows>,
+}
+
+/// The rows of `--rows`, in order, each once.
+#[derive(Debug, Clone)]
+struct Rows(Vec<Which>);
+
+fn rows(list: &str) -> Result<Rows, String> {
+    let mut rows: Vec<Which> = Vec::new();
+    for name in list.split(',') {
+        let row = Which::parse(name.trim()).ok_or(format!(
+            "expected reference, ours, no-claim-ahead, one-invocation or larger-batch, got {name:?}"
+        ))?;
+        if rows.contains(&row) {
+            return Err(format!("{name:?} is named twice"));
+        }
+        rows.push(row);
+    }
+    Ok(Rows(rows))
+}
+
+/// Checked now, not after minutes of drains.
+fn existing_file(path: &str) -> Result<PathBuf, String> {
+    let path = PathBuf::from(path);
+    if path.is_file() {
+        Ok(path)
+    } else {
+        Err(format!(
+            "{}: no such file (the function binary to measure)",
+            path.display()
+        ))
+    }
+}
+
+impl Args {
+    fn options(self, args: Vec<String>) -> Options {
+        let quick = self.quick;
+        let count = |given: Option<u32>, full: usize, small: usize| {
+            given.map_or(if quick { small } else { full }, |n| n as usize)
         };
-        match a.as_str() {
-            "--quick" | "--drain-only" => {}
-            "--runs" => o.drain.runs = number(value("--runs")?, "--runs")?,
-            "--rounds" => o.rounds = number(value("--rounds")?, "--rounds")?,
-            "--concurrency" => {
-                o.drain.concurrency = number(value("--concurrency")?, "--concurrency")?;
-            }
-            "--max-runs" => o.drain.max_runs = number(value("--max-runs")?, "--max-runs")?,
-            "--out" => o.out = Some(PathBuf::from(value("--out")?)),
-            "--function" => o.function = Some(PathBuf::from(value("--function")?)),
-            "--workload" if workload_given => return Err("--workload is given twice".into()),
-            "--workload" => {
-                let v = value("--workload")?;
-                o.workloads = vec![
-                    Workload::parse(&v)
-                        .ok_or(format!("--workload takes noop or shell, got {v:?}"))?,
-                ];
-                workload_given = true;
-            }
-            "--rows" if rows_given => return Err("--rows is given twice".into()),
-            "--rows" => {
-                let v = value("--rows")?;
-                let mut rows: Vec<Which> = Vec::new();
-                for name in v.split(',') {
-                    let row = Which::parse(name.trim()).ok_or(format!(
-                        "--rows takes a comma-separated list of reference, ours, \
-                         no-claim-ahead, one-invocation, larger-batch; got {name:?}"
-                    ))?;
-                    if rows.contains(&row) {
-                        return Err(format!("--rows names {name:?} twice"));
-                    }
-                    rows.push(row);
-                }
-                o.rows = rows;
-                rows_given = true;
-            }
-            "-h" | "--help" => return Err(String::new()),
-            other => return Err(format!("unknown argument {other:?}")),
+        Options {
+            quick,
+            drain_only: self.drain_only,
+            drain: DrainSettings {
+                runs: count(self.runs, 500, 50),
+                concurrency: self.concurrency as usize,
+                max_runs: self.max_runs as usize,
+                invocation: Duration::from_secs(60),
+                poll_interval: Duration::from_millis(100),
+            },
+            workloads: self
+                .workload
+                .as_deref()
+                .and_then(Workload::parse)
+                .map_or_else(|| Workload::ALL.to_vec(), |w| vec![w]),
+            rows: self.rows.map_or_else(|| Which::ALL.to_vec(), |r| r.0),
+            // Single rounds swing by ±20 % on a shared 2-core machine: medians of 20 hold to a
+            // few %. 20 is two whole blocks of the round order's design (2 × 5 rows,
+            // `round_order`).
+            rounds: count(self.rounds, 20, 2),
+            idle_invocations: if quick { 50 } else { 200 },
+            deadline: DeadlineSettings {
+                invocation: Duration::from_secs(3),
+                margin: Duration::from_secs(1),
+                runs: 2,
+            },
+            deadline_invocations: if quick { 3 } else { 20 },
+            cold_starts: if quick { 5 } else { 30 },
+            dynamodb_runs: if quick { 16 } else { 96 },
+            out: self.out.or_else(|| {
+                (!quick && !self.drain_only)
+                    .then(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../BENCHMARKS.md"))
+            }),
+            function: self.function,
+            args,
         }
     }
-    if let Some(path) = &o.function
-        && !path.is_file()
-    {
-        // Checked now, not after minutes of drains.
-        return Err(format!(
-            "--function {}: no such file (the function binary to measure)",
-            path.display()
-        ));
-    }
-    if (workload_given || rows_given) && !o.drain_only {
-        return Err(
-            "--workload and --rows need --drain-only: the report drains both workloads with \
-             every row in the design's order"
-                .into(),
-        );
-    }
-    Ok(o)
 }
 
 /// Everything measured.
@@ -200,21 +209,7 @@ pub struct Results {
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    let options = match parse(std::env::args().skip(1).collect()) {
-        Ok(o) => o,
-        Err(e) => {
-            let usage = "usage: ironflow-lambda-bench [--quick] [--runs K] [--rounds R] \
-                 [--concurrency C] [--max-runs N] [--out PATH] [--function PATH] [--drain-only \
-                 [--workload noop|shell] [--rows reference,ours,no-claim-ahead,one-invocation,larger-batch]]";
-            // An empty error: --help.
-            if e.is_empty() {
-                println!("{usage}");
-                return ExitCode::SUCCESS;
-            }
-            eprintln!("error: {e}\n{usage}");
-            return ExitCode::from(2);
-        }
-    };
+    let options = <Args as clap::Parser>::parse().options(std::env::args().skip(1).collect());
     // The reference worker installs SIGINT/SIGTERM handlers that outlive it (its drain is
     // stopped by aborting its task), and they swallow the signals: Ctrl+C and SIGTERM must
     // still stop the bench, and the moto server it may have started.

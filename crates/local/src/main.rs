@@ -10,13 +10,17 @@
 //! `cargo run --bin ironflow-lambda-local -- --serve [PORT]` instead keeps the API up on
 //! `127.0.0.1:PORT` (default 3000) with the same runs pending, prints the environment for the
 //! deployable function (`cargo lambda watch`), and prints the table of runs on Ctrl-C (exit 0:
-//! runs still pending then are not a failure).
+//! runs still pending then are not a failure). `--run WORKFLOW[=JSON]` (repeatable) creates
+//! runs of your own workflows instead of the samples, for a function of your own.
 
 use std::collections::{BTreeSet, HashMap};
 use std::io::IsTerminal;
+use std::num::NonZeroU16;
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
+
+use clap::Parser;
 
 use ironflow_core::providers::claude::ClaudeCodeProvider;
 use ironflow_lambda::LambdaWorkerBuilder;
@@ -28,9 +32,54 @@ use ironflow_worker::ApiRunStore;
 use lambda_runtime::{Context, LambdaEvent};
 use uuid::Uuid;
 
-const USAGE: &str = "usage: ironflow-lambda-local [--serve [PORT]]
-  (no argument)   run the sample runs to the end through simulated invocations, print the table
-  --serve [PORT]  keep the API up on 127.0.0.1:PORT (default 3000) for `cargo lambda watch`";
+/// The command line.
+#[derive(Debug, Parser)]
+#[command(
+    name = "ironflow-lambda-local",
+    about = "Run ironflow-lambda end to end on the embedded ironflow API (no AWS account): the \
+             sample runs through simulated invocations until every one is terminal, then their table"
+)]
+struct Args {
+    /// Instead, keep the API up on 127.0.0.1:PORT (default 3000) with the runs pending, for a
+    /// function under `cargo lambda watch`; Ctrl-C prints the table of runs.
+    #[arg(long, value_name = "PORT", num_args = 0..=1, default_missing_value = "3000")]
+    serve: Option<NonZeroU16>,
+    /// With --serve: create a run of WORKFLOW, with the JSON object after `=` as its payload
+    /// (e.g. --run 'greet={"name":"Ada"}'), instead of the sample runs. Repeatable.
+    #[arg(long = "run", value_name = "WORKFLOW[=JSON]", requires = "serve", value_parser = parse_run)]
+    runs: Vec<RunSpec>,
+}
+
+/// A run to create: its workflow and payload.
+#[derive(Debug, Clone)]
+struct RunSpec {
+    workflow: String,
+    payload: serde_json::Value,
+}
+
+/// `WORKFLOW` or `WORKFLOW=JSON` (a JSON object).
+fn parse_run(arg: &str) -> Result<RunSpec, String> {
+    let (workflow, payload) = match arg.split_once('=') {
+        Some((workflow, json)) => {
+            let payload: serde_json::Value = serde_json::from_str(json)
+                .map_err(|e| format!("the payload after '=' is not JSON ({e}): {json}"))?;
+            if !payload.is_object() {
+                return Err(format!(
+                    "the payload after '=' must be a JSON object, got {json}"
+                ));
+            }
+            (workflow, payload)
+        }
+        None => (arg, serde_json::json!({})),
+    };
+    if workflow.trim().is_empty() {
+        return Err("expected WORKFLOW or WORKFLOW=JSON, with a workflow name".into());
+    }
+    Ok(RunSpec {
+        workflow: workflow.trim().to_string(),
+        payload,
+    })
+}
 
 /// Simulated invocation length: short, so that the multi-step workflow is handed back.
 const INVOCATION: Duration = Duration::from_secs(4);
@@ -67,29 +116,15 @@ async fn main() -> ExitCode {
 
 async fn run() -> Result<bool, Box<dyn std::error::Error>> {
     orphans::become_subreaper();
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let serve = match args.as_slice() {
-        [] => None,
-        [flag] if flag == "--help" || flag == "-h" => {
-            println!("{USAGE}");
-            return Ok(true);
-        }
-        [flag] if flag == "--serve" => Some(3000),
-        [flag, port] if flag == "--serve" => Some(
-            port.parse::<u16>()
-                .ok()
-                .filter(|p| *p != 0)
-                .ok_or_else(|| format!("--serve takes a TCP port (1-65535), got {port:?}"))?,
-        ),
-        _ => return Err(format!("unexpected arguments {args:?}\n{USAGE}").into()),
-    };
+    let args = Args::parse();
+    let serve = args.serve.map(NonZeroU16::get);
     let token = Uuid::new_v4().to_string();
     let api = match serve {
         Some(port) => LocalApi::start_on_port(&token, port).await?,
         None => LocalApi::start(&token).await?,
     };
     println!("ironflow API (in-memory store) listening on {}", api.url());
-    let runs = create_runs(&api.url(), &token).await?;
+    let runs = create_runs(&api.url(), &token, &args.runs).await?;
     println!(
         "created {} runs through POST /api/v1/internal/runs\n",
         runs.len()
@@ -101,8 +136,13 @@ async fn run() -> Result<bool, Box<dyn std::error::Error>> {
             "  export IRONFLOW_API_URL={} IRONFLOW_WORKER_TOKEN={token} IRONFLOW_EMULATED_INVOCATION_SECS=30",
             api.url()
         );
-        println!("  .venv/bin/cargo-lambda lambda watch --bin ironflow-lambda");
-        println!("  .venv/bin/cargo-lambda lambda invoke ironflow-lambda --data-ascii '{{}}'\n");
+        let function = if args.runs.is_empty() {
+            "ironflow-lambda"
+        } else {
+            "<your function's binary>"
+        };
+        println!("  cargo lambda watch --bin {function}");
+        println!("  cargo lambda invoke {function} --data-ascii '{{}}'\n");
         println!("Ctrl-C prints the runs and stops the API.");
         tokio::signal::ctrl_c().await?;
         // Runs left pending are expected here (the function may not have been invoked): the
@@ -225,19 +265,38 @@ async fn print_table(
     Ok(terminal)
 }
 
-/// The mix of runs the local job drains, created through the API's internal route.
-async fn create_runs(url: &str, token: &str) -> Result<Vec<Uuid>, Box<dyn std::error::Error>> {
+/// The runs to drain, created through the API's internal route: `asked` (`--run`), else the
+/// mix of sample runs.
+async fn create_runs(
+    url: &str,
+    token: &str,
+    asked: &[RunSpec],
+) -> Result<Vec<Uuid>, Box<dyn std::error::Error>> {
     let client = ApiRunStore::new(url, token);
-    let mut runs = Vec::new();
-    for (workflow, count) in [
+    let samples = [
         ("quick-shell", 3),
         ("multi-step", 2),
         ("flaky", 1),
         ("always-fails", 5),
-    ] {
-        for _ in 0..count {
-            runs.push(client.create_run(new_run(workflow, 0)).await?.into_run().id);
-        }
+    ];
+    let specs: Vec<RunSpec> = if asked.is_empty() {
+        samples
+            .iter()
+            .flat_map(|(workflow, count)| {
+                (0..*count).map(|_| RunSpec {
+                    workflow: (*workflow).to_string(),
+                    payload: serde_json::json!({}),
+                })
+            })
+            .collect()
+    } else {
+        asked.to_vec()
+    };
+    let mut runs = Vec::new();
+    for spec in specs {
+        let mut run = new_run(&spec.workflow, 0);
+        run.payload = spec.payload;
+        runs.push(client.create_run(run).await?.into_run().id);
     }
     Ok(runs)
 }

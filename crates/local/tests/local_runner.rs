@@ -27,25 +27,46 @@ fn help_prints_the_usage_and_succeeds() {
     for flag in ["--help", "-h"] {
         let (code, stdout, _) = run(&[flag]);
         assert_eq!(code, Some(0), "{flag}: {stdout}");
-        assert!(stdout.contains("usage: ironflow-lambda-local"), "{stdout}");
-        assert!(stdout.contains("--serve [PORT]"), "{stdout}");
+        assert!(stdout.contains("Usage: ironflow-lambda-local"), "{stdout}");
+        assert!(stdout.contains("--serve [<PORT>]"), "{stdout}");
+        assert!(stdout.contains("--run <WORKFLOW[=JSON]>"), "{stdout}");
     }
 }
 
 #[test]
 fn bad_arguments_are_named_with_the_usage() {
+    // clap's usage errors exit with status 2 and name the argument.
     let (code, _, stderr) = run(&["--bogus"]);
-    assert_eq!(code, Some(1), "{stderr}");
+    assert_eq!(code, Some(2), "{stderr}");
     assert!(stderr.contains("--bogus"), "{stderr}");
-    assert!(stderr.contains("usage: ironflow-lambda-local"), "{stderr}");
+    assert!(stderr.contains("Usage: ironflow-lambda-local"), "{stderr}");
 
     for port in ["0", "70000", "http"] {
         let (code, _, stderr) = run(&["--serve", port]);
-        assert_eq!(code, Some(1), "{port}: {stderr}");
+        assert_eq!(code, Some(2), "{port}: {stderr}");
         assert!(
-            stderr.contains("--serve takes a TCP port (1-65535)") && stderr.contains(port),
+            stderr.contains("invalid value") && stderr.contains(port) && stderr.contains("--serve"),
             "{stderr}"
         );
+    }
+    for (args, expected) in [
+        (&["--run", "greet"][..], "--serve"),
+        (
+            &["--serve", "3000", "--run", "greet=notjson"][..],
+            "not JSON",
+        ),
+        (
+            &["--serve", "3000", "--run", "greet=[1]"][..],
+            "must be a JSON object",
+        ),
+        (
+            &["--serve", "3000", "--run", "={}"][..],
+            "with a workflow name",
+        ),
+    ] {
+        let (code, _, stderr) = run(args);
+        assert_eq!(code, Some(2), "{args:?}: {stderr}");
+        assert!(stderr.contains(expected), "{args:?}: {stderr}");
     }
 }
 
