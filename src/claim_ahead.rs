@@ -1,46 +1,13 @@
-//! Claim-ahead: while every slot is busy, one more run is claimed, so that it starts as soon
-//! as a slot frees instead of one claim round trip later.
+//! Claim-ahead's pace: the moving averages of this warm instance's claim round trips and run
+//! execution times, kept across invocations, and what they decide: whether one run may be
+//! claimed while every slot is busy ([`RunPace::runs_ahead`]), and how many of an invocation's
+//! first claims go out together ([`RunPace::first_claims`]). The claim loop acts on them
+//! (`crate::invocation::slots`). Why and when it pays, and why a run claimed ahead is safe to
+//! hold: `docs/design.md#claim-ahead`.
 //!
-//! The reference worker claims only once a slot is free: every run start waits for a claim
-//! (`GET /api/v1/internal/runs/next`). How much that costs depends on how long a claim takes
-//! against how long a run executes: against a loopback API a claim is about a quarter of a
-//! no-op run, and a few percent of a three-step shell run; over a network to a remote API it
-//! can be a large share of short runs. Claiming ahead overlaps the claim with the executing
-//! runs: it pays where claims are a large share of a run, and where they are not it only
-//! holds a run back (another instance could have started it) and adds contention. So an
-//! invocation claims ahead only while, on this warm instance, a claim's round trip is at least
-//! a given share of a run's execution time, both as moving averages
-//! (`IRONFLOW_CLAIM_AHEAD_PERCENT`, default 20; `0` never claims ahead). Why 20: on loopback,
-//! the runs that a claim overlaps took 2-10 % longer (they share the CPU with the claim), so a
-//! claim must be a clearly larger share of a run than that for claiming ahead to pay: it is
-//! about 25 % of a no-op run, and 4-5 % of a three-step shell run (measured in BENCHMARKS.md's
-//! setup). A cold start has no history, so its first runs are claimed one free slot at a time.
-//!
-//! The same pace decides how an invocation's first claims go out. After a batch that took its
-//! N (the backlog likely goes on), the next invocation on this instance sends its first claims
-//! together, one per slot (at most N), so that every slot starts after one claim round trip
-//! instead of one more per slot; otherwise (a cold start, a batch that ran out of pending runs)
-//! it sends one, and a tick with nothing pending costs a single claim. A threshold of `0` turns
-//! both off: claims go out one at a time, each into a free slot, as the reference worker's.
-//!
-//! Whatever the pace, N (`IRONFLOW_MAX_RUNS_PER_INVOCATION`) still bounds the runs claimed per
-//! invocation and C (`IRONFLOW_CONCURRENCY`) the runs executing at once; at most one run waits.
-//!
-//! A run claimed ahead is safe to hold:
-//! - its lease refresher starts at the claim (every run's does, see [`crate::lease`]), so its
-//!   lease cannot lapse while it waits;
-//! - the invocation's claim loop starts it in the next slot that frees, after the run that
-//!   ended there has been settled: the poison-pill gate checks its workflow with that
-//!   outcome counted (a workflow blocked meanwhile: failed or deferred, not executed), and a
-//!   lease found lost meanwhile abandons it unexecuted;
-//! - if no slot frees before the claim window closes (`IRONFLOW_MIN_CLAIM_BUDGET_MS` before
-//!   the cutoff, so it never starts with less time than a claim would have), it is written
-//!   back to Pending without executing ([`crate::report::Outcome::Released`]), after
-//!   confirming its lease as a handback does; it does not count as a handback, and the
-//!   wake-up after the batch brings the next invocation to it;
-//! - a failed, timed-out or panicked run, or a release, clears the run history, and a run
-//!   handed back at the cutoff counts as a long one: claim-ahead runs only during a streak of
-//!   completed runs.
+//! Invariants: N (`IRONFLOW_MAX_RUNS_PER_INVOCATION`) bounds the runs claimed per invocation
+//! and C (`IRONFLOW_CONCURRENCY`) the runs executing at once, whatever the pace; at most one run
+//! waits for a slot; a threshold of 0 turns both decisions off (the reference worker's claims).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;

@@ -31,17 +31,6 @@ pub const MAX_INVOCATION: Duration = Duration::from_secs(15 * 60);
 ///
 /// `deadline` is when Lambda stops the invocation; `cutoff` is `deadline − margin`, the moment
 /// by which every run still executing must have been handed back.
-///
-/// # Examples
-///
-/// ```
-/// use std::time::Duration;
-/// use ironflow_lambda::deadline::Budget;
-///
-/// // A deadline already past: no time left, nothing will be claimed.
-/// let budget = Budget::from_epoch_ms(0, Duration::from_secs(10));
-/// assert_eq!(budget.until_cutoff(), Duration::ZERO);
-/// ```
 #[derive(Debug, Clone, Copy)]
 pub struct Budget {
     deadline: Instant,

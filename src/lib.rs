@@ -6,48 +6,35 @@
 //! and hands every run still executing back to Pending before the deadline, for the next
 //! invocation to resume by replay.
 //!
-//! Build a [`builder::LambdaWorker`] once per cold start and hand each event to
-//! [`handler::handle`], as the deployable function does (`src/bin/ironflow-lambda.rs`):
+//! A function is a `main` that registers its agent provider and workflows on the worker
+//! [`run`] builds from the environment (the settings: [`settings::VARIABLES`]), and runs the
+//! Lambda runtime loop:
 //!
 //! ```no_run
+//! use std::process::ExitCode;
 //! use std::sync::Arc;
 //! use ironflow_core::providers::claude::ClaudeCodeProvider;
-//! use ironflow_lambda::builder::LambdaWorkerBuilder;
-//! use ironflow_lambda::layers::ExitWhenStuckLayer;
-//! use lambda_runtime::layers::TracingLayer;
-//! use lambda_runtime::{LambdaEvent, Runtime, service_fn};
 //!
-//! # async fn example() -> Result<(), lambda_runtime::Error> {
-//! let worker = Arc::new(
-//!     LambdaWorkerBuilder::from_env()?
-//!         .provider(Arc::new(ClaudeCodeProvider::new()))
-//!         .register(ironflow_lambda::workflows::QuickShell)
-//!         .build()?,
-//! );
-//! let handler = {
-//!     let worker = worker.clone();
-//!     service_fn(move |event: LambdaEvent<serde_json::Value>| {
-//!         let worker = worker.clone();
-//!         async move { ironflow_lambda::handler::handle(&worker, event).await }
+//! fn main() -> ExitCode {
+//!     ironflow_lambda::run(|worker| {
+//!         worker
+//!             .provider(Arc::new(ClaudeCodeProvider::new()))
+//!             .register(ironflow_lambda::samples::QuickShell)
 //!     })
-//! };
-//! // Runs execute on the worker's own runtime; this loop, the claims and the leases on the
-//! // caller's (`#[tokio::main(flavor = "current_thread")]` in the deployable function).
-//! Runtime::new(handler)
-//!     .layer(TracingLayer::new())
-//!     .layer(ExitWhenStuckLayer::new(worker))
-//!     .run()
-//!     .await
-//! # }
+//! }
 //! ```
 //!
-//! Modules, in the order of one invocation: [`config`], [`secrets`] and [`builder`] (cold start),
-//! [`handler`] and [`trigger`] (event in), [`deadline`] and [`invocation`] (the batch),
-//! [`execution`], [`runtime`], [`store`], [`calls`], [`lease`] and [`handback`] (one run),
-//! [`credentials`] (the token), [`poison`] (the poison-pill table), [`layers`] (after the
-//! response),
-//! [`orphans`] (no process outlives the invocation), [`pool`] (stale connections after a
-//! freeze), [`wake`] and [`api`] (wake-ups after the batch).
+//! To drive invocations yourself (a local runner, tests), build a [`LambdaWorker`] with
+//! [`LambdaWorkerBuilder`] and hand each event to [`handle`] ([`handle_summary`] for the typed
+//! [`InvocationSummary`]).
+//!
+//! The public surface: the builder and the worker, the entry point and the handler, the
+//! [`settings`] and their errors, what an invocation reports ([`Outcome`], [`RunReport`],
+//! [`InvocationSummary`]), the poison-pill table ([`PoisonTable`], [`MemoryPoisonTable`],
+//! [`DynamoPoisonTable`]), the [`Waker`] of wake-ups, the [`layers`] around the handler, and
+//! the helpers the local runner and the tests share ([`orphans`], [`logging`], [`metrics`],
+//! [`samples`]). How it works (one invocation, claim-ahead, handback, poison pill, wake-ups,
+//! faults) is in the repository's `docs/` directory.
 
 #![warn(missing_docs)]
 #![deny(clippy::unwrap_used, clippy::expect_used, clippy::panic)]

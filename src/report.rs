@@ -43,7 +43,7 @@ pub enum Outcome {
     /// failure: `error` says which), or its lease expired and was confirmed again.
     HandedBack,
     /// Claimed ahead of a free slot, or among an invocation's first claims sent together
-    /// ([`crate::claim_ahead`]), but not started before the claim window closed, or claimed
+    /// (claim-ahead, `docs/design.md#claim-ahead`), but not started before the claim window closed, or claimed
     /// by a claim answered only after the window closed: written back to Pending without
     /// executing, for the next invocation.
     Released,
@@ -204,7 +204,7 @@ pub struct InvocationSummary {
     pub errors: Vec<String>,
     /// Infrastructure faults the invocation's calls met, the executions' included, per route
     /// and kind (each attempt that met one counts; most were retried and overcome). Never a
-    /// workflow failure: see [`crate::store`].
+    /// workflow failure: see `docs/faults.md`.
     pub api_errors: Vec<ApiErrorCount>,
     /// Claimed runs whose `lease_recoveries` showed the API's reaper had taken them back from
     /// an invocation since this function last saw them (an invocation that died, or an outage

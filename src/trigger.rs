@@ -169,17 +169,6 @@ pub enum TriggerError {
 /// # Errors
 ///
 /// [`TriggerError`] for anything that cannot start a batch (see the module docs).
-///
-/// # Examples
-///
-/// ```
-/// use ironflow_lambda::trigger::{Trigger, parse_event};
-/// let Trigger::Direct(direct) = parse_event(&serde_json::json!({"max_runs": 3}), 8).unwrap() else {
-///     unreachable!()
-/// };
-/// assert_eq!(direct.request.max_runs, Some(3));
-/// assert!(parse_event(&serde_json::json!({"max_runs": 9}), 8).is_err());
-/// ```
 pub fn parse_event(event: &Value, max_runs_per_invocation: usize) -> Result<Trigger, TriggerError> {
     let Some(object) = event.as_object() else {
         return Err(TriggerError::NotAnObject {

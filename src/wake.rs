@@ -1,10 +1,6 @@
 //! Wake-ups: SQS messages that start queue-triggered invocations, so that a backlog keeps
-//! draining without waiting for the next schedule tick.
-//!
-//! After a batch that handed runs back (released runs claimed ahead count as handed back), or
-//! that took all the runs it was asked for (its N) while the API still reports pending runs,
-//! the invocation sends wake-ups to
-//! `IRONFLOW_WAKE_QUEUE_URL`:
+//! draining without waiting for the next schedule tick (when and how many:
+//! `docs/design.md#wake-ups`; the settings: [`WakeSettings`]).
 //!
 //! ```text
 //! pending  = GET /api/v1/internal/runs/pending-count (this batch's claim capabilities)
@@ -12,20 +8,10 @@
 //! messages = min(ceil(pending / N) − queued, IRONFLOW_MAX_WAKEUPS_PER_INVOCATION)
 //! ```
 //!
-//! Unknown backlog (the count failed): one wake-up, unless one is already queued. Wake-ups after
-//! a handback carry `DelaySeconds` (`IRONFLOW_WAKE_DELAY_SECS`): the instance that sent them is
-//! about to return, and a wake-up delivered a few seconds later finds it warm instead of cold
-//! starting a second one. A duplicate or surplus wake-up is harmless: it claims what is there,
-//! or finds nothing and sends nothing. A failure is logged and reported in the summary's
-//! `wake_ups.errors`; it never fails the batch. The whole phase ends before the invocation
-//! deadline (at most [`WAKE_PHASE_TIMEOUT`], keeping [`WAKE_DEADLINE_RESERVE`] free): nothing is
-//! left running when the handler returns.
-//!
-//! | variable | meaning | default |
-//! |---|---|---|
-//! | `IRONFLOW_WAKE_QUEUE_URL` | the SQS queue that triggers the function; unset: no wake-ups | none |
-//! | `IRONFLOW_MAX_WAKEUPS_PER_INVOCATION` | wake-up messages one invocation sends at most (1 to 10) | 3 |
-//! | `IRONFLOW_WAKE_DELAY_SECS` | `DelaySeconds` of wake-ups sent after a handback (0 to 900) | 5 |
+//! Invariants: a failure is logged and reported in the summary's `wake_ups.errors`, never a
+//! failed batch; the whole phase ends before the invocation deadline (at most
+//! [`WAKE_PHASE_TIMEOUT`], keeping [`WAKE_DEADLINE_RESERVE`] free): nothing is left running when
+//! the handler returns.
 
 use std::time::Duration;
 
@@ -66,17 +52,6 @@ impl Waker {
 
 /// Wake-up messages a batch sends: `ceil(pending_runs / runs_per_invocation) − queued`, at
 /// most `max`. An unknown backlog (`None`) counts as one invocation's worth.
-///
-/// # Examples
-///
-/// ```
-/// use ironflow_lambda::wake::wake_ups_needed;
-/// assert_eq!(wake_ups_needed(Some(17), 0, 8, 10), 3);
-/// assert_eq!(wake_ups_needed(Some(17), 2, 8, 10), 1);
-/// assert_eq!(wake_ups_needed(Some(100), 0, 8, 3), 3);
-/// assert_eq!(wake_ups_needed(Some(0), 0, 8, 3), 0);
-/// assert_eq!(wake_ups_needed(None, 0, 8, 3), 1);
-/// ```
 pub fn wake_ups_needed(
     pending_runs: Option<u64>,
     queued: u64,
@@ -137,35 +112,15 @@ pub(crate) async fn after_batch(
         report.errors.push(error);
         return Some(report);
     };
-    let settings = &waker.settings;
-
-    report.pending_runs = match timeout_at(until, api.pending_runs(end.capabilities)).await {
-        Ok(Ok(n)) => Some(n),
-        Ok(Err(e)) => fail(&mut report, format!("pending count failed: {e}")),
-        Err(_) => fail(&mut report, "pending count ran into the deadline".into()),
-    };
-    if report.pending_runs == Some(0) {
+    if !measure_backlog(waker, api, end.capabilities, until, &mut report).await {
         info!(?trigger, "no pending run left: no wake-up needed");
         return Some(report);
     }
-    // The SDK's futures are deep: boxed, they keep the handler's future within the compiler's
-    // layout depth.
-    report.queued = match timeout_at(until, Box::pin(queued_wake_ups(waker))).await {
-        Ok(Ok(n)) => Some(n),
-        Ok(Err(e)) => fail(
-            &mut report,
-            format!("reading the wake queue's depth failed: {e}"),
-        ),
-        Err(_) => fail(
-            &mut report,
-            "reading the wake queue's depth ran into the deadline".into(),
-        ),
-    };
     let count = wake_ups_needed(
         report.pending_runs,
         report.queued.unwrap_or(0),
         runs_per_invocation,
-        settings.max_per_invocation,
+        waker.settings.max_per_invocation,
     );
     if count == 0 {
         info!(
@@ -177,31 +132,10 @@ pub(crate) async fn after_batch(
         return Some(report);
     }
     report.delay_secs = match trigger {
-        WakeTrigger::HandedBack => settings.handback_delay.as_secs(),
+        WakeTrigger::HandedBack => waker.settings.handback_delay.as_secs(),
         WakeTrigger::Backlog => 0,
     };
-    let body = serde_json::json!({
-        "reason": trigger,
-        "pending_runs": report.pending_runs,
-        "sent_by": end.request_id,
-    })
-    .to_string();
-    match timeout_at(
-        until,
-        Box::pin(send(waker, count, &body, report.delay_secs)),
-    )
-    .await
-    {
-        Ok((sent, errors)) => {
-            report.sent = sent;
-            for e in errors {
-                fail::<()>(&mut report, e);
-            }
-        }
-        Err(_) => {
-            fail::<()>(&mut report, "sending wake-ups ran into the deadline".into());
-        }
-    }
+    send_wake_ups(waker, count, trigger, end.request_id, until, &mut report).await;
     info!(
         trigger = trigger.as_str(),
         sent = report.sent,
@@ -211,6 +145,68 @@ pub(crate) async fn after_batch(
         "wake-ups sent"
     );
     Some(report)
+}
+
+/// The backlog (`pending_runs`) and the wake-ups already queued (`queued`), each `None` when
+/// it could not be read before `until` (the error recorded); `false` when nothing is pending.
+async fn measure_backlog(
+    waker: &Waker,
+    api: &ApiClient,
+    capabilities: &WorkerCapabilities,
+    until: Instant,
+    report: &mut WakeReport,
+) -> bool {
+    report.pending_runs = match timeout_at(until, api.pending_runs(capabilities)).await {
+        Ok(Ok(n)) => Some(n),
+        Ok(Err(e)) => fail(report, format!("pending count failed: {e}")),
+        Err(_) => fail(report, "pending count ran into the deadline".into()),
+    };
+    if report.pending_runs == Some(0) {
+        return false;
+    }
+    // The SDK's futures are deep: boxed, they keep the handler's future within the compiler's
+    // layout depth.
+    report.queued = match timeout_at(until, Box::pin(queued_wake_ups(waker))).await {
+        Ok(Ok(n)) => Some(n),
+        Ok(Err(e)) => fail(
+            report,
+            format!("reading the wake queue's depth failed: {e}"),
+        ),
+        Err(_) => fail(
+            report,
+            "reading the wake queue's depth ran into the deadline".into(),
+        ),
+    };
+    true
+}
+
+/// Send `count` wake-ups for `trigger` before `until`, with the report's delay.
+async fn send_wake_ups(
+    waker: &Waker,
+    count: usize,
+    trigger: WakeTrigger,
+    request_id: &str,
+    until: Instant,
+    report: &mut WakeReport,
+) {
+    let body = serde_json::json!({
+        "reason": trigger,
+        "pending_runs": report.pending_runs,
+        "sent_by": request_id,
+    })
+    .to_string();
+    let sending = Box::pin(send(waker, count, &body, report.delay_secs));
+    match timeout_at(until, sending).await {
+        Ok((sent, errors)) => {
+            report.sent = sent;
+            for e in errors {
+                fail::<()>(report, e);
+            }
+        }
+        Err(_) => {
+            fail::<()>(report, "sending wake-ups ran into the deadline".into());
+        }
+    }
 }
 
 /// Record and log a wake-up error; the value it returns stands for "unknown".
@@ -305,6 +301,11 @@ mod tests {
 
     #[test]
     fn needed_is_bounded_by_backlog_queue_and_cap() {
+        assert_eq!(wake_ups_needed(Some(17), 0, 8, 10), 3);
+        assert_eq!(wake_ups_needed(Some(17), 2, 8, 10), 1);
+        assert_eq!(wake_ups_needed(Some(100), 0, 8, 3), 3);
+        assert_eq!(wake_ups_needed(Some(0), 0, 8, 3), 0);
+        assert_eq!(wake_ups_needed(None, 0, 8, 3), 1);
         assert_eq!(wake_ups_needed(Some(1), 0, 8, 3), 1);
         assert_eq!(wake_ups_needed(Some(8), 0, 8, 3), 1);
         assert_eq!(wake_ups_needed(Some(9), 0, 8, 3), 2);

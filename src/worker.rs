@@ -43,7 +43,7 @@ pub struct LambdaWorker {
     pub(crate) engine: Arc<Engine>,
     /// The engine's store, which takes each claimed run for the engine's first read of it.
     pub(crate) engine_store: Arc<GuardedStore>,
-    /// Where the engine executes runs (see [`crate::runtime`]).
+    /// Where the engine executes runs (`docs/faults.md#blocking-steps`).
     pub(crate) runtime: Arc<ExecutionRuntime>,
     /// The invocations' own store and recording engine (see [`crate::calls`]).
     pub(crate) calls_store: Arc<GuardedStore>,
@@ -174,7 +174,7 @@ impl LambdaWorker {
     }
 
     /// Executions still running in workflow code that blocks its thread, after their runs
-    /// were handed back or abandoned (see [`crate::runtime`]): a process with one must not go on
+    /// were handed back or abandoned (`docs/faults.md#blocking-steps`): a process with one must not go on
     /// to another invocation once the response is out, under on-demand Lambda.
     pub fn stuck_executions(&self) -> usize {
         self.stuck.count()

@@ -13,23 +13,24 @@
 //! [handback]: https://github.com/ironflow-lambda/ironflow-lambda/blob/main/docs/design.md#handback
 
 mod claims;
+mod finish;
 mod slots;
 mod unstarted;
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::future::join_all;
 use ironflow_store::entities::LeaseRequest;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
-use tokio::task::{JoinError, JoinHandle, JoinSet};
+use tokio::task::{JoinError, JoinSet};
 use tokio::time::{Instant, sleep_until};
-use tokio_util::sync::{CancellationToken, DropGuard};
 use tracing::{Instrument, error, info, info_span, warn};
 use uuid::Uuid;
 
 use self::claims::Windowed;
+use self::finish::LogPump;
 use self::slots::{Next, SlotState};
 use crate::calls::Calls;
 use crate::deadline::Budget;
@@ -39,13 +40,9 @@ use crate::lease::RefreshContext;
 use crate::orphans::InvocationGuard;
 use crate::poison::PoisonMode;
 use crate::poison::gate::PoisonGate;
-use crate::report::{
-    BatchRequest, Fate, FlushReport, InvocationSummary, Outcome, RunReport, StopReason,
-};
+use crate::report::{BatchRequest, Fate, InvocationSummary, Outcome, RunReport, StopReason};
 use crate::store::fault::FaultLog;
-use crate::wake::{self, BatchEnd};
 use crate::worker::LambdaWorker;
-use crate::{heartbeat, metrics};
 
 /// Time kept for the response after our last write to the API: 250 ms.
 const RESPONSE_RESERVE: Duration = Duration::from_millis(250);
@@ -137,13 +134,6 @@ enum Taken {
     Run(Box<Claimed>),
     /// The claims are over.
     Stop(StopReason),
-}
-
-/// What the flush and cleanup phase measured.
-struct Cleanup {
-    logs: FlushReport,
-    orphans_killed: usize,
-    heartbeat: Option<bool>,
 }
 
 impl<'w> Batch<'w> {
@@ -525,120 +515,5 @@ impl<'w> Batch<'w> {
         while let Some(joined) = self.executions.join_next().await {
             self.settle(joined).await;
         }
-    }
-
-    /// Phase 6: every run has stopped; what they printed is sent, the processes they left are
-    /// killed, the heartbeat pinged after a batch without errors.
-    async fn flush_and_clean_up(
-        &self,
-        logs: LogPump,
-        processes: InvocationGuard,
-        stop_reason: StopReason,
-    ) -> Cleanup {
-        let w = self.worker;
-        let logs = logs.finish(w, self.last_write).await;
-        let orphans_killed = processes.finish().await;
-        let heartbeat = match &w.settings.heartbeat_url {
-            Some(url) if self.errors.is_empty() => {
-                Some(heartbeat::ping(w.api.http(), url, self.last_write).await)
-            }
-            _ => None,
-        };
-        w.pool.after_invocation();
-        w.pace.record_batch_end(stop_reason == StopReason::MaxRuns);
-        Cleanup {
-            logs,
-            orphans_killed,
-            heartbeat,
-        }
-    }
-
-    /// Phase 7: the wake-ups ([`crate::wake`]) and the summary, recorded in the metrics.
-    async fn summary(mut self, stop_reason: StopReason, cleanup: Cleanup) -> InvocationSummary {
-        let runs: Vec<RunReport> = self
-            .order
-            .iter()
-            .filter_map(|id| self.reports.remove(id))
-            .collect();
-        let mut outcomes = BTreeMap::new();
-        for r in &runs {
-            *outcomes.entry(r.outcome).or_insert(0) += 1;
-        }
-        let wake_ups = match &self.worker.wake {
-            None => None,
-            Some(waker) => {
-                // The backlog is counted with what the next claim would ask for (defer mode
-                // leaves out the workflows the poison-pill table blocks: their runs wake nobody).
-                let w = self.worker;
-                let capabilities = self.poison.capabilities_for_claim(&w.capabilities).await;
-                let end = BatchEnd {
-                    request_id: self.request_id,
-                    handed_back: [Outcome::HandedBack, Outcome::Released]
-                        .iter()
-                        .filter_map(|o| outcomes.get(o))
-                        .sum(),
-                    filled: stop_reason == StopReason::MaxRuns,
-                    capabilities: &capabilities,
-                    budget: self.budget,
-                };
-                wake::after_batch(waker, &w.api, w.settings.max_runs_per_invocation, end).await
-            }
-        };
-        let summary = InvocationSummary {
-            request_id: self.request_id.to_string(),
-            worker_id: self.worker_id,
-            claimed: self.order.len(),
-            outcomes,
-            runs,
-            stop_reason,
-            errors: self.errors,
-            api_errors: self.faults.snapshot(),
-            lease_recoveries: self.poison.lease_recoveries(),
-            time_left_ms: u64::try_from(self.budget.until_deadline().as_millis())
-                .unwrap_or(u64::MAX),
-            orphans_killed: cleanup.orphans_killed,
-            logs: cleanup.logs,
-            heartbeat: cleanup.heartbeat,
-            poison_table_errors: self.poison.table_errors(),
-            wake_ups,
-        };
-        metrics::record(&summary);
-        info!(
-            claimed = summary.claimed,
-            stop_reason = summary.stop_reason.as_str(),
-            time_left_ms = summary.time_left_ms,
-            "invocation finished"
-        );
-        summary
-    }
-}
-
-/// The step-log pump of one invocation: it sends the runs' log lines as they come, and stops
-/// (letting go of the worker's log channel, which the next invocation's pump needs) when it is
-/// finished or, should the invocation be dropped or panic first, when it is dropped.
-struct LogPump {
-    stop: CancellationToken,
-    task: JoinHandle<FlushReport>,
-    _stop_on_drop: DropGuard,
-}
-
-impl LogPump {
-    fn start(worker: &LambdaWorker, until: Instant) -> Self {
-        let stop = CancellationToken::new();
-        let (logs, pump_stop) = (worker.logs.clone(), stop.clone());
-        let task = tokio::spawn(async move { logs.pump(pump_stop, until).await });
-        Self {
-            _stop_on_drop: stop.clone().drop_guard(),
-            stop,
-            task,
-        }
-    }
-
-    /// Stop the pump and send whatever is still queued, before `until`.
-    async fn finish(self, worker: &LambdaWorker, until: Instant) -> FlushReport {
-        self.stop.cancel();
-        let mut logs = self.task.await.unwrap_or_default();
-        logs += worker.logs.flush(until).await;
-        logs
     }
 }

@@ -12,7 +12,7 @@ use tracing::error;
 use crate::worker::LambdaWorker;
 
 /// Ends the process once an invocation's response has been posted while an execution of the
-/// worker is still stuck in workflow code that blocks its thread ([`crate::runtime`]): Lambda
+/// worker is still stuck in workflow code that blocks its thread (`docs/faults.md#blocking-steps`): Lambda
 /// freezes the process after the response and thaws it for the next event, when the stuck step
 /// would carry on with a run another worker may own by then. The next event cold-starts a new
 /// process instead. For on-demand Lambda (one invocation per process); not for a process that

@@ -10,6 +10,7 @@
 
 mod table;
 mod url;
+mod validate;
 mod wake;
 
 use std::fmt;
@@ -56,7 +57,7 @@ pub const DEFAULT_MAX_HANDBACKS_WITHOUT_PROGRESS: u32 = 3;
 /// Default CloudWatch namespace of the EMF metrics.
 pub const DEFAULT_METRICS_NAMESPACE: &str = "ironflow-lambda";
 
-/// The longest duration any setting takes: 100 years ([`crate::deadline::HORIZON`]), so that
+/// The longest duration any setting takes: 100 years, so that
 /// every deadline computed from a setting is an instant this crate can hold.
 pub const MAX_DURATION: Duration = crate::deadline::HORIZON;
 /// The lease TTLs the API accepts: 1 to 3600 s (its `validate_lease_ttl`).
@@ -351,166 +352,7 @@ impl Settings {
     /// the order of [`VARIABLES`]; empty when they can. The builder refuses settings with a
     /// problem, and so does [`Settings::from_lookup`].
     pub fn validate(&self) -> Vec<Problem> {
-        let mut problems = Vec::new();
-        let mut problem = |variable: &'static str, reason: String| {
-            let setter = table::variable(variable).map_or("?", |v| v.setter);
-            problems.push(Problem {
-                variable,
-                setter,
-                reason,
-            });
-        };
-        if let Some(expected) = api_url_problem(&self.api_url, self.allow_insecure_http) {
-            problem(
-                "IRONFLOW_API_URL",
-                format!(
-                    "expected {expected}, found {:?}",
-                    without_userinfo(&self.api_url)
-                ),
-            );
-        }
-        // Every duration must be one a deadline can be computed from.
-        let durations = [
-            ("IRONFLOW_RUN_TIMEOUT_SECS", self.run_timeout),
-            ("IRONFLOW_DEADLINE_MARGIN_MS", self.deadline_margin),
-            ("IRONFLOW_MIN_CLAIM_BUDGET_MS", self.min_claim_budget),
-            ("IRONFLOW_FUNCTION_TIMEOUT_SECS", self.function_timeout),
-            (
-                "IRONFLOW_LEASE_REFRESH_INTERVAL_SECS",
-                self.lease_refresh_interval,
-            ),
-            ("IRONFLOW_POISON_COOLDOWN_SECS", self.poison.cooldown),
-            ("IRONFLOW_MAX_CAPACITY_WAIT_SECS", self.max_capacity_wait),
-            (
-                "IRONFLOW_EMULATED_INVOCATION_SECS",
-                self.emulated_invocation.unwrap_or_default(),
-            ),
-        ];
-        for (variable, d) in durations.iter().filter(|(_, d)| *d > MAX_DURATION) {
-            problem(
-                variable,
-                format!(
-                    "{} s is too large: at most {} s (100 years)",
-                    d.as_secs(),
-                    MAX_DURATION.as_secs()
-                ),
-            );
-        }
-        if self.max_runs_per_invocation == 0 {
-            problem(
-                "IRONFLOW_MAX_RUNS_PER_INVOCATION",
-                "must be at least 1".into(),
-            );
-        }
-        if self.concurrency == 0 {
-            problem("IRONFLOW_CONCURRENCY", "must be at least 1".into());
-        }
-        if self.run_timeout.is_zero() {
-            problem("IRONFLOW_RUN_TIMEOUT_SECS", "must be above zero".into());
-        }
-        if self.deadline_margin < MIN_DEADLINE_MARGIN {
-            problem(
-                "IRONFLOW_DEADLINE_MARGIN_MS",
-                format!(
-                    "{:?} is below {:?}: the handback and the response need that much before \
-                     the deadline",
-                    self.deadline_margin, MIN_DEADLINE_MARGIN
-                ),
-            );
-        } else if self.deadline_margin >= self.function_timeout {
-            problem(
-                "IRONFLOW_DEADLINE_MARGIN_MS",
-                format!(
-                    "{:?} is not below the function timeout {:?}: no invocation would have time \
-                     to run",
-                    self.deadline_margin, self.function_timeout
-                ),
-            );
-        }
-        if self.min_claim_budget < MIN_CLAIM_BUDGET {
-            problem(
-                "IRONFLOW_MIN_CLAIM_BUDGET_MS",
-                format!(
-                    "{:?} is below {:?}: a claim needs time to be answered before the cutoff",
-                    self.min_claim_budget, MIN_CLAIM_BUDGET
-                ),
-            );
-        } else if self
-            .min_claim_budget
-            .checked_add(self.deadline_margin)
-            .is_none_or(|both| both >= self.function_timeout)
-        {
-            problem(
-                "IRONFLOW_MIN_CLAIM_BUDGET_MS",
-                format!(
-                    "{:?} plus the margin {:?} is not below the function timeout {:?}: no run \
-                     would ever be claimed",
-                    self.min_claim_budget, self.deadline_margin, self.function_timeout
-                ),
-            );
-        }
-        if !LEASE_TTL_RANGE.contains(&self.lease_ttl) {
-            problem(
-                "IRONFLOW_LEASE_TTL_SECS",
-                format!(
-                    "{:?} is outside 1 to 3600 s, the lease TTLs the API accepts",
-                    self.lease_ttl
-                ),
-            );
-        }
-        if self.lease_refresh_interval.is_zero() || self.lease_refresh_interval >= self.lease_ttl {
-            problem(
-                "IRONFLOW_LEASE_REFRESH_INTERVAL_SECS",
-                format!(
-                    "{:?} is not above zero and below the lease TTL {:?}: the lease would expire \
-                     between refreshes",
-                    self.lease_refresh_interval, self.lease_ttl
-                ),
-            );
-        }
-        if self.poison.threshold == 0 {
-            problem("IRONFLOW_POISON_THRESHOLD", "must be at least 1".into());
-        }
-        if !is_namespace(&self.poison_namespace) {
-            problem(
-                "IRONFLOW_POISON_NAMESPACE",
-                "must be 1 to 200 bytes without '#' or control characters".into(),
-            );
-        }
-        if self.max_handbacks_without_progress == 0 {
-            problem(
-                "IRONFLOW_MAX_HANDBACKS_WITHOUT_PROGRESS",
-                "must be at least 1".into(),
-            );
-        }
-        if let Some(length) = self.emulated_invocation
-            && length <= self.deadline_margin
-            && length <= MAX_DURATION
-        {
-            problem(
-                "IRONFLOW_EMULATED_INVOCATION_SECS",
-                format!(
-                    "{length:?} is not above the deadline margin {:?}: no emulated invocation \
-                     would have time to run",
-                    self.deadline_margin
-                ),
-            );
-        }
-        if self.wake_queue_url.is_none() {
-            // A wake-up setting without a queue would be ignored without a word.
-            let defaults = (DEFAULT_MAX_WAKEUPS_PER_INVOCATION, DEFAULT_WAKE_DELAY);
-            if (self.max_wakeups_per_invocation, self.wake_delay) != defaults {
-                problem(
-                    "IRONFLOW_WAKE_QUEUE_URL",
-                    "IRONFLOW_MAX_WAKEUPS_PER_INVOCATION or IRONFLOW_WAKE_DELAY_SECS is set, \
-                     and they apply only to a wake queue: set the queue's URL, or unset them to \
-                     send no wake-ups"
-                        .into(),
-                );
-            }
-        }
-        problems.sort_by_key(|p| position(p.variable));
-        problems
+        validate::problems(self)
     }
 }
 

@@ -3,7 +3,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write;
 
-use crate::drain::{DrainResult, UsagePerRun, Which, Workload};
+use crate::drain::{DrainResult, DrainSettings, UsagePerRun, Which, Workload};
 use crate::dynamodb::DynamoDb;
 use crate::{Options, Results};
 
@@ -168,10 +168,111 @@ fn yes(ok: bool) -> &'static str {
 
 const MIB: f64 = 1024.0 * 1024.0;
 
+/// The medians of one row's drains (one workload, one worker) over the rounds.
+struct Row {
+    /// Median wall time, in s.
+    wall: f64,
+    /// Median time from the first claim, in s.
+    claimed: f64,
+    /// Median invocations per drain.
+    invocations: f64,
+    /// API requests per run, per route.
+    requests: BTreeMap<String, f64>,
+    /// API requests per run, all routes.
+    requests_total: f64,
+}
+
+/// One row of ours against the reference worker's row of the same workload.
+struct Ratios {
+    /// Ratio of the median wall times.
+    wall: f64,
+    /// Ratio of the median times from the first claim.
+    claimed: f64,
+    /// Median of the rounds' ratios of wall times (`paired_ratio`).
+    paired: f64,
+}
+
+/// The values several sections share, computed once.
+struct Summary {
+    /// Every row, by workload and worker.
+    rows: BTreeMap<(Workload, Which), Row>,
+    /// Every row of ours (no reference), by workload and worker.
+    ratios: BTreeMap<(Workload, Which), Ratios>,
+    /// Median cold start, in ms.
+    cold: f64,
+    /// Binary size, in MiB.
+    binary_mib: f64,
+    /// Peak RSS after the batch of 8, in MiB.
+    rss_mib: f64,
+}
+
+impl Summary {
+    fn new(s: &DrainSettings, r: &Results) -> Self {
+        let mut rows = BTreeMap::new();
+        for w in Workload::ALL {
+            for which in Which::ALL {
+                let results = &r.drains[&(w, which)];
+                let requests = per_run(results, s.runs);
+                let row = Row {
+                    wall: median(&walls(results)),
+                    claimed: median(&from_first_claim(results)),
+                    invocations: median(
+                        &results
+                            .iter()
+                            .map(|d| d.invocations as f64)
+                            .collect::<Vec<_>>(),
+                    ),
+                    requests_total: requests.values().sum::<f64>(),
+                    requests,
+                };
+                rows.insert((w, which), row);
+            }
+        }
+        let mut ratios = BTreeMap::new();
+        for w in Workload::ALL {
+            let reference = &rows[&(w, Which::Reference)];
+            for which in Which::ALL.into_iter().filter(|&x| x != Which::Reference) {
+                let ours = &rows[&(w, which)];
+                let ratio = Ratios {
+                    wall: ours.wall / reference.wall,
+                    claimed: ours.claimed / reference.claimed,
+                    paired: paired_ratio(&r.drains[&(w, which)], &r.drains[&(w, Which::Reference)]),
+                };
+                ratios.insert((w, which), ratio);
+            }
+        }
+        Self {
+            rows,
+            ratios,
+            cold: median(&r.cold_start_ms),
+            binary_mib: r.binary_bytes as f64 / MIB,
+            rss_mib: r.batch.peak_rss_kib as f64 / 1024.0,
+        }
+    }
+}
+
 /// Render the whole report.
 pub fn render(o: &Options, m: &Machine, r: &Results) -> String {
     let s = &o.drain;
+    let sum = Summary::new(s, r);
     let mut md = String::new();
+    header_section(&mut md, o, m);
+    machine_section(&mut md, o, m);
+    // Targets first: the summary a reader wants.
+    targets_section(&mut md, r, &sum);
+    drain_section(&mut md, s, r, &sum);
+    boundary_section(&mut md, s, &sum);
+    cpu_section(&mut md, s, r);
+    requests_section(&mut md, s, &sum);
+    idle_section(&mut md, r);
+    deadline_section(&mut md, r);
+    cold_start_section(&mut md, s, r, &sum);
+    dynamodb_section(&mut md, s, r);
+    md
+}
+
+/// Writes the title and the introduction (date, command, mode).
+fn header_section(md: &mut String, o: &Options, m: &Machine) {
     let command = if o.args.is_empty() {
         format!(
             "{} && cargo run --release -p ironflow-lambda-bench",
@@ -200,7 +301,11 @@ pub fn render(o: &Options, m: &Machine, r: &Results) -> String {
             ""
         }
     );
+}
 
+/// Writes the "Machine" section.
+fn machine_section(md: &mut String, o: &Options, m: &Machine) {
+    let s = &o.drain;
     let _ = writeln!(md, "## Machine\n");
     let _ = writeln!(md, "| | |\n|---|---|");
     let _ = writeln!(md, "| `nproc` | {} |", m.nproc);
@@ -225,69 +330,19 @@ pub fn render(o: &Options, m: &Machine, r: &Results) -> String {
         s.poll_interval.as_millis(),
         o.rounds
     );
+}
 
-    // Targets first: the summary a reader wants.
-    let ratio_of = |w: Workload, which: Which| {
-        let ours = median(&walls(&r.drains[&(w, which)]));
-        let reference = median(&walls(&r.drains[&(w, Which::Reference)]));
-        ours / reference
-    };
-    let ratio = |w: Workload| ratio_of(w, Which::Ours);
-    let ratio_claimed = |w: Workload, which: Which| {
-        let ours = median(&from_first_claim(&r.drains[&(w, which)]));
-        let reference = median(&from_first_claim(&r.drains[&(w, Which::Reference)]));
-        ours / reference
-    };
-    let ratio_paired = |w: Workload, which: Which| {
-        paired_ratio(&r.drains[&(w, which)], &r.drains[&(w, Which::Reference)])
-    };
-    let requests = |w: Workload, which: Which| per_run(&r.drains[&(w, which)], s.runs);
-    let total = |m: &BTreeMap<String, f64>| m.values().sum::<f64>();
+/// Writes the "Targets" section.
+fn targets_section(md: &mut String, r: &Results, sum: &Summary) {
     let idle_p99 = percentile(&r.idle.warm_ms, 99.0);
-    let cold = median(&r.cold_start_ms);
-    let binary_mib = r.binary_bytes as f64 / MIB;
-    let rss_mib = r.batch.peak_rss_kib as f64 / 1024.0;
+    let (cold, binary_mib, rss_mib) = (sum.cold, sum.binary_mib, sum.rss_mib);
     let _ = writeln!(md, "## Targets\n");
     let _ = writeln!(md, "| target (issue 7) | measured | met |\n|---|---|---|");
-    // Met only if every measure holds. The ratio of medians and the median of per-round
-    // ratios can differ by several percent on a machine whose speed drifts (see
-    // `paired_ratio`). The wall time counts what each worker does before its
-    // first claim, and the reference's `Worker::run` builds its log pusher's HTTP client there
-    // (native TLS, loading the system's CA certificates): most of the difference between the
-    // reference's two columns. Our invocations do not pay it: their clients are built with the
-    // worker, as at a cold start, before the clock starts (the cold start is measured below).
-    // From the first claim on, the two drain the same backlog.
-    for w in Workload::ALL {
-        let (x, claimed) = (ratio(w), ratio_claimed(w, Which::Ours));
-        let paired = ratio_paired(w, Which::Ours);
-        let aim = if w == Workload::NoOp {
-            " (aim ≤ 0.8)"
-        } else {
-            ""
-        };
-        let met = x <= 1.0 && claimed <= 1.0 && paired <= 1.0;
-        let _ = writeln!(
-            md,
-            "| drain time ours / reference, {} ≤ 1.0{aim}: wall time; from the first claim; \
-             per round (median of the rounds' ratios) | {x:.3}; {claimed:.3}; {paired:.3} | \
-             {}{} |",
-            w.describe(),
-            yes(met),
-            if w == Workload::NoOp && met {
-                if x.max(claimed).max(paired) <= 0.8 {
-                    ", ≤ 0.8 too"
-                } else {
-                    ", not ≤ 0.8"
-                }
-            } else {
-                ""
-            }
-        );
-    }
+    drain_targets(md, sum);
     for w in Workload::ALL {
         let (ours, reference) = (
-            total(&requests(w, Which::Ours)),
-            total(&requests(w, Which::Reference)),
+            sum.rows[&(w, Which::Ours)].requests_total,
+            sum.rows[&(w, Which::Reference)].requests_total,
         );
         let _ = writeln!(
             md,
@@ -317,7 +372,53 @@ pub fn render(o: &Options, m: &Machine, r: &Results) -> String {
         "| peak RSS ≤ 40 MB with N = 8 | {rss_mib:.1} MiB | {} |",
         yes(r.batch.peak_rss_kib as f64 * 1024.0 <= 40e6)
     );
-    match &r.dynamodb {
+    dynamodb_targets(md, &r.dynamodb);
+    let _ = writeln!(md);
+}
+
+/// Writes the "Targets" section's drain-time rows, one per workload.
+fn drain_targets(md: &mut String, sum: &Summary) {
+    // Met only if every measure holds. The ratio of medians and the median of per-round
+    // ratios can differ by several percent on a machine whose speed drifts (see
+    // `paired_ratio`). The wall time counts what each worker does before its
+    // first claim, and the reference's `Worker::run` builds its log pusher's HTTP client there
+    // (native TLS, loading the system's CA certificates): most of the difference between the
+    // reference's two columns. Our invocations do not pay it: their clients are built with the
+    // worker, as at a cold start, before the clock starts (the cold start is measured below).
+    // From the first claim on, the two drain the same backlog.
+    for w in Workload::ALL {
+        let ratios = &sum.ratios[&(w, Which::Ours)];
+        let (x, claimed) = (ratios.wall, ratios.claimed);
+        let paired = ratios.paired;
+        let aim = if w == Workload::NoOp {
+            " (aim ≤ 0.8)"
+        } else {
+            ""
+        };
+        let met = x <= 1.0 && claimed <= 1.0 && paired <= 1.0;
+        let _ = writeln!(
+            md,
+            "| drain time ours / reference, {} ≤ 1.0{aim}: wall time; from the first claim; \
+             per round (median of the rounds' ratios) | {x:.3}; {claimed:.3}; {paired:.3} | \
+             {}{} |",
+            w.describe(),
+            yes(met),
+            if w == Workload::NoOp && met {
+                if x.max(claimed).max(paired) <= 0.8 {
+                    ", ≤ 0.8 too"
+                } else {
+                    ", not ≤ 0.8"
+                }
+            } else {
+                ""
+            }
+        );
+    }
+}
+
+/// Writes the "Targets" section's DynamoDB rows.
+fn dynamodb_targets(md: &mut String, dynamodb: &DynamoDb) {
+    match dynamodb {
         DynamoDb::NotMeasured(why) => {
             let _ = writeln!(
                 md,
@@ -346,8 +447,10 @@ pub fn render(o: &Options, m: &Machine, r: &Results) -> String {
             }
         }
     }
-    let _ = writeln!(md);
+}
 
+/// Writes the "Drain throughput" section: its introduction and its table.
+fn drain_section(md: &mut String, s: &DrainSettings, r: &Results, sum: &Summary) {
     let _ = writeln!(md, "## Drain throughput\n");
     let _ = writeln!(
         md,
@@ -384,14 +487,8 @@ pub fn render(o: &Options, m: &Machine, r: &Results) -> String {
     for w in Workload::ALL {
         for which in Which::ALL {
             let results = &r.drains[&(w, which)];
-            let wall = median(&walls(results));
-            let invocations = median(
-                &results
-                    .iter()
-                    .map(|d| d.invocations as f64)
-                    .collect::<Vec<_>>(),
-            );
-            let claimed = median(&from_first_claim(results));
+            let row = &sum.rows[&(w, which)];
+            let (wall, invocations, claimed) = (row.wall, row.invocations, row.claimed);
             let _ = writeln!(
                 md,
                 "| {} | {} | {wall:.3} s | {:.1} | {} | {claimed:.3} s | {} | {} | {} | {} |",
@@ -400,17 +497,17 @@ pub fn render(o: &Options, m: &Machine, r: &Results) -> String {
                 s.runs as f64 / wall,
                 match which {
                     Which::Reference => "1".to_string(),
-                    Which::Ours => format!("**{:.2}**", ratio(w)),
+                    Which::Ours => format!("**{:.2}**", sum.ratios[&(w, which)].wall),
                     Which::OursNoClaimAhead | Which::OursOneInvocation | Which::OursLargerBatch =>
-                        format!("{:.2}", ratio_of(w, which)),
+                        format!("{:.2}", sum.ratios[&(w, which)].wall),
                 },
                 match which {
                     Which::Reference => "1".to_string(),
-                    _ => format!("{:.2}", ratio_claimed(w, which)),
+                    _ => format!("{:.2}", sum.ratios[&(w, which)].claimed),
                 },
                 match which {
                     Which::Reference => "1".to_string(),
-                    _ => format!("{:.2}", ratio_paired(w, which)),
+                    _ => format!("{:.2}", sum.ratios[&(w, which)].paired),
                 },
                 match which {
                     Which::Reference => "–".to_string(),
@@ -424,7 +521,10 @@ pub fn render(o: &Options, m: &Machine, r: &Results) -> String {
             );
         }
     }
+}
 
+/// Writes the drain section's "Where the time goes" paragraphs: what the invocation boundaries cost.
+fn boundary_section(md: &mut String, s: &DrainSettings, sum: &Summary) {
     let _ = writeln!(
         md,
         "\n**Where the time goes.** The one-invocation row runs our per-run path (claim, \
@@ -448,30 +548,18 @@ pub fn render(o: &Options, m: &Machine, r: &Results) -> String {
         Which::OursLargerBatch.max_runs(s)
     );
     for w in Workload::ALL {
-        let ours = &r.drains[&(w, Which::Ours)];
-        let invocations = median(
-            &ours
-                .iter()
-                .map(|d| d.invocations as f64)
-                .collect::<Vec<_>>(),
-        );
+        let row = |which: Which| &sum.rows[&(w, which)];
+        let invocations = row(Which::Ours).invocations;
         let boundaries = (invocations - 1.0).max(1.0);
-        let with = median(&walls(ours));
-        let one = median(&walls(&r.drains[&(w, Which::OursOneInvocation)]));
-        let reference = median(&walls(&r.drains[&(w, Which::Reference)]));
+        let with = row(Which::Ours).wall;
+        let one = row(Which::OursOneInvocation).wall;
+        let reference = row(Which::Reference).wall;
         let cost_ms = (with - one) * 1000.0 / boundaries;
         let c = s.concurrency as f64;
         let run_ms = reference * 1000.0 * c / s.runs as f64;
-        let without = median(&walls(&r.drains[&(w, Which::OursNoClaimAhead)]));
-        let larger_results = &r.drains[&(w, Which::OursLargerBatch)];
-        let larger = median(&walls(larger_results));
-        let larger_boundaries = (median(
-            &larger_results
-                .iter()
-                .map(|d| d.invocations as f64)
-                .collect::<Vec<_>>(),
-        ) - 1.0)
-            .max(0.0);
+        let without = row(Which::OursNoClaimAhead).wall;
+        let larger = row(Which::OursLargerBatch).wall;
+        let larger_boundaries = (row(Which::OursLargerBatch).invocations - 1.0).max(0.0);
         // The batch's tail alone: when an invocation's last run starts, each of the other
         // C − 1 slots ends its own run after a uniformly spread part of a run, then idles until
         // the last one ends: half a run on average, so (C − 1) / (2C) of a run in wall time.
@@ -493,10 +581,13 @@ pub fn render(o: &Options, m: &Machine, r: &Results) -> String {
             w.describe(),
             ironflow_lambda::settings::DEFAULT_CLAIM_AHEAD_PERCENT,
             Which::OursLargerBatch.max_runs(s),
-            ratio_of(w, Which::OursLargerBatch)
+            sum.ratios[&(w, Which::OursLargerBatch)].wall
         );
     }
+}
 
+/// Writes the drain section's "CPU per run" paragraph and table.
+fn cpu_section(md: &mut String, s: &DrainSettings, r: &Results) {
     let _ = writeln!(
         md,
         "\n**CPU per run.** `getrusage(2)` of the bench's process, from the worker's start \
@@ -536,7 +627,10 @@ pub fn render(o: &Options, m: &Machine, r: &Results) -> String {
             );
         }
     }
+}
 
+/// Writes the "HTTP requests per run" section.
+fn requests_section(md: &mut String, s: &DrainSettings, sum: &Summary) {
     let _ = writeln!(md, "\n## HTTP requests per run\n");
     let _ = writeln!(
         md,
@@ -549,7 +643,12 @@ pub fn render(o: &Options, m: &Machine, r: &Results) -> String {
         s.poll_interval.as_millis()
     );
     for w in Workload::ALL {
-        let (reference, ours) = (requests(w, Which::Reference), requests(w, Which::Ours));
+        let (reference, ours) = (
+            &sum.rows[&(w, Which::Reference)],
+            &sum.rows[&(w, Which::Ours)],
+        );
+        let (reference_total, ours_total) = (reference.requests_total, ours.requests_total);
+        let (reference, ours) = (&reference.requests, &ours.requests);
         let routes: BTreeSet<&String> = reference.keys().chain(ours.keys()).collect();
         let _ = writeln!(
             md,
@@ -567,11 +666,13 @@ pub fn render(o: &Options, m: &Machine, r: &Results) -> String {
         let _ = writeln!(
             md,
             "| **total** | **{:.3}** | **{:.3}** |\n",
-            total(&reference),
-            total(&ours)
+            reference_total, ours_total
         );
     }
+}
 
+/// Writes the "Idle invocation" section.
+fn idle_section(md: &mut String, r: &Results) {
     let i = &r.idle;
     let _ = writeln!(md, "## Idle invocation\n");
     let _ = writeln!(
@@ -598,7 +699,10 @@ pub fn render(o: &Options, m: &Machine, r: &Results) -> String {
             max(v)
         );
     }
+}
 
+/// Writes the "Deadline precision" section.
+fn deadline_section(md: &mut String, r: &Results) {
     let d = &r.deadline;
     let _ = writeln!(md, "\n## Deadline precision\n");
     let _ = writeln!(
@@ -626,7 +730,11 @@ pub fn render(o: &Options, m: &Machine, r: &Results) -> String {
         median(&d.handback_ms),
         max(&d.handback_ms)
     );
+}
 
+/// Writes the "Cold start, size, memory" section.
+fn cold_start_section(md: &mut String, s: &DrainSettings, r: &Results, sum: &Summary) {
+    let (cold, binary_mib, rss_mib) = (sum.cold, sum.binary_mib, sum.rss_mib);
     let _ = writeln!(md, "\n## Cold start, size, memory\n");
     let _ = writeln!(
         md,
@@ -663,7 +771,10 @@ pub fn render(o: &Options, m: &Machine, r: &Results) -> String {
         rss_mib,
         r.batch.summary["outcomes"]
     );
+}
 
+/// Writes the "DynamoDB calls per run" section.
+fn dynamodb_section(md: &mut String, s: &DrainSettings, r: &Results) {
     let _ = writeln!(md, "\n## DynamoDB calls per run\n");
     match &r.dynamodb {
         DynamoDb::NotMeasured(why) => {
@@ -711,7 +822,6 @@ pub fn render(o: &Options, m: &Machine, r: &Results) -> String {
             }
         }
     }
-    md
 }
 
 #[cfg(test)]

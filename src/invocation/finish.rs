@@ -1,0 +1,144 @@
+//! The last phases of an invocation: the flush and cleanup once every run has stopped (step
+//! logs, leftover processes, heartbeat), and the summary with the wake-ups.
+
+use std::collections::BTreeMap;
+
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+use tokio_util::sync::{CancellationToken, DropGuard};
+use tracing::info;
+
+use super::Batch;
+use crate::orphans::InvocationGuard;
+use crate::report::{FlushReport, InvocationSummary, Outcome, RunReport, StopReason};
+use crate::wake::{self, BatchEnd};
+use crate::worker::LambdaWorker;
+use crate::{heartbeat, metrics};
+
+/// What the flush and cleanup phase measured.
+pub(super) struct Cleanup {
+    logs: FlushReport,
+    orphans_killed: usize,
+    heartbeat: Option<bool>,
+}
+
+impl Batch<'_> {
+    /// Phase 6: every run has stopped; what they printed is sent, the processes they left are
+    /// killed, the heartbeat pinged after a batch without errors.
+    pub(super) async fn flush_and_clean_up(
+        &self,
+        logs: LogPump,
+        processes: InvocationGuard,
+        stop_reason: StopReason,
+    ) -> Cleanup {
+        let w = self.worker;
+        let logs = logs.finish(w, self.last_write).await;
+        let orphans_killed = processes.finish().await;
+        let heartbeat = match &w.settings.heartbeat_url {
+            Some(url) if self.errors.is_empty() => {
+                Some(heartbeat::ping(w.api.http(), url, self.last_write).await)
+            }
+            _ => None,
+        };
+        w.pool.after_invocation();
+        w.pace.record_batch_end(stop_reason == StopReason::MaxRuns);
+        Cleanup {
+            logs,
+            orphans_killed,
+            heartbeat,
+        }
+    }
+
+    /// Phase 7: the wake-ups ([`crate::wake`]) and the summary, recorded in the metrics.
+    pub(super) async fn summary(
+        mut self,
+        stop_reason: StopReason,
+        cleanup: Cleanup,
+    ) -> InvocationSummary {
+        let runs: Vec<RunReport> = self
+            .order
+            .iter()
+            .filter_map(|id| self.reports.remove(id))
+            .collect();
+        let mut outcomes = BTreeMap::new();
+        for r in &runs {
+            *outcomes.entry(r.outcome).or_insert(0) += 1;
+        }
+        let wake_ups = match &self.worker.wake {
+            None => None,
+            Some(waker) => {
+                // The backlog is counted with what the next claim would ask for (defer mode
+                // leaves out the workflows the poison-pill table blocks: their runs wake nobody).
+                let w = self.worker;
+                let capabilities = self.poison.capabilities_for_claim(&w.capabilities).await;
+                let end = BatchEnd {
+                    request_id: self.request_id,
+                    handed_back: [Outcome::HandedBack, Outcome::Released]
+                        .iter()
+                        .filter_map(|o| outcomes.get(o))
+                        .sum(),
+                    filled: stop_reason == StopReason::MaxRuns,
+                    capabilities: &capabilities,
+                    budget: self.budget,
+                };
+                wake::after_batch(waker, &w.api, w.settings.max_runs_per_invocation, end).await
+            }
+        };
+        let summary = InvocationSummary {
+            request_id: self.request_id.to_string(),
+            worker_id: self.worker_id,
+            claimed: self.order.len(),
+            outcomes,
+            runs,
+            stop_reason,
+            errors: self.errors,
+            api_errors: self.faults.snapshot(),
+            lease_recoveries: self.poison.lease_recoveries(),
+            time_left_ms: u64::try_from(self.budget.until_deadline().as_millis())
+                .unwrap_or(u64::MAX),
+            orphans_killed: cleanup.orphans_killed,
+            logs: cleanup.logs,
+            heartbeat: cleanup.heartbeat,
+            poison_table_errors: self.poison.table_errors(),
+            wake_ups,
+        };
+        metrics::record(&summary);
+        info!(
+            claimed = summary.claimed,
+            stop_reason = summary.stop_reason.as_str(),
+            time_left_ms = summary.time_left_ms,
+            "invocation finished"
+        );
+        summary
+    }
+}
+
+/// The step-log pump of one invocation: it sends the runs' log lines as they come, and stops
+/// (letting go of the worker's log channel, which the next invocation's pump needs) when it is
+/// finished or, should the invocation be dropped or panic first, when it is dropped.
+pub(super) struct LogPump {
+    stop: CancellationToken,
+    task: JoinHandle<FlushReport>,
+    _stop_on_drop: DropGuard,
+}
+
+impl LogPump {
+    pub(super) fn start(worker: &LambdaWorker, until: Instant) -> Self {
+        let stop = CancellationToken::new();
+        let (logs, pump_stop) = (worker.logs.clone(), stop.clone());
+        let task = tokio::spawn(async move { logs.pump(pump_stop, until).await });
+        Self {
+            _stop_on_drop: stop.clone().drop_guard(),
+            stop,
+            task,
+        }
+    }
+
+    /// Stop the pump and send whatever is still queued, before `until`.
+    async fn finish(self, worker: &LambdaWorker, until: Instant) -> FlushReport {
+        self.stop.cancel();
+        let mut logs = self.task.await.unwrap_or_default();
+        logs += worker.logs.flush(until).await;
+        logs
+    }
+}
