@@ -57,6 +57,11 @@ pub(crate) struct Claimed {
     pub run: Run,
     pub refresher: LeaseRefresher,
     pub span: tracing::Span,
+    /// When its claim was sent: the claim's copy of the run answers reads for one refresh
+    /// interval from then ([`GuardedStore::prime`]).
+    pub claim_sent: Instant,
+    /// The lease refresh interval.
+    pub interval: Duration,
 }
 
 impl Claimed {
@@ -78,6 +83,8 @@ impl Claimed {
             run,
             refresher,
             span,
+            claim_sent,
+            interval,
         }
     }
 }
@@ -125,14 +132,8 @@ impl ExecutionParams {
 
 /// Execute the `claimed` run (claimed under `params.lease`) and return its report.
 pub(crate) async fn execute(params: ExecutionParams, claimed: Claimed) -> RunReport {
-    let Claimed {
-        run,
-        refresher,
-        span,
-    } = claimed;
-    execute_in_span(params, run, refresher)
-        .instrument(span)
-        .await
+    let span = claimed.span.clone();
+    execute_in_span(params, claimed).instrument(span).await
 }
 
 /// Why the supervisor stopped waiting.
@@ -147,7 +148,14 @@ enum Stop {
     Cutoff,
 }
 
-async fn execute_in_span(p: ExecutionParams, run: Run, refresher: LeaseRefresher) -> RunReport {
+async fn execute_in_span(p: ExecutionParams, claimed: Claimed) -> RunReport {
+    let Claimed {
+        run,
+        refresher,
+        claim_sent,
+        interval,
+        ..
+    } = claimed;
     let started = Instant::now();
     // When it starts executing here; a run claimed ahead may have waited since its claim.
     let claimed_at = Utc::now();
@@ -172,9 +180,9 @@ async fn execute_in_span(p: ExecutionParams, run: Run, refresher: LeaseRefresher
     let mut task = {
         let (engine, store, run) = (p.engine.clone(), p.engine_store.clone(), run.clone());
         let work = async move {
-            // The engine's first read of the run is served the claimed copy (no request); the
-            // guard drops the copy once the execution stops, if the read never came.
-            let _primed = store.prime(&run);
+            // The engine's reads of the run are answered from what this execution knows of it
+            // (the claim's copy first); the view goes with the guard when the execution stops.
+            let _viewed = store.prime(&run, claim_sent, interval);
             engine.execute_handler_run(run.id).await
         };
         p.runtime
@@ -193,6 +201,8 @@ async fn execute_in_span(p: ExecutionParams, run: Run, refresher: LeaseRefresher
             end = refresher.ended(), if !winding_down => match end {
                 LeaseEnd::Left { status } => {
                     info!(status = %status, "the run left Running: letting its execution finish");
+                    // A pause by an operator: the engine's next pause check must read it.
+                    p.engine_store.forget(run.id);
                     winding_down = true;
                     continue;
                 }

@@ -338,6 +338,18 @@ async fn held_by(store: &Arc<dyn Store>, ids: &[Uuid], request_id: &str) -> Vec<
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn chaos() {
+    chaos_on(common::Backend::Memory).await;
+}
+
+/// The same bounded run with the API on PostgreSQL (a database of its own), its production
+/// store: claims lock rows there instead of the whole store.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chaos_on_postgres() {
+    chaos_on(common::postgres().await).await;
+}
+
+async fn chaos_on(backend: common::Backend) {
+    let store = backend.describe();
     // The panicking workflow's panics are expected: keep them out of the output.
     let default_hook = std::panic::take_hook();
     std::panic::set_hook(Box::new(move |info| {
@@ -359,10 +371,10 @@ async fn chaos() {
     let total_runs: usize = env_or("IRONFLOW_CHAOS_RUNS", 310);
     let fault_rate: f64 = env_or("IRONFLOW_CHAOS_FAULT_RATE", 0.05);
     println!(
-        "chaos: seed {seed} (IRONFLOW_CHAOS_SEED={seed} reproduces it), {total_runs} runs, {chaos_for:?} of chaos at {fault_rate} faults per request"
+        "chaos on the {store}: seed {seed} (IRONFLOW_CHAOS_SEED={seed} reproduces it), {total_runs} runs, {chaos_for:?} of chaos at {fault_rate} faults per request"
     );
 
-    let h = Harness::start().await;
+    let h = Harness::start_on(backend).await;
     let proxy = Arc::new(FaultProxy::start(&h.api.url(), seed).await);
     let probe = Arc::new(Probe {
         store: h.api.store().clone(),

@@ -1,6 +1,7 @@
-//! One invocation end to end against the real ironflow API (router + in-memory store) on
-//! 127.0.0.1: claims, caps, handback and resume, loop guard, run timeout across invocations,
-//! lease loss, panics, poison pill, deadlines, and nothing sent after the handler returns.
+//! One invocation end to end against the real ironflow API on 127.0.0.1, on both of its stores
+//! (`memory::` and `postgres::`, each test on a database of its own): claims, caps, handback and
+//! resume, loop guard, run timeout across invocations, lease loss, panics, poison pill,
+//! deadlines, and nothing sent after the handler returns.
 
 mod common;
 
@@ -8,7 +9,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
-use common::{Harness, ShellWorkflow, deadline_in, executions, wait_until};
+use common::{Backend, Harness, ShellWorkflow, deadline_in, executions, wait_until};
 use ironflow_engine::context::WorkflowContext;
 use ironflow_engine::handler::{HandlerFuture, WorkflowHandler};
 use ironflow_lambda::Outcome;
@@ -40,9 +41,8 @@ fn stuck() -> ShellWorkflow {
     }
 }
 
-#[tokio::test]
-async fn happy_path_completes_every_run() {
-    let h = Harness::start().await;
+async fn happy_path_completes_every_run(backend: Backend) {
+    let h = Harness::start_on(backend).await;
     let worker = h.builder().register(quick(&h)).build().unwrap();
     let ids = [
         h.create("quick", 0).await,
@@ -67,9 +67,8 @@ async fn happy_path_completes_every_run() {
     assert_eq!(executions(&h.path("quick")), 3);
 }
 
-#[tokio::test]
-async fn claims_at_most_n_runs_and_honours_a_smaller_override() {
-    let h = Harness::start().await;
+async fn claims_at_most_n_runs_and_honours_a_smaller_override(backend: Backend) {
+    let h = Harness::start_on(backend).await;
     let worker = h
         .builder()
         .register(quick(&h))
@@ -203,24 +202,25 @@ async fn warm_up_gauge(h: &Harness, worker: &ironflow_lambda::LambdaWorker, rele
     release.store(false, Ordering::SeqCst);
 }
 
-#[tokio::test]
-async fn a_cold_instance_claims_only_when_a_slot_is_free_and_never_exceeds_concurrency() {
-    let h = Arc::new(Harness::start().await);
+async fn a_cold_instance_claims_only_when_a_slot_is_free_and_never_exceeds_concurrency(
+    backend: Backend,
+) {
+    let h = Arc::new(Harness::start_on(backend).await);
     let (worker, current, max, release) = gauge_worker(&h, 1, false);
     claims_only_into_free_slots(&h, &worker, (&current, &max, &release)).await;
 }
 
-#[tokio::test]
-async fn with_claim_ahead_off_a_warm_instance_claims_only_into_a_free_slot() {
-    let h = Arc::new(Harness::start().await);
+async fn with_claim_ahead_off_a_warm_instance_claims_only_into_a_free_slot(backend: Backend) {
+    let h = Arc::new(Harness::start_on(backend).await);
     let (worker, current, max, release) = gauge_worker(&h, 0, true);
     warm_up_gauge(&h, &worker, &release).await;
     claims_only_into_free_slots(&h, &worker, (&current, &max, &release)).await;
 }
 
-#[tokio::test]
-async fn a_warm_instance_claims_one_run_ahead_under_its_lease_and_never_exceeds_concurrency() {
-    let h = Arc::new(Harness::start().await);
+async fn a_warm_instance_claims_one_run_ahead_under_its_lease_and_never_exceeds_concurrency(
+    backend: Backend,
+) {
+    let h = Arc::new(Harness::start_on(backend).await);
     let (worker, current, max, release) = gauge_worker(&h, 1, true);
     warm_up_gauge(&h, &worker, &release).await;
     let ids: Vec<_> = futures_join(&h, 4).await;
@@ -275,9 +275,8 @@ async fn a_warm_instance_claims_one_run_ahead_under_its_lease_and_never_exceeds_
     assert_eq!(max.load(Ordering::SeqCst), 2, "never more than C at once");
 }
 
-#[tokio::test]
-async fn a_run_claimed_ahead_without_a_free_slot_is_released_at_the_cutoff() {
-    let h = Harness::start().await;
+async fn a_run_claimed_ahead_without_a_free_slot_is_released_at_the_cutoff(backend: Backend) {
+    let h = Harness::start_on(backend).await;
     let worker = h
         .builder()
         .register(Noop)
@@ -348,9 +347,8 @@ fn claims_sent(h: &Harness) -> u64 {
     requests_to(h, "GET /api/v1/internal/runs/next")
 }
 
-#[tokio::test]
-async fn after_a_full_batch_the_first_claims_go_out_together() {
-    let h = Harness::start().await;
+async fn after_a_full_batch_the_first_claims_go_out_together(backend: Backend) {
+    let h = Harness::start_on(backend).await;
     let worker = h
         .builder()
         .register(quick(&h))
@@ -389,9 +387,10 @@ fn run_reads(h: &Harness) -> u64 {
     requests_to(h, "GET /api/v1/internal/runs/{id}")
 }
 
-#[tokio::test]
-async fn the_engine_reads_a_claimed_run_from_its_claim_first_then_from_the_api() {
-    let h = Harness::start().await;
+async fn the_engine_reads_a_held_run_from_what_it_knows_and_its_steps_from_the_api(
+    backend: Backend,
+) {
+    let h = Harness::start_on(backend).await;
     // No lease refresh during the run: a refresh landing after the run's end would be refused
     // and followed by a read of its own.
     let worker = h
@@ -406,9 +405,54 @@ async fn the_engine_reads_a_claimed_run_from_its_claim_first_then_from_the_api()
     assert_eq!(summary.count(Outcome::Completed), 1, "{summary:?}");
     assert_eq!(h.status(id).await, RunStatus::Completed);
     // The engine reads a handler-less run four times: to start it, its steps to replay, the
-    // pause check at its end and the run as its final write left it. The first is the
-    // claim's copy; the other three are live reads.
-    assert_eq!(run_reads(&h) - before, 3, "{:?}", h.api.requests_by_route());
+    // pause check at its end and the run as its final write left it. The first and the pause
+    // check are answered by the claim's copy (fresh for one refresh interval); the steps and
+    // the run after its final write are live reads.
+    assert_eq!(run_reads(&h) - before, 2, "{:?}", h.api.requests_by_route());
+}
+
+async fn a_pause_is_seen_within_one_refresh_interval_and_stops_the_run_at_a_step(backend: Backend) {
+    let h = Harness::start_on(backend).await;
+    let (first, third) = (h.path("first"), h.path("third"));
+    let workflow = ShellWorkflow {
+        name: "pausable",
+        steps: vec![
+            ("first", format!("echo x >> '{}'", first.display())),
+            // Longer than the refresh interval: the refresher sees the pause meanwhile.
+            ("second", "sleep 2".to_string()),
+            ("third", format!("echo x >> '{}'", third.display())),
+        ],
+    };
+    let worker = Arc::new(h.builder().register(workflow).build().unwrap());
+    let id = h.create("pausable", 0).await;
+    let invocation = {
+        let worker = worker.clone();
+        tokio::spawn(async move {
+            let mut context = lambda_runtime::Context::default();
+            context.request_id = "pause".into();
+            context.deadline = deadline_in(LONG);
+            ironflow_lambda::handle_summary(
+                &worker,
+                lambda_runtime::LambdaEvent::new(json!({}), context),
+            )
+            .await
+            .unwrap()
+        })
+    };
+    wait_until("the first step done", LONG, || async {
+        executions(&first) == 1
+    })
+    .await;
+    h.api.pause_run(id).await.unwrap();
+    let summary = invocation.await.unwrap();
+
+    assert_eq!(summary.count(Outcome::Suspended), 1, "{summary:?}");
+    assert_eq!(h.status(id).await, RunStatus::Paused);
+    assert_eq!(
+        executions(&third),
+        0,
+        "no step started after the pause was seen"
+    );
 }
 
 /// Returns at once: a warm-up run, whose execution is a few API requests, so that a claim's
@@ -456,9 +500,8 @@ impl WorkflowHandler for FailsWhenReleased {
     }
 }
 
-#[tokio::test]
-async fn a_run_claimed_ahead_does_not_start_once_a_failure_blocked_its_workflow() {
-    let h = Arc::new(Harness::start().await);
+async fn a_run_claimed_ahead_does_not_start_once_a_failure_blocked_its_workflow(backend: Backend) {
+    let h = Arc::new(Harness::start_on(backend).await);
     let (count, release) = (
         Arc::new(AtomicUsize::new(0)),
         Arc::new(AtomicBool::new(false)),
@@ -522,9 +565,8 @@ async fn a_run_claimed_ahead_does_not_start_once_a_failure_blocked_its_workflow(
     assert_eq!(h.status(waiting).await, RunStatus::Failed);
 }
 
-#[tokio::test]
-async fn a_run_claimed_ahead_whose_lease_was_taken_is_not_released() {
-    let h = Arc::new(Harness::start().await);
+async fn a_run_claimed_ahead_whose_lease_was_taken_is_not_released(backend: Backend) {
+    let h = Arc::new(Harness::start_on(backend).await);
     let worker = Arc::new(
         h.builder()
             .register(Noop)
@@ -573,9 +615,8 @@ async fn futures_join(h: &Harness, n: usize) -> Vec<uuid::Uuid> {
     ids
 }
 
-#[tokio::test]
-async fn handback_mid_step_then_resume_replays_completed_steps() {
-    let h = Harness::start().await;
+async fn handback_mid_step_then_resume_replays_completed_steps(backend: Backend) {
+    let h = Harness::start_on(backend).await;
     let (a, b, c) = (h.path("a"), h.path("b"), h.path("c"));
     let workflow = ShellWorkflow {
         name: "resumable",
@@ -635,9 +676,8 @@ async fn handback_mid_step_then_resume_replays_completed_steps() {
     );
 }
 
-#[tokio::test]
-async fn a_run_handed_back_without_progress_is_failed_not_looped() {
-    let h = Harness::start().await;
+async fn a_run_handed_back_without_progress_is_failed_not_looped(backend: Backend) {
+    let h = Harness::start_on(backend).await;
     let worker = h
         .builder()
         .register(stuck())
@@ -673,9 +713,8 @@ async fn a_run_handed_back_without_progress_is_failed_not_looped() {
     );
 }
 
-#[tokio::test]
-async fn the_run_timeout_counts_from_the_first_start_across_invocations() {
-    let h = Harness::start().await;
+async fn the_run_timeout_counts_from_the_first_start_across_invocations(backend: Backend) {
+    let h = Harness::start_on(backend).await;
     let worker = h
         .builder()
         .register(stuck())
@@ -702,9 +741,8 @@ async fn the_run_timeout_counts_from_the_first_start_across_invocations() {
     assert!(run.error.unwrap_or_default().contains("timed out after 3s"));
 }
 
-#[tokio::test]
-async fn a_stolen_lease_abandons_the_run_without_any_write() {
-    let h = Arc::new(Harness::start().await);
+async fn a_stolen_lease_abandons_the_run_without_any_write(backend: Backend) {
+    let h = Arc::new(Harness::start_on(backend).await);
     let worker = Arc::new(h.builder().register(stuck()).build().unwrap());
     let id = h.create("stuck", 0).await;
 
@@ -756,9 +794,8 @@ impl WorkflowHandler for Panics {
     }
 }
 
-#[tokio::test]
-async fn a_panicking_handler_is_caught_and_its_retry_scheduled() {
-    let h = Harness::start().await;
+async fn a_panicking_handler_is_caught_and_its_retry_scheduled(backend: Backend) {
+    let h = Harness::start_on(backend).await;
     let worker = h.builder().register(Panics).build().unwrap();
     let id = h.create("panics", 1).await;
 
@@ -788,9 +825,8 @@ fn toggle(h: &Harness) -> ShellWorkflow {
     }
 }
 
-#[tokio::test]
-async fn poison_pill_trips_after_k_failures_and_blocks_the_workflow() {
-    let h = Harness::start().await;
+async fn poison_pill_trips_after_k_failures_and_blocks_the_workflow(backend: Backend) {
+    let h = Harness::start_on(backend).await;
     std::fs::write(h.path("fail"), "").unwrap();
     let policy = PoisonPolicy {
         threshold: 2,
@@ -837,9 +873,8 @@ async fn poison_pill_trips_after_k_failures_and_blocks_the_workflow() {
     assert_eq!(counter.map(|c| c.consecutive_failures), Some(2));
 }
 
-#[tokio::test]
-async fn a_success_resets_the_poison_pill_count() {
-    let h = Harness::start().await;
+async fn a_success_resets_the_poison_pill_count(backend: Backend) {
+    let h = Harness::start_on(backend).await;
     let table = Arc::new(MemoryPoisonTable::new(PoisonPolicy {
         threshold: 2,
         cooldown: Duration::from_secs(600),
@@ -885,9 +920,8 @@ async fn a_success_resets_the_poison_pill_count() {
     );
 }
 
-#[tokio::test]
-async fn nothing_is_sent_to_the_api_after_the_handler_returned() {
-    let h = Harness::start().await;
+async fn nothing_is_sent_to_the_api_after_the_handler_returned(backend: Backend) {
+    let h = Harness::start_on(backend).await;
     let worker = h
         .builder()
         .register(quick(&h))
@@ -910,9 +944,8 @@ async fn nothing_is_sent_to_the_api_after_the_handler_returned() {
     assert!(orphans::descendants().is_empty());
 }
 
-#[tokio::test]
-async fn a_past_or_zero_deadline_claims_nothing() {
-    let h = Harness::start().await;
+async fn a_past_or_zero_deadline_claims_nothing(backend: Backend) {
+    let h = Harness::start_on(backend).await;
     let worker = h.builder().register(quick(&h)).build().unwrap();
     let id = h.create("quick", 0).await;
     let before = h.api.requests();
@@ -928,9 +961,8 @@ async fn a_past_or_zero_deadline_claims_nothing() {
     assert_eq!(h.status(id).await, RunStatus::Pending);
 }
 
-#[tokio::test]
-async fn an_absurdly_far_deadline_is_clamped_and_works() {
-    let h = Harness::start().await;
+async fn an_absurdly_far_deadline_is_clamped_and_works(backend: Backend) {
+    let h = Harness::start_on(backend).await;
     let worker = h.builder().register(quick(&h)).build().unwrap();
     h.create("quick", 0).await;
 
@@ -939,3 +971,27 @@ async fn an_absurdly_far_deadline_is_clamped_and_works() {
     assert_eq!(summary.count(Outcome::Completed), 1);
     assert!(summary.time_left_ms <= 15 * 60 * 1000);
 }
+
+on_both_stores!(
+    happy_path_completes_every_run,
+    claims_at_most_n_runs_and_honours_a_smaller_override,
+    a_cold_instance_claims_only_when_a_slot_is_free_and_never_exceeds_concurrency,
+    with_claim_ahead_off_a_warm_instance_claims_only_into_a_free_slot,
+    a_warm_instance_claims_one_run_ahead_under_its_lease_and_never_exceeds_concurrency,
+    a_run_claimed_ahead_without_a_free_slot_is_released_at_the_cutoff,
+    after_a_full_batch_the_first_claims_go_out_together,
+    the_engine_reads_a_held_run_from_what_it_knows_and_its_steps_from_the_api,
+    a_pause_is_seen_within_one_refresh_interval_and_stops_the_run_at_a_step,
+    a_run_claimed_ahead_does_not_start_once_a_failure_blocked_its_workflow,
+    a_run_claimed_ahead_whose_lease_was_taken_is_not_released,
+    handback_mid_step_then_resume_replays_completed_steps,
+    a_run_handed_back_without_progress_is_failed_not_looped,
+    the_run_timeout_counts_from_the_first_start_across_invocations,
+    a_stolen_lease_abandons_the_run_without_any_write,
+    a_panicking_handler_is_caught_and_its_retry_scheduled,
+    poison_pill_trips_after_k_failures_and_blocks_the_workflow,
+    a_success_resets_the_poison_pill_count,
+    nothing_is_sent_to_the_api_after_the_handler_returned,
+    a_past_or_zero_deadline_claims_nothing,
+    an_absurdly_far_deadline_is_clamped_and_works,
+);

@@ -79,6 +79,10 @@ pub enum ReadBack<T> {
         /// Who holds its lease now.
         held_by: Option<String>,
     },
+    /// It cannot land: what it writes is settled otherwise (a step interrupted meanwhile, by
+    /// an operator's pause or the API's reaper). The refusal goes to the caller, whose own
+    /// handling decides (the engine's for an interrupted step).
+    Refused(String),
     /// The state could not be read: read again before deciding.
     Unknown,
 }
@@ -336,6 +340,7 @@ where
                 Ok(ReadBack::RunLeft { status, held_by }) => {
                     return a.run_left(status, held_by).await;
                 }
+                Ok(ReadBack::Refused(why)) => return Err(StoreError::Database(why)),
                 Ok(ReadBack::Unknown) | Err(_) => {}
             }
         }

@@ -16,15 +16,22 @@
 //! supervisor ([`crate::execution`]) hands the run back to Pending, to be resumed by replay. The
 //! engine only ever sees the API's own refusals (a bad request, an output over the size limit).
 //!
-//! **The claimed run is the engine's first read.** `Engine::execute_handler_run(id)` starts with
-//! `get_run(id)`, right after the claim returned that same run. [`GuardedStore::prime`] keeps the
-//! claimed run for that one read, which then costs no request. What the engine takes from it (the
-//! workflow's name and trigger, labels, handler version, retry count, carried cost and duration,
-//! cost limit, creation time; the input is read live, later) does not change after the run's
-//! creation, or only under its lease, which this invocation holds. Every later read goes to the
-//! API: an operator's pause is seen where the engine checks for it (before each step, at the
-//! end), a cancel by the lease refresher. Sub-workflow children, whose first read hands their
-//! lease to the root run, are not primed.
+//! **A run this execution holds is read from what it knows** ([`GuardedStore::prime`]).
+//! `Engine::execute_handler_run(id)` starts with `get_run(id)`, right after the claim returned that
+//! same run, and reads it again for its pause checks (before each step, at the end) and for the
+//! input. The run's view here answers those reads: the claim's copy, then the copy of the latest
+//! live read, each for one lease refresh interval after its request was sent; after that, the next
+//! read goes to the API and renews the view. A write that only records progress (the engine's cost
+//! and duration after each step) lands in the view as the API applies it; after any other write of
+//! the run, the next read goes to the API (`store/view.rs`). Nothing about the run changes under
+//! its lease but through this execution, except an operator's pause or cancel: the lease refresher
+//! sees those at its next renewal (the API refuses to renew a run that left Running), within one
+//! refresh interval, and the supervisor then drops the view ([`GuardedStore::forget`]), so that the
+//! engine's next pause check reads the run live and stops as it would on the reference worker. What
+//! the engine takes from the claim's copy (the workflow's name and trigger, labels, handler
+//! version, retry count, carried cost and duration, cost limit, creation time, input) does not
+//! change after the run's creation, or only under its lease. Sub-workflow children, whose first
+//! read hands their lease to the root run, are not viewed.
 //!
 //! **The token follows rotations** ([`crate::credentials`]): a call the API answers 401 asks for a
 //! newer token, and the store is rebuilt with it.
@@ -34,9 +41,10 @@
 pub mod fault;
 pub mod guard;
 pub mod scope;
+mod view;
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex, PoisonError, RwLock};
+use std::sync::{Arc, PoisonError, RwLock};
+use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use ironflow_engine::engine::chain_root;
@@ -45,11 +53,13 @@ use ironflow_engine::signal::{SignalOrigin, SignalSendFuture, SignalSender};
 use ironflow_store::prelude::*;
 use ironflow_store::store::StoreFuture;
 use ironflow_worker::ApiRunStore;
+use tokio::time::Instant;
 use uuid::Uuid;
 
 use self::fault::Route;
 use self::guard::ReadBack;
 use self::scope::CallScope;
+use self::view::Views;
 use crate::credentials::Credentials;
 
 /// Attempts of a claim (`GET /runs/next`) that meets faults: 3. A claim the API refuses for a
@@ -121,7 +131,8 @@ pub struct GuardedStore {
     source: Source,
     /// The store as first built, for the calls answered without a request.
     base: Arc<dyn Store>,
-    primed: Mutex<HashMap<Uuid, Run>>,
+    /// The runs held under this worker's leases, as known (see [`GuardedStore::prime`]).
+    views: Views,
 }
 
 impl GuardedStore {
@@ -136,7 +147,7 @@ impl GuardedStore {
                 credentials,
                 current: RwLock::new((generation, store)),
             }),
-            primed: Mutex::new(HashMap::new()),
+            views: Views::default(),
         }
     }
 
@@ -146,17 +157,19 @@ impl GuardedStore {
         Self {
             base: inner.clone(),
             source: Source::Fixed(inner),
-            primed: Mutex::new(HashMap::new()),
+            views: Views::default(),
         }
     }
 
-    /// Serve `run`, as its claim returned it, to the next `get_run(run.id)`, once. The copy is
-    /// dropped with the returned guard if no read took it. Sub-workflow children are not
-    /// primed (see the module docs): their first read goes to the API.
-    pub fn prime(&self, run: &Run) -> Primed<'_> {
+    /// Answer the engine's reads of `run`, claimed by a request sent at `claim_sent`, from
+    /// what this execution knows (see the module docs): the claim's copy for `valid_for` (the
+    /// lease refresh interval) after `claim_sent`, then the latest live read's for as long
+    /// after its request. Dropped with the returned guard, when the execution stops.
+    /// Sub-workflow children are not viewed: their reads go to the API.
+    pub fn prime(&self, run: &Run, claim_sent: Instant, valid_for: Duration) -> Primed<'_> {
         let primed = chain_root(run).is_none();
         if primed {
-            self.entries().insert(run.id, run.clone());
+            self.views.insert(run, claim_sent, valid_for);
         }
         Primed {
             store: self,
@@ -165,15 +178,32 @@ impl GuardedStore {
         }
     }
 
-    /// Runs primed and not yet read.
-    #[cfg(test)]
-    fn primed_count(&self) -> usize {
-        self.entries().len()
+    /// Stop answering reads of `run_id` from its view (it left Running: a pause or a cancel
+    /// by someone else, seen by the lease refresher): the next read goes to the API.
+    pub fn forget(&self, run_id: Uuid) {
+        self.views.forget(run_id);
     }
 
-    fn entries(&self) -> std::sync::MutexGuard<'_, HashMap<Uuid, Run>> {
-        // The map holds plain data: a panic while it was held leaves nothing half-written.
-        self.primed.lock().unwrap_or_else(PoisonError::into_inner)
+    /// Runs viewed.
+    #[cfg(test)]
+    fn primed_count(&self) -> usize {
+        self.views.len()
+    }
+
+    /// `get_run(id)` from the API; a viewed run's view takes the answer, fresh for one
+    /// interval from the request's send time.
+    async fn read_run(&self, id: Uuid) -> Result<Option<Run>, StoreError> {
+        let sent = Instant::now();
+        let run = self
+            .read(
+                "GET /runs/{id}",
+                move |s| async move { s.get_run(id).await },
+            )
+            .await?;
+        if let Some(run) = run.as_ref() {
+            self.views.renew(run, sent);
+        }
+        Ok(run)
     }
 
     /// The store the next attempt goes to.
@@ -277,6 +307,17 @@ impl GuardedStore {
         match self.inner().list_steps(key.run_id).await {
             Ok(steps) => match steps.iter().find(|s| s.id == step_id) {
                 Some(step) if target == Some(step.status.state) => ReadBack::Applied(()),
+                // Settled otherwise: interrupted by an operator's pause or the reaper. The run
+                // changed too: its next read goes to the API.
+                Some(step) if step.status.state.is_terminal() => {
+                    self.forget(key.run_id);
+                    ReadBack::Refused(format!(
+                        "step {step_id} is {} ({}): the API refuses to write it {}",
+                        step.status.state,
+                        step.error.as_deref().unwrap_or("no error"),
+                        target.map_or("again".to_string(), |t| format!("{t}"))
+                    ))
+                }
                 _ => ReadBack::Resend,
             },
             Err(_) => ReadBack::Unknown,
@@ -305,8 +346,8 @@ impl GuardedStore {
     }
 }
 
-/// Drops a primed run's copy if no read took it (see [`GuardedStore::prime`]).
-#[must_use = "the copy is dropped with the guard"]
+/// Drops a run's view when the execution stops (see [`GuardedStore::prime`]).
+#[must_use = "the view is dropped with the guard"]
 pub struct Primed<'a> {
     store: &'a GuardedStore,
     run_id: Uuid,
@@ -316,20 +357,16 @@ pub struct Primed<'a> {
 impl Drop for Primed<'_> {
     fn drop(&mut self) {
         if self.primed {
-            self.store.entries().remove(&self.run_id);
+            self.store.views.remove(self.run_id);
         }
     }
 }
 
 impl RunStore for GuardedStore {
     fn get_run(&self, id: Uuid) -> StoreFuture<'_, Option<Run>> {
-        let primed = self.entries().remove(&id);
-        match primed {
+        match self.views.fresh(id) {
             Some(run) => Box::pin(std::future::ready(Ok(Some(run)))),
-            None => Box::pin(self.read(
-                "GET /runs/{id}",
-                move |s| async move { s.get_run(id).await },
-            )),
+            None => Box::pin(self.read_run(id)),
         }
     }
 
@@ -341,6 +378,7 @@ impl RunStore for GuardedStore {
     }
 
     fn update_run_status(&self, id: Uuid, new_status: RunStatus) -> StoreFuture<'_, ()> {
+        self.forget(id);
         Box::pin(guard::write(
             "PUT /runs/{id}/status",
             self.credentials(),
@@ -353,27 +391,33 @@ impl RunStore for GuardedStore {
     }
 
     fn update_run(&self, id: Uuid, update: RunUpdate) -> StoreFuture<'_, ()> {
+        // A write changes the run: reads go to the API while it is in flight, and after it
+        // unless it only recorded progress.
+        let taken = self.views.take(id);
         let target = update.status;
-        Box::pin(guard::write(
-            "PUT /runs/{id}",
-            self.credentials(),
-            move || {
-                let (s, update) = (self.inner(), update.clone());
-                async move { s.update_run(id, update).await }
-            },
-            move || self.run_write_landed(id, target),
-        ))
+        Box::pin(async move {
+            let progress = view::is_progress(&update).then(|| update.clone());
+            guard::write(
+                "PUT /runs/{id}",
+                self.credentials(),
+                || {
+                    let (s, update) = (self.inner(), update.clone());
+                    async move { s.update_run(id, update).await }
+                },
+                || self.run_write_landed(id, target),
+            )
+            .await?;
+            if let (Some(taken), Some(update)) = (taken, progress) {
+                self.views.put_back(taken, &update);
+            }
+            Ok(())
+        })
     }
 
     fn update_run_returning(&self, id: Uuid, update: RunUpdate) -> StoreFuture<'_, Run> {
         Box::pin(async move {
             self.update_run(id, update).await?;
-            self.read(
-                "GET /runs/{id}",
-                move |s| async move { s.get_run(id).await },
-            )
-            .await?
-            .ok_or(StoreError::RunNotFound(id))
+            self.read_run(id).await?.ok_or(StoreError::RunNotFound(id))
         })
     }
 
@@ -552,25 +596,85 @@ mod tests {
         inner.update_run(id, update).await.unwrap();
     }
 
-    #[tokio::test]
-    async fn the_first_read_of_a_primed_run_is_its_claimed_copy_and_later_reads_are_live() {
+    const INTERVAL: Duration = Duration::from_secs(30);
+
+    #[tokio::test(start_paused = true)]
+    async fn a_held_run_is_read_from_its_claim_for_one_interval_then_live() {
         let (store, inner, run) = claimed(TriggerKind::Manual, HashMap::new()).await;
-        let _primed = store.prime(&run);
+        let _viewed = store.prime(&run, Instant::now(), INTERVAL);
         record_duration(&inner, run.id, 1234).await;
 
         let first = store.get_run(run.id).await.unwrap().unwrap();
         assert_eq!(first.duration_ms, 0, "the claimed copy, not the store");
         assert_eq!(first.status.state, RunStatus::Running);
-        assert_eq!(store.primed_count(), 0, "taken by the read");
+        let again = store.get_run(run.id).await.unwrap().unwrap();
+        assert_eq!(
+            again.duration_ms, 0,
+            "still the claim's copy within the interval"
+        );
 
-        let second = store.get_run(run.id).await.unwrap().unwrap();
-        assert_eq!(second.duration_ms, 1234, "from the store");
+        tokio::time::advance(INTERVAL).await;
+        let live = store.get_run(run.id).await.unwrap().unwrap();
+        assert_eq!(
+            live.duration_ms, 1234,
+            "from the store once the interval has passed"
+        );
+        record_duration(&inner, run.id, 5678).await;
+        let viewed = store.get_run(run.id).await.unwrap().unwrap();
+        assert_eq!(
+            viewed.duration_ms, 1234,
+            "the live read's copy, for another interval"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_write_of_the_run_or_a_pause_seen_by_the_refresher_sends_the_next_read_live() {
+        let (store, inner, run) = claimed(TriggerKind::Manual, HashMap::new()).await;
+        let _viewed = store.prime(&run, Instant::now(), INTERVAL);
+        let update = RunUpdate {
+            duration_ms: Some(42),
+            ..RunUpdate::default()
+        };
+        store.update_run(run.id, update).await.unwrap();
+        record_duration(&inner, run.id, 7).await;
+        let read = store.get_run(run.id).await.unwrap().unwrap();
+        assert_eq!(
+            read.duration_ms, 42,
+            "a progress write lands in the view, which answers the read"
+        );
+
+        let error = RunUpdate {
+            error: Some("boom".to_string()),
+            increment_retry: true,
+            ..RunUpdate::default()
+        };
+        store.update_run(run.id, error).await.unwrap();
+        let read = store.get_run(run.id).await.unwrap().unwrap();
+        assert_eq!(
+            (read.duration_ms, read.retry_count),
+            (7, 1),
+            "any other write sends the next read to the API"
+        );
+
+        inner
+            .update_run_status(run.id, RunStatus::Paused)
+            .await
+            .unwrap();
+        let viewed = store.get_run(run.id).await.unwrap().unwrap();
+        assert_eq!(
+            viewed.status.state,
+            RunStatus::Running,
+            "not seen before the refresher"
+        );
+        store.forget(run.id);
+        let live = store.get_run(run.id).await.unwrap().unwrap();
+        assert_eq!(live.status.state, RunStatus::Paused, "seen once forgotten");
     }
 
     #[tokio::test]
-    async fn an_unread_copy_goes_with_its_guard() {
+    async fn the_view_goes_with_its_guard() {
         let (store, inner, run) = claimed(TriggerKind::Manual, HashMap::new()).await;
-        drop(store.prime(&run));
+        drop(store.prime(&run, Instant::now(), INTERVAL));
         assert_eq!(store.primed_count(), 0);
         record_duration(&inner, run.id, 7).await;
         let read = store.get_run(run.id).await.unwrap().unwrap();
@@ -582,7 +686,7 @@ mod tests {
         let root = Uuid::new_v4().to_string();
         let labels = HashMap::from([(LABEL_ROOT_RUN_ID.to_string(), root)]);
         let (store, inner, run) = claimed(TriggerKind::Workflow, labels).await;
-        let _primed = store.prime(&run);
+        let _primed = store.prime(&run, Instant::now(), INTERVAL);
         assert_eq!(store.primed_count(), 0);
         record_duration(&inner, run.id, 99).await;
         let read = store.get_run(run.id).await.unwrap().unwrap();
@@ -600,7 +704,7 @@ mod tests {
             .await
             .unwrap()
             .into_run();
-        let _primed = store.prime(&run);
+        let _primed = store.prime(&run, Instant::now(), INTERVAL);
         let read = store.get_run(other.id).await.unwrap().unwrap();
         assert_eq!(read.id, other.id);
         assert_eq!(store.primed_count(), 1, "still kept for its own run");

@@ -1,5 +1,6 @@
-//! Test harness: the real ironflow API (router + in-memory store) on 127.0.0.1, a worker
-//! builder with test-sized settings, and invocations driven through the Lambda handler.
+//! Test harness: the real ironflow API (its router over the in-memory store, or over PostgreSQL
+//! with a database of its own per test) on 127.0.0.1, a worker builder with test-sized settings,
+//! and invocations driven through the Lambda handler.
 #![allow(dead_code)]
 
 pub mod fault_proxy;
@@ -16,6 +17,7 @@ use ironflow_engine::handler::{HandlerFuture, WorkflowHandler};
 use ironflow_lambda::InvocationSummary;
 use ironflow_lambda::orphans;
 use ironflow_lambda::{LambdaWorker, LambdaWorkerBuilder};
+pub use ironflow_local_api::Backend;
 use ironflow_local_api::{LocalApi, new_run};
 use ironflow_store::entities::{Run, RunStatus, Step};
 use ironflow_store::store::RunStore;
@@ -32,10 +34,18 @@ pub struct Harness {
 }
 
 impl Harness {
+    /// The API over the in-memory store.
     pub async fn start() -> Self {
+        Self::start_on(Backend::Memory).await
+    }
+
+    /// The API over `backend`'s store.
+    pub async fn start_on(backend: Backend) -> Self {
         orphans::become_subreaper();
         let token = format!("test-token-{}", Uuid::new_v4());
-        let api = LocalApi::start(&token).await.expect("start the API");
+        let api = LocalApi::start_on(&token, &backend)
+            .await
+            .unwrap_or_else(|e| panic!("start the API on {}: {e}", backend.describe()));
         let client = ApiRunStore::new(&api.url(), &token);
         Self {
             api,
@@ -165,4 +175,45 @@ impl WorkflowHandler for ShellWorkflow {
             Ok(())
         })
     }
+}
+
+/// The variable naming the PostgreSQL server the tests create their databases on
+/// (`postgres://postgres@127.0.0.1:PORT`, set by `./scripts/test`).
+pub const POSTGRES_VAR: &str = "IRONFLOW_TEST_POSTGRES_URL";
+
+/// A fresh database on the test PostgreSQL server ([`POSTGRES_VAR`]).
+pub async fn postgres() -> Backend {
+    let server = std::env::var(POSTGRES_VAR).unwrap_or_else(|_| {
+        panic!(
+            "{POSTGRES_VAR} is not set: run the tests with ./scripts/test, which starts a \
+             PostgreSQL server (scripts/pg-test-server.sh)"
+        )
+    });
+    Backend::fresh_postgres(&server)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// Each `async fn name(backend: Backend)` listed, as two tests: `memory::name` on the
+/// in-memory store and `postgres::name` on a PostgreSQL database of its own.
+#[macro_export]
+macro_rules! on_both_stores {
+    ($($test:ident),+ $(,)?) => {
+        mod memory {
+            $(
+                #[tokio::test]
+                async fn $test() {
+                    super::$test($crate::common::Backend::Memory).await
+                }
+            )+
+        }
+        mod postgres {
+            $(
+                #[tokio::test]
+                async fn $test() {
+                    super::$test($crate::common::postgres().await).await
+                }
+            )+
+        }
+    };
 }

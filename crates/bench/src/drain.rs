@@ -15,7 +15,7 @@ use ironflow_engine::context::WorkflowContext;
 use ironflow_engine::handler::{HandlerFuture, WorkflowHandler};
 use ironflow_lambda::InvocationSummary;
 use ironflow_lambda::{LambdaWorker, LambdaWorkerBuilder};
-use ironflow_local_api::{LocalApi, new_run};
+use ironflow_local_api::{Backend, DelayProxy, LocalApi, new_run};
 use ironflow_store::entities::RunStatus;
 use ironflow_store::store::Store;
 use ironflow_worker::WorkerBuilder;
@@ -185,6 +185,37 @@ impl Which {
     }
 }
 
+/// Where the drained API keeps its runs and how far the workers are from it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Link {
+    /// The in-memory store, on loopback: the rows measured since the first release.
+    Loopback,
+    /// PostgreSQL (a fresh database per drain), with `rtt_us` microseconds of round trip added
+    /// between the workers and the API by a delay proxy (0: none).
+    Postgres { rtt_us: u64 },
+}
+
+impl Link {
+    /// The link's name in the report.
+    pub fn describe(self) -> String {
+        match self {
+            Link::Loopback => "in-memory store, loopback".to_string(),
+            Link::Postgres { rtt_us: 0 } => "PostgreSQL, loopback".to_string(),
+            Link::Postgres { rtt_us } => {
+                format!("PostgreSQL, {} ms round trip", rtt_us as f64 / 1000.0)
+            }
+        }
+    }
+
+    /// The round trip added.
+    pub fn rtt(self) -> Duration {
+        match self {
+            Link::Loopback => Duration::ZERO,
+            Link::Postgres { rtt_us } => Duration::from_micros(rtt_us),
+        }
+    }
+}
+
 /// The drain settings shared by both workers.
 #[derive(Debug, Clone)]
 pub struct DrainSettings {
@@ -198,6 +229,8 @@ pub struct DrainSettings {
     pub invocation: Duration,
     /// The reference worker's poll interval (it sleeps this long after an empty poll).
     pub poll_interval: Duration,
+    /// The PostgreSQL server the [`Link::Postgres`] drains create their databases on.
+    pub postgres: Option<String>,
 }
 
 /// One drain.
@@ -212,6 +245,11 @@ pub struct DrainResult {
     pub requests: BTreeMap<String, u64>,
     /// Our invocations used (0 for the reference worker).
     pub invocations: usize,
+    /// Median time from a run's claim to its end, from the API's `started_at` and
+    /// `completed_at` (`None` on the loopback link, where runs are not read back).
+    pub run_latency: Option<Duration>,
+    /// The round trip the link added, as measured through it (zero without one).
+    pub measured_rtt: Duration,
     /// What the bench process (worker, API and the watcher's 1 ms polls alike) and its reaped
     /// children (the shell steps) used from the worker's start until it stopped: for ours,
     /// until the last invocation returned (its last log lines pushed); for the reference, until
@@ -328,17 +366,39 @@ pub const API_THREADS: usize = 2;
 /// A drain that takes longer than this is a failure of the bench.
 const DRAIN_LIMIT: Duration = Duration::from_secs(600);
 
-/// Drain `s.runs` runs of `workload` with `which`.
+/// Drain `s.runs` runs of `workload` with `which` over `link`.
 pub async fn drain(
     which: Which,
     workload: Workload,
     s: &DrainSettings,
+    link: Link,
 ) -> Result<DrainResult, BenchError> {
     let token = Uuid::new_v4().to_string();
+    let backend = match link {
+        Link::Loopback => Backend::Memory,
+        Link::Postgres { .. } => {
+            let server = s.postgres.as_deref().ok_or_else(|| {
+                BenchError::msg(
+                    "a PostgreSQL row needs --postgres-url (or IRONFLOW_TEST_POSTGRES_URL)",
+                )
+            })?;
+            Backend::fresh_postgres(server).await?
+        }
+    };
     // The API runs apart, on threads of its own, as a separate server would: neither worker
     // shares its runtime (ours executes runs on its own runtime, the reference worker on the
     // bench's).
-    let api = LocalApi::start_apart(&token, API_THREADS).await?;
+    let api = LocalApi::start_apart(&token, &backend, API_THREADS).await?;
+    // Both workers reach the API through the same link.
+    let proxy = match link.rtt() {
+        rtt if rtt.is_zero() => None,
+        rtt => Some(DelayProxy::start(api_addr(&api)?, rtt)?),
+    };
+    let measured_rtt = match &proxy {
+        Some(p) => p.measure(20)?,
+        None => Duration::ZERO,
+    };
+    let url = proxy.as_ref().map_or_else(|| api.url(), DelayProxy::url);
     let mut ids = Vec::with_capacity(s.runs);
     for _ in 0..s.runs {
         // Straight into the API's store: creating the runs is not part of what is measured.
@@ -351,13 +411,21 @@ pub async fn drain(
         );
     }
     let before = api.requests_by_route();
-    let watcher = tokio::spawn(all_terminal(api.store().clone(), ids));
+    // On loopback a watcher polling every 1 ms times the drain's end; on PostgreSQL such polls
+    // cost a query each (about 15 ms of CPU per run): there it polls every 50 ms, and the end
+    // is read from the runs' own timestamps afterwards.
+    let poll = match link {
+        Link::Loopback => Duration::from_millis(1),
+        Link::Postgres { .. } => Duration::from_millis(50),
+    };
+    let watcher = tokio::spawn(all_terminal(api.store().clone(), ids.clone(), poll));
+    let started_wall = chrono::Utc::now();
     let usage_before = Usage::now();
 
     let (seen, start, invocations, usage) = match which {
         Which::Reference => {
-            let builder = WorkerBuilder::new(&api.url(), &token)
-                .provider(Arc::new(ClaudeCodeProvider::new()));
+            let builder =
+                WorkerBuilder::new(&url, &token).provider(Arc::new(ClaudeCodeProvider::new()));
             let worker = workload
                 .register_reference(builder)
                 .concurrency(s.concurrency)
@@ -386,7 +454,7 @@ pub async fn drain(
             } else {
                 ironflow_lambda::settings::DEFAULT_CLAIM_AHEAD_PERCENT
             };
-            let builder = LambdaWorkerBuilder::new(&api.url(), &token)
+            let builder = LambdaWorkerBuilder::new(&url, &token)
                 .provider(Arc::new(ClaudeCodeProvider::new()));
             let worker = Arc::new(
                 workload
@@ -441,12 +509,81 @@ pub async fn drain(
         })
         .filter(|(_, n)| *n > 0)
         .collect();
+    let (wall, from_first_claim, run_latency) = match link {
+        Link::Loopback => (
+            seen.all_terminal - start,
+            seen.all_terminal - seen.first_claimed,
+            None,
+        ),
+        Link::Postgres { .. } => {
+            let t = timestamps(api.store(), &ids).await?;
+            let since = |at: chrono::DateTime<chrono::Utc>| {
+                (at - started_wall).to_std().unwrap_or_default()
+            };
+            (
+                since(t.last_completed),
+                (t.last_completed - t.first_started)
+                    .to_std()
+                    .unwrap_or_default(),
+                Some(t.median_latency),
+            )
+        }
+    };
+    drop(proxy);
     Ok(DrainResult {
-        wall: seen.all_terminal - start,
-        from_first_claim: seen.all_terminal - seen.first_claimed,
+        wall,
+        from_first_claim,
         requests,
         invocations,
         usage,
+        run_latency,
+        measured_rtt,
+    })
+}
+
+/// The API's socket address, for the delay proxy in front of it.
+fn api_addr(api: &LocalApi) -> Result<std::net::SocketAddr, BenchError> {
+    let url = api.url();
+    url.trim_start_matches("http://")
+        .parse()
+        .map_err(|e| BenchError::msg(format!("the API's URL {url} is not an address: {e}")))
+}
+
+/// The drained runs' timestamps, from the API's store.
+struct Timestamps {
+    first_started: chrono::DateTime<chrono::Utc>,
+    last_completed: chrono::DateTime<chrono::Utc>,
+    /// Median of `completed_at − started_at` (claim to end).
+    median_latency: Duration,
+}
+
+async fn timestamps(store: &Arc<dyn Store>, ids: &[Uuid]) -> Result<Timestamps, BenchError> {
+    let mut first_started = None;
+    let mut last_completed = None;
+    let mut latencies = Vec::with_capacity(ids.len());
+    for id in ids {
+        let Some(run) = store.get_run(*id).await? else {
+            continue;
+        };
+        let (Some(started), Some(completed)) = (run.started_at, run.completed_at) else {
+            return Err(BenchError::msg(format!(
+                "run {id} has no start or end time"
+            )));
+        };
+        first_started =
+            Some(first_started.map_or(started, |f: chrono::DateTime<_>| f.min(started)));
+        last_completed =
+            Some(last_completed.map_or(completed, |l: chrono::DateTime<_>| l.max(completed)));
+        latencies.push((completed - started).to_std().unwrap_or_default());
+    }
+    latencies.sort();
+    let (Some(first_started), Some(last_completed)) = (first_started, last_completed) else {
+        return Err(BenchError::msg("no drained run to time"));
+    };
+    Ok(Timestamps {
+        first_started,
+        last_completed,
+        median_latency: latencies[latencies.len() / 2],
     })
 }
 
@@ -485,7 +622,11 @@ struct Seen {
 /// Runs are claimed oldest first, so each poll walks the remaining runs in creation order,
 /// drops the terminal ones, keeps the running ones and stops at the first one still pending
 /// (every younger one is pending too): a poll costs about C + 1 store reads, not K.
-async fn all_terminal(store: Arc<dyn Store>, ids: Vec<Uuid>) -> Result<Seen, BenchError> {
+async fn all_terminal(
+    store: Arc<dyn Store>,
+    ids: Vec<Uuid>,
+    poll: Duration,
+) -> Result<Seen, BenchError> {
     let mut remaining = std::collections::VecDeque::from(ids);
     let mut first_claimed = None;
     loop {
@@ -512,6 +653,6 @@ async fn all_terminal(store: Arc<dyn Store>, ids: Vec<Uuid>) -> Result<Seen, Ben
         for id in kept.into_iter().rev() {
             remaining.push_front(id);
         }
-        sleep(Duration::from_millis(1)).await;
+        sleep(poll).await;
     }
 }

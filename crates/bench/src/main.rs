@@ -18,6 +18,7 @@ mod drain;
 mod dynamodb;
 mod latency;
 mod process;
+mod production;
 mod report;
 
 use std::collections::BTreeMap;
@@ -25,8 +26,9 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use drain::{DrainResult, DrainSettings, UsagePerRun, Which, Workload};
+use drain::{DrainResult, DrainSettings, Link, UsagePerRun, Which, Workload};
 use latency::DeadlineSettings;
+use production::ProductionSettings;
 
 /// Anything that stops the bench, with what it was doing.
 #[derive(Debug, thiserror::Error)]
@@ -77,6 +79,10 @@ pub struct Options {
     pub out: Option<PathBuf>,
     pub function: Option<PathBuf>,
     pub args: Vec<String>,
+    /// The production-path rows (PostgreSQL, round trips).
+    pub production: ProductionSettings,
+    /// Only the production-path drains (`--production-only`): medians printed.
+    pub production_only: bool,
 }
 
 /// The command line (`--help` prints it).
@@ -113,6 +119,26 @@ struct Args {
     /// One workload instead of both (with --drain-only).
     #[arg(long, value_parser = ["noop", "shell"], requires = "drain_only")]
     workload: Option<String>,
+    /// PostgreSQL server of the production-path rows (a fresh database per drain), e.g.
+    /// postgres://postgres@127.0.0.1:5432 (default: IRONFLOW_TEST_POSTGRES_URL). Without
+    /// one, those rows are not measured.
+    #[arg(
+        long,
+        env = "IRONFLOW_TEST_POSTGRES_URL",
+        hide_env_values = true,
+        value_name = "URL"
+    )]
+    postgres_url: Option<String>,
+    /// Round trips added between the workers and the API in the production-path rows, in ms,
+    /// comma-separated (0: PostgreSQL on loopback).
+    #[arg(long, value_name = "MS", value_delimiter = ',', default_value = "0,1,2,5", value_parser = rtt)]
+    rtts_ms: Vec<u64>,
+    /// Rounds of production-path drains (default 4, 1 with --quick).
+    #[arg(long, value_name = "R", value_parser = clap::value_parser!(u32).range(1..))]
+    production_rounds: Option<u32>,
+    /// Only the production-path drains, their medians printed; nothing written.
+    #[arg(long, conflicts_with = "drain_only", requires = "postgres_url")]
+    production_only: bool,
     /// The rows of each round, comma-separated, out of reference, ours, no-claim-ahead,
     /// one-invocation, larger-batch (with --drain-only; default all).
     #[arg(long, value_name = "LIST", value_parser = rows, requires = "drain_only")]
@@ -135,6 +161,18 @@ fn rows(list: &str) -> Result<Rows, String> {
         rows.push(row);
     }
     Ok(Rows(rows))
+}
+
+/// A round trip in ms (0 to 1000, fractions allowed), as µs.
+fn rtt(ms: &str) -> Result<u64, String> {
+    ms.trim()
+        .parse::<f64>()
+        .ok()
+        .filter(|ms| (0.0..=1000.0).contains(ms))
+        .map(|ms| (ms * 1000.0).round() as u64)
+        .ok_or(format!(
+            "expected a round trip in ms from 0 to 1000, got {ms:?}"
+        ))
 }
 
 /// Checked now, not after minutes of drains.
@@ -165,6 +203,7 @@ impl Args {
                 max_runs: self.max_runs as usize,
                 invocation: Duration::from_secs(60),
                 poll_interval: Duration::from_millis(100),
+                postgres: self.postgres_url,
             },
             workloads: self
                 .workload
@@ -191,6 +230,15 @@ impl Args {
             }),
             function: self.function,
             args,
+            production: ProductionSettings {
+                links: self
+                    .rtts_ms
+                    .iter()
+                    .map(|&rtt_us| Link::Postgres { rtt_us })
+                    .collect(),
+                rounds: count(self.production_rounds, 4, 1),
+            },
+            production_only: self.production_only,
         }
     }
 }
@@ -205,6 +253,7 @@ pub struct Results {
     pub binary_bytes: u64,
     pub batch: process::BatchMemory,
     pub dynamodb: dynamodb::DynamoDb,
+    pub production: production::Production,
 }
 
 #[tokio::main]
@@ -242,7 +291,7 @@ async fn main() -> ExitCode {
 async fn run(o: Options) -> Result<(), BenchError> {
     // moto first: started before we become a subreaper, it is not our descendant, and our
     // invocations' orphan sweep leaves it alone.
-    let moto = if o.drain_only {
+    let moto = if o.drain_only || o.production_only {
         Err("not measured: --drain-only".to_string())
     } else {
         dynamodb::Moto::find_or_start().await
@@ -259,17 +308,18 @@ async fn run(o: Options) -> Result<(), BenchError> {
             o.rows.len()
         );
     }
-    let binary = match (&o.function, o.drain_only) {
+    let binary = match (&o.function, o.drain_only || o.production_only) {
         (Some(path), _) => path.clone(),
         (None, false) => process::function_beside_bench()?,
         (None, true) => PathBuf::new(),
     };
 
     let mut drains: BTreeMap<(Workload, Which), Vec<DrainResult>> = BTreeMap::new();
-    for round in 0..o.rounds {
+    let loopback_rounds = if o.production_only { 0 } else { o.rounds };
+    for round in 0..loopback_rounds {
         for &workload in &o.workloads {
             for which in round_order(&o.rows, round) {
-                let r = drain::drain(which, workload, &o.drain).await?;
+                let r = drain::drain(which, workload, &o.drain, Link::Loopback).await?;
                 let u = r.usage.per_run(o.drain.runs);
                 eprintln!(
                     "round {}/{} {:<14} {:<15} {:>8.3} s  {:>6.1} runs/s  {:>5.2} requests/run  {} invocations  \
@@ -296,6 +346,11 @@ async fn run(o: Options) -> Result<(), BenchError> {
         print_drain_medians(&drains, o.drain.runs);
         return Ok(());
     }
+    let production = production::measure(&o).await?;
+    if o.production_only {
+        production::print_medians(&production, o.drain.runs);
+        return Ok(());
+    }
 
     eprintln!("idle invocations ...");
     let idle = latency::idle(&o.drain, o.idle_invocations).await?;
@@ -320,6 +375,7 @@ async fn run(o: Options) -> Result<(), BenchError> {
         binary_bytes,
         batch,
         dynamodb,
+        production,
     };
     let markdown = report::render(&o, &machine.finish(), &results);
     println!("{markdown}");

@@ -1,8 +1,15 @@
-//! The real ironflow API, embedded: its router over an in-memory store, served on
-//! `127.0.0.1:<free port>`, with its background tasks (reaper, schedule ticker, waker).
+//! The real ironflow API, embedded: its router over an in-memory store or a PostgreSQL database
+//! ([`Backend`]), served on `127.0.0.1:<free port>`, with its background tasks (reaper,
+//! schedule ticker, waker).
 //!
 //! Used by the local runner (`ironflow-lambda-local`), the tests and the benchmark of
 //! ironflow-lambda; the deployable function does not depend on it.
+
+mod backend;
+mod delay;
+
+pub use backend::{Backend, masked_url};
+pub use delay::DelayProxy;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -18,27 +25,39 @@ use ironflow_auth::jwt::JwtConfig;
 use ironflow_core::providers::claude::ClaudeCodeProvider;
 use ironflow_engine::engine::{Engine, ExecutionMode};
 use ironflow_engine::notify::Event;
-use ironflow_store::memory::InMemoryStore;
 use ironflow_store::store::Store;
 use tokio::net::TcpListener;
 use tokio::sync::broadcast;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-/// The embedded API could not start: its loopback port could not be bound (`port` 0: any free
-/// port was asked for).
+/// The embedded API could not start.
 #[derive(Debug, thiserror::Error)]
-#[error(
-    "could not start the embedded ironflow API on {}: {source}{}",
-    bind_target(*.port),
-    bind_hint(.source)
-)]
-pub struct LocalApiError {
-    /// The port asked for; 0 for any free port.
-    pub port: u16,
-    /// Why binding failed (e.g. `AddrInUse`: another process listens there).
-    #[source]
-    pub source: std::io::Error,
+pub enum LocalApiError {
+    /// Its loopback port could not be bound (`port` 0: any free port was asked for).
+    #[error(
+        "could not start the embedded ironflow API on {}: {source}{}",
+        bind_target(*.port),
+        bind_hint(.source)
+    )]
+    Bind {
+        /// The port asked for; 0 for any free port.
+        port: u16,
+        /// Why binding failed (e.g. `AddrInUse`: another process listens there).
+        #[source]
+        source: std::io::Error,
+    },
+    /// Its PostgreSQL store could not be reached, created or migrated.
+    #[error(
+        "the embedded ironflow API could not use the PostgreSQL database {url}: {reason} \
+         (expected a reachable server and a URL such as postgres://user:password@host:5432/db)"
+    )]
+    Database {
+        /// The database URL, its password masked ([`masked_url`]).
+        url: String,
+        /// What failed.
+        reason: String,
+    },
 }
 
 fn bind_target(port: u16) -> String {
@@ -78,16 +97,29 @@ impl LocalApi {
     ///
     /// [`LocalApiError`] when no loopback port can be bound.
     pub async fn start(worker_token: &str) -> Result<Self, LocalApiError> {
-        Self::start_with(worker_token, None, 0).await
+        Self::start_with(worker_token, &Backend::Memory, None, 0).await
     }
 
-    /// Start the API on `127.0.0.1:port` (for `ironflow-lambda-local --serve`).
+    /// Start the API over `backend`'s store.
+    ///
+    /// # Errors
+    ///
+    /// [`LocalApiError`] when no loopback port can be bound, or the database cannot be used.
+    pub async fn start_on(worker_token: &str, backend: &Backend) -> Result<Self, LocalApiError> {
+        Self::start_with(worker_token, backend, None, 0).await
+    }
+
+    /// Start the API over `backend` on `127.0.0.1:port` (for `ironflow-lambda-local --serve`).
     ///
     /// # Errors
     ///
     /// [`LocalApiError`] when the port cannot be bound (already in use).
-    pub async fn start_on_port(worker_token: &str, port: u16) -> Result<Self, LocalApiError> {
-        Self::start_with(worker_token, None, port).await
+    pub async fn start_on_port(
+        worker_token: &str,
+        backend: &Backend,
+        port: u16,
+    ) -> Result<Self, LocalApiError> {
+        Self::start_with(worker_token, backend, None, port).await
     }
 
     /// Start the API with artifact storage in `dir` (a local blob store), so that steps can
@@ -101,15 +133,16 @@ impl LocalApi {
         dir: &std::path::Path,
     ) -> Result<Self, LocalApiError> {
         let blob = Arc::new(ironflow_artifacts::local::LocalBlobStore::new(dir));
-        Self::start_with(worker_token, Some(blob), 0).await
+        Self::start_with(worker_token, &Backend::Memory, Some(blob), 0).await
     }
 
     async fn start_with(
         worker_token: &str,
+        backend: &Backend,
         blob: Option<Arc<dyn ironflow_artifacts::blob_store::BlobStore>>,
         port: u16,
     ) -> Result<Self, LocalApiError> {
-        let store: Arc<dyn Store> = Arc::new(InMemoryStore::new());
+        let store = backend.store().await?;
         // Workers execute the runs (this API registers no handler): a run woken by a signal or
         // an approval goes back to Pending for a worker to claim.
         let engine = Arc::new(
@@ -166,7 +199,7 @@ impl LocalApi {
                 }
             },
         ));
-        let bind_error = |source| LocalApiError { port, source };
+        let bind_error = |source| LocalApiError::Bind { port, source };
         let listener = TcpListener::bind(("127.0.0.1", port))
             .await
             .map_err(bind_error)?;
@@ -194,17 +227,21 @@ impl LocalApi {
     /// # Errors
     ///
     /// [`LocalApiError`] when the runtime cannot start or no loopback port can be bound.
-    pub async fn start_apart(worker_token: &str, threads: usize) -> Result<Self, LocalApiError> {
-        let failed = |source| LocalApiError { port: 0, source };
+    pub async fn start_apart(
+        worker_token: &str,
+        backend: &Backend,
+        threads: usize,
+    ) -> Result<Self, LocalApiError> {
+        let failed = |source| LocalApiError::Bind { port: 0, source };
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(threads.max(1))
             .thread_name("local-api")
             .enable_all()
             .build()
             .map_err(failed)?;
-        let token = worker_token.to_string();
+        let (token, backend) = (worker_token.to_string(), backend.clone());
         let started = runtime
-            .spawn(async move { Self::start_with(&token, None, 0).await })
+            .spawn(async move { Self::start_with(&token, &backend, None, 0).await })
             .await
             .map_err(|e| failed(std::io::Error::other(e)))?;
         let mut api = started?;
@@ -246,6 +283,19 @@ impl LocalApi {
             .interval(interval);
         let stop = self.background.child_token();
         tokio_util::task::AbortOnDropHandle::new(tokio::spawn(reaper.run(stop)))
+    }
+
+    /// Pause `run_id` as an operator does through the API (`POST /api/v1/runs/{id}/pause`:
+    /// ironflow-engine's `pause_run`, which marks its running steps interrupted).
+    ///
+    /// # Errors
+    ///
+    /// The engine's, e.g. a run that cannot be paused from its status.
+    pub async fn pause_run(
+        &self,
+        run_id: uuid::Uuid,
+    ) -> Result<(), ironflow_engine::error::EngineError> {
+        self.engine.pause_run(run_id).await.map(|_| ())
     }
 
     /// HTTP requests the API has received so far.
@@ -303,11 +353,11 @@ mod tests {
     async fn a_busy_port_is_named_in_the_error() {
         let taken = std::net::TcpListener::bind(("127.0.0.1", 0)).unwrap();
         let port = taken.local_addr().unwrap().port();
-        let Err(err) = LocalApi::start_on_port("token", port).await else {
+        let Err(err) = LocalApi::start_on_port("token", &Backend::Memory, port).await else {
             panic!("the API started on a port already bound");
         };
         let text = err.to_string();
-        assert_eq!(err.port, port);
+        assert!(matches!(err, LocalApiError::Bind { port: p, .. } if p == port));
         assert!(text.contains(&format!("127.0.0.1:{port}")), "{text}");
         assert!(text.contains("another process listens there"), "{text}");
     }

@@ -12,6 +12,9 @@
 //! deployable function (`cargo lambda watch`), and prints the table of runs on Ctrl-C (exit 0:
 //! runs still pending then are not a failure). `--run WORKFLOW[=JSON]` (repeatable) creates
 //! runs of your own workflows instead of the samples, for a function of your own.
+//!
+//! `--database-url URL` (or `DATABASE_URL`) puts the API on a PostgreSQL database, the store an
+//! operator's API runs on, instead of the in-memory default.
 
 use std::collections::{BTreeSet, HashMap};
 use std::io::IsTerminal;
@@ -25,7 +28,7 @@ use clap::Parser;
 use ironflow_core::providers::claude::ClaudeCodeProvider;
 use ironflow_lambda::LambdaWorkerBuilder;
 use ironflow_lambda::{orphans, samples};
-use ironflow_local_api::{LocalApi, new_run};
+use ironflow_local_api::{Backend, LocalApi, new_run};
 use ironflow_store::entities::StepStatus;
 use ironflow_store::store::{RunStore, Store};
 use ironflow_worker::ApiRunStore;
@@ -44,6 +47,10 @@ struct Args {
     /// function under `cargo lambda watch`; Ctrl-C prints the table of runs.
     #[arg(long, value_name = "PORT", num_args = 0..=1, default_missing_value = "3000")]
     serve: Option<NonZeroU16>,
+    /// The API's store: a PostgreSQL database (postgres://user:password@host:5432/db; its
+    /// migrations are applied) instead of the in-memory default.
+    #[arg(long, env = "DATABASE_URL", hide_env_values = true, value_name = "URL")]
+    database_url: Option<String>,
     /// With --serve: create a run of WORKFLOW, with the JSON object after `=` as its payload
     /// (e.g. --run 'greet={"name":"Ada"}'), instead of the sample runs. Repeatable.
     #[arg(long = "run", value_name = "WORKFLOW[=JSON]", requires = "serve", value_parser = parse_run)]
@@ -119,11 +126,19 @@ async fn run() -> Result<bool, Box<dyn std::error::Error>> {
     let args = Args::parse();
     let serve = args.serve.map(NonZeroU16::get);
     let token = Uuid::new_v4().to_string();
-    let api = match serve {
-        Some(port) => LocalApi::start_on_port(&token, port).await?,
-        None => LocalApi::start(&token).await?,
+    let backend = match args.database_url {
+        Some(url) => Backend::Postgres { url },
+        None => Backend::Memory,
     };
-    println!("ironflow API (in-memory store) listening on {}", api.url());
+    let api = match serve {
+        Some(port) => LocalApi::start_on_port(&token, &backend, port).await?,
+        None => LocalApi::start_on(&token, &backend).await?,
+    };
+    println!(
+        "ironflow API ({}) listening on {}",
+        backend.describe(),
+        api.url()
+    );
     let runs = create_runs(&api.url(), &token, &args.runs).await?;
     println!(
         "created {} runs through POST /api/v1/internal/runs\n",

@@ -1,0 +1,161 @@
+//! What this worker knows of the runs it holds under its leases: one view per run, which
+//! answers the engine's reads of that run without a request (see [`super`]'s module docs for
+//! why that is sound).
+//!
+//! Invariants:
+//! - a copy answers reads only until `fresh_until`: one lease refresh interval after the request
+//!   that fetched it (the claim, or the latest live read) was sent;
+//! - a write of the run takes the copy out while it is in flight; a write that lands and only
+//!   records progress ([`is_progress`]) puts the copy back with the write applied, any other
+//!   write leaves the next read to the API;
+//! - [`Views::forget`] (the run left Running by someone else's hand, seen by the refresher) wins
+//!   over a write in flight: the copy taken out before it is never put back.
+
+use std::collections::HashMap;
+use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use chrono::Utc;
+use ironflow_store::prelude::*;
+use tokio::time::Instant;
+use uuid::Uuid;
+
+use crate::deadline::later;
+
+/// The views of the runs held, by run id.
+#[derive(Default)]
+pub struct Views(Mutex<HashMap<Uuid, View>>);
+
+/// One run's view.
+struct View {
+    /// The copy; `None` after a write that changed the run, until the next live read.
+    run: Option<Run>,
+    fresh_until: Instant,
+    /// How long a copy answers reads after its request was sent (the lease refresh interval).
+    valid_for: Duration,
+    /// Bumped by [`Views::forget`]: a copy taken out under an older epoch is not put back.
+    epoch: u64,
+}
+
+/// A copy taken out for a write in flight (see [`Views::take`]).
+pub struct Taken {
+    run: Run,
+    epoch: u64,
+}
+
+impl Views {
+    fn entries(&self) -> MutexGuard<'_, HashMap<Uuid, View>> {
+        // The map holds plain data: a panic while it was held leaves nothing half-written.
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Start viewing `run`, fetched by a request sent at `sent`: its copy answers reads for
+    /// `valid_for` after `sent`.
+    pub fn insert(&self, run: &Run, sent: Instant, valid_for: Duration) {
+        let view = View {
+            run: Some(run.clone()),
+            fresh_until: later(sent, valid_for),
+            valid_for,
+            epoch: 0,
+        };
+        self.entries().insert(run.id, view);
+    }
+
+    /// Stop viewing `run_id` (its execution stopped).
+    pub fn remove(&self, run_id: Uuid) {
+        self.entries().remove(&run_id);
+    }
+
+    /// Runs viewed.
+    #[cfg(test)]
+    pub fn len(&self) -> usize {
+        self.entries().len()
+    }
+
+    /// The copy of `run_id`, if viewed and fresh.
+    pub fn fresh(&self, run_id: Uuid) -> Option<Run> {
+        let entries = self.entries();
+        let view = entries.get(&run_id)?;
+        view.run
+            .as_ref()
+            .filter(|_| Instant::now() < view.fresh_until)
+            .cloned()
+    }
+
+    /// A live read of `run`, whose request was sent at `sent`, renews its view (if viewed).
+    pub fn renew(&self, run: &Run, sent: Instant) {
+        if let Some(view) = self.entries().get_mut(&run.id) {
+            view.run = Some(run.clone());
+            view.fresh_until = later(sent, view.valid_for);
+        }
+    }
+
+    /// The run left Running by someone else's hand (a pause or a cancel): the next read goes
+    /// to the API, whatever write is in flight.
+    pub fn forget(&self, run_id: Uuid) {
+        if let Some(view) = self.entries().get_mut(&run_id) {
+            view.run = None;
+            view.epoch = view.epoch.saturating_add(1);
+        }
+    }
+
+    /// Take the copy out for a write of the run: until [`Views::put_back`], reads go to the API.
+    pub fn take(&self, run_id: Uuid) -> Option<Taken> {
+        let mut entries = self.entries();
+        let view = entries.get_mut(&run_id)?;
+        let run = view.run.take()?;
+        Some(Taken {
+            run,
+            epoch: view.epoch,
+        })
+    }
+
+    /// A write of progress (see [`is_progress`]) landed: put the copy back with `update`
+    /// applied, as the API applied it, unless the run was forgotten since it was taken.
+    pub fn put_back(&self, taken: Taken, update: &RunUpdate) {
+        let Taken { mut run, epoch } = taken;
+        let mut entries = self.entries();
+        let Some(view) = entries.get_mut(&run.id) else {
+            return;
+        };
+        if view.epoch == epoch && view.run.is_none() {
+            apply_progress(&mut run, update);
+            view.run = Some(run);
+        }
+    }
+}
+
+/// Whether `update` only records a held run's progress: no status, lease, retry count,
+/// schedule, resume target or capacity wait. The API applies such fields as given, so the
+/// copy can apply them too (the engine's `persist_progress` after each step: cost, duration).
+pub fn is_progress(update: &RunUpdate) -> bool {
+    update.status.is_none()
+        && !update.increment_retry
+        && update.lease.is_none()
+        && update.scheduled_at.is_none()
+        && update.resume_status.is_none()
+        && update.capacity_wait_kind.is_none()
+}
+
+/// The fields of a progress update, applied as ironflow-store applies them.
+fn apply_progress(run: &mut Run, update: &RunUpdate) {
+    if let Some(error) = &update.error {
+        run.error = Some(error.clone());
+    }
+    if let Some(cost) = update.cost_usd {
+        run.cost_usd = cost;
+    }
+    if let Some(duration) = update.duration_ms {
+        run.duration_ms = duration;
+    }
+    if let Some(started) = update.started_at {
+        run.started_at = Some(started);
+    }
+    if let Some(completed) = update.completed_at {
+        run.completed_at = Some(completed);
+    }
+    if let Some(output) = &update.output {
+        run.output = Some(output.clone());
+    }
+    run.updated_at = Utc::now();
+}
