@@ -62,6 +62,8 @@ pub(crate) struct Claimed {
     pub claim_sent: Instant,
     /// The lease refresh interval.
     pub interval: Duration,
+    /// Lease a step needs left to start ([`step_start_margin`]).
+    pub start_margin: Duration,
 }
 
 impl Claimed {
@@ -85,9 +87,21 @@ impl Claimed {
             span,
             claim_sent,
             interval,
+            start_margin: step_start_margin(lease.ttl, interval),
         }
     }
 }
+
+/// Lease a step needs left to start: [`STEP_START_MARGIN`], or half of what a lease renewed on
+/// time always has left (its TTL less one refresh interval) if that is less. A step created
+/// just before the lease's last confirmed validity would otherwise start (its process spawned)
+/// after it, while another worker may hold the run already.
+fn step_start_margin(ttl: Duration, interval: Duration) -> Duration {
+    STEP_START_MARGIN.min(ttl.saturating_sub(interval) / 2)
+}
+
+/// The most lease a step needs left to start: 1 s.
+const STEP_START_MARGIN: Duration = Duration::from_secs(1);
 
 /// Everything one execution needs, cloned out of the worker so it can run in its own task.
 #[derive(Clone)]
@@ -154,6 +168,7 @@ async fn execute_in_span(p: ExecutionParams, claimed: Claimed) -> RunReport {
         refresher,
         claim_sent,
         interval,
+        start_margin,
         ..
     } = claimed;
     let started = Instant::now();
@@ -171,12 +186,15 @@ async fn execute_in_span(p: ExecutionParams, claimed: Claimed) -> RunReport {
     );
     info!(attempt_started_at = %attempt_start, "executing run");
 
-    let scope = Arc::new(CallScope::execution(
-        key,
-        p.cutoff,
-        refresher.clock().clone(),
-        p.calls.faults.clone(),
-    ));
+    let scope = Arc::new(
+        CallScope::execution(
+            key,
+            p.cutoff,
+            refresher.clock().clone(),
+            p.calls.faults.clone(),
+        )
+        .with_start_margin(start_margin),
+    );
     let mut task = {
         let (engine, store, run) = (p.engine.clone(), p.engine_store.clone(), run.clone());
         let work = async move {

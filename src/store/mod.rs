@@ -59,7 +59,7 @@ use uuid::Uuid;
 use self::fault::Route;
 use self::guard::ReadBack;
 use self::scope::CallScope;
-use self::view::Views;
+use self::view::{Taken, Views};
 use crate::credentials::Credentials;
 
 /// Attempts of a claim (`GET /runs/next`) that meets faults: 3. A claim the API refuses for a
@@ -206,6 +206,25 @@ impl GuardedStore {
         Ok(run)
     }
 
+    /// `update_run(id, update)`, guarded. A held run's copy is taken out of its view while the
+    /// write is in flight (reads go to the API) and returned once the write landed, for the
+    /// caller to put back or build the read-back from (see `store/view.rs`).
+    async fn write_run(&self, id: Uuid, update: RunUpdate) -> Result<Option<Taken>, StoreError> {
+        let taken = self.views.take(id);
+        let target = update.status;
+        guard::write(
+            "PUT /runs/{id}",
+            self.credentials(),
+            || {
+                let (s, update) = (self.inner(), update.clone());
+                async move { s.update_run(id, update).await }
+            },
+            || self.run_write_landed(id, target),
+        )
+        .await?;
+        Ok(taken)
+    }
+
     /// The store the next attempt goes to.
     fn inner(&self) -> Arc<dyn Store> {
         match &self.source {
@@ -346,6 +365,27 @@ impl GuardedStore {
     }
 }
 
+/// Wait until the lease of `scope` (an execution's) has its step start margin left (a refresh
+/// confirmed it further), or forever once it has run out: the execution's supervisor stops
+/// the execution at the lease's end, and the step never starts. No wait without a lease.
+async fn lease_margin(scope: &CallScope) {
+    /// How often the lease's validity is looked at again while it is short.
+    const RECHECK: Duration = Duration::from_millis(20);
+    loop {
+        let Some((valid_until, margin)) = scope.step_start() else {
+            return;
+        };
+        let left = valid_until.saturating_duration_since(Instant::now());
+        if left >= margin {
+            return;
+        }
+        if left.is_zero() {
+            std::future::pending::<()>().await;
+        }
+        tokio::time::sleep(RECHECK.min(left)).await;
+    }
+}
+
 /// Drops a run's view when the execution stops (see [`GuardedStore::prime`]).
 #[must_use = "the view is dropped with the guard"]
 pub struct Primed<'a> {
@@ -391,22 +431,9 @@ impl RunStore for GuardedStore {
     }
 
     fn update_run(&self, id: Uuid, update: RunUpdate) -> StoreFuture<'_, ()> {
-        // A write changes the run: reads go to the API while it is in flight, and after it
-        // unless it only recorded progress.
-        let taken = self.views.take(id);
-        let target = update.status;
         Box::pin(async move {
             let progress = view::is_progress(&update).then(|| update.clone());
-            guard::write(
-                "PUT /runs/{id}",
-                self.credentials(),
-                || {
-                    let (s, update) = (self.inner(), update.clone());
-                    async move { s.update_run(id, update).await }
-                },
-                || self.run_write_landed(id, target),
-            )
-            .await?;
+            let taken = self.write_run(id, update).await?;
             if let (Some(taken), Some(update)) = (taken, progress) {
                 self.views.put_back(taken, &update);
             }
@@ -416,7 +443,14 @@ impl RunStore for GuardedStore {
 
     fn update_run_returning(&self, id: Uuid, update: RunUpdate) -> StoreFuture<'_, Run> {
         Box::pin(async move {
-            self.update_run(id, update).await?;
+            let last = view::is_final(&update).then(|| update.clone());
+            let taken = self.write_run(id, update).await?;
+            // The engine's finalize: the run as the write left it, without a read-back.
+            if let (Some(taken), Some(update)) = (taken, last)
+                && let Some(run) = self.views.finished(taken, &update)
+            {
+                return Ok(run);
+            }
             self.read_run(id).await?.ok_or(StoreError::RunNotFound(id))
         })
     }
@@ -468,7 +502,10 @@ impl RunStore for GuardedStore {
                 || self.step_created(&step),
             )
             .await?;
-            CallScope::current().saw_steps([created.id]);
+            let scope = CallScope::current();
+            scope.saw_steps([created.id]);
+            // The engine starts the step on this answer: not on a lease about to end.
+            lease_margin(&scope).await;
             Ok(created)
         })
     }
@@ -564,6 +601,9 @@ mod tests {
 
     use ironflow_core::provider::LABEL_ROOT_RUN_ID;
     use ironflow_store::memory::InMemoryStore;
+
+    use self::scope::RunKey;
+    use crate::deadline::LeaseClock;
 
     use super::*;
 
@@ -669,6 +709,80 @@ mod tests {
         store.forget(run.id);
         let live = store.get_run(run.id).await.unwrap().unwrap();
         assert_eq!(live.status.state, RunStatus::Paused, "seen once forgotten");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_read_back_of_the_final_write_is_built_from_the_view() {
+        let (store, inner, run) = claimed(TriggerKind::Manual, HashMap::new()).await;
+        let _viewed = store.prime(&run, Instant::now(), INTERVAL);
+        // Changed behind the view's back: a live read-back would show it.
+        record_duration(&inner, run.id, 1234).await;
+        let completed_at = Utc::now();
+        let update = RunUpdate {
+            status: Some(RunStatus::Completed),
+            output: Some(serde_json::json!({"ok": true})),
+            completed_at: Some(completed_at),
+            ..RunUpdate::default()
+        };
+        let done = store.update_run_returning(run.id, update).await.unwrap();
+        assert_eq!(done.status.state, RunStatus::Completed);
+        assert_eq!(done.completed_at, Some(completed_at));
+        assert_eq!(done.output, Some(serde_json::json!({"ok": true})));
+        assert_eq!(done.worker_id, None, "the lease goes with Running");
+        assert_eq!(done.duration_ms, 0, "built from the view, not read back");
+        let stored = inner.get_run(run.id).await.unwrap().unwrap();
+        assert_eq!(
+            stored.status.state,
+            RunStatus::Completed,
+            "the write landed"
+        );
+
+        let other = RunUpdate {
+            error: Some("noted".to_string()),
+            ..RunUpdate::default()
+        };
+        let read = store.update_run_returning(run.id, other).await.unwrap();
+        assert_eq!(
+            read.duration_ms, 1234,
+            "any other read-back goes to the API"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_step_starts_only_with_its_margin_of_lease_left() {
+        let (store, _inner, run) = claimed(TriggerKind::Manual, HashMap::new()).await;
+        let key = RunKey {
+            run_id: run.id,
+            worker_id: run.worker_id.clone().unwrap_or_default(),
+        };
+        let clock = Arc::new(LeaseClock::new(Instant::now(), Duration::from_millis(500)));
+        let scope = CallScope::execution(
+            key,
+            Instant::now() + Duration::from_secs(60),
+            clock.clone(),
+            Arc::default(),
+        )
+        .with_start_margin(Duration::from_secs(1));
+        let step = NewStep {
+            run_id: run.id,
+            trace_id: Uuid::new_v4(),
+            name: "s".to_string(),
+            kind: StepKind::Shell,
+            position: 0,
+            input: None,
+            is_error_handler: false,
+        };
+        let create = Arc::new(scope).run(store.create_step(step));
+        tokio::pin!(create);
+        let short = tokio::time::timeout(Duration::from_millis(200), &mut create).await;
+        assert!(short.is_err(), "held back with 0.5 s of lease left");
+
+        clock.confirm(Instant::now(), Duration::from_secs(3));
+        let created = tokio::time::timeout(Duration::from_millis(100), create)
+            .await
+            .expect("started once a refresh confirmed the lease further")
+            .unwrap();
+        assert_eq!(created.run_id, run.id);
     }
 
     #[tokio::test]

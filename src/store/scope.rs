@@ -76,6 +76,7 @@ pub struct CallScope {
     run: Option<RunKey>,
     until: Instant,
     lease: Option<Arc<LeaseClock>>,
+    start_margin: Duration,
     on_fault: OnFault,
     faults: Arc<FaultLog>,
     fenced: AtomicBool,
@@ -95,6 +96,7 @@ impl CallScope {
             run: None,
             until,
             lease: None,
+            start_margin: Duration::ZERO,
             on_fault: OnFault::Return,
             faults,
             fenced: AtomicBool::new(false),
@@ -159,6 +161,20 @@ impl CallScope {
             Some(lease) => self.until.min(lease.valid_until()),
             None => self.until,
         }
+    }
+
+    /// Steps of this scope start only with `margin` of its lease left (zero by default).
+    pub fn with_start_margin(mut self, margin: Duration) -> Self {
+        self.start_margin = margin;
+        self
+    }
+
+    /// Until when the lease this scope runs under is valid, as far as this worker knows, and
+    /// how much of it a step needs left to start (`None`: the scope has no lease).
+    pub fn step_start(&self) -> Option<(Instant, Duration)> {
+        self.lease
+            .as_ref()
+            .map(|lease| (lease.valid_until(), self.start_margin))
     }
 
     /// Count `fault` (in the invocation's log) and remember that this scope met one.

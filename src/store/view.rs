@@ -8,6 +8,9 @@
 //! - a write of the run takes the copy out while it is in flight; a write that lands and only
 //!   records progress ([`is_progress`]) puts the copy back with the write applied, any other
 //!   write leaves the next read to the API;
+//! - the read-back of a final write that landed ([`is_final`]: the engine's finalize, a
+//!   terminal status and its completion time) is built from the copy: the run as that write
+//!   left it;
 //! - [`Views::forget`] (the run left Running by someone else's hand, seen by the refresher) wins
 //!   over a write in flight: the copy taken out before it is never put back.
 
@@ -123,6 +126,25 @@ impl Views {
             view.run = Some(run);
         }
     }
+
+    /// What the read-back of a final write (see [`is_final`]) that landed returns, built from
+    /// the copy taken out for it: the run as the API's transition left it (the status, its
+    /// completion time and the fields given applied; the lease and any capacity wait cleared).
+    /// `None` when    /// the run was forgotten since the copy was taken: the read-back then goes to the API.
+    pub fn finished(&self, taken: Taken, update: &RunUpdate) -> Option<Run> {
+        let Taken { mut run, epoch } = taken;
+        let current = self.entries().get(&run.id).map(|v| v.epoch);
+        if current != Some(epoch) {
+            return None;
+        }
+        let status = update.status?;
+        run.status.state = status;
+        run.worker_id = None;
+        run.lease_expires_at = None;
+        run.capacity_wait_kind = None;
+        apply_progress(&mut run, update);
+        Some(run)
+    }
 }
 
 /// Whether `update` only records a held run's progress: no status, lease, retry count,
@@ -130,6 +152,19 @@ impl Views {
 /// copy can apply them too (the engine's `persist_progress` after each step: cost, duration).
 pub fn is_progress(update: &RunUpdate) -> bool {
     update.status.is_none()
+        && !update.increment_retry
+        && update.lease.is_none()
+        && update.scheduled_at.is_none()
+        && update.resume_status.is_none()
+        && update.capacity_wait_kind.is_none()
+}
+
+/// Whether `update` ends a held run as the engine's finalize does: a terminal status with its
+/// completion time, and nothing else the API would apply beyond the fields given. Its
+/// read-back is then known without a request ([`Views::finished`]).
+pub fn is_final(update: &RunUpdate) -> bool {
+    update.status.is_some_and(|s| s.is_terminal())
+        && update.completed_at.is_some()
         && !update.increment_retry
         && update.lease.is_none()
         && update.scheduled_at.is_none()
