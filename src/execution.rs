@@ -30,10 +30,12 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use ironflow_engine::engine::{Engine, WorkflowResult};
 use ironflow_engine::error::EngineError;
-use ironflow_store::entities::{LeaseRequest, Run, RunStatus};
+use ironflow_store::entities::{LeaseRequest, Run, RunStatus, Step};
+use ironflow_store::error::StoreError;
 use ironflow_store::store::RunStore;
 use tokio::task::JoinError;
 use tokio::time::{Instant, sleep_until, timeout_at};
+use tokio_util::task::AbortOnDropHandle;
 use tracing::{Instrument, error, info, info_span, warn};
 use uuid::Uuid;
 
@@ -44,6 +46,7 @@ use crate::lease::{LeaseEnd, LeaseRefresher, RefreshContext};
 use crate::report::{Fate, Outcome, RunReport};
 use crate::runtime::{ExecutionRuntime, StuckExecutions};
 use crate::store::GuardedStore;
+use crate::store::fault::FaultLog;
 use crate::store::scope::{CallScope, RunKey, ScopeStop};
 
 /// How long a stopped execution's task is awaited after its abort: 100 ms. Cancelled at its
@@ -64,6 +67,43 @@ pub(crate) struct Claimed {
     pub interval: Duration,
     /// Lease a step needs left to start ([`step_start_margin`]).
     pub start_margin: Duration,
+    /// Its steps, read while it waits for a slot (claimed ahead).
+    pub steps_ahead: Option<StepsAhead>,
+}
+
+/// The steps of a run claimed ahead, read while it waits for a slot: the engine's first step
+/// list is then answered without a request of its own (the read, done or still in flight when
+/// the run starts, is the one the engine would have made, sent earlier).
+pub(crate) struct StepsAhead {
+    sent: Instant,
+    read: AbortOnDropHandle<Result<Vec<Step>, StoreError>>,
+}
+
+impl StepsAhead {
+    /// Read `run_id`'s steps through `store`, bounded by `until` (the lease's validity or the
+    /// cutoff), in a task of its own that dies with this value.
+    pub fn read(
+        store: Arc<GuardedStore>,
+        run_id: Uuid,
+        until: Instant,
+        faults: Arc<FaultLog>,
+    ) -> Self {
+        let scope = Arc::new(CallScope::returning(until, faults));
+        let read = async move { store.list_steps(run_id).await };
+        Self {
+            sent: Instant::now(),
+            read: AbortOnDropHandle::new(tokio::spawn(scope.run(read).in_current_span())),
+        }
+    }
+
+    /// The steps and when their request was sent, once the read is done, if it succeeded
+    /// (else the engine reads them itself).
+    async fn ready(self) -> Option<(Vec<Step>, Instant)> {
+        match self.read.await {
+            Ok(Ok(steps)) => Some((steps, self.sent)),
+            _ => None,
+        }
+    }
 }
 
 impl Claimed {
@@ -88,6 +128,7 @@ impl Claimed {
             claim_sent,
             interval,
             start_margin: step_start_margin(lease.ttl, interval),
+            steps_ahead: None,
         }
     }
 }
@@ -169,6 +210,7 @@ async fn execute_in_span(p: ExecutionParams, claimed: Claimed) -> RunReport {
         claim_sent,
         interval,
         start_margin,
+        steps_ahead,
         ..
     } = claimed;
     let started = Instant::now();
@@ -201,6 +243,11 @@ async fn execute_in_span(p: ExecutionParams, claimed: Claimed) -> RunReport {
             // The engine's reads of the run are answered from what this execution knows of it
             // (the claim's copy first); the view goes with the guard when the execution stops.
             let _viewed = store.prime(&run, claim_sent, interval);
+            if let Some(ahead) = steps_ahead
+                && let Some((steps, sent)) = ahead.ready().await
+            {
+                store.keep_steps(run.id, steps, sent);
+            }
             engine.execute_handler_run(run.id).await
         };
         p.runtime

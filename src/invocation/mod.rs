@@ -22,6 +22,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::future::join_all;
+use ironflow_engine::engine::chain_root;
 use ironflow_store::entities::LeaseRequest;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::task::{JoinError, JoinSet};
@@ -34,7 +35,7 @@ use self::finish::LogPump;
 use self::slots::{Next, SlotState};
 use crate::calls::Calls;
 use crate::deadline::Budget;
-use crate::execution::{self, Claimed, ExecutionParams};
+use crate::execution::{self, Claimed, ExecutionParams, StepsAhead};
 use crate::handback::HandbackPolicy;
 use crate::lease::RefreshContext;
 use crate::orphans::InvocationGuard;
@@ -389,7 +390,21 @@ impl<'w> Batch<'w> {
             faults: self.calls.faults.clone(),
         };
         let interval = self.worker.settings.lease_refresh_interval;
-        let claimed = Claimed::new(ctx, run, &self.lease, sent, interval, self.params.cutoff);
+        let mut claimed = Claimed::new(ctx, run, &self.lease, sent, interval, self.params.cutoff);
+        if ahead && chain_root(&claimed.run).is_none() {
+            // Its steps, read while it waits: one round trip less once it starts.
+            let until = claimed
+                .refresher
+                .clock()
+                .valid_until()
+                .min(self.params.cutoff);
+            claimed.steps_ahead = Some(StepsAhead::read(
+                self.params.engine_store.clone(),
+                claimed.run.id,
+                until,
+                self.calls.faults.clone(),
+            ));
+        }
         self.poison.on_claim(&claimed.run).await;
         Taken::Run(Box::new(claimed))
     }

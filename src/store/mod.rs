@@ -178,6 +178,12 @@ impl GuardedStore {
         }
     }
 
+    /// Answer the engine's first step list of `run_id` (viewed) with `steps`, read by a
+    /// request sent at `sent` while the run waited for a slot (see `store/view.rs`).
+    pub fn keep_steps(&self, run_id: Uuid, steps: Vec<Step>, sent: Instant) {
+        self.views.keep_steps(run_id, steps, sent);
+    }
+
     /// Stop answering reads of `run_id` from its view (it left Running: a pause or a cancel
     /// by someone else, seen by the lease refresher): the next read goes to the API.
     pub fn forget(&self, run_id: Uuid) {
@@ -525,11 +531,15 @@ impl RunStore for GuardedStore {
 
     fn list_steps(&self, run_id: Uuid) -> StoreFuture<'_, Vec<Step>> {
         Box::pin(async move {
-            let steps = self
-                .read("GET /runs/{id}", move |s| async move {
-                    s.list_steps(run_id).await
-                })
-                .await?;
+            let steps = match self.views.take_steps(run_id) {
+                Some(steps) => steps,
+                None => {
+                    self.read("GET /runs/{id}", move |s| async move {
+                        s.list_steps(run_id).await
+                    })
+                    .await?
+                }
+            };
             CallScope::current().saw_steps(steps.iter().map(|s| s.id));
             Ok(steps)
         })

@@ -11,6 +11,8 @@
 //! - the read-back of a final write that landed ([`is_final`]: the engine's finalize, a
 //!   terminal status and its completion time) is built from the copy: the run as that write
 //!   left it;
+//! - the steps read while the run waited for a slot answer the engine's first step list only,
+//!   within one refresh interval of their request;
 //! - [`Views::forget`] (the run left Running by someone else's hand, seen by the refresher) wins
 //!   over a write in flight: the copy taken out before it is never put back.
 
@@ -38,6 +40,9 @@ struct View {
     valid_for: Duration,
     /// Bumped by [`Views::forget`]: a copy taken out under an older epoch is not put back.
     epoch: u64,
+    /// The run's steps read while it waited for a slot (claimed ahead), for the engine's first
+    /// step list, until when they answer it.
+    steps: Option<(Vec<Step>, Instant)>,
 }
 
 /// A copy taken out for a write in flight (see [`Views::take`]).
@@ -60,6 +65,7 @@ impl Views {
             fresh_until: later(sent, valid_for),
             valid_for,
             epoch: 0,
+            steps: None,
         };
         self.entries().insert(run.id, view);
     }
@@ -93,11 +99,26 @@ impl Views {
         }
     }
 
+    /// `steps` of a viewed run, read by a request sent at `sent` while it waited for a slot,
+    /// answer the engine's first step list for one refresh interval after `sent`.
+    pub fn keep_steps(&self, run_id: Uuid, steps: Vec<Step>, sent: Instant) {
+        if let Some(view) = self.entries().get_mut(&run_id) {
+            view.steps = Some((steps, later(sent, view.valid_for)));
+        }
+    }
+
+    /// The steps kept for `run_id`, once, if still fresh.
+    pub fn take_steps(&self, run_id: Uuid) -> Option<Vec<Step>> {
+        let (steps, fresh_until) = self.entries().get_mut(&run_id)?.steps.take()?;
+        (Instant::now() < fresh_until).then_some(steps)
+    }
+
     /// The run left Running by someone else's hand (a pause or a cancel): the next read goes
     /// to the API, whatever write is in flight.
     pub fn forget(&self, run_id: Uuid) {
         if let Some(view) = self.entries().get_mut(&run_id) {
             view.run = None;
+            view.steps = None;
             view.epoch = view.epoch.saturating_add(1);
         }
     }

@@ -133,7 +133,7 @@ struct Args {
     /// comma-separated (0: PostgreSQL on loopback).
     #[arg(long, value_name = "MS", value_delimiter = ',', default_value = "0,1,2,5", value_parser = rtt)]
     rtts_ms: Vec<u64>,
-    /// Rounds of production-path drains (default 4, 1 with --quick).
+    /// Rounds of production-path drains (default 3, 1 with --quick).
     #[arg(long, value_name = "R", value_parser = clap::value_parser!(u32).range(1..))]
     production_rounds: Option<u32>,
     /// Only the production-path drains, their medians printed; nothing written.
@@ -236,7 +236,7 @@ impl Args {
                     .iter()
                     .map(|&rtt_us| Link::Postgres { rtt_us })
                     .collect(),
-                rounds: count(self.production_rounds, 4, 1),
+                rounds: count(self.production_rounds, 3, 1),
             },
             production_only: self.production_only,
         }

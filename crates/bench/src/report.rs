@@ -162,7 +162,7 @@ fn per_run(results: &[DrainResult], runs: usize) -> BTreeMap<String, f64> {
     out
 }
 
-fn yes(ok: bool) -> &'static str {
+pub fn yes(ok: bool) -> &'static str {
     if ok { "yes" } else { "**no**" }
 }
 
@@ -268,6 +268,7 @@ pub fn render(o: &Options, m: &Machine, r: &Results) -> String {
     deadline_section(&mut md, r);
     cold_start_section(&mut md, s, r, &sum);
     dynamodb_section(&mut md, s, r);
+    crate::production::section(&mut md, o, &r.production);
     md
 }
 
