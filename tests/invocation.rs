@@ -275,6 +275,58 @@ async fn a_warm_instance_claims_one_run_ahead_under_its_lease_and_never_exceeds_
     assert_eq!(max.load(Ordering::SeqCst), 2, "never more than C at once");
 }
 
+async fn a_run_claimed_ahead_has_its_steps_read_while_it_waits(backend: Backend) {
+    let h = Arc::new(Harness::start_on(backend).await);
+    let (current, max, release) = (
+        Arc::new(AtomicUsize::new(0)),
+        Arc::new(AtomicUsize::new(0)),
+        Arc::new(AtomicBool::new(true)),
+    );
+    // A refresh interval longer than the test: the read stays fresh until the run starts.
+    let worker = Arc::new(
+        h.builder()
+            .register(Gauge {
+                current: current.clone(),
+                max,
+                release: release.clone(),
+            })
+            .concurrency(2)
+            .max_runs_per_invocation(3)
+            .claim_ahead_percent(1)
+            .lease_refresh_interval(Duration::from_secs(9))
+            .build()
+            .unwrap(),
+    );
+    warm_up_gauge(&h, &worker, &release).await;
+    futures_join(&h, 3).await;
+    let before = run_reads(&h);
+    let invocation = {
+        let (h, worker) = (h.clone(), worker.clone());
+        tokio::spawn(async move { h.invoke(&worker, LONG).await })
+    };
+    // Two runs execute (each read its steps as it started); the third, claimed ahead, has its
+    // steps read while it waits for a slot.
+    wait_until(
+        "two runs execute and the third's steps are read before it starts",
+        Duration::from_secs(20),
+        || {
+            let (h, c) = (h.clone(), current.clone());
+            async move { c.load(Ordering::SeqCst) == 2 && run_reads(&h) - before == 3 }
+        },
+    )
+    .await;
+    assert_eq!(current.load(Ordering::SeqCst), 2, "the third still waits");
+    release.store(true, Ordering::SeqCst);
+    let summary = invocation.await.unwrap();
+    assert_eq!(summary.count(Outcome::Completed), 3, "{summary:?}");
+    assert_eq!(
+        run_reads(&h) - before,
+        3,
+        "no run's steps read twice: {:?}",
+        h.api.requests_by_route()
+    );
+}
+
 async fn a_run_claimed_ahead_without_a_free_slot_is_released_at_the_cutoff(backend: Backend) {
     let h = Harness::start_on(backend).await;
     let worker = h
@@ -984,6 +1036,7 @@ on_both_stores!(
     with_claim_ahead_off_a_warm_instance_claims_only_into_a_free_slot,
     a_warm_instance_claims_one_run_ahead_under_its_lease_and_never_exceeds_concurrency,
     a_run_claimed_ahead_without_a_free_slot_is_released_at_the_cutoff,
+    a_run_claimed_ahead_has_its_steps_read_while_it_waits,
     after_a_full_batch_the_first_claims_go_out_together,
     the_engine_reads_a_held_run_from_what_it_knows_and_its_steps_from_the_api,
     a_pause_is_seen_within_one_refresh_interval_and_stops_the_run_at_a_step,

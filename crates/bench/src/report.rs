@@ -543,9 +543,9 @@ fn boundary_section(md: &mut String, s: &DrainSettings, sum: &Summary) {
          the next invocation is not already queued. On this in-memory store a claim holds the \
          store's one write lock while it scans every run (ironflow-store's \
          `memory/run_store.rs`), so a claim sent while runs execute delays their own requests, \
-         which may be why claiming ahead gains little here (not measured against PostgreSQL, \
-         whose claims lock the rows they take, `FOR UPDATE OF r, sm SKIP LOCKED`, not the \
-         store).",
+         which may be why claiming ahead gains little here; on PostgreSQL, whose claims lock \
+         the rows they take (`FOR UPDATE OF r, sm SKIP LOCKED`), and over a link, see the \
+         production-path section below.",
         Which::OursLargerBatch.max_runs(s)
     );
     for w in Workload::ALL {
