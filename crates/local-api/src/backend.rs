@@ -71,6 +71,7 @@ impl Backend {
         match self {
             Self::Memory => Ok(Arc::new(InMemoryStore::new())),
             Self::Postgres { url } => {
+                probe(url).await?;
                 let store = PostgresStore::new(url)
                     .await
                     .map_err(|e| LocalApiError::Database {
@@ -80,6 +81,29 @@ impl Backend {
                 Ok(Arc::new(store))
             }
         }
+    }
+}
+
+/// How long the first connection to a PostgreSQL server may take: 10 s.
+const CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// One connection to `url`, closed at once: the reason it fails (refused, unknown host, wrong
+/// password, no such database), which the store's pool reports only as a timeout.
+async fn probe(url: &str) -> Result<(), LocalApiError> {
+    let failed = |reason: String| LocalApiError::Database {
+        url: masked_url(url),
+        reason,
+    };
+    match tokio::time::timeout(CONNECT_TIMEOUT, PgConnection::connect(url)).await {
+        Ok(Ok(conn)) => {
+            let _ = conn.close().await;
+            Ok(())
+        }
+        Ok(Err(e)) => Err(failed(format!("could not connect: {e}"))),
+        Err(_) => Err(failed(format!(
+            "no answer within {} s",
+            CONNECT_TIMEOUT.as_secs()
+        ))),
     }
 }
 

@@ -361,4 +361,30 @@ mod tests {
         assert!(text.contains(&format!("127.0.0.1:{port}")), "{text}");
         assert!(text.contains("another process listens there"), "{text}");
     }
+
+    #[tokio::test]
+    async fn an_unreachable_database_is_named_with_its_password_masked_and_the_reason() {
+        // A port nothing listens on: bound, then released.
+        let port = std::net::TcpListener::bind(("127.0.0.1", 0))
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let url = format!("postgres://app:s3cr3t@127.0.0.1:{port}/runs");
+        let backend = Backend::Postgres { url };
+        let Err(err) = LocalApi::start_on("token", &backend).await else {
+            panic!("the API started on a database nobody serves");
+        };
+        let text = err.to_string();
+        assert!(matches!(err, LocalApiError::Database { .. }), "{text}");
+        assert!(
+            text.contains(&format!("postgres://app:****@127.0.0.1:{port}/runs")),
+            "{text}"
+        );
+        assert!(
+            text.contains("refused"),
+            "the reason, not a pool timeout: {text}"
+        );
+        assert!(!text.contains("s3cr3t"), "{text}");
+    }
 }
