@@ -127,9 +127,13 @@ pg__stop_dir() {
 
 # For the EXIT trap: idempotent, keeps the exit status, keeps server.log, frees the data dir.
 pg_stop() {
-  [ -n "${PG_TEST_DATA:-}" ] || return 0
-  pg__stop_dir "$PG_TEST_BINDIR" "$PG_TEST_DATA"
-  rm -rf "$PG_TEST_DATA"
+  # From another shell than pg_start's: the server of PG_TEST_ROOT (default target/pg-test).
+  PG_TEST_OS_USER=${PG_TEST_OS_USER:-postgres}
+  local data=${PG_TEST_DATA:-$(readlink -m "${PG_TEST_ROOT:-$PWD/target/pg-test}")/data}
+  local bindir=${PG_TEST_BINDIR:-$(pg__find_bindir)} || return 0
+  [ -d "$data" ] || return 0
+  pg__stop_dir "$bindir" "$data"
+  rm -rf "$data"
   unset PG_TEST_DATA
   return 0
 }

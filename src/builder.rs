@@ -514,6 +514,19 @@ mod tests {
     }
 
     #[test]
+    fn a_lease_ttl_of_a_fraction_of_a_second_is_refused_with_the_variable_named() {
+        let err = builder()
+            .lease_ttl(Duration::from_millis(2500))
+            .lease_refresh_interval(Duration::from_secs(1))
+            .build()
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(err.contains("IRONFLOW_LEASE_TTL_SECS"), "{err}");
+        assert!(err.contains("whole number of seconds"), "{err}");
+    }
+
+    #[test]
     fn tags_are_validated_and_normalised() {
         assert!(matches!(
             builder().tags(["bad tag"]).build().err().unwrap(),

@@ -25,6 +25,7 @@
 //! same, and the report says `stuck`.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -43,6 +44,7 @@ use crate::calls::Calls;
 use crate::deadline::later;
 use crate::handback::{self, HandbackContext, HandbackPolicy, Why};
 use crate::lease::{LeaseEnd, LeaseRefresher, RefreshContext};
+use crate::process_mark::RunMark;
 use crate::report::{Fate, Outcome, RunReport};
 use crate::runtime::{ExecutionRuntime, StuckExecutions};
 use crate::store::GuardedStore;
@@ -163,6 +165,8 @@ pub(crate) struct ExecutionParams {
     pub handback: HandbackPolicy,
     /// Executions of this worker still running after they were told to stop.
     pub stuck: Arc<StuckExecutions>,
+    /// Processes the invocation's runs left and that were killed at each run's end.
+    pub processes_killed: Arc<AtomicUsize>,
 }
 
 impl ExecutionParams {
@@ -237,6 +241,8 @@ async fn execute_in_span(p: ExecutionParams, claimed: Claimed) -> RunReport {
         )
         .with_start_margin(start_margin),
     );
+    // Every process the run's steps start carries this mark: they end with the run.
+    let mark = RunMark::next();
     let mut task = {
         let (engine, store, run) = (p.engine.clone(), p.engine_store.clone(), run.clone());
         let work = async move {
@@ -251,12 +257,14 @@ async fn execute_in_span(p: ExecutionParams, claimed: Claimed) -> RunReport {
             engine.execute_handler_run(run.id).await
         };
         p.runtime
-            .spawn(scope.clone().run(work).instrument(tracing::Span::current()))
+            .spawn(mark.mark(scope.clone().run(work).instrument(tracing::Span::current())))
     };
 
     // A lease the API refuses to renew because the execution itself took the run out of
-    // Running (its final status, a suspension, a pause the engine is about to see) is no reason
-    // to stop it: it is winding down, and its writes stay bounded by the lease's last validity.
+    // Running (its final status, a suspension) is no reason to stop it: it is winding down, and
+    // its writes stay bounded by the lease's last validity. Any other status (an operator's
+    // pause, or a resume since, which makes the run Pending and claimable by another worker)
+    // stops it at once, as another worker's takeover does.
     let mut winding_down = false;
     let mut stop = loop {
         break tokio::select! {
@@ -264,10 +272,8 @@ async fn execute_in_span(p: ExecutionParams, claimed: Claimed) -> RunReport {
             joined = &mut task => Stop::Finished(Box::new(joined)),
             why = scope.stopped() => Stop::Scope(why),
             end = refresher.ended(), if !winding_down => match end {
-                LeaseEnd::Left { status } => {
+                LeaseEnd::Left { status } if scope.wrote_status(status) => {
                     info!(status = %status, "the run left Running: letting its execution finish");
-                    // A pause by an operator: the engine's next pause check must read it.
-                    p.engine_store.forget(run.id);
                     winding_down = true;
                     continue;
                 }
@@ -303,6 +309,7 @@ async fn execute_in_span(p: ExecutionParams, claimed: Claimed) -> RunReport {
         }
     }
     refresher.stop().await;
+    end_processes(&p, mark).await;
 
     let timing = Timing {
         claimed_at,
@@ -321,6 +328,25 @@ async fn execute_in_span(p: ExecutionParams, claimed: Claimed) -> RunReport {
     }
     report
 }
+
+/// Kill what the run's steps left running (detached processes included: they carry `mark`),
+/// waiting at most 1 s, never past the invocation's last write; counted in the invocation's
+/// `orphans_killed`. Other runs' processes are left alone.
+async fn end_processes(p: &ExecutionParams, mark: RunMark) {
+    let wait = PROCESS_REAP_WAIT.min(p.last_write.saturating_duration_since(Instant::now()));
+    match tokio::task::spawn_blocking(move || mark.kill_processes(wait)).await {
+        Ok(killed) => {
+            if killed > 0 {
+                info!(count = killed, "killed processes the run left");
+            }
+            p.processes_killed.fetch_add(killed, Ordering::Relaxed);
+        }
+        Err(e) => warn!(error = %e, "the run's process cleanup failed"),
+    }
+}
+
+/// The longest a run's end waits for its killed processes to be reaped: 1 s.
+const PROCESS_REAP_WAIT: Duration = Duration::from_secs(1);
 
 /// When the run was taken up here, how long it executed, and the timeout's message.
 struct Timing {

@@ -60,6 +60,7 @@ pub mod metrics;
 pub mod orphans;
 pub mod poison;
 mod pool;
+mod process_mark;
 mod report;
 mod runtime;
 pub mod samples;

@@ -92,24 +92,31 @@ pub fn sweep(wait: Duration) -> usize {
     if has_no_child() {
         return 0;
     }
-    let me = std::process::id() as i32;
-    let descendants = descendants_of(me);
+    let descendants = descendants();
     if descendants.is_empty() {
         return 0;
     }
-    for pid in descendants.iter().filter_map(|p| Pid::from_raw(*p)) {
+    let killed = kill_and_reap(&descendants, wait);
+    info!(count = killed, "killed processes left over by runs");
+    killed
+}
+
+/// Kill `pids` (descendants of this process, just read from `/proc`) with SIGKILL, then reap
+/// the ones that are its direct children, waiting at most `wait` for them to exit. Returns how
+/// many were signalled.
+pub fn kill_and_reap(pids: &[i32], wait: Duration) -> usize {
+    if pids.is_empty() {
+        return 0;
+    }
+    let me = std::process::id() as i32;
+    for pid in pids.iter().filter_map(|p| Pid::from_raw(*p)) {
         // A pid just read from /proc: at worst it no longer exists.
         let _ = kill_process(pid, Signal::KILL);
     }
-    info!(
-        count = descendants.len(),
-        "killed processes left over by runs"
-    );
     let deadline = std::time::Instant::now() + wait;
     let children: Vec<i32> = {
         let parents = parent_map();
-        descendants
-            .iter()
+        pids.iter()
             .copied()
             .filter(|p| parents.get(p) == Some(&me))
             .collect()
@@ -125,7 +132,7 @@ pub fn sweep(wait: Duration) -> usize {
             std::thread::sleep(Duration::from_millis(5));
         }
     }
-    descendants.len()
+    pids.len()
 }
 
 /// Whether this process has no child process at all: then it has no descendant either, since
@@ -137,7 +144,7 @@ pub fn sweep(wait: Duration) -> usize {
 /// `tokio::process` keep their exit statuses. The common end of an invocation (every process a
 /// run started has exited and been reaped) costs one system call instead of the `/proc` scan of
 /// [`descendants`] (0.8 ms with 100 processes on the machine).
-fn has_no_child() -> bool {
+pub fn has_no_child() -> bool {
     let options = WaitIdOptions::EXITED | WaitIdOptions::NOHANG | WaitIdOptions::NOWAIT;
     matches!(waitid(WaitId::All, options), Err(Errno::CHILD))
 }

@@ -212,7 +212,8 @@ pub struct InvocationSummary {
     pub lease_recoveries: u32,
     /// Time left before the invocation deadline at exit, in milliseconds.
     pub time_left_ms: u64,
-    /// Processes left behind by runs and killed at the end of the invocation.
+    /// Processes left behind by runs and killed, at each run's end (those its steps started,
+    /// detached ones included) or by the invocation's last sweep.
     pub orphans_killed: usize,
     /// Step log lines forwarded to the API (and lost).
     pub logs: FlushReport,

@@ -512,6 +512,69 @@ async fn a_pause_is_seen_within_one_refresh_interval_and_stops_the_run_at_a_step
     );
 }
 
+/// Lines of `path` equal to `line`.
+fn lines_equal(path: &std::path::Path, line: &str) -> usize {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| *l == line)
+        .count()
+}
+
+async fn a_run_paused_and_resumed_while_a_step_runs_is_stopped_not_run_twice(backend: Backend) {
+    let h = Arc::new(Harness::start_on(backend).await);
+    let (second, third) = (h.path("second"), h.path("third"));
+    let workflow = ShellWorkflow {
+        name: "resumable-pause",
+        steps: vec![
+            (
+                "second",
+                format!(
+                    "echo start >> '{s}'; sleep 2; echo end >> '{s}'",
+                    s = second.display()
+                ),
+            ),
+            ("third", format!("echo x >> '{}'", third.display())),
+        ],
+    };
+    // Two instances (two workers): each serves its own invocations.
+    let instance = || Arc::new(h.builder().register(workflow.clone()).build().unwrap());
+    let (one, other) = (instance(), instance());
+    let id = h.create("resumable-pause", 0).await;
+    let invoke = |worker: Arc<ironflow_lambda::LambdaWorker>, request_id: &'static str| {
+        tokio::spawn(async move {
+            let mut context = lambda_runtime::Context::default();
+            context.request_id = request_id.into();
+            context.deadline = deadline_in(LONG);
+            let event = lambda_runtime::LambdaEvent::new(json!({}), context);
+            ironflow_lambda::handle_summary(&worker, event)
+                .await
+                .unwrap()
+        })
+    };
+    let first = invoke(one, "first");
+    wait_until("the step started", LONG, || async {
+        lines_equal(&second, "start") == 1
+    })
+    .await;
+    // Paused and resumed within one refresh interval: the run is Pending again, and another
+    // invocation claims it at once.
+    h.api.pause_run(id).await.unwrap();
+    h.api.resume_run(id).await.unwrap();
+    let next = invoke(other, "next");
+    let (first, next) = (first.await.unwrap(), next.await.unwrap());
+
+    assert_eq!(first.count(Outcome::LeaseLost), 1, "{first:?}");
+    assert_eq!(next.count(Outcome::Completed), 1, "{next:?}");
+    assert_eq!(h.status(id).await, RunStatus::Completed);
+    assert_eq!(
+        lines_equal(&second, "end"),
+        1,
+        "the first execution's step was stopped, not run to its end beside the second's"
+    );
+    assert_eq!(executions(&third), 1, "the step after it ran once");
+}
+
 /// Returns at once: a warm-up run, whose execution is a few API requests, so that a claim's
 /// round trip is a large share of it (claim-ahead's pace, `claim_ahead_percent(1)`).
 struct Noop;
@@ -1001,6 +1064,77 @@ async fn nothing_is_sent_to_the_api_after_the_handler_returned(backend: Backend)
     assert!(orphans::descendants().is_empty());
 }
 
+/// Whether process `pid` is alive (not gone, not a zombie).
+fn alive(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| !stat.contains(") Z "))
+}
+
+/// The pid a step wrote to `path`, once written.
+fn pid_in(path: &std::path::Path) -> Option<i32> {
+    std::fs::read_to_string(path).ok()?.trim().parse().ok()
+}
+
+async fn a_run_s_processes_end_with_it_and_another_run_s_go_on(backend: Backend) {
+    let h = Arc::new(Harness::start_on(backend).await);
+    let (detached, held, release) = (h.path("detached"), h.path("held"), h.path("release"));
+    // Leaves a grandchild in a session of its own behind, and completes.
+    let leaves = ShellWorkflow::one(
+        "leaves-a-process",
+        // Its output elsewhere: the step's pipes close when the step's shell exits.
+        &format!(
+            "setsid sleep 600 >/dev/null 2>&1 & echo $! > '{}'",
+            detached.display()
+        ),
+    );
+    // Runs a child of its own until released.
+    let holds = ShellWorkflow::one(
+        "holds-a-process",
+        &format!(
+            "sleep 600 >/dev/null 2>&1 & echo $! > '{}'; while [ ! -e '{}' ]; do sleep 0.05; done; kill $!",
+            held.display(),
+            release.display()
+        ),
+    );
+    let worker = Arc::new(
+        h.builder()
+            .register(leaves)
+            .register(holds)
+            .concurrency(2)
+            .build()
+            .unwrap(),
+    );
+    let holder = h.create("holds-a-process", 0).await;
+    let leaver = h.create("leaves-a-process", 0).await;
+    let invocation = {
+        let (h, worker) = (h.clone(), worker.clone());
+        tokio::spawn(async move { h.invoke(&worker, LONG).await })
+    };
+    wait_until(
+        "the leaving run completed and the other run's child runs",
+        Duration::from_secs(20),
+        || {
+            let (h, held) = (h.clone(), held.clone());
+            async move { h.status(leaver).await == RunStatus::Completed && pid_in(&held).is_some() }
+        },
+    )
+    .await;
+    let (left, other) = (pid_in(&detached).unwrap(), pid_in(&held).unwrap());
+    wait_until(
+        "the completed run's detached process is killed at its end",
+        Duration::from_secs(20),
+        || async move { !alive(left) },
+    )
+    .await;
+    assert!(alive(other), "the other run's process goes on");
+    assert_eq!(h.status(holder).await, RunStatus::Running);
+
+    std::fs::write(&release, "").unwrap();
+    let summary = invocation.await.unwrap();
+    assert_eq!(summary.count(Outcome::Completed), 2, "{summary:?}");
+    assert!(summary.orphans_killed >= 1, "{summary:?}");
+    assert!(orphans::descendants().is_empty());
+}
+
 async fn a_past_or_zero_deadline_claims_nothing(backend: Backend) {
     let h = Harness::start_on(backend).await;
     let worker = h.builder().register(quick(&h)).build().unwrap();
@@ -1040,6 +1174,7 @@ on_both_stores!(
     after_a_full_batch_the_first_claims_go_out_together,
     the_engine_reads_a_held_run_from_what_it_knows_and_its_steps_from_the_api,
     a_pause_is_seen_within_one_refresh_interval_and_stops_the_run_at_a_step,
+    a_run_paused_and_resumed_while_a_step_runs_is_stopped_not_run_twice,
     a_run_claimed_ahead_does_not_start_once_a_failure_blocked_its_workflow,
     a_run_claimed_ahead_whose_lease_was_taken_is_not_released,
     handback_mid_step_then_resume_replays_completed_steps,
@@ -1052,4 +1187,5 @@ on_both_stores!(
     nothing_is_sent_to_the_api_after_the_handler_returned,
     a_past_or_zero_deadline_claims_nothing,
     an_absurdly_far_deadline_is_clamped_and_works,
+    a_run_s_processes_end_with_it_and_another_run_s_go_on,
 );

@@ -2,6 +2,7 @@
 //! logs, leftover processes, heartbeat), and the summary with the wake-ups.
 
 use std::collections::BTreeMap;
+use std::sync::atomic::Ordering;
 
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
@@ -33,7 +34,9 @@ impl Batch<'_> {
     ) -> Cleanup {
         let w = self.worker;
         let logs = logs.finish(w, self.last_write).await;
-        let orphans_killed = processes.finish().await;
+        // Each run's own processes were killed at its end; the sweep takes what is left.
+        let orphans_killed =
+            processes.finish().await + self.params.processes_killed.load(Ordering::Relaxed);
         let heartbeat = match &w.settings.heartbeat_url {
             Some(url) if self.errors.is_empty() => {
                 Some(heartbeat::ping(w.api.http(), url, self.last_write).await)

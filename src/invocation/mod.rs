@@ -179,6 +179,7 @@ impl<'w> Batch<'w> {
                 fair_share: half_window,
             },
             stuck: worker.stuck.clone(),
+            processes_killed: Arc::default(),
         };
         let poison = PoisonGate::new(
             worker.poison_table.clone(),

@@ -153,6 +153,15 @@ fn lease(s: &Settings, p: &mut Problems) {
             "IRONFLOW_LEASE_TTL_SECS",
             format!("{ttl:?} is outside 1 to 3600 s, the lease TTLs the API accepts"),
         );
+    } else if ttl.subsec_nanos() != 0 {
+        p.add(
+            "IRONFLOW_LEASE_TTL_SECS",
+            format!(
+                "{ttl:?} is not a whole number of seconds: the API takes the lease TTL in whole \
+                 seconds (a fraction is dropped), and the worker would trust its lease longer \
+                 than the API keeps it"
+            ),
+        );
     }
     if interval.is_zero() || interval >= ttl {
         p.add(

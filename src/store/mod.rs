@@ -26,8 +26,8 @@
 //! the run, the next read goes to the API (`store/view.rs`). Nothing about the run changes under
 //! its lease but through this execution, except an operator's pause or cancel: the lease refresher
 //! sees those at its next renewal (the API refuses to renew a run that left Running), within one
-//! refresh interval, and the supervisor then drops the view ([`GuardedStore::forget`]), so that the
-//! engine's next pause check reads the run live and stops as it would on the reference worker. What
+//! refresh interval, and the supervisor then stops the execution, as the reference worker does
+//! ([`crate::execution`]: only a status the execution wrote itself lets it finish). What
 //! the engine takes from the claim's copy (the workflow's name and trigger, labels, handler
 //! version, retry count, carried cost and duration, cost limit, creation time, input) does not
 //! change after the run's creation, or only under its lease. Sub-workflow children, whose first
@@ -56,9 +56,9 @@ use ironflow_worker::ApiRunStore;
 use tokio::time::Instant;
 use uuid::Uuid;
 
-use self::fault::Route;
+use self::fault::{ApiFault, FaultKind, Route};
 use self::guard::ReadBack;
-use self::scope::CallScope;
+use self::scope::{CallScope, ScopeStop};
 use self::view::{Taken, Views};
 use crate::credentials::Credentials;
 
@@ -184,9 +184,9 @@ impl GuardedStore {
         self.views.keep_steps(run_id, steps, sent);
     }
 
-    /// Stop answering reads of `run_id` from its view (it left Running: a pause or a cancel
-    /// by someone else, seen by the lease refresher): the next read goes to the API.
-    pub fn forget(&self, run_id: Uuid) {
+    /// Stop answering reads of `run_id` from its view (its status changed): the next read goes
+    /// to the API.
+    fn forget(&self, run_id: Uuid) {
         self.views.forget(run_id);
     }
 
@@ -199,7 +199,7 @@ impl GuardedStore {
     /// `get_run(id)` from the API; a viewed run's view takes the answer, fresh for one
     /// interval from the request's send time.
     async fn read_run(&self, id: Uuid) -> Result<Option<Run>, StoreError> {
-        let sent = Instant::now();
+        let (sent, epoch) = (Instant::now(), self.views.epoch(id));
         let run = self
             .read(
                 "GET /runs/{id}",
@@ -207,7 +207,7 @@ impl GuardedStore {
             )
             .await?;
         if let Some(run) = run.as_ref() {
-            self.views.renew(run, sent);
+            self.views.renew(run, sent, epoch);
         }
         Ok(run)
     }
@@ -218,6 +218,9 @@ impl GuardedStore {
     async fn write_run(&self, id: Uuid, update: RunUpdate) -> Result<Option<Taken>, StoreError> {
         let taken = self.views.take(id);
         let target = update.status;
+        if let Some(status) = target {
+            CallScope::current().writing_status(id, status);
+        }
         guard::write(
             "PUT /runs/{id}",
             self.credentials(),
@@ -372,8 +375,9 @@ impl GuardedStore {
 }
 
 /// Wait until the lease of `scope` (an execution's) has its step start margin left (a refresh
-/// confirmed it further), or forever once it has run out: the execution's supervisor stops
-/// the execution at the lease's end, and the step never starts. No wait without a lease.
+/// confirmed it further). Once the lease has run out, the step never starts: the scope stops
+/// (as a call does at the scope's end) and the supervisor hands the run back or leaves it to
+/// the reaper. No wait without a lease.
 async fn lease_margin(scope: &CallScope) {
     /// How often the lease's validity is looked at again while it is short.
     const RECHECK: Duration = Duration::from_millis(20);
@@ -386,6 +390,13 @@ async fn lease_margin(scope: &CallScope) {
             return;
         }
         if left.is_zero() {
+            scope.stop(ScopeStop::Fault(ApiFault {
+                route: "POST /steps",
+                kind: FaultKind::Timeout,
+                detail: "the lease ran out before the step could start (no refresh confirmed \
+                         it in time)"
+                    .into(),
+            }));
             std::future::pending::<()>().await;
         }
         tokio::time::sleep(RECHECK.min(left)).await;
@@ -424,16 +435,20 @@ impl RunStore for GuardedStore {
     }
 
     fn update_run_status(&self, id: Uuid, new_status: RunStatus) -> StoreFuture<'_, ()> {
-        self.forget(id);
-        Box::pin(guard::write(
-            "PUT /runs/{id}/status",
-            self.credentials(),
-            move || {
-                let s = self.inner();
-                async move { s.update_run_status(id, new_status).await }
-            },
-            move || self.run_write_landed(id, Some(new_status)),
-        ))
+        Box::pin(async move {
+            self.forget(id);
+            CallScope::current().writing_status(id, new_status);
+            guard::write(
+                "PUT /runs/{id}/status",
+                self.credentials(),
+                move || {
+                    let s = self.inner();
+                    async move { s.update_run_status(id, new_status).await }
+                },
+                move || self.run_write_landed(id, Some(new_status)),
+            )
+            .await
+        })
     }
 
     fn update_run(&self, id: Uuid, update: RunUpdate) -> StoreFuture<'_, ()> {
@@ -767,7 +782,7 @@ mod tests {
         };
         let clock = Arc::new(LeaseClock::new(Instant::now(), Duration::from_millis(500)));
         let scope = CallScope::execution(
-            key,
+            key.clone(),
             Instant::now() + Duration::from_secs(60),
             clock.clone(),
             Arc::default(),
@@ -782,7 +797,7 @@ mod tests {
             input: None,
             is_error_handler: false,
         };
-        let create = Arc::new(scope).run(store.create_step(step));
+        let create = Arc::new(scope).run(store.create_step(step.clone()));
         tokio::pin!(create);
         let short = tokio::time::timeout(Duration::from_millis(200), &mut create).await;
         assert!(short.is_err(), "held back with 0.5 s of lease left");
@@ -793,6 +808,22 @@ mod tests {
             .expect("started once a refresh confirmed the lease further")
             .unwrap();
         assert_eq!(created.run_id, run.id);
+
+        // No refresh confirms it: the lease runs out, the scope stops, the step never starts.
+        let clock = Arc::new(LeaseClock::new(Instant::now(), Duration::from_millis(300)));
+        let scope = Arc::new(
+            CallScope::execution(
+                key,
+                Instant::now() + Duration::from_secs(60),
+                clock,
+                Arc::default(),
+            )
+            .with_start_margin(Duration::from_secs(1)),
+        );
+        tokio::select! {
+            _ = scope.clone().run(store.create_step(step)) => panic!("started on a lease that ran out"),
+            why = scope.stopped() => assert!(matches!(why, ScopeStop::Fault(_)), "{why:?}"),
+        }
     }
 
     #[tokio::test]

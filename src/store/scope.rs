@@ -86,6 +86,8 @@ pub struct CallScope {
     /// Steps this scope's calls have read or created (a lost creation's read-back tells its
     /// step from older ones by this).
     seen_steps: Mutex<HashSet<Uuid>>,
+    /// Statuses this scope's calls wrote (or are writing) to its own run.
+    statuses_written: Mutex<Vec<RunStatus>>,
 }
 
 impl CallScope {
@@ -104,6 +106,7 @@ impl CallScope {
             stop: CancellationToken::new(),
             stopped: Mutex::new(None),
             seen_steps: Mutex::new(HashSet::new()),
+            statuses_written: Mutex::new(Vec::new()),
         }
     }
 
@@ -202,6 +205,27 @@ impl CallScope {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .contains(&id)
+    }
+
+    /// A call of this scope is about to write `status` to run `run_id`: remembered if that is
+    /// the scope's own run, before the request leaves (the lease refresher may see the status
+    /// before the write's answer arrives).
+    pub fn writing_status(&self, run_id: Uuid, status: RunStatus) {
+        if self.run.as_ref().is_some_and(|k| k.run_id == run_id) {
+            self.statuses_written
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .push(status);
+        }
+    }
+
+    /// Whether a call of this scope wrote (or was writing) `status` to the scope's run: a run
+    /// found in that status left Running by this execution's own hand, not someone else's.
+    pub fn wrote_status(&self, status: RunStatus) -> bool {
+        self.statuses_written
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .contains(&status)
     }
 
     /// Hold back every later call of this scope (it never reaches the API).

@@ -91,9 +91,18 @@ impl Views {
             .cloned()
     }
 
-    /// A live read of `run`, whose request was sent at `sent`, renews its view (if viewed).
-    pub fn renew(&self, run: &Run, sent: Instant) {
-        if let Some(view) = self.entries().get_mut(&run.id) {
+    /// The epoch of `run_id`'s view, taken before a live read is sent (see [`Views::renew`]).
+    pub fn epoch(&self, run_id: Uuid) -> Option<u64> {
+        self.entries().get(&run_id).map(|v| v.epoch)
+    }
+
+    /// A live read of `run`, whose request was sent at `sent` under view epoch `epoch`, renews
+    /// its view (if viewed), unless the run was forgotten meanwhile: the answer may predate
+    /// what made it forgotten.
+    pub fn renew(&self, run: &Run, sent: Instant, epoch: Option<u64>) {
+        if let Some(view) = self.entries().get_mut(&run.id)
+            && Some(view.epoch) == epoch
+        {
             view.run = Some(run.clone());
             view.fresh_until = later(sent, view.valid_for);
         }

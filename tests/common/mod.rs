@@ -147,6 +147,7 @@ pub fn executions(path: &Path) -> usize {
 }
 
 /// A workflow of shell steps run in order.
+#[derive(Clone)]
 pub struct ShellWorkflow {
     pub name: &'static str,
     pub steps: Vec<(&'static str, String)>,

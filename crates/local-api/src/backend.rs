@@ -122,7 +122,7 @@ fn split_database(url: &str) -> (&str, Option<&str>) {
 /// `url` with the password of its `user:password@` part replaced by `****`, for errors and
 /// logs: `postgres://app:s3cr3t@db:5432/runs` → `postgres://app:****@db:5432/runs`.
 pub fn masked_url(url: &str) -> String {
-    mask_query_password(&mask_userinfo(url))
+    mask_key_value_password(&mask_query_password(&mask_userinfo(url)))
 }
 
 /// `…?sslmode=require&password=s3cr3t` → `…?sslmode=require&password=****`.
@@ -141,15 +141,13 @@ fn mask_query_password(url: &str) -> String {
 }
 
 fn mask_userinfo(url: &str) -> String {
+    // From the scheme to the last `@` of the whole string: a password may hold `/`, `?`, `#`
+    // or `@` (masking too much is safe, leaking is not).
     let after_scheme = url.find("://").map_or(0, |i| i + 3);
-    let authority_end = url[after_scheme..]
-        .find(['/', '?', '#'])
-        .map_or(url.len(), |i| after_scheme + i);
-    let authority = &url[after_scheme..authority_end];
-    let Some(at) = authority.rfind('@') else {
+    let Some(at) = url[after_scheme..].rfind('@').map(|i| after_scheme + i) else {
         return url.to_string();
     };
-    let userinfo = &authority[..at];
+    let userinfo = &url[after_scheme..at];
     let Some(colon) = userinfo.find(':') else {
         return url.to_string();
     };
@@ -157,8 +155,19 @@ fn mask_userinfo(url: &str) -> String {
         "{}{}:****{}",
         &url[..after_scheme],
         &userinfo[..colon],
-        &url[after_scheme + at..]
+        &url[at..]
     )
+}
+
+/// `host=db user=app password=s3cr3t` (libpq's key/value form) → `… password=****`.
+fn mask_key_value_password(text: &str) -> String {
+    text.split(' ')
+        .map(|word| match word.split_once('=') {
+            Some((k, _)) if k.eq_ignore_ascii_case("password") => format!("{k}=****"),
+            _ => word.to_string(),
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 #[cfg(test)]
@@ -183,6 +192,18 @@ mod tests {
         assert_eq!(
             masked_url("postgres://db/runs?user=app&Password=s3cr3t&sslmode=require"),
             "postgres://db/runs?user=app&Password=****&sslmode=require"
+        );
+        for url in [
+            "postgres://u:sec#ret@127.0.0.1:1/d",
+            "postgres://u:sec/ret@127.0.0.1:1/d",
+            "postgres://u:sec?ret@127.0.0.1:1/d",
+            "postgres://u:s@c@127.0.0.1:1/d",
+        ] {
+            assert_eq!(masked_url(url), "postgres://u:****@127.0.0.1:1/d", "{url}");
+        }
+        assert_eq!(
+            masked_url("host=127.0.0.1 port=1 user=postgres password=secret7 dbname=t1"),
+            "host=127.0.0.1 port=1 user=postgres password=**** dbname=t1"
         );
         assert_eq!(masked_url("not a url"), "not a url");
     }

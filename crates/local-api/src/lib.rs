@@ -298,6 +298,19 @@ impl LocalApi {
         self.engine.pause_run(run_id).await.map(|_| ())
     }
 
+    /// Resume a paused run, as an operator does (`resume_paused_run`: back to the status it
+    /// was paused from, `Pending` for a run paused while Running), for tests.
+    ///
+    /// # Errors
+    ///
+    /// The engine's, e.g. a run that is not paused.
+    pub async fn resume_run(
+        &self,
+        run_id: uuid::Uuid,
+    ) -> Result<(), ironflow_engine::error::EngineError> {
+        self.engine.resume_paused_run(run_id).await.map(|_| ())
+    }
+
     /// HTTP requests the API has received so far.
     pub fn requests(&self) -> u64 {
         self.requests.load(Ordering::SeqCst)

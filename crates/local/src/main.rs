@@ -49,7 +49,13 @@ struct Args {
     serve: Option<NonZeroU16>,
     /// The API's store: a PostgreSQL database (postgres://user:password@host:5432/db; its
     /// migrations are applied) instead of the in-memory default.
-    #[arg(long, env = "DATABASE_URL", hide_env_values = true, value_name = "URL")]
+    #[arg(
+        long,
+        env = "DATABASE_URL",
+        hide_env_values = true,
+        value_name = "URL",
+        value_parser = parse_database_url
+    )]
     database_url: Option<String>,
     /// With --serve: create a run of WORKFLOW, with the JSON object after `=` as its payload
     /// (e.g. --run 'greet={"name":"Ada"}'), instead of the sample runs. Repeatable.
@@ -65,6 +71,17 @@ struct RunSpec {
 }
 
 /// `WORKFLOW` or `WORKFLOW=JSON` (a JSON object).
+/// A PostgreSQL URL (`postgres://` or `postgresql://`); empty, as an unset variable often is,
+/// means none (the in-memory store). The error never shows the URL (it may hold a password).
+fn parse_database_url(arg: &str) -> Result<String, String> {
+    let url = arg.trim();
+    if url.is_empty() || url.starts_with("postgres://") || url.starts_with("postgresql://") {
+        Ok(url.to_string())
+    } else {
+        Err("expected a PostgreSQL URL such as postgres://user:password@host:5432/db".into())
+    }
+}
+
 fn parse_run(arg: &str) -> Result<RunSpec, String> {
     let (workflow, payload) = match arg.split_once('=') {
         Some((workflow, json)) => {
@@ -126,7 +143,7 @@ async fn run() -> Result<bool, Box<dyn std::error::Error>> {
     let args = Args::parse();
     let serve = args.serve.map(NonZeroU16::get);
     let token = Uuid::new_v4().to_string();
-    let backend = match args.database_url {
+    let backend = match args.database_url.filter(|url| !url.is_empty()) {
         Some(url) => Backend::Postgres { url },
         None => Backend::Memory,
     };
@@ -141,8 +158,9 @@ async fn run() -> Result<bool, Box<dyn std::error::Error>> {
     );
     let runs = create_runs(&api.url(), &token, &args.runs).await?;
     println!(
-        "created {} runs through POST /api/v1/internal/runs\n",
-        runs.len()
+        "created {} run{} through POST /api/v1/internal/runs\n",
+        runs.len(),
+        if runs.len() == 1 { "" } else { "s" }
     );
 
     if serve.is_some() {

@@ -1,0 +1,165 @@
+//! Which run started a process: every process a run's steps start carries that run's mark, so
+//! that the end of one run kills its processes and no other run's, while other runs (of this
+//! invocation or of another in the same process) go on.
+//!
+//! The mark is the Linux *timer slack* (`prctl(PR_SET_TIMERSLACK)`): a per-thread value that a
+//! child inherits at `fork`, keeps across `exec`, passes on to its own children whatever they do
+//! (`setsid`, a double fork, re-parenting to the subreaper), that programs seldom change, and that
+//! `/proc/<pid>/timerslack_ns` shows. ironflow's shell steps spawn their processes from the
+//! thread that polls the step (tokio's `Command::spawn` forks there, with `kill_on_drop` as its
+//! only cleanup), so a run's execution sets the run's mark on the thread for each poll
+//! ([`RunMark::mark`]) and puts the thread's own value back after it.
+//!
+//! Invariants:
+//! - marks are 50 001 to 115 535 ns, each live run's its own (they repeat only after 65 535 runs,
+//!   far more than run at once); the default slack is 50 000 ns, so a thread polling a run wakes
+//!   from its timers at most ~65 µs later than it would;
+//! - [`RunMark::kill_processes`] kills only descendants of this process that carry the mark;
+//!   where `/proc/<pid>/timerslack_ns` cannot be read (an old kernel, a restricted `/proc`) it
+//!   finds none, and the invocation's sweep ([`crate::orphans`]) remains the last resort.
+
+use std::future::Future;
+use std::num::NonZeroU64;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use rustix::thread::{current_timer_slack, set_current_timer_slack};
+
+use crate::orphans;
+
+/// The default timer slack of a Linux thread, in ns: the marks sit just above it.
+const BASE: u64 = 50_000;
+/// How many marks there are before they repeat.
+const SPAN: u64 = 65_535;
+
+static NEXT: AtomicU64 = AtomicU64::new(0);
+
+/// One run's mark (see the module docs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RunMark(NonZeroU64);
+
+impl RunMark {
+    /// A mark no live run of this process has.
+    pub fn next() -> Self {
+        let n = NEXT.fetch_add(1, Ordering::Relaxed) % SPAN + 1;
+        Self(NonZeroU64::new(BASE + n).unwrap_or(NonZeroU64::MIN))
+    }
+
+    /// The timer slack that is this mark, in ns.
+    pub fn nanos(self) -> u64 {
+        self.0.get()
+    }
+
+    /// `future`, polled with this mark on the polling thread: the processes it spawns carry it.
+    pub fn mark<F: Future>(self, future: F) -> Marked<F> {
+        Marked {
+            mark: self,
+            inner: Box::pin(future),
+        }
+    }
+
+    /// Kill (SIGKILL) every descendant of this process that carries this mark, and reap those
+    /// that are its children, waiting at most `wait`. Blocking: `/proc` is read, unless this
+    /// process has no child at all (one system call). Returns how many were killed.
+    pub fn kill_processes(self, wait: Duration) -> usize {
+        if orphans::has_no_child() {
+            return 0;
+        }
+        let marked: Vec<i32> = orphans::descendants()
+            .into_iter()
+            .filter(|pid| carries(*pid, self))
+            .collect();
+        orphans::kill_and_reap(&marked, wait)
+    }
+}
+
+/// Whether process `pid` carries `mark` (false where its timer slack cannot be read).
+fn carries(pid: i32, mark: RunMark) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/timerslack_ns"))
+        .ok()
+        .and_then(|s| s.trim().parse::<u64>().ok())
+        == Some(mark.nanos())
+}
+
+/// A future polled under a run's mark ([`RunMark::mark`]).
+pub struct Marked<F> {
+    mark: RunMark,
+    inner: Pin<Box<F>>,
+}
+
+impl<F: Future> Future for Marked<F> {
+    type Output = F::Output;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
+        // The thread's own value, put back after the poll (0, the thread's default, if it
+        // cannot be read).
+        let own = current_timer_slack().ok().and_then(NonZeroU64::new);
+        // A kernel that refuses leaves the processes unmarked: the invocation's sweep remains.
+        let _ = set_current_timer_slack(Some(self.mark.0));
+        let polled = self.inner.as_mut().poll(cx);
+        let _ = set_current_timer_slack(own);
+        polled
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn marks_differ_and_sit_above_the_default_slack() {
+        let (a, b) = (RunMark::next(), RunMark::next());
+        assert_ne!(a, b);
+        for m in [a, b] {
+            assert!((BASE + 1..=BASE + SPAN).contains(&m.nanos()), "{m:?}");
+        }
+    }
+
+    /// Relies on nextest's one process per test: no other test's processes are about.
+    #[tokio::test]
+    async fn a_marked_future_s_processes_and_their_detached_children_are_killed_and_no_other() {
+        // Detached processes are re-parented to this process, as in the worker.
+        assert!(orphans::become_subreaper());
+        let own = current_timer_slack().unwrap();
+        let (mine, other) = (RunMark::next(), RunMark::next());
+        let dir = std::env::temp_dir().join(format!("mark-{}", uuid::Uuid::new_v4()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let spawn = |file: &str| {
+            let pid_file = dir.join(file);
+            // A detached grandchild (its own session), its pid written down.
+            let script = format!("setsid sleep 600 & echo $! > '{}'", pid_file.display());
+            async move {
+                tokio::process::Command::new("sh")
+                    .args(["-c", &script])
+                    .status()
+                    .await
+                    .unwrap();
+                std::fs::read_to_string(pid_file)
+                    .unwrap()
+                    .trim()
+                    .parse::<i32>()
+                    .unwrap()
+            }
+        };
+        let mine_pid = mine.mark(spawn("mine")).await;
+        let other_pid = other.mark(spawn("other")).await;
+        assert_eq!(
+            current_timer_slack().unwrap(),
+            own,
+            "the thread's own slack is back after each poll"
+        );
+
+        assert!(mine.kill_processes(Duration::from_secs(1)) >= 1);
+        let alive = |pid: i32| {
+            std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .is_ok_and(|stat| !stat.contains(") Z "))
+        };
+        assert!(!alive(mine_pid), "the marked run's grandchild is killed");
+        assert!(alive(other_pid), "another run's process is left alone");
+        assert!(other.kill_processes(Duration::from_secs(1)) >= 1);
+        assert!(!alive(other_pid));
+        let _ = std::fs::remove_dir_all(dir);
+    }
+}
