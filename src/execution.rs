@@ -31,120 +31,29 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use ironflow_engine::engine::{Engine, WorkflowResult};
 use ironflow_engine::error::EngineError;
-use ironflow_store::entities::{LeaseRequest, Run, RunStatus, Step};
-use ironflow_store::error::StoreError;
+use ironflow_store::entities::{LeaseRequest, Run, RunStatus};
 use ironflow_store::store::RunStore;
 use tokio::task::JoinError;
 use tokio::time::{Instant, sleep_until, timeout_at};
 use tokio_util::task::AbortOnDropHandle;
-use tracing::{Instrument, error, info, info_span, warn};
+use tracing::{Instrument, error, info, warn};
 use uuid::Uuid;
 
 use crate::calls::Calls;
+use crate::claimed::{Claimed, StepsAhead};
 use crate::deadline::later;
 use crate::handback::{self, HandbackContext, HandbackPolicy, Why};
-use crate::lease::{LeaseEnd, LeaseRefresher, RefreshContext};
+use crate::lease::{LeaseEnd, LeaseRefresher};
 use crate::process_mark::RunMark;
 use crate::report::{Fate, Outcome, RunReport};
 use crate::runtime::{ExecutionRuntime, StuckExecutions};
 use crate::store::GuardedStore;
-use crate::store::fault::FaultLog;
 use crate::store::scope::{CallScope, RunKey, ScopeStop};
 
 /// How long a stopped execution's task is awaited after its abort: 100 ms. Cancelled at its
 /// next await, a task ends in microseconds; one still running after this is blocked in
 /// workflow code.
 pub const STOP_GRACE: Duration = Duration::from_millis(100);
-
-/// A claimed run with its lease refresher, started at the claim so that a run claimed ahead
-/// keeps its lease while it waits for a slot, and the run's tracing span.
-pub(crate) struct Claimed {
-    pub run: Run,
-    pub refresher: LeaseRefresher,
-    pub span: tracing::Span,
-    /// When its claim was sent: the claim's copy of the run answers reads for one refresh
-    /// interval from then ([`GuardedStore::prime`]).
-    pub claim_sent: Instant,
-    /// The lease refresh interval.
-    pub interval: Duration,
-    /// Lease a step needs left to start ([`step_start_margin`]).
-    pub start_margin: Duration,
-    /// Its steps, read while it waits for a slot (claimed ahead).
-    pub steps_ahead: Option<StepsAhead>,
-}
-
-/// The steps of a run claimed ahead, read while it waits for a slot: the engine's first step
-/// list is then answered without a request of its own (the read, done or still in flight when
-/// the run starts, is the one the engine would have made, sent earlier).
-pub(crate) struct StepsAhead {
-    sent: Instant,
-    read: AbortOnDropHandle<Result<Vec<Step>, StoreError>>,
-}
-
-impl StepsAhead {
-    /// Read `run_id`'s steps through `store`, bounded by `until` (the lease's validity or the
-    /// cutoff), in a task of its own that dies with this value.
-    pub fn read(
-        store: Arc<GuardedStore>,
-        run_id: Uuid,
-        until: Instant,
-        faults: Arc<FaultLog>,
-    ) -> Self {
-        let scope = Arc::new(CallScope::returning(until, faults));
-        let read = async move { store.list_steps(run_id).await };
-        Self {
-            sent: Instant::now(),
-            read: AbortOnDropHandle::new(tokio::spawn(scope.run(read).in_current_span())),
-        }
-    }
-
-    /// The steps and when their request was sent, once the read is done, if it succeeded
-    /// (else the engine reads them itself).
-    async fn ready(self) -> Option<(Vec<Step>, Instant)> {
-        match self.read.await {
-            Ok(Ok(steps)) => Some((steps, self.sent)),
-            _ => None,
-        }
-    }
-}
-
-impl Claimed {
-    /// Start refreshing the lease of `run`, claimed under `lease` by a request sent at
-    /// `claim_sent`, every `interval` until `cutoff`.
-    pub fn new(
-        ctx: RefreshContext,
-        run: Run,
-        lease: &LeaseRequest,
-        claim_sent: Instant,
-        interval: Duration,
-        cutoff: Instant,
-    ) -> Self {
-        let span = info_span!("run", run_id = %run.id, workflow = %run.workflow_name);
-        let refresher = span.in_scope(|| {
-            LeaseRefresher::spawn(ctx, run.id, lease.clone(), claim_sent, interval, cutoff)
-        });
-        Self {
-            run,
-            refresher,
-            span,
-            claim_sent,
-            interval,
-            start_margin: step_start_margin(lease.ttl, interval),
-            steps_ahead: None,
-        }
-    }
-}
-
-/// Lease a step needs left to start: [`STEP_START_MARGIN`], or half of what a lease renewed on
-/// time always has left (its TTL less one refresh interval) if that is less. A step created
-/// just before the lease's last confirmed validity would otherwise start (its process spawned)
-/// after it, while another worker may hold the run already.
-fn step_start_margin(ttl: Duration, interval: Duration) -> Duration {
-    STEP_START_MARGIN.min(ttl.saturating_sub(interval) / 2)
-}
-
-/// The most lease a step needs left to start: 1 s.
-const STEP_START_MARGIN: Duration = Duration::from_secs(1);
 
 /// Everything one execution needs, cloned out of the worker so it can run in its own task.
 #[derive(Clone)]
@@ -243,71 +152,12 @@ async fn execute_in_span(p: ExecutionParams, claimed: Claimed) -> RunReport {
     );
     // Every process the run's steps start carries this mark: they end with the run.
     let mark = RunMark::next();
-    let mut task = {
-        let (engine, store, run) = (p.engine.clone(), p.engine_store.clone(), run.clone());
-        let work = async move {
-            // The engine's reads of the run are answered from what this execution knows of it
-            // (the claim's copy first); the view goes with the guard when the execution stops.
-            let _viewed = store.prime(&run, claim_sent, interval);
-            if let Some(ahead) = steps_ahead
-                && let Some((steps, sent)) = ahead.ready().await
-            {
-                store.keep_steps(run.id, steps, sent);
-            }
-            engine.execute_handler_run(run.id).await
-        };
-        p.runtime
-            .spawn(mark.mark(scope.clone().run(work).instrument(tracing::Span::current())))
-    };
+    let mut task = spawn_work(&p, &run, &scope, mark, claim_sent, interval, steps_ahead);
 
-    // A lease the API refuses to renew because the execution itself took the run out of
-    // Running (its final status, a suspension) is no reason to stop it: it is winding down, and
-    // its writes stay bounded by the lease's last validity. Any other status (an operator's
-    // pause, or a resume since, which makes the run Pending and claimable by another worker)
-    // stops it at once, as another worker's takeover does.
-    let mut winding_down = false;
-    let mut stop = loop {
-        break tokio::select! {
-            biased;
-            joined = &mut task => Stop::Finished(Box::new(joined)),
-            why = scope.stopped() => Stop::Scope(why),
-            end = refresher.ended(), if !winding_down => match end {
-                LeaseEnd::Left { status } if scope.wrote_status(status) => {
-                    info!(status = %status, "the run left Running: letting its execution finish");
-                    winding_down = true;
-                    continue;
-                }
-                end => Stop::Lease(end),
-            },
-            () = sleep_until(run_deadline) => Stop::TimedOut,
-            () = sleep_until(p.cutoff) => Stop::Cutoff,
-        };
-    };
+    let mut stop = supervise(&mut task, &scope, &refresher, run_deadline, p.cutoff).await;
     let executed = started.elapsed();
     let target = refresher.target();
-    let mut stuck = false;
-    if !matches!(stop, Stop::Finished(_)) {
-        // Nothing the execution sends from now on reaches the API; then it is dropped (its
-        // child processes die with it).
-        scope.fence();
-        task.abort();
-        let grace = later(Instant::now(), STOP_GRACE).min(p.last_write);
-        match timeout_at(grace, &mut task).await {
-            // It ended on its own meanwhile: what it recorded stands.
-            Ok(Ok(result)) => stop = Stop::Finished(Box::new(Ok(result))),
-            Ok(Err(e)) if e.is_panic() => stop = Stop::Finished(Box::new(Err(e))),
-            Ok(Err(_cancelled)) => {}
-            Err(_) => {
-                stuck = true;
-                error!(
-                    "the run's execution did not stop: workflow code blocks its thread; its \
-                     fate is written without it, and nothing it sends later reaches the API"
-                );
-                // Counted until the blocked code yields (the aborted task ends then).
-                p.stuck.add(task.abort_handle());
-            }
-        }
-    }
+    let stuck = stop_task(&p, &mut task, &scope, &mut stop).await;
     refresher.stop().await;
     end_processes(&p, mark).await;
 
@@ -347,6 +197,101 @@ async fn end_processes(p: &ExecutionParams, mark: RunMark) {
 
 /// The longest a run's end waits for its killed processes to be reaped: 1 s.
 const PROCESS_REAP_WAIT: Duration = Duration::from_secs(1);
+
+/// The run's execution, spawned on the execution runtime inside `scope`, its processes marked
+/// with `mark`; the engine's reads of the run are answered from what this execution knows of it
+/// (the claim's copy first; the view goes when the execution stops), its first step list from
+/// `steps_ahead` when the run was claimed ahead.
+fn spawn_work(
+    p: &ExecutionParams,
+    run: &Run,
+    scope: &Arc<CallScope>,
+    mark: RunMark,
+    claim_sent: Instant,
+    interval: Duration,
+    steps_ahead: Option<StepsAhead>,
+) -> AbortOnDropHandle<Result<WorkflowResult, EngineError>> {
+    let (engine, store, run) = (p.engine.clone(), p.engine_store.clone(), run.clone());
+    let work = async move {
+        let _viewed = store.prime(&run, claim_sent, interval);
+        if let Some(ahead) = steps_ahead
+            && let Some((steps, sent)) = ahead.ready().await
+        {
+            store.keep_steps(run.id, steps, sent);
+        }
+        engine.execute_handler_run(run.id).await
+    };
+    p.runtime
+        .spawn(mark.mark(scope.clone().run(work).instrument(tracing::Span::current())))
+}
+
+/// Wait for the first way the run's execution ends (see the module docs).
+async fn supervise(
+    task: &mut AbortOnDropHandle<Result<WorkflowResult, EngineError>>,
+    scope: &CallScope,
+    refresher: &LeaseRefresher,
+    run_deadline: Instant,
+    cutoff: Instant,
+) -> Stop {
+    // A lease the API refuses to renew because the execution itself took the run out of
+    // Running (its final status, a suspension) is no reason to stop it: it is winding down, and
+    // its writes stay bounded by the lease's last validity. Any other status (an operator's
+    // pause, or a resume since, which makes the run Pending and claimable by another worker)
+    // stops it at once, as another worker's takeover does.
+    let mut winding_down = false;
+    loop {
+        break tokio::select! {
+            biased;
+            joined = &mut *task => Stop::Finished(Box::new(joined)),
+            why = scope.stopped() => Stop::Scope(why),
+            end = refresher.ended(), if !winding_down => match end {
+                LeaseEnd::Left { status } if scope.wrote_status(status) => {
+                    info!(status = %status, "the run left Running: letting its execution finish");
+                    winding_down = true;
+                    continue;
+                }
+                end => Stop::Lease(end),
+            },
+            () = sleep_until(run_deadline) => Stop::TimedOut,
+            () = sleep_until(cutoff) => Stop::Cutoff,
+        };
+    }
+}
+
+/// Stop the execution unless it finished (fenced, aborted, awaited for [`STOP_GRACE`]); an end
+/// it reached meanwhile replaces `stop`. Returns whether it is stuck (blocked in workflow
+/// code that does not yield).
+async fn stop_task(
+    p: &ExecutionParams,
+    task: &mut AbortOnDropHandle<Result<WorkflowResult, EngineError>>,
+    scope: &CallScope,
+    stop: &mut Stop,
+) -> bool {
+    let mut stuck = false;
+    if !matches!(stop, Stop::Finished(_)) {
+        // Nothing the execution sends from now on reaches the API; then it is dropped (its
+        // child processes die with it).
+        scope.fence();
+        task.abort();
+        let grace = later(Instant::now(), STOP_GRACE).min(p.last_write);
+        match timeout_at(grace, &mut *task).await {
+            // It ended on its own meanwhile: what it recorded stands.
+            Ok(Ok(result)) => *stop = Stop::Finished(Box::new(Ok(result))),
+            Ok(Err(e)) if e.is_panic() => *stop = Stop::Finished(Box::new(Err(e))),
+            Ok(Err(_cancelled)) => {}
+            Err(_) => {
+                stuck = true;
+                error!(
+                    "the run's execution did not stop: workflow code blocks its thread; its \
+                     fate is written without it, and nothing it sends later reaches the API"
+                );
+                // Counted until the blocked code yields (the aborted task ends then).
+                p.stuck.add(task.abort_handle());
+            }
+        }
+    }
+    stuck
+}
 
 /// When the run was taken up here, how long it executed, and the timeout's message.
 struct Timing {

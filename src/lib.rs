@@ -45,6 +45,7 @@ mod build_error;
 mod builder;
 mod calls;
 mod claim_ahead;
+mod claimed;
 mod credentials;
 mod deadline;
 mod entry;

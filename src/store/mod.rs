@@ -40,6 +40,7 @@
 
 pub mod fault;
 pub mod guard;
+mod readback;
 pub mod scope;
 mod view;
 
@@ -56,9 +57,8 @@ use ironflow_worker::ApiRunStore;
 use tokio::time::Instant;
 use uuid::Uuid;
 
-use self::fault::{ApiFault, FaultKind, Route};
-use self::guard::ReadBack;
-use self::scope::{CallScope, ScopeStop};
+use self::fault::Route;
+use self::scope::CallScope;
 use self::view::{Taken, Views};
 use crate::credentials::Credentials;
 
@@ -290,117 +290,6 @@ impl GuardedStore {
             call(self.inner())
         })
     }
-
-    /// Read back a run write whose answer was lost: did it reach `target` (`None`: a write
-    /// that changes no status)?
-    async fn run_write_landed(&self, id: Uuid, target: Option<RunStatus>) -> ReadBack<()> {
-        let run = match self.inner().get_run(id).await {
-            Ok(Some(run)) => run,
-            _ => return ReadBack::Unknown,
-        };
-        let status = run.status.state;
-        let scope = CallScope::current();
-        let Some(key) = scope.run_key().filter(|k| k.run_id == id) else {
-            // Not the scope's own run (a sub-workflow's): the API refuses a transition that
-            // no longer applies.
-            return if target == Some(status) {
-                ReadBack::Applied(())
-            } else {
-                ReadBack::Resend
-            };
-        };
-        let ours = run.worker_id.as_deref() == Some(key.worker_id.as_str());
-        match target {
-            Some(target) if status == target && (status != RunStatus::Running || ours) => {
-                ReadBack::Applied(())
-            }
-            // A handback's Pending landed, and another worker has claimed the run since.
-            Some(RunStatus::Pending) if status == RunStatus::Running && !ours => {
-                ReadBack::Applied(())
-            }
-            _ if status == RunStatus::Running && ours => ReadBack::Resend,
-            _ => ReadBack::RunLeft {
-                status,
-                held_by: run.worker_id,
-            },
-        }
-    }
-
-    /// Read back a step write whose answer was lost: is the step at `target`?
-    async fn step_write_landed(&self, step_id: Uuid, target: Option<StepStatus>) -> ReadBack<()> {
-        let scope = CallScope::current();
-        let Some(key) = scope.run_key() else {
-            return ReadBack::Resend;
-        };
-        match self.inner().list_steps(key.run_id).await {
-            Ok(steps) => match steps.iter().find(|s| s.id == step_id) {
-                Some(step) if target == Some(step.status.state) => ReadBack::Applied(()),
-                // Settled otherwise: interrupted by an operator's pause or the reaper. The run
-                // changed too: its next read goes to the API.
-                Some(step) if step.status.state.is_terminal() => {
-                    self.forget(key.run_id);
-                    ReadBack::Refused(format!(
-                        "step {step_id} is {} ({}): the API refuses to write it {}",
-                        step.status.state,
-                        step.error.as_deref().unwrap_or("no error"),
-                        target.map_or("again".to_string(), |t| format!("{t}"))
-                    ))
-                }
-                _ => ReadBack::Resend,
-            },
-            Err(_) => ReadBack::Unknown,
-        }
-    }
-
-    /// Read back a step creation whose answer was lost: a step of the run with its name,
-    /// position and kind, still Pending, that this execution had not seen before.
-    async fn step_created(&self, new: &NewStep) -> ReadBack<Step> {
-        let scope = CallScope::current();
-        match self.inner().list_steps(new.run_id).await {
-            Ok(steps) => steps
-                .into_iter()
-                .filter(|s| {
-                    s.name == new.name
-                        && s.position == new.position
-                        && s.kind == new.kind
-                        && s.is_error_handler == new.is_error_handler
-                        && s.status.state == StepStatus::Pending
-                        && !scope.has_seen_step(s.id)
-                })
-                .max_by_key(|s| s.created_at)
-                .map_or(ReadBack::Resend, ReadBack::Applied),
-            Err(_) => ReadBack::Unknown,
-        }
-    }
-}
-
-/// Wait until the lease of `scope` (an execution's) has its step start margin left (a refresh
-/// confirmed it further). Once the lease has run out, the step never starts: the scope stops
-/// (as a call does at the scope's end) and the supervisor hands the run back or leaves it to
-/// the reaper. No wait without a lease.
-async fn lease_margin(scope: &CallScope) {
-    /// How often the lease's validity is looked at again while it is short.
-    const RECHECK: Duration = Duration::from_millis(20);
-    loop {
-        let Some((valid_until, margin)) = scope.step_start() else {
-            return;
-        };
-        let left = valid_until.saturating_duration_since(Instant::now());
-        if left >= margin {
-            return;
-        }
-        if left.is_zero() {
-            scope.stop(ScopeStop::Fault(ApiFault {
-                route: "POST /steps",
-                kind: FaultKind::Timeout,
-                detail: "the lease ran out before the step could start (no refresh confirmed \
-                         it in time)"
-                    .into(),
-            }));
-            std::future::pending::<()>().await;
-        }
-        tokio::time::sleep(RECHECK.min(left)).await;
-    }
 }
 
 /// Drops a run's view when the execution stops (see [`GuardedStore::prime`]).
@@ -526,7 +415,7 @@ impl RunStore for GuardedStore {
             let scope = CallScope::current();
             scope.saw_steps([created.id]);
             // The engine starts the step on this answer: not on a lease about to end.
-            lease_margin(&scope).await;
+            scope.start_margin_left().await;
             Ok(created)
         })
     }
@@ -627,7 +516,7 @@ mod tests {
     use ironflow_core::provider::LABEL_ROOT_RUN_ID;
     use ironflow_store::memory::InMemoryStore;
 
-    use self::scope::RunKey;
+    use self::scope::{RunKey, ScopeStop};
     use crate::deadline::LeaseClock;
 
     use super::*;

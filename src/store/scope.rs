@@ -24,7 +24,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
-use super::fault::{ApiFault, FaultLog};
+use super::fault::{ApiFault, FaultKind, FaultLog};
 use crate::deadline::LeaseClock;
 use crate::deadline::later;
 
@@ -178,6 +178,35 @@ impl CallScope {
         self.lease
             .as_ref()
             .map(|lease| (lease.valid_until(), self.start_margin))
+    }
+
+    /// Wait until this scope's lease (an execution's) has its step start margin left (a
+    /// refresh confirmed it further). Once the lease has run out, the step never starts: the
+    /// scope stops (as a call does at the scope's end) and the supervisor hands the run back or
+    /// leaves it to the reaper. No wait without a lease.
+    pub async fn start_margin_left(&self) {
+        /// How often the lease's validity is looked at again while it is short.
+        const RECHECK: Duration = Duration::from_millis(20);
+        loop {
+            let Some((valid_until, margin)) = self.step_start() else {
+                return;
+            };
+            let left = valid_until.saturating_duration_since(Instant::now());
+            if left >= margin {
+                return;
+            }
+            if left.is_zero() {
+                self.stop(ScopeStop::Fault(ApiFault {
+                    route: "POST /steps",
+                    kind: FaultKind::Timeout,
+                    detail: "the lease ran out before the step could start (no refresh \
+                             confirmed it in time)"
+                        .into(),
+                }));
+                std::future::pending::<()>().await;
+            }
+            tokio::time::sleep(RECHECK.min(left)).await;
+        }
     }
 
     /// Count `fault` (in the invocation's log) and remember that this scope met one.

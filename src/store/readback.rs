@@ -1,0 +1,103 @@
+//! Reading back a write whose answer was lost (a reset, a timeout, a 5xx after the write
+//! landed): the store tells whether it landed, must be sent again, or can no longer apply
+//! because the run left this worker ([`ReadBack`]). `guard::write` calls these after a
+//! write's fault, before deciding to send it again.
+
+use ironflow_store::prelude::*;
+use uuid::Uuid;
+
+use super::GuardedStore;
+use super::guard::ReadBack;
+use super::scope::CallScope;
+
+impl GuardedStore {
+    /// Read back a run write whose answer was lost: did it reach `target` (`None`: a write
+    /// that changes no status)?
+    pub(super) async fn run_write_landed(
+        &self,
+        id: Uuid,
+        target: Option<RunStatus>,
+    ) -> ReadBack<()> {
+        let run = match self.inner().get_run(id).await {
+            Ok(Some(run)) => run,
+            _ => return ReadBack::Unknown,
+        };
+        let status = run.status.state;
+        let scope = CallScope::current();
+        let Some(key) = scope.run_key().filter(|k| k.run_id == id) else {
+            // Not the scope's own run (a sub-workflow's): the API refuses a transition that
+            // no longer applies.
+            return if target == Some(status) {
+                ReadBack::Applied(())
+            } else {
+                ReadBack::Resend
+            };
+        };
+        let ours = run.worker_id.as_deref() == Some(key.worker_id.as_str());
+        match target {
+            Some(target) if status == target && (status != RunStatus::Running || ours) => {
+                ReadBack::Applied(())
+            }
+            // A handback's Pending landed, and another worker has claimed the run since.
+            Some(RunStatus::Pending) if status == RunStatus::Running && !ours => {
+                ReadBack::Applied(())
+            }
+            _ if status == RunStatus::Running && ours => ReadBack::Resend,
+            _ => ReadBack::RunLeft {
+                status,
+                held_by: run.worker_id,
+            },
+        }
+    }
+
+    /// Read back a step write whose answer was lost: is the step at `target`?
+    pub(super) async fn step_write_landed(
+        &self,
+        step_id: Uuid,
+        target: Option<StepStatus>,
+    ) -> ReadBack<()> {
+        let scope = CallScope::current();
+        let Some(key) = scope.run_key() else {
+            return ReadBack::Resend;
+        };
+        match self.inner().list_steps(key.run_id).await {
+            Ok(steps) => match steps.iter().find(|s| s.id == step_id) {
+                Some(step) if target == Some(step.status.state) => ReadBack::Applied(()),
+                // Settled otherwise: interrupted by an operator's pause or the reaper. The run
+                // changed too: its next read goes to the API.
+                Some(step) if step.status.state.is_terminal() => {
+                    self.forget(key.run_id);
+                    ReadBack::Refused(format!(
+                        "step {step_id} is {} ({}): the API refuses to write it {}",
+                        step.status.state,
+                        step.error.as_deref().unwrap_or("no error"),
+                        target.map_or("again".to_string(), |t| format!("{t}"))
+                    ))
+                }
+                _ => ReadBack::Resend,
+            },
+            Err(_) => ReadBack::Unknown,
+        }
+    }
+
+    /// Read back a step creation whose answer was lost: a step of the run with its name,
+    /// position and kind, still Pending, that this execution had not seen before.
+    pub(super) async fn step_created(&self, new: &NewStep) -> ReadBack<Step> {
+        let scope = CallScope::current();
+        match self.inner().list_steps(new.run_id).await {
+            Ok(steps) => steps
+                .into_iter()
+                .filter(|s| {
+                    s.name == new.name
+                        && s.position == new.position
+                        && s.kind == new.kind
+                        && s.is_error_handler == new.is_error_handler
+                        && s.status.state == StepStatus::Pending
+                        && !scope.has_seen_step(s.id)
+                })
+                .max_by_key(|s| s.created_at)
+                .map_or(ReadBack::Resend, ReadBack::Applied),
+            Err(_) => ReadBack::Unknown,
+        }
+    }
+}
