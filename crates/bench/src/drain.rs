@@ -374,17 +374,7 @@ pub async fn drain(
     link: Link,
 ) -> Result<DrainResult, BenchError> {
     let token = Uuid::new_v4().to_string();
-    let backend = match link {
-        Link::Loopback => Backend::Memory,
-        Link::Postgres { .. } => {
-            let server = s.postgres.as_deref().ok_or_else(|| {
-                BenchError::msg(
-                    "a PostgreSQL row needs --postgres-url (or IRONFLOW_TEST_POSTGRES_URL)",
-                )
-            })?;
-            Backend::fresh_postgres(server).await?
-        }
-    };
+    let backend = backend_for(link, s).await?;
     // The API runs apart, on threads of its own, as a separate server would: neither worker
     // shares its runtime (ours executes runs on its own runtime, the reference worker on the
     // bench's).
@@ -424,81 +414,9 @@ pub async fn drain(
 
     let (seen, start, invocations, usage) = match which {
         Which::Reference => {
-            let builder =
-                WorkerBuilder::new(&url, &token).provider(Arc::new(ClaudeCodeProvider::new()));
-            let worker = workload
-                .register_reference(builder)
-                .concurrency(s.concurrency)
-                .poll_interval(s.poll_interval)
-                .build()?;
-            let start = Instant::now();
-            // `Worker::run` returns only on SIGTERM/SIGINT: run it in a task and abort the task
-            // once every run is terminal (no run is in flight then).
-            let task = tokio::spawn(async move { worker.run().await });
-            let done = timeout(DRAIN_LIMIT, watcher)
-                .await
-                .map_err(|_| BenchError::msg("the reference worker did not drain in time"))???;
-            sleep(SETTLE).await;
-            let usage = Usage::since(usage_before);
-            task.abort();
-            let _ = task.await;
-            (done, start, 0, usage)
+            drain_reference(workload, s, &url, &token, watcher, usage_before).await?
         }
-        Which::Ours
-        | Which::OursNoClaimAhead
-        | Which::OursOneInvocation
-        | Which::OursLargerBatch => {
-            let max_runs = which.max_runs(s);
-            let claim_ahead_percent = if which == Which::OursNoClaimAhead {
-                0
-            } else {
-                ironflow_lambda::settings::DEFAULT_CLAIM_AHEAD_PERCENT
-            };
-            let builder = LambdaWorkerBuilder::new(&url, &token)
-                .provider(Arc::new(ClaudeCodeProvider::new()));
-            let worker = Arc::new(
-                workload
-                    .register_ours(builder)
-                    .concurrency(s.concurrency)
-                    .max_runs_per_invocation(max_runs)
-                    .claim_ahead_percent(claim_ahead_percent)
-                    .function_timeout(s.invocation)
-                    .build()?,
-            );
-            let start = Instant::now();
-            let mut invocations = 0;
-            let mut finished = 0;
-            while finished < s.runs {
-                if start.elapsed() > DRAIN_LIMIT {
-                    return Err(BenchError::msg("our invocations did not drain in time"));
-                }
-                invocations += 1;
-                let summary = invoke(&worker, invocations, s.invocation).await?;
-                finished += summary
-                    .runs
-                    .iter()
-                    .filter(|r| {
-                        !matches!(
-                            r.outcome,
-                            ironflow_lambda::Outcome::HandedBack
-                                | ironflow_lambda::Outcome::Released
-                                | ironflow_lambda::Outcome::LeaseLost
-                        )
-                    })
-                    .count();
-                if summary.claimed == 0 && finished < s.runs {
-                    return Err(BenchError::msg(format!(
-                        "an invocation claimed nothing with {} runs left: {:?}",
-                        s.runs - finished,
-                        summary.errors
-                    )));
-                }
-            }
-            let done = timeout(DRAIN_LIMIT, watcher)
-                .await
-                .map_err(|_| BenchError::msg("runs reported finished are not terminal"))???;
-            (done, start, invocations, Usage::since(usage_before))
-        }
+        _ => drain_ours(which, workload, s, &url, &token, watcher, usage_before).await?,
     };
     let after = api.requests_by_route();
     let requests = after
@@ -538,6 +456,113 @@ pub async fn drain(
         usage,
         run_latency,
         measured_rtt,
+    })
+}
+
+/// The reference worker drains: `Worker::run` in a task, aborted once every run is terminal
+/// and [`SETTLE`] has passed (its log pusher delivers the last lines meanwhile).
+async fn drain_reference(
+    workload: Workload,
+    s: &DrainSettings,
+    url: &str,
+    token: &str,
+    watcher: tokio::task::JoinHandle<Result<Seen, BenchError>>,
+    usage_before: Usage,
+) -> Result<(Seen, Instant, usize, Usage), BenchError> {
+    let builder = WorkerBuilder::new(url, token).provider(Arc::new(ClaudeCodeProvider::new()));
+    let worker = workload
+        .register_reference(builder)
+        .concurrency(s.concurrency)
+        .poll_interval(s.poll_interval)
+        .build()?;
+    let start = Instant::now();
+    // `Worker::run` returns only on SIGTERM/SIGINT: run it in a task and abort the task
+    // once every run is terminal (no run is in flight then).
+    let task = tokio::spawn(async move { worker.run().await });
+    let done = timeout(DRAIN_LIMIT, watcher)
+        .await
+        .map_err(|_| BenchError::msg("the reference worker did not drain in time"))???;
+    sleep(SETTLE).await;
+    let usage = Usage::since(usage_before);
+    task.abort();
+    let _ = task.await;
+    Ok((done, start, 0, usage))
+}
+
+/// Our invocations, back to back, until every run has ended in one of them.
+async fn drain_ours(
+    which: Which,
+    workload: Workload,
+    s: &DrainSettings,
+    url: &str,
+    token: &str,
+    watcher: tokio::task::JoinHandle<Result<Seen, BenchError>>,
+    usage_before: Usage,
+) -> Result<(Seen, Instant, usize, Usage), BenchError> {
+    let max_runs = which.max_runs(s);
+    let claim_ahead_percent = if which == Which::OursNoClaimAhead {
+        0
+    } else {
+        ironflow_lambda::settings::DEFAULT_CLAIM_AHEAD_PERCENT
+    };
+    let builder =
+        LambdaWorkerBuilder::new(url, token).provider(Arc::new(ClaudeCodeProvider::new()));
+    let worker = Arc::new(
+        workload
+            .register_ours(builder)
+            .concurrency(s.concurrency)
+            .max_runs_per_invocation(max_runs)
+            .claim_ahead_percent(claim_ahead_percent)
+            .function_timeout(s.invocation)
+            .build()?,
+    );
+    let start = Instant::now();
+    let mut invocations = 0;
+    let mut finished = 0;
+    while finished < s.runs {
+        if start.elapsed() > DRAIN_LIMIT {
+            return Err(BenchError::msg("our invocations did not drain in time"));
+        }
+        invocations += 1;
+        let summary = invoke(&worker, invocations, s.invocation).await?;
+        finished += summary
+            .runs
+            .iter()
+            .filter(|r| {
+                !matches!(
+                    r.outcome,
+                    ironflow_lambda::Outcome::HandedBack
+                        | ironflow_lambda::Outcome::Released
+                        | ironflow_lambda::Outcome::LeaseLost
+                )
+            })
+            .count();
+        if summary.claimed == 0 && finished < s.runs {
+            return Err(BenchError::msg(format!(
+                "an invocation claimed nothing with {} runs left: {:?}",
+                s.runs - finished,
+                summary.errors
+            )));
+        }
+    }
+    let done = timeout(DRAIN_LIMIT, watcher)
+        .await
+        .map_err(|_| BenchError::msg("runs reported finished are not terminal"))???;
+    Ok((done, start, invocations, Usage::since(usage_before)))
+}
+
+/// The API's store for `link`: in memory, or a fresh database on `s.postgres`.
+async fn backend_for(link: Link, s: &DrainSettings) -> Result<Backend, BenchError> {
+    Ok(match link {
+        Link::Loopback => Backend::Memory,
+        Link::Postgres { .. } => {
+            let server = s.postgres.as_deref().ok_or_else(|| {
+                BenchError::msg(
+                    "a PostgreSQL row needs --postgres-url (or IRONFLOW_TEST_POSTGRES_URL)",
+                )
+            })?;
+            Backend::fresh_postgres(server).await?
+        }
     })
 }
 
