@@ -44,6 +44,7 @@ use crate::claimed::{Claimed, StepsAhead};
 use crate::deadline::later;
 use crate::handback::{self, HandbackContext, HandbackPolicy, Why};
 use crate::lease::{LeaseEnd, LeaseRefresher};
+use crate::orphans;
 use crate::process_mark::RunMark;
 use crate::report::{Fate, Outcome, RunReport};
 use crate::runtime::{ExecutionRuntime, StuckExecutions};
@@ -183,6 +184,11 @@ async fn execute_in_span(p: ExecutionParams, claimed: Claimed) -> RunReport {
 /// waiting at most 1 s, never past the invocation's last write; counted in the invocation's
 /// `orphans_killed`. Other runs' processes are left alone.
 async fn end_processes(p: &ExecutionParams, mark: RunMark) {
+    // The common end (its steps' processes exited and were reaped): one system call, no
+    // blocking task.
+    if orphans::has_no_child() {
+        return;
+    }
     let wait = PROCESS_REAP_WAIT.min(p.last_write.saturating_duration_since(Instant::now()));
     match tokio::task::spawn_blocking(move || mark.kill_processes(wait)).await {
         Ok(killed) => {

@@ -61,12 +61,9 @@ impl RunMark {
     }
 
     /// Kill (SIGKILL) every descendant of this process that carries this mark, and reap those
-    /// that are its children, waiting at most `wait`. Blocking: `/proc` is read, unless this
-    /// process has no child at all (one system call). Returns how many were killed.
+    /// that are its children, waiting at most `wait`. Blocking: `/proc` is read (callers skip
+    /// it when [`orphans::has_no_child`]). Returns how many were killed.
     pub fn kill_processes(self, wait: Duration) -> usize {
-        if orphans::has_no_child() {
-            return 0;
-        }
         let marked: Vec<i32> = orphans::descendants()
             .into_iter()
             .filter(|pid| carries(*pid, self))

@@ -181,8 +181,13 @@ impl Views {
 /// schedule, resume target or capacity wait. The API applies such fields as given, so the
 /// copy can apply them too (the engine's `persist_progress` after each step: cost, duration).
 pub fn is_progress(update: &RunUpdate) -> bool {
-    update.status.is_none()
-        && !update.increment_retry
+    update.status.is_none() && only_given_fields(update)
+}
+
+/// Whether the API applies `update` as the fields given, and nothing it derives from the run:
+/// no lease, retry count, schedule, resume target or capacity wait.
+fn only_given_fields(update: &RunUpdate) -> bool {
+    !update.increment_retry
         && update.lease.is_none()
         && update.scheduled_at.is_none()
         && update.resume_status.is_none()
@@ -195,11 +200,7 @@ pub fn is_progress(update: &RunUpdate) -> bool {
 pub fn is_final(update: &RunUpdate) -> bool {
     update.status.is_some_and(|s| s.is_terminal())
         && update.completed_at.is_some()
-        && !update.increment_retry
-        && update.lease.is_none()
-        && update.scheduled_at.is_none()
-        && update.resume_status.is_none()
-        && update.capacity_wait_kind.is_none()
+        && only_given_fields(update)
 }
 
 /// The fields of a progress update, applied as ironflow-store applies them.
