@@ -123,11 +123,15 @@ mod tests {
     async fn a_stuck_execution_is_counted_until_it_yields() {
         let runtime = ExecutionRuntime::new(2).unwrap();
         let (go, wait) = std::sync::mpsc::channel::<()>();
+        let (started, has_started) = tokio::sync::oneshot::channel::<()>();
         let task = runtime.spawn(async move {
             // Blocks its thread until told, then yields.
+            let _ = started.send(());
             let _ = wait.recv();
             tokio::task::yield_now().await;
         });
+        // Abort only once the task runs: aborted before its first poll, it would never block.
+        has_started.await.unwrap();
         task.abort();
         let stuck = StuckExecutions::default();
         stuck.add(task.abort_handle());
