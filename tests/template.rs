@@ -2,7 +2,9 @@
 //! `./scripts/test`): the queue's visibility timeout against the function timeout, partial batch
 //! responses, the poison-pill table against the code, the environment the code reads, IAM scoped
 //! to this stack's own resources, `infra/iam-policy.json` equal to the role's policy, and the
-//! local stack (`infra/local_stack.py`) creating in moto what the template declares.
+//! local stack (`infra/local_stack.py`) creating in moto what the template declares. Both of the
+//! template's variants, on-demand Lambda (the default) and managed instances (`ManagedInstances`):
+//! what each creates, before and after SAM's transform, and both linters on each.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -315,36 +317,102 @@ fn wake_ups_report_partial_batch_failures_with_bounded_concurrency() {
     );
 }
 
-/// Whether every rule of the template's `Rules` accepts `params` (parameter values as
-/// CloudFormation hands them to rules: strings). Evaluates the rule functions the template uses:
-/// `Fn::Equals`, `Fn::Contains`, `Fn::Not`, `Fn::And`, `Fn::Or` and `Ref`; panics on others.
+/// Whether every rule of the template's `Rules` accepts `params`, the other parameters at their
+/// defaults (see [`parameter_values`]).
 fn rules_accept(t: &Value, params: &BTreeMap<&str, &str>) -> bool {
-    fn eval(v: &Value, params: &BTreeMap<&str, &str>) -> Value {
-        let Some((f, args)) = v.as_object().and_then(|o| o.iter().next()) else {
-            return v.clone();
-        };
-        let arg = |i: usize| eval(&args[i], params);
-        match f.as_str() {
-            "Ref" => json!(params[args.as_str().unwrap()]),
-            "Fn::Equals" => json!(arg(0) == arg(1)),
-            "Fn::Contains" => json!(arg(0).as_array().unwrap().contains(&arg(1))),
-            "Fn::Not" => json!(!arg(0).as_bool().unwrap()),
-            "Fn::And" => json!((0..args.as_array().unwrap().len()).all(|i| arg(i) == json!(true))),
-            "Fn::Or" => json!((0..args.as_array().unwrap().len()).any(|i| arg(i) == json!(true))),
-            other => panic!("rule function {other} is not evaluated by this test"),
-        }
-    }
+    let overrides: Vec<(&str, &str)> = params.iter().map(|(k, v)| (*k, *v)).collect();
+    let values = parameter_values(t, &overrides);
     t["Rules"].as_object().unwrap().values().all(|rule| {
         let applies = rule
             .get("RuleCondition")
-            .is_none_or(|c| eval(c, params) == json!(true));
+            .is_none_or(|c| evaluate(c, t, &values) == json!(true));
         !applies
             || rule["Assertions"]
                 .as_array()
                 .unwrap()
                 .iter()
-                .all(|a| eval(&a["Assert"], params) == json!(true))
+                .all(|a| evaluate(&a["Assert"], t, &values) == json!(true))
     })
+}
+
+/// Every parameter's value as CloudFormation hands it to rules and conditions: the override, else
+/// the default, as a string (numbers too), and a `CommaDelimitedList` as a list of strings (its
+/// default `""` is the one-item list `[""]`). Parameters without either are left out.
+fn parameter_values(t: &Value, overrides: &[(&str, &str)]) -> BTreeMap<String, Value> {
+    let parameters = t["Parameters"].as_object().unwrap();
+    for (name, _) in overrides {
+        assert!(
+            parameters.contains_key(*name),
+            "template.yaml has no parameter {name}"
+        );
+    }
+    let mut values = BTreeMap::new();
+    for (name, p) in parameters {
+        let given = overrides
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.to_string());
+        let Some(raw) = given.or_else(|| p.get("Default").map(text)) else {
+            continue;
+        };
+        let value = if p["Type"] == "CommaDelimitedList" {
+            json!(raw.split(',').collect::<Vec<_>>())
+        } else {
+            json!(raw)
+        };
+        values.insert(name.clone(), value);
+    }
+    values
+}
+
+/// A scalar as CloudFormation compares it: its text (`-1` and `"-1"` are equal).
+fn text(v: &Value) -> String {
+    match v {
+        Value::String(s) => s.clone(),
+        other => other.to_string(),
+    }
+}
+
+/// A rule or condition expression, with the functions the template uses in them: `Ref`,
+/// `Condition`, `Fn::Equals`, `Fn::Contains`, `Fn::Not`, `Fn::And`, `Fn::Or`; panics on others.
+fn evaluate(v: &Value, t: &Value, values: &BTreeMap<String, Value>) -> Value {
+    let Some((f, args)) = v
+        .as_object()
+        .filter(|o| o.len() == 1)
+        .and_then(|o| o.iter().next())
+    else {
+        return v.clone();
+    };
+    let arg = |i: usize| evaluate(&args[i], t, values);
+    let count = || args.as_array().unwrap().len();
+    match f.as_str() {
+        "Ref" => {
+            let name = args.as_str().unwrap();
+            values
+                .get(name)
+                .cloned()
+                .unwrap_or_else(|| panic!("parameter {name} has no value"))
+        }
+        "Condition" => json!(condition_holds(t, args.as_str().unwrap(), values)),
+        "Fn::Equals" => json!(text(&arg(0)) == text(&arg(1))),
+        "Fn::Contains" => {
+            let needle = text(&arg(1));
+            json!(arg(0).as_array().unwrap().iter().any(|v| text(v) == needle))
+        }
+        "Fn::Not" => json!(!arg(0).as_bool().unwrap()),
+        "Fn::And" => json!((0..count()).all(|i| arg(i) == json!(true))),
+        "Fn::Or" => json!((0..count()).any(|i| arg(i) == json!(true))),
+        other => panic!("function {other} is not evaluated by this test"),
+    }
+}
+
+fn condition_holds(t: &Value, name: &str, values: &BTreeMap<String, Value>) -> bool {
+    let condition = &t["Conditions"][name];
+    assert!(
+        !condition.is_null(),
+        "template.yaml has no condition {name}"
+    );
+    evaluate(condition, t, values) == json!(true)
 }
 
 #[test]
@@ -779,7 +847,16 @@ fn infra_iam_policy_json_is_the_roles_policy() {
 
 #[test]
 fn alarms_watch_the_dead_letter_queue_the_wake_queue_errors_and_throttles() {
-    let t = template();
+    for (overrides, worker) in [
+        (&[][..], "WorkerFunction"),
+        (MANAGED, "ManagedWorkerFunction"),
+    ] {
+        alarms_watch(&variant(&template(), overrides), worker);
+    }
+}
+
+/// The alarms of one variant, whose function is `worker`.
+fn alarms_watch(t: &Value, worker: &str) {
     let mut watched = BTreeMap::new();
     let mut thresholds = BTreeMap::new();
     for r in t["Resources"].as_object().unwrap().values() {
@@ -806,7 +883,7 @@ fn alarms_watch_the_dead_letter_queue_the_wake_queue_errors_and_throttles() {
         if key.1 == "ApproximateAgeOfOldestMessage" {
             assert_eq!(
                 threshold,
-                &resource(&t, "WakeQueue")["Properties"]["VisibilityTimeout"]
+                &resource(t, "WakeQueue")["Properties"]["VisibilityTimeout"]
             );
         } else {
             assert_eq!(threshold, &json!(0), "{key:?}");
@@ -826,29 +903,49 @@ fn alarms_watch_the_dead_letter_queue_the_wake_queue_errors_and_throttles() {
     );
     assert_eq!(
         watched[&key("AWS/Lambda", "Errors")],
-        json!({"Ref": "WorkerFunction"})
+        json!({"Ref": worker})
     );
     assert_eq!(
         watched[&key("AWS/Lambda", "Throttles")],
-        json!({"Ref": "WorkerFunction"})
+        json!({"Ref": worker})
     );
     // Runs the API's reaper took back: invocations that died or could not hand them back.
     assert_eq!(
         watched[&key("worker", ironflow_lambda::metrics::LEASE_RECOVERIES)],
-        json!({"Ref": "WorkerFunction"})
+        json!({"Ref": worker})
     );
 }
 
 #[test]
 fn outputs_give_an_operator_every_name_and_address() {
-    let t = template();
+    for (overrides, worker) in [
+        (&[][..], "WorkerFunction"),
+        (MANAGED, "ManagedWorkerFunction"),
+    ] {
+        outputs_name(&variant(&template(), overrides), worker);
+    }
+    // The managed variant's own: the alias its triggers invoke, and its capacity provider.
+    let managed = variant(&template(), MANAGED);
+    assert_eq!(
+        managed["Outputs"]["WorkerFunctionAliasArn"]["Value"],
+        json!({"Ref": "ManagedWorkerFunction.Alias"})
+    );
+    assert_eq!(
+        managed["Outputs"]["CapacityProviderName"]["Value"],
+        json!({"Ref": "WorkerCapacityProvider"})
+    );
+    let on_demand = variant(&template(), &[]);
+    for name in ["WorkerFunctionAliasArn", "CapacityProviderName"] {
+        assert!(on_demand["Outputs"].get(name).is_none(), "{name} on demand");
+    }
+}
+
+/// The outputs of one variant, whose function is `worker`.
+fn outputs_name(t: &Value, worker: &str) {
     let outputs = t["Outputs"].as_object().unwrap();
     for (name, value) in [
-        ("WorkerFunctionName", json!({"Ref": "WorkerFunction"})),
-        (
-            "WorkerFunctionArn",
-            json!({"Fn::GetAtt": ["WorkerFunction", "Arn"]}),
-        ),
+        ("WorkerFunctionName", json!({"Ref": worker})),
+        ("WorkerFunctionArn", json!({"Fn::GetAtt": [worker, "Arn"]})),
         ("WorkerLogGroupName", json!({"Ref": "WorkerLogGroup"})),
         ("WakeQueueUrl", json!({"Ref": "WakeQueue"})),
         ("DeadLetterQueueUrl", json!({"Ref": "DeadLetterQueue"})),
@@ -860,6 +957,573 @@ fn outputs_give_an_operator_every_name_and_address() {
     ] {
         assert_eq!(outputs[name]["Value"], value, "output {name}");
     }
+}
+
+// --- the two variants: on-demand Lambda (the default) and managed instances --------------------
+
+/// The parameters that make the managed-instances variant (IDs of the forms AWS gives them).
+const MANAGED: &[(&str, &str)] = &[
+    ("ManagedInstances", "enabled"),
+    (
+        "ManagedSubnetIds",
+        "subnet-0a1b2c3d4e5f60718,subnet-0f1e2d3c4b5a69870",
+    ),
+    ("ManagedSecurityGroupIds", "sg-0123456789abcdef0"),
+];
+
+/// The template as CloudFormation sees it for these parameters (the others at their defaults),
+/// before SAM's transform: the resources and outputs whose condition holds, each `Fn::If`
+/// replaced by its branch and `AWS::NoValue` left out.
+fn variant(t: &Value, overrides: &[(&str, &str)]) -> Value {
+    let values = parameter_values(t, overrides);
+    let mut out = t.clone();
+    for section in ["Resources", "Outputs"] {
+        let kept: serde_json::Map<String, Value> = t[section]
+            .as_object()
+            .unwrap()
+            .iter()
+            .filter(|(_, r)| {
+                r.get("Condition")
+                    .and_then(Value::as_str)
+                    .is_none_or(|c| condition_holds(t, c, &values))
+            })
+            .map(|(id, r)| (id.clone(), resolved(r, t, &values).unwrap()))
+            .collect();
+        out[section] = Value::Object(kept);
+    }
+    out
+}
+
+/// `v` with each `Fn::If` replaced by its branch; `None` for `Ref AWS::NoValue`.
+fn resolved(v: &Value, t: &Value, values: &BTreeMap<String, Value>) -> Option<Value> {
+    match v {
+        Value::Object(map) => {
+            if map.len() == 1 {
+                if let Some(branches) = map.get("Fn::If") {
+                    let holds = condition_holds(t, branches[0].as_str().unwrap(), values);
+                    return resolved(&branches[if holds { 1 } else { 2 }], t, values);
+                }
+                if map.get("Ref") == Some(&json!("AWS::NoValue")) {
+                    return None;
+                }
+            }
+            Some(Value::Object(
+                map.iter()
+                    .filter_map(|(k, v)| resolved(v, t, values).map(|v| (k.clone(), v)))
+                    .collect(),
+            ))
+        }
+        Value::Array(items) => Some(Value::Array(
+            items
+                .iter()
+                .filter_map(|v| resolved(v, t, values))
+                .collect(),
+        )),
+        other => Some(other.clone()),
+    }
+}
+
+/// The logical IDs of a variant's resources of type `kind`.
+fn of_type(t: &Value, kind: &str) -> BTreeSet<String> {
+    t["Resources"]
+        .as_object()
+        .unwrap()
+        .iter()
+        .filter(|(_, r)| r["Type"] == kind)
+        .map(|(id, _)| id.clone())
+        .collect()
+}
+
+/// The properties that make a function run on managed instances.
+const MANAGED_ONLY: &[&str] = &[
+    "CapacityProviderConfig",
+    "FunctionScalingConfig",
+    "AutoPublishAlias",
+    "AutoPublishAliasAllProperties",
+    "VersionDeletionPolicy",
+];
+
+#[test]
+fn the_default_deployment_is_on_demand_lambda_and_nothing_else() {
+    let t = template();
+    let p = &t["Parameters"]["ManagedInstances"];
+    assert_eq!(p["Default"], "disabled");
+    assert_eq!(p["AllowedValues"], json!(["disabled", "enabled"]));
+    // The first-deployment-only rule is told where the choice is made.
+    assert!(
+        p["Description"]
+            .as_str()
+            .unwrap()
+            .contains("only when it creates the function"),
+        "{p}"
+    );
+
+    let d = variant(&t, &[]);
+    assert_eq!(
+        of_type(&d, "AWS::Serverless::Function"),
+        BTreeSet::from(["WorkerFunction".to_string()])
+    );
+    for kind in [
+        "AWS::Serverless::CapacityProvider",
+        "AWS::Lambda::CapacityProvider",
+        "AWS::Lambda::Function",
+        "AWS::Lambda::Version",
+        "AWS::Lambda::Alias",
+    ] {
+        assert!(
+            of_type(&d, kind).is_empty(),
+            "{kind} in the default variant"
+        );
+    }
+    assert_eq!(
+        of_type(&d, "AWS::IAM::Role"),
+        BTreeSet::from(["WorkerRole".to_string()])
+    );
+    let f = &resource(&d, "WorkerFunction")["Properties"];
+    for property in MANAGED_ONLY {
+        assert!(f.get(*property).is_none(), "{property} on demand");
+    }
+    // On demand as before: its memory and reserved concurrency.
+    assert_eq!(f["MemorySize"], json!({"Ref": "FunctionMemorySize"}));
+    assert_eq!(
+        f["ReservedConcurrentExecutions"],
+        json!({"Ref": "ReservedConcurrency"})
+    );
+    // Nothing in the default variant refers to the managed one.
+    let text = d["Resources"].to_string() + &d["Outputs"].to_string();
+    for id in [
+        "ManagedWorkerFunction",
+        "WorkerCapacityProvider",
+        "CapacityProviderOperatorRole",
+    ] {
+        assert!(!text.contains(id), "the default variant refers to {id}");
+    }
+}
+
+#[test]
+fn managed_instances_run_the_same_worker_on_a_capacity_provider() {
+    let t = template();
+    let m = variant(&t, MANAGED);
+    assert_eq!(
+        of_type(&m, "AWS::Serverless::Function"),
+        BTreeSet::from(["ManagedWorkerFunction".to_string()])
+    );
+    assert_eq!(
+        of_type(&m, "AWS::Serverless::CapacityProvider"),
+        BTreeSet::from(["WorkerCapacityProvider".to_string()])
+    );
+
+    // The capacity provider: the network given, Lambda's operator role, arm64 instances as the
+    // function's build, and its vCPU limit.
+    let cp = &resource(&m, "WorkerCapacityProvider")["Properties"];
+    assert_eq!(
+        cp["VpcConfig"],
+        json!({
+            "SubnetIds": {"Ref": "ManagedSubnetIds"},
+            "SecurityGroupIds": {"Ref": "ManagedSecurityGroupIds"}
+        })
+    );
+    assert_eq!(
+        cp["OperatorRole"],
+        json!({"Fn::GetAtt": ["CapacityProviderOperatorRole", "Arn"]})
+    );
+    let f = &resource(&m, "ManagedWorkerFunction")["Properties"];
+    assert_eq!(f["Architectures"], json!(["arm64"]));
+    assert_eq!(
+        cp["InstanceRequirements"]["Architectures"],
+        f["Architectures"]
+    );
+    assert_eq!(
+        cp["ScalingConfig"],
+        json!({"MaxVCpuCount": {"Ref": "ManagedMaxVCpuCount"}})
+    );
+
+    // The function on it: the provider's ARN (arn:aws:lambda:REGION:ACCOUNT:capacity-provider:NAME,
+    // its Ref being the name), the memory per vCPU and M from the parameters.
+    let config = &f["CapacityProviderConfig"];
+    assert_eq!(
+        config,
+        &json!({
+            "Arn": {"Fn::Sub": "arn:${AWS::Partition}:lambda:${AWS::Region}:${AWS::AccountId}:capacity-provider:${WorkerCapacityProvider}"},
+            "ExecutionEnvironmentMemoryGiBPerVCpu": {"Ref": "ManagedMemoryGiBPerVCpu"},
+            "PerExecutionEnvironmentMaxConcurrency": {"Ref": "ManagedMaxConcurrency"}
+        })
+    );
+    assert_eq!(f["MemorySize"], json!({"Ref": "ManagedMemorySize"}));
+    assert_eq!(
+        f["FunctionScalingConfig"],
+        json!({"MaxExecutionEnvironments": {"Ref": "ManagedMaxExecutionEnvironments"}})
+    );
+    // Published versions behind an alias the triggers use (see the SAM translation test), a new
+    // one for any change, the replaced one deleted.
+    assert_eq!(f["AutoPublishAlias"], "live");
+    assert_eq!(f["AutoPublishAliasAllProperties"], true);
+    assert_eq!(f["VersionDeletionPolicy"], "Delete");
+    // What Lambda or SAM refuse beside a capacity provider, and reserved concurrency, which
+    // FunctionScalingConfig replaces.
+    for property in [
+        "ReservedConcurrentExecutions",
+        "ProvisionedConcurrencyConfig",
+        "VpcConfig",
+    ] {
+        assert!(f.get(property).is_none(), "{property} on managed instances");
+    }
+
+    // Everything else is WorkerFunction's: the same build (equal Metadata, CodeUri, runtime and
+    // architecture also make `sam build` build the binary once for both), role, environment,
+    // logs, async settings, recursive loop setting and triggers.
+    let on_demand = resource(&t, "WorkerFunction");
+    let managed = resource(&t, "ManagedWorkerFunction");
+    assert_eq!(managed["Metadata"], on_demand["Metadata"]);
+    let without = |props: &Value, skip: &[&str]| -> Value {
+        let mut props = props.as_object().unwrap().clone();
+        for key in skip {
+            props.remove(*key);
+        }
+        Value::Object(props)
+    };
+    let shared_on_demand = without(
+        &on_demand["Properties"],
+        &["MemorySize", "ReservedConcurrentExecutions"],
+    );
+    let mut skip = MANAGED_ONLY.to_vec();
+    skip.push("MemorySize");
+    assert_eq!(without(&managed["Properties"], &skip), shared_on_demand);
+}
+
+/// The parameters' bounds are Lambda's, and their defaults give the managed variant what the
+/// on-demand default has: the same memory per run, and a bound on invocations at least as high
+/// as what the wake-up queue may start.
+#[test]
+fn the_managed_parameters_keep_to_lambdas_limits_and_the_on_demand_defaults() {
+    let t = template();
+    let p = |name: &str| &t["Parameters"][name];
+    let min = |name: &str| p(name)["MinValue"].as_i64().unwrap();
+    let max = |name: &str| p(name)["MaxValue"].as_i64().unwrap();
+    // Lambda: at least 2048 MB and one vCPU per environment, 2 to 8 GiB per vCPU, 1 to 1600
+    // invocations per environment, vCPU and environment limits of its API.
+    assert_eq!(min("ManagedMemorySize"), 2048);
+    assert!(max("ManagedMemorySize") <= 32768);
+    let ratios: Vec<i64> = p("ManagedMemoryGiBPerVCpu")["AllowedValues"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_i64().unwrap())
+        .collect();
+    assert!(ratios.iter().all(|r| (2..=8).contains(r)), "{ratios:?}");
+    assert!(
+        param_default(&t, "ManagedMemorySize")
+            >= 1024 * param_default(&t, "ManagedMemoryGiBPerVCpu"),
+        "the defaults give an environment one vCPU at least"
+    );
+    assert_eq!(
+        (min("ManagedMaxConcurrency"), max("ManagedMaxConcurrency")),
+        (1, 1600)
+    );
+    assert!(min("ManagedMaxVCpuCount") >= 2 && max("ManagedMaxVCpuCount") <= 15000);
+    assert!(min("ManagedMaxExecutionEnvironments") >= 3);
+
+    // M x C runs share one environment's memory: each gets what an on-demand run gets.
+    let m = param_default(&t, "ManagedMaxConcurrency");
+    let c = param_default(&t, "RunConcurrency");
+    assert_eq!(
+        param_default(&t, "ManagedMemorySize") / (m * c),
+        param_default(&t, "FunctionMemorySize") / c
+    );
+    // As ReservedConcurrency on demand: the queue cannot start more invocations than may run.
+    assert!(
+        param_default(&t, "WakeMaximumConcurrency")
+            <= param_default(&t, "ManagedMaxExecutionEnvironments") * m
+    );
+}
+
+#[test]
+fn managed_instances_need_subnets_and_security_groups() {
+    let t = template();
+    let base = [
+        ("IronflowApiUrl", "https://ironflow.example.com"),
+        ("InsecureIronflowApiUrl", ""),
+    ];
+    for (mode, subnets, groups, accepted) in [
+        ("disabled", "", "", true),
+        ("enabled", "", "", false),
+        ("enabled", "subnet-0a1b2c3d4e5f60718", "", false),
+        ("enabled", "", "sg-0123456789abcdef0", false),
+        (
+            "enabled",
+            "subnet-0a1b2c3d4e5f60718,subnet-0f1e2d3c4b5a69870",
+            "sg-0123456789abcdef0",
+            true,
+        ),
+    ] {
+        let mut params = BTreeMap::from(base);
+        params.insert("ManagedInstances", mode);
+        params.insert("ManagedSubnetIds", subnets);
+        params.insert("ManagedSecurityGroupIds", groups);
+        assert_eq!(
+            rules_accept(&t, &params),
+            accepted,
+            "{mode} with subnets {subnets:?} and security groups {groups:?}"
+        );
+    }
+    let managed: BTreeMap<&str, &str> = base.into_iter().chain(MANAGED.iter().copied()).collect();
+    assert!(rules_accept(&t, &managed));
+}
+
+/// The managed variant's IAM: the worker keeps its own role (the least-privilege tests above
+/// hold for it), and the capacity provider's operator role holds the AWS managed policy made for
+/// it and nothing else, assumable by Lambda only.
+#[test]
+fn the_capacity_provider_operator_role_holds_lambdas_policy_alone() {
+    let t = template();
+    let m = variant(&t, MANAGED);
+    assert_eq!(
+        of_type(&m, "AWS::IAM::Role"),
+        BTreeSet::from([
+            "CapacityProviderOperatorRole".to_string(),
+            "WorkerRole".to_string()
+        ])
+    );
+    let f = &resource(&m, "ManagedWorkerFunction")["Properties"];
+    assert_eq!(f["Role"], json!({"Fn::GetAtt": ["WorkerRole", "Arn"]}));
+    assert!(f.get("Policies").is_none());
+
+    let role = resource(&t, "CapacityProviderOperatorRole");
+    assert_eq!(role["Condition"], "OnManagedInstances");
+    let p = &role["Properties"];
+    assert_eq!(
+        p["ManagedPolicyArns"],
+        json!([{"Fn::Sub": "arn:${AWS::Partition}:iam::aws:policy/AWSLambdaManagedEC2ResourceOperator"}])
+    );
+    for absent in ["Policies", "PermissionsBoundary", "Path"] {
+        assert!(p.get(absent).is_none(), "{absent} on the operator role");
+    }
+    assert_eq!(
+        p["AssumeRolePolicyDocument"]["Statement"],
+        json!([{
+            "Effect": "Allow",
+            "Principal": {"Service": "lambda.amazonaws.com"},
+            "Action": "sts:AssumeRole"
+        }])
+    );
+}
+
+/// `template.yaml` with the parameters' defaults replaced, as a file the linters read: the
+/// text itself (its short tags, its lines), only the `Default:` line of each changed.
+fn with_defaults(text: &str, defaults: &[(&str, &str)]) -> String {
+    let mut lines: Vec<String> = text.lines().map(str::to_string).collect();
+    for (name, value) in defaults {
+        let start = lines
+            .iter()
+            .position(|l| l == &format!("  {name}:"))
+            .unwrap_or_else(|| panic!("no parameter {name}"));
+        let end = (start + 1..lines.len())
+            .find(|&i| !lines[i].starts_with("   "))
+            .unwrap();
+        let line = (start + 1..end)
+            .find(|&i| lines[i].starts_with("    Default:"))
+            .unwrap_or_else(|| panic!("{name} has no default"));
+        lines[line] = format!("    Default: {}", json!(value));
+    }
+    let rendered = lines.join("\n") + "\n";
+    let parsed = to_json(yaml_serde::from_str(&rendered).unwrap());
+    for (name, value) in defaults {
+        assert_eq!(parsed["Parameters"][*name]["Default"], json!(value));
+    }
+    rendered
+}
+
+/// A variant of template.yaml in a directory of its own (without samconfig.toml, so that `sam
+/// validate` alone translates rather than lints).
+fn variant_file(name: &str, overrides: &[(&str, &str)]) -> PathBuf {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(name);
+    std::fs::create_dir_all(&dir).unwrap();
+    let text = std::fs::read_to_string(root().join("template.yaml")).unwrap();
+    let path = dir.join("template.yaml");
+    std::fs::write(&path, with_defaults(&text, overrides)).unwrap();
+    path
+}
+
+fn venv_tool(name: &str) -> PathBuf {
+    let tool = root().join(".venv/bin").join(name);
+    assert!(
+        tool.exists(),
+        "{} is missing: run ./scripts/test, which installs the project's Python tools",
+        tool.display()
+    );
+    tool
+}
+
+/// Runs a tool of .venv on `template` as scripts/test runs SAM: no AWS call, dummy credentials.
+fn run_on(tool: &str, args: &[&str], template: &Path) -> String {
+    let output = Command::new(venv_tool(tool))
+        .args(args)
+        .arg(template)
+        .current_dir(template.parent().unwrap())
+        .env_remove("AWS_PROFILE")
+        .env_remove("AWS_SESSION_TOKEN")
+        .env("AWS_ACCESS_KEY_ID", "testing")
+        .env("AWS_SECRET_ACCESS_KEY", "testing")
+        .env("AWS_DEFAULT_REGION", "us-east-1")
+        .env("SAM_CLI_TELEMETRY", "0")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout).to_string();
+    assert!(
+        output.status.success(),
+        "{tool} {args:?} {} failed:\n{stdout}\n{}",
+        template.display(),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    stdout
+}
+
+/// Both linters and SAM's own validation (its transform, offline) pass on each variant.
+fn lints_clean(name: &str, overrides: &[(&str, &str)]) {
+    let path = variant_file(name, overrides);
+    // cfn-lint fails on any error or warning; it ignores --parameters on SAM templates, hence
+    // the file with other defaults.
+    assert_eq!(run_on("cfn-lint", &[], &path), "", "cfn-lint warnings");
+    assert!(
+        run_on("sam", &["validate", "--lint", "-t"], &path).contains("is a valid SAM Template")
+    );
+    assert!(run_on("sam", &["validate", "-t"], &path).contains("is a valid SAM Template"));
+}
+
+#[test]
+fn the_on_demand_variant_passes_both_linters() {
+    lints_clean("on-demand-variant", &[]);
+}
+
+#[test]
+fn the_managed_variant_passes_both_linters() {
+    lints_clean("managed-variant", MANAGED);
+}
+
+/// template.yaml as SAM's transform makes it, by the SAM translator of .venv (offline), with
+/// CodeUri pointing at an uploaded artefact as after `sam package`.
+fn sam_translated() -> Value {
+    const SCRIPT: &str = r#"
+import json, sys
+from samtranslator.translator.transform import transform
+from samtranslator.yaml_helper import yaml_parse
+
+with open(sys.argv[1]) as f:
+    template = yaml_parse(f.read())
+for resource in template["Resources"].values():
+    if resource["Type"] == "AWS::Serverless::Function":
+        resource["Properties"]["CodeUri"] = "s3://artefacts/worker.zip"
+
+class NoManagedPolicies:
+    def load(self):
+        return {}
+
+print(json.dumps(transform(template, {}, NoManagedPolicies())))
+"#;
+    let output = Command::new(venv_python())
+        .args(["-c", SCRIPT])
+        .arg(root().join("template.yaml"))
+        .env("AWS_DEFAULT_REGION", "us-east-1")
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "SAM's transform failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    serde_json::from_slice(&output.stdout).unwrap()
+}
+
+/// What SAM makes of each variant: on demand, the function alone, unpublished; on managed
+/// instances, the function with Lambda's capacity provider configuration, published behind the
+/// alias `live` that the schedule, the wake-up queue and the async settings all target.
+#[test]
+fn sams_transform_wires_each_variant() {
+    let translated = sam_translated();
+
+    let d = variant(&translated, &[]);
+    assert!(of_type(&d, "AWS::Lambda::CapacityProvider").is_empty());
+    assert!(of_type(&d, "AWS::Lambda::Version").is_empty());
+    assert!(of_type(&d, "AWS::Lambda::Alias").is_empty());
+    assert_eq!(
+        of_type(&d, "AWS::Lambda::Function"),
+        BTreeSet::from(["WorkerFunction".to_string()])
+    );
+    assert_eq!(
+        of_type(&d, "AWS::IAM::Role"),
+        BTreeSet::from(["WorkerRole".to_string()]),
+        "SAM adds no role of its own"
+    );
+    let f = &resource(&d, "WorkerFunction")["Properties"];
+    assert!(f.get("CapacityProviderConfig").is_none());
+    assert_eq!(
+        resource(&d, "WorkerFunctionWakeUps")["Properties"]["FunctionName"],
+        json!({"Ref": "WorkerFunction"})
+    );
+
+    let m = variant(&translated, MANAGED);
+    assert_eq!(
+        of_type(&m, "AWS::Lambda::Function"),
+        BTreeSet::from(["ManagedWorkerFunction".to_string()])
+    );
+    assert_eq!(
+        of_type(&m, "AWS::IAM::Role"),
+        BTreeSet::from([
+            "CapacityProviderOperatorRole".to_string(),
+            "WorkerRole".to_string()
+        ]),
+        "SAM adds no operator role of its own"
+    );
+    let cp = &resource(&m, "WorkerCapacityProvider");
+    assert_eq!(cp["Type"], "AWS::Lambda::CapacityProvider");
+    assert_eq!(
+        cp["Properties"]["PermissionsConfig"],
+        json!({"CapacityProviderOperatorRoleArn": {"Fn::GetAtt": ["CapacityProviderOperatorRole", "Arn"]}})
+    );
+    assert_eq!(
+        cp["Properties"]["CapacityProviderScalingConfig"],
+        json!({"MaxVCpuCount": {"Ref": "ManagedMaxVCpuCount"}, "ScalingMode": "Auto"})
+    );
+    let f = &resource(&m, "ManagedWorkerFunction")["Properties"];
+    let config = &f["CapacityProviderConfig"]["LambdaManagedInstancesCapacityProviderConfig"];
+    assert!(
+        config["CapacityProviderArn"]["Fn::Sub"]
+            .as_str()
+            .unwrap()
+            .ends_with(":capacity-provider:${WorkerCapacityProvider}")
+    );
+    assert_eq!(
+        config["PerExecutionEnvironmentMaxConcurrency"],
+        json!({"Ref": "ManagedMaxConcurrency"})
+    );
+
+    let versions = of_type(&m, "AWS::Lambda::Version");
+    assert_eq!(versions.len(), 1, "{versions:?}");
+    let version = resource(&m, versions.first().unwrap());
+    assert_eq!(version["DeletionPolicy"], "Delete");
+    let alias = "ManagedWorkerFunctionAliaslive";
+    assert_eq!(
+        of_type(&m, "AWS::Lambda::Alias"),
+        BTreeSet::from([alias.to_string()])
+    );
+    assert_eq!(resource(&m, alias)["Properties"]["Name"], "live");
+    let to_alias = json!({"Ref": alias});
+    assert_eq!(
+        resource(&m, "ManagedWorkerFunctionWakeUps")["Properties"]["FunctionName"],
+        to_alias
+    );
+    assert_eq!(
+        resource(&m, "ManagedWorkerFunctionSchedule")["Properties"]["Targets"][0]["Arn"],
+        to_alias
+    );
+    assert_eq!(
+        resource(&m, "ManagedWorkerFunctionSchedulePermission")["Properties"]["FunctionName"],
+        to_alias
+    );
+    let invoke = &resource(&m, "ManagedWorkerFunctionEventInvokeConfig")["Properties"];
+    assert_eq!(invoke["Qualifier"], "live");
+    assert_eq!(invoke["MaximumRetryAttempts"], 0);
+    assert_eq!(m["Outputs"]["WorkerFunctionAliasArn"]["Value"], to_alias);
 }
 
 // --- the local stack against moto ------------------------------------------------------------
