@@ -178,9 +178,27 @@ impl LambdaWorkerBuilder {
     }
 
     /// Runs executing at once in one invocation, C (`IRONFLOW_CONCURRENCY`). Default 2; at
-    /// least 1. The execution runtime has C + 1 threads.
+    /// least 1. The execution runtime has M × C + 1 threads (M:
+    /// [`concurrent_invocations`](Self::concurrent_invocations)).
     pub fn concurrency(mut self, n: usize) -> Self {
         self.settings.concurrency = n;
+        self
+    }
+
+    /// Invocations one process serves at once, M (`AWS_LAMBDA_MAX_CONCURRENCY`, which Lambda
+    /// Managed Instances set from the function's `PerExecutionEnvironmentMaxConcurrency`).
+    /// Default 1: one invocation at a time, as on-demand Lambda sends them; a second call of
+    /// [`crate::handle`] waits for the first to return. Above 1, that many invocations run at
+    /// once, each with its own C runs, lease, handbacks, step logs and summary; the execution
+    /// runtime has M × C + 1 threads; M × C is at most 4096.
+    ///
+    /// ```no_run
+    /// # let builder = ironflow_lambda::LambdaWorkerBuilder::new("https://ironflow.example.com", "t");
+    /// // 4 invocations at once, each executing at most 2 runs: at most 8 runs in the process.
+    /// let builder = builder.concurrent_invocations(4).concurrency(2);
+    /// ```
+    pub fn concurrent_invocations(mut self, m: usize) -> Self {
+        self.settings.concurrent_invocations = m;
         self
     }
 

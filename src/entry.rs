@@ -10,7 +10,10 @@
 //!
 //! The runtime loop, the claims, the lease refreshers and the handbacks run on a single-threaded
 //! runtime on the main thread; the worker executes the runs on a runtime of its own
-//! ([`crate::runtime`]), so that workflow code blocking its threads cannot stop them.
+//! ([`crate::runtime`]), so that workflow code blocking its threads cannot stop them. Under
+//! Lambda Managed Instances (`AWS_LAMBDA_MAX_CONCURRENCY` = M > 1) the loop is lambda_runtime's
+//! `run_concurrent`: M polling loops on that same thread, M invocations in flight at once
+//! ([`crate::LambdaWorker`] says what they share).
 
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -116,10 +119,13 @@ where
     let handler = ServiceBuilder::new()
         .layer(MetricsLayer::new(collector))
         .service(answer);
+    // AWS_LAMBDA_MAX_CONCURRENCY > 1 (Lambda Managed Instances): that many polling loops,
+    // each serving one invocation at a time, all admitted by the worker (crate::admission);
+    // unset or 1: the one sequential loop of on-demand Lambda.
     let served = Runtime::new(handler)
         .layer(TracingLayer::new())
         .layer(ExitWhenStuckLayer::new(worker))
-        .run()
+        .run_concurrent()
         .await;
     match served {
         Ok(()) => ExitCode::SUCCESS,

@@ -45,7 +45,7 @@ use crate::deadline::later;
 use crate::handback::{self, HandbackContext, HandbackPolicy, Why};
 use crate::lease::{LeaseEnd, LeaseRefresher};
 use crate::orphans;
-use crate::process_mark::RunMark;
+use crate::process_mark::{LiveMark, RunMark};
 use crate::report::{Fate, Outcome, RunReport};
 use crate::runtime::{ExecutionRuntime, StuckExecutions};
 use crate::store::GuardedStore;
@@ -152,7 +152,8 @@ async fn execute_in_span(p: ExecutionParams, claimed: Claimed) -> RunReport {
         .with_start_margin(start_margin),
     );
     // Every process the run's steps start carries this mark: they end with the run.
-    let mark = RunMark::next();
+    let live_mark = LiveMark::new();
+    let mark = live_mark.mark();
     let mut task = spawn_work(&p, &run, &scope, mark, claim_sent, interval, steps_ahead);
 
     let mut stop = supervise(&mut task, &scope, &refresher, run_deadline, p.cutoff).await;
@@ -161,6 +162,8 @@ async fn execute_in_span(p: ExecutionParams, claimed: Claimed) -> RunReport {
     let stuck = stop_task(&p, &mut task, &scope, &mut stop).await;
     refresher.stop().await;
     end_processes(&p, mark).await;
+    // From here on, a process with this mark belongs to no live run: a sweep may take it.
+    drop(live_mark);
 
     let timing = Timing {
         claimed_at,
@@ -253,6 +256,14 @@ async fn supervise(
             end = refresher.ended(), if !winding_down => match end {
                 LeaseEnd::Left { status } if scope.wrote_status(status) => {
                     info!(status = %status, "the run left Running: letting its execution finish");
+                    winding_down = true;
+                    continue;
+                }
+                // Refused with no holder named while this execution was writing the run out
+                // of Running (its final status raced the renewal), the status unreadable: its
+                // own write, as far as anyone can tell; nobody else holds the run.
+                LeaseEnd::Unexplained if scope.left_running_itself() => {
+                    info!("the lease was refused as the run left Running: letting its execution finish");
                     winding_down = true;
                     continue;
                 }

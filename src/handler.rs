@@ -25,7 +25,7 @@ use serde_json::Value;
 use tracing::{info, warn};
 
 use crate::deadline::Budget;
-use crate::invocation;
+use crate::invocation::{self, Invoked};
 use crate::report::{BatchRequest, InvocationSummary, StopReason};
 use crate::trigger::{self, Trigger, TriggerError};
 use crate::worker::LambdaWorker;
@@ -241,7 +241,11 @@ async fn run_batch(
         }
         _ => Budget::from_epoch_ms(context.deadline, settings.deadline_margin),
     };
-    let summary = invocation::run(worker, &context.request_id, budget, request).await;
+    let invoked = Invoked {
+        request_id: &context.request_id,
+        trace_id: context.xray_trace_id.as_deref(),
+    };
+    let summary = invocation::run(worker, invoked, budget, request).await;
     info!(summary = %serde_json::to_string(&summary).unwrap_or_default(), "invocation summary");
     summary
 }
@@ -276,6 +280,11 @@ pub fn could_not_run(summary: &InvocationSummary) -> Option<String> {
         }),
         StopReason::Cutoff => Some(
             "no time left to claim a run before the cutoff (deadline − IRONFLOW_DEADLINE_MARGIN_MS − IRONFLOW_MIN_CLAIM_BUDGET_MS)"
+                .to_string(),
+        ),
+        StopReason::Retiring => Some(
+            "the process is retiring (an execution is stuck in workflow code): nothing claimed; \
+             Lambda retries the event in another execution environment"
                 .to_string(),
         ),
         StopReason::MaxRuns | StopReason::NoPendingRun => None,

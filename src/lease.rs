@@ -62,6 +62,9 @@ pub enum LeaseEnd {
         /// Its status as read back.
         status: RunStatus,
     },
+    /// The API refused the renewal without naming a holder (the run had left Running, or
+    /// its lease was cleared), and the run's status could not be read back.
+    Unexplained,
     /// No refresh was confirmed before the lease's validity ran out.
     Expired {
         /// The last refresh's error, if one failed (none: it got no answer at all).
@@ -78,6 +81,9 @@ impl LeaseEnd {
                 held_by.as_deref().unwrap_or("holder not named by the API")
             ),
             Self::Cancelled => "run cancelled through the API while it executed".to_string(),
+            Self::Unexplained => "lease refused by the API, no holder named, and the run's \
+                                  status could not be read: abandoned"
+                .to_string(),
             Self::Left { status } => {
                 format!("run left Running while it executed (now {status}): abandoned")
             }
@@ -298,7 +304,12 @@ impl Refresh {
             Ok(Some(run)) => LeaseEnd::TakenOver {
                 held_by: held_by.or(run.worker_id),
             },
-            _ => LeaseEnd::TakenOver { held_by },
+            Ok(None) => LeaseEnd::TakenOver { held_by },
+            // No status: only a holder the API named tells a takeover.
+            Err(_) => match held_by {
+                Some(_) => LeaseEnd::TakenOver { held_by },
+                None => LeaseEnd::Unexplained,
+            },
         }
     }
 
@@ -325,6 +336,7 @@ mod tests {
     #[test]
     fn each_end_says_what_happened() {
         assert!(LeaseEnd::Cancelled.describe().contains("cancelled"));
+        assert!(LeaseEnd::Unexplained.describe().contains("no holder named"));
         assert!(
             LeaseEnd::TakenOver {
                 held_by: Some("w2".into())

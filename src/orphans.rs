@@ -8,8 +8,10 @@
 //! left and reaps it.
 //!
 //! The worker owns every child process of its process: it starts none of its own that must
-//! survive an invocation. When several invocations run in one process (tests), only the last
-//! one to finish sweeps.
+//! survive an invocation. Each run's processes end with the run ([`crate::process_mark`]); when
+//! several invocations run in one process (Lambda Managed Instances, tests), only the last one to
+//! finish sweeps, and it spares the processes of runs that still execute (an invocation that
+//! started as it finished).
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Mutex;
@@ -52,8 +54,9 @@ impl InvocationGuard {
     }
 
     /// End the invocation; if it was the last active one, kill and reap every descendant
-    /// process left. Returns how many processes were killed.
-    pub async fn finish(mut self) -> usize {
+    /// process left but those `spared` (a run that still executes owns it: an invocation that
+    /// started meanwhile). Returns how many processes were killed.
+    pub async fn finish(mut self, spared: fn(i32) -> bool) -> usize {
         self.finished = true;
         let last = {
             let mut active = ACTIVE
@@ -65,7 +68,9 @@ impl InvocationGuard {
         if !last || has_no_child() {
             return 0;
         }
-        match tokio::task::spawn_blocking(|| sweep(Duration::from_secs(2))).await {
+        match tokio::task::spawn_blocking(move || sweep_sparing(Duration::from_secs(2), spared))
+            .await
+        {
             Ok(killed) => killed,
             Err(e) => {
                 warn!(error = %e, "orphan sweep task failed");
@@ -89,10 +94,17 @@ impl Drop for InvocationGuard {
 /// Kill every descendant of this process with SIGKILL, then reap the ones that are its direct
 /// children, waiting at most `wait` for them to exit. Returns how many were killed.
 pub fn sweep(wait: Duration) -> usize {
+    sweep_sparing(wait, |_| false)
+}
+
+/// [`sweep`], sparing the processes for which `spared` holds. The descendants are listed before
+/// `spared` looks at them: a process that exists by then and belongs to a live run was marked
+/// as such before it was spawned.
+pub fn sweep_sparing(wait: Duration, spared: impl Fn(i32) -> bool) -> usize {
     if has_no_child() {
         return 0;
     }
-    let descendants = descendants();
+    let descendants: Vec<i32> = descendants().into_iter().filter(|p| !spared(*p)).collect();
     if descendants.is_empty() {
         return 0;
     }

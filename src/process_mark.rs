@@ -18,10 +18,12 @@
 //!   where `/proc/<pid>/timerslack_ns` cannot be read (an old kernel, a restricted `/proc`) it
 //!   finds none, and the invocation's sweep ([`crate::orphans`]) remains the last resort.
 
+use std::collections::BTreeMap;
 use std::future::Future;
 use std::num::NonZeroU64;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -36,9 +38,55 @@ const SPAN: u64 = 65_535;
 
 static NEXT: AtomicU64 = AtomicU64::new(0);
 
+/// Marks of the runs executing now, with how many runs hold each (marks repeat after
+/// [`SPAN`] runs).
+static LIVE: Mutex<BTreeMap<u64, usize>> = Mutex::new(BTreeMap::new());
+
+fn live() -> MutexGuard<'static, BTreeMap<u64, usize>> {
+    LIVE.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
 /// One run's mark (see the module docs).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RunMark(NonZeroU64);
+
+/// A mark held by a run that executes: [`belongs_to_a_live_run`] sees the processes that carry
+/// it until it is dropped. Take it before the run spawns anything.
+#[derive(Debug)]
+pub struct LiveMark(RunMark);
+
+impl LiveMark {
+    /// A new run's mark ([`RunMark::next`]), live until dropped.
+    pub fn new() -> Self {
+        let mark = RunMark::next();
+        *live().entry(mark.nanos()).or_default() += 1;
+        Self(mark)
+    }
+
+    /// The mark.
+    pub fn mark(&self) -> RunMark {
+        self.0
+    }
+}
+
+impl Drop for LiveMark {
+    fn drop(&mut self) {
+        let mut live = live();
+        let nanos = self.0.nanos();
+        if let Some(holders) = live.get_mut(&nanos) {
+            *holders = holders.saturating_sub(1);
+            if *holders == 0 {
+                live.remove(&nanos);
+            }
+        }
+    }
+}
+
+/// Whether process `pid` carries the mark of a run that executes now (false where its timer
+/// slack cannot be read). Blocking: reads `/proc`.
+pub fn belongs_to_a_live_run(pid: i32) -> bool {
+    timer_slack(pid).is_some_and(|nanos| live().contains_key(&nanos))
+}
 
 impl RunMark {
     /// A mark no live run of this process has.
@@ -74,10 +122,14 @@ impl RunMark {
 
 /// Whether process `pid` carries `mark` (false where its timer slack cannot be read).
 fn carries(pid: i32, mark: RunMark) -> bool {
+    timer_slack(pid) == Some(mark.nanos())
+}
+
+/// The timer slack of process `pid`, in ns, where `/proc` shows it.
+fn timer_slack(pid: i32) -> Option<u64> {
     std::fs::read_to_string(format!("/proc/{pid}/timerslack_ns"))
         .ok()
         .and_then(|s| s.trim().parse::<u64>().ok())
-        == Some(mark.nanos())
 }
 
 /// A future polled under a run's mark ([`RunMark::mark`]).

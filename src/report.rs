@@ -170,17 +170,21 @@ pub enum StopReason {
     Cutoff,
     /// A claim failed (API unreachable, auth refused...): see `errors`.
     ClaimError,
+    /// Nothing was claimed: the process is retiring (an execution stuck in workflow code, see
+    /// [`crate::layers::ExitWhenStuck`]) and ends once no invocation is in flight.
+    Retiring,
 }
 
 impl StopReason {
-    /// The name in the summary and in log lines: `max_runs`, `no_pending_run`, `cutoff` or
-    /// `claim_error`.
+    /// The name in the summary and in log lines: `max_runs`, `no_pending_run`, `cutoff`,
+    /// `claim_error` or `retiring`.
     pub fn as_str(self) -> &'static str {
         match self {
             Self::MaxRuns => "max_runs",
             Self::NoPendingRun => "no_pending_run",
             Self::Cutoff => "cutoff",
             Self::ClaimError => "claim_error",
+            Self::Retiring => "retiring",
         }
     }
 }

@@ -4,8 +4,8 @@
 //! `std::thread::sleep` in a handler. On one shared runtime that stops every lease refresh,
 //! the cutoff and deadline watches and the response with it. So the engine executes runs on a
 //! runtime of its own, owned by the worker, with one worker thread more than runs may execute
-//! at once ([`threads_for`]): C blocked runs still leave a thread to drive the others'
-//! requests. The invocation's claim loop, lease refreshers, watches, handbacks and response
+//! at once in the process ([`threads_for`]: M × C, M invocations of C runs each): blocked
+//! runs still leave a thread to drive the others' requests. The invocation's claim loop, lease refreshers, watches, handbacks and response
 //! stay on the runtime the handler is called on (the Lambda runtime loop's), with an HTTP
 //! client of their own ([`crate::calls`]).
 //!
@@ -23,9 +23,10 @@ use tokio::runtime::{Builder, Handle, Runtime};
 use tokio::task::AbortHandle;
 use tokio_util::task::AbortOnDropHandle;
 
-/// Worker threads of the execution runtime for `concurrency` runs at once: one more.
-pub fn threads_for(concurrency: usize) -> usize {
-    concurrency.saturating_add(1)
+/// Worker threads of the execution runtime for `runs` executing at once in the process: one
+/// more.
+pub fn threads_for(runs: usize) -> usize {
+    runs.saturating_add(1)
 }
 
 /// The runtime the engine executes runs on. Shuts down in the background when dropped (also

@@ -27,6 +27,8 @@ use crate::settings::{MAX_WAKEUPS_PER_INVOCATION_LIMIT, WakeSettings};
 
 /// Time kept free before the invocation deadline by the wake-up phase: 500 ms.
 pub const WAKE_DEADLINE_RESERVE: Duration = Duration::from_millis(500);
+/// The header that carries an invocation's X-Ray trace id on its wake-ups.
+const TRACE_HEADER: &str = "x-amzn-trace-id";
 /// Longest the wake-up phase takes (pending count, queue attributes, send): 5 s.
 pub const WAKE_PHASE_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -69,6 +71,11 @@ pub fn wake_ups_needed(
 pub(crate) struct BatchEnd<'a> {
     /// Lambda's request id, written into the wake-ups (`sent_by`).
     pub request_id: &'a str,
+    /// The invocation's X-Ray trace header (`Context.xray_trace_id`), sent with the wake-ups
+    /// as `X-Amzn-Trace-Id`: Lambda's recursive-loop detection follows it from the wake-up's
+    /// invocation back to this one. Without it the SDK sends `_X_AMZN_TRACE_ID`, which
+    /// lambda_runtime sets per invocation only when it serves one at a time.
+    pub trace_id: Option<&'a str>,
     /// Runs handed back by the batch, and runs claimed ahead that it released unexecuted.
     pub handed_back: usize,
     /// Whether the batch took every run it was asked for (`stop_reason` `max_runs`).
@@ -135,7 +142,11 @@ pub(crate) async fn after_batch(
         WakeTrigger::HandedBack => waker.settings.handback_delay.as_secs(),
         WakeTrigger::Backlog => 0,
     };
-    send_wake_ups(waker, count, trigger, end.request_id, until, &mut report).await;
+    let sender = Sender {
+        request_id: end.request_id,
+        trace_id: end.trace_id,
+    };
+    send_wake_ups(waker, count, trigger, sender, until, &mut report).await;
     info!(
         trigger = trigger.as_str(),
         sent = report.sent,
@@ -180,22 +191,35 @@ async fn measure_backlog(
     true
 }
 
+/// The invocation that sends wake-ups.
+#[derive(Clone, Copy)]
+struct Sender<'a> {
+    request_id: &'a str,
+    trace_id: Option<&'a str>,
+}
+
 /// Send `count` wake-ups for `trigger` before `until`, with the report's delay.
 async fn send_wake_ups(
     waker: &Waker,
     count: usize,
     trigger: WakeTrigger,
-    request_id: &str,
+    sender: Sender<'_>,
     until: Instant,
     report: &mut WakeReport,
 ) {
     let body = serde_json::json!({
         "reason": trigger,
         "pending_runs": report.pending_runs,
-        "sent_by": request_id,
+        "sent_by": sender.request_id,
     })
     .to_string();
-    let sending = Box::pin(send(waker, count, &body, report.delay_secs));
+    let sending = Box::pin(send(
+        waker,
+        count,
+        &body,
+        report.delay_secs,
+        sender.trace_id,
+    ));
     match timeout_at(until, sending).await {
         Ok((sent, errors)) => {
             report.sent = sent;
@@ -238,9 +262,15 @@ async fn queued_wake_ups(waker: &Waker) -> Result<u64, String> {
         + count(QueueAttributeName::ApproximateNumberOfMessagesDelayed))
 }
 
-/// Send `count` (≤ 10) wake-ups in one `SendMessageBatch`. Returns how many SQS accepted and
-/// the errors.
-async fn send(waker: &Waker, count: usize, body: &str, delay_secs: u64) -> (usize, Vec<String>) {
+/// Send `count` (≤ 10) wake-ups in one `SendMessageBatch`, with `trace_id` as its
+/// `X-Amzn-Trace-Id` header when given. Returns how many SQS accepted and the errors.
+async fn send(
+    waker: &Waker,
+    count: usize,
+    body: &str,
+    delay_secs: u64,
+    trace_id: Option<&str>,
+) -> (usize, Vec<String>) {
     let delay = i32::try_from(delay_secs).unwrap_or(0);
     let mut entries = Vec::with_capacity(count);
     for i in 0..count.min(MAX_WAKEUPS_PER_INVOCATION_LIMIT) {
@@ -254,11 +284,22 @@ async fn send(waker: &Waker, count: usize, body: &str, delay_secs: u64) -> (usiz
             Err(e) => return (0, vec![format!("building a wake-up failed: {e}")]),
         }
     }
+    let trace = trace_id.map(str::to_string);
     let output = match waker
         .sqs
         .send_message_batch()
         .queue_url(&waker.settings.queue_url)
         .set_entries(Some(entries))
+        .customize()
+        .mutate_request(move |request| {
+            // The SDK's recursion-detection interceptor leaves a header that is already there.
+            // A value that cannot be a header (Lambda's never is) is left out.
+            if let Some(trace) = &trace {
+                let _ = request
+                    .headers_mut()
+                    .try_insert(TRACE_HEADER, trace.clone());
+            }
+        })
         .send()
         .await
     {

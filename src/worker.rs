@@ -13,6 +13,7 @@ use ironflow_store::entities::{WorkerCapabilities, normalize_worker_tags};
 use ironflow_store::store::Store;
 use tracing::warn;
 
+use crate::admission::Admission;
 use crate::api::ApiClient;
 use crate::api::artifacts::ApiArtifactSink;
 use crate::api::logs::LogForwarder;
@@ -21,6 +22,7 @@ use crate::calls::Calls;
 use crate::claim_ahead::RunPace;
 use crate::credentials::Credentials;
 use crate::poison::memory::MemoryPoisonTable;
+use crate::poison::seen::SeenCounters;
 use crate::poison::{PoisonMode, PoisonTable};
 use crate::pool::PoolWarden;
 use crate::runtime::{self, ExecutionRuntime, StuckExecutions};
@@ -34,10 +36,14 @@ use crate::wake::Waker;
 /// and shared by every invocation of the instance: the settings, the engine and the workflows,
 /// the HTTP clients, the poison-pill table, the claim pace and the execution runtime.
 ///
-/// It runs one invocation at a time, as Lambda sends an execution environment one event at a
-/// time: a second call of [`crate::handle`] on the same worker waits until the first returns
-/// (its deadline running meanwhile): the step-log channel, the claim pace and the pooled
-/// connections it shares across invocations serve one at a time.
+/// It serves at most M invocations at once ([`Settings::concurrent_invocations`], 1 unless
+/// Lambda Managed Instances set `AWS_LAMBDA_MAX_CONCURRENCY`; [`crate::admission`]). Each
+/// invocation has its own worker id, budget, leases, handbacks, step-log inbox and summary;
+/// what they share is safe to share: the engine and its HTTP clients (pooled connections), the
+/// execution runtime (M × C + 1 threads), the step-log channel (each line routed to the
+/// invocation that owns its run, [`crate::api::logs`]), the poison-pill table and the counters
+/// read from it (each invocation sees the others' outcomes, [`crate::poison::gate`]), and the
+/// claim pace (atomic moving averages, [`crate::claim_ahead`]).
 pub struct LambdaWorker {
     /// The engine that executes runs, on [`LambdaWorker::runtime`].
     pub(crate) engine: Arc<Engine>,
@@ -53,14 +59,16 @@ pub struct LambdaWorker {
     pub(crate) capabilities: WorkerCapabilities,
     pub(crate) poison_table: Arc<dyn PoisonTable>,
     pub(crate) poison_mode: PoisonMode,
+    /// The poison-pill counters this process's invocations have read or written.
+    pub(crate) poison_seen: Arc<SeenCounters>,
     pub(crate) pool: PoolWarden,
     pub(crate) pace: RunPace,
     pub(crate) logs: Arc<LogForwarder>,
     pub(crate) api: ApiClient,
     pub(crate) wake: Option<Waker>,
     pub(crate) settings: Settings,
-    /// Held by the invocation under way ([`crate::invocation::run`]).
-    pub(crate) one_at_a_time: tokio::sync::Mutex<()>,
+    /// The invocations in flight, at most M ([`crate::invocation::run`]).
+    pub(crate) admission: Admission,
 }
 
 /// What a builder hands over once its settings are valid.
@@ -117,9 +125,10 @@ impl LambdaWorker {
         let api = ApiClient::new(&s.api_url, credentials.clone())?;
         let artifacts = ApiClient::new(&s.api_url, credentials.clone())?;
         let (log_sender, log_receiver) = ironflow_engine::log_sender::channel();
-        engine.set_log_sender(log_sender);
+        engine.set_log_sender(log_sender.clone());
         engine.set_artifact_sink(Arc::new(ApiArtifactSink::new(artifacts)));
-        let threads = runtime::threads_for(s.concurrency);
+        // Every invocation in flight may execute C runs at once (validated: M × C ≤ 4096).
+        let threads = runtime::threads_for(s.concurrent_invocations.saturating_mul(s.concurrency));
         let execution_runtime = ExecutionRuntime::new(threads)
             .map_err(|source| BuildError::Runtime { threads, source })?;
         let calls_store = Arc::new(GuardedStore::api(&s.api_url, credentials));
@@ -146,13 +155,14 @@ impl LambdaWorker {
             capabilities,
             poison_table: parts.poison_table,
             poison_mode,
+            poison_seen: Arc::default(),
             pool: PoolWarden::new(parts.idle_probe_after),
             pace: RunPace::new(s.claim_ahead_percent),
-            logs: Arc::new(LogForwarder::new(api.clone(), log_receiver)),
+            logs: Arc::new(LogForwarder::new(api.clone(), log_sender, log_receiver)),
             api,
             wake: parts.waker,
+            admission: Admission::new(s.concurrent_invocations),
             settings: s,
-            one_at_a_time: tokio::sync::Mutex::new(()),
         })
     }
 
@@ -178,6 +188,12 @@ impl LambdaWorker {
     /// to another invocation once the response is out, under on-demand Lambda.
     pub fn stuck_executions(&self) -> usize {
         self.stuck.count()
+    }
+
+    /// Invocations in flight in this worker now (at most
+    /// [`Settings::concurrent_invocations`]).
+    pub fn invocations_in_flight(&self) -> usize {
+        self.admission.in_flight()
     }
 
     /// The invocation's own calls, counting their faults in `faults`.

@@ -587,3 +587,88 @@ async fn a_failed_send_is_reported_and_does_not_fail_the_batch() {
         2
     );
 }
+
+/// Records the `X-Amzn-Trace-Id` of every `SendMessageBatch` the client sends (the SDK's own
+/// interceptor hook: the request as it goes on the wire).
+#[derive(Debug, Default, Clone)]
+struct TraceHeaders(Arc<std::sync::Mutex<Vec<Option<String>>>>);
+
+impl aws_sdk_sqs::config::Intercept for TraceHeaders {
+    fn name(&self) -> &'static str {
+        "TraceHeaders"
+    }
+
+    fn read_before_transmit(
+        &self,
+        context: &aws_sdk_sqs::config::interceptors::BeforeTransmitInterceptorContextRef<'_>,
+        _: &aws_sdk_sqs::config::RuntimeComponents,
+        _: &mut aws_sdk_sqs::config::ConfigBag,
+    ) -> Result<(), aws_sdk_sqs::error::BoxError> {
+        let headers = context.request().headers();
+        if headers
+            .get("x-amz-target")
+            .is_some_and(|t| t.ends_with("SendMessageBatch"))
+        {
+            let trace = headers.get("x-amzn-trace-id").map(str::to_string);
+            self.0.lock().unwrap().push(trace);
+        }
+        Ok(())
+    }
+}
+
+#[tokio::test]
+async fn concurrent_invocations_carry_their_own_trace_header_on_their_wake_ups() {
+    let recorded = TraceHeaders::default();
+    let sqs = aws_sdk_sqs::Client::from_conf(
+        sqs_client()
+            .config()
+            .to_builder()
+            .interceptor(recorded.clone())
+            .build(),
+    );
+    let url = new_queue(&sqs).await;
+    let api = LocalApi::start(TOKEN).await.unwrap();
+    // Two invocations at once in one worker, as on a managed instance, where lambda_runtime
+    // sets no `_X_AMZN_TRACE_ID` per invocation (and this test process has none).
+    assert!(std::env::var_os("_X_AMZN_TRACE_ID").is_none());
+    let worker = builder(&api.url(), TOKEN)
+        .concurrent_invocations(2)
+        .wake_ups(waker(&sqs, &url, 3, 0))
+        .build()
+        .unwrap();
+    // Each fills its batch of 2 and leaves a backlog that needs more wake-ups than the
+    // other one queues (at most 3 each): both send.
+    create(&api, "quick-shell", 20).await;
+    let traced = |trace: &str| {
+        let mut e = event(json!({}), Duration::from_secs(30));
+        e.context.xray_trace_id = Some(trace.to_string());
+        e
+    };
+    let (a, b) = (
+        "Root=1-67891233-abcdef012345678912345678;Parent=53995c3f42cd8ad8;Sampled=1",
+        "Root=1-67891233-111111111111111111111111;Parent=1111111111111111;Sampled=0",
+    );
+    let (ra, rb) = tokio::join!(
+        ironflow_lambda::handle_response(&worker, traced(a)),
+        ironflow_lambda::handle_response(&worker, traced(b)),
+    );
+    for r in [&ra, &rb] {
+        let wake = r
+            .as_ref()
+            .unwrap()
+            .summary()
+            .unwrap()
+            .wake_ups
+            .clone()
+            .unwrap();
+        assert!(wake.sent > 0, "{wake:?}");
+    }
+    let mut seen = recorded.0.lock().unwrap().clone();
+    seen.sort();
+    let mut expected = vec![Some(a.to_string()), Some(b.to_string())];
+    expected.sort();
+    assert_eq!(
+        seen, expected,
+        "one send each, with its own invocation's header"
+    );
+}

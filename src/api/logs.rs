@@ -9,18 +9,32 @@
 //! them. At the end of the invocation, after every execution has stopped, a last flush sends
 //! everything left, a handed-back run's partial output included. Nothing is sent after the
 //! handler returns.
+//!
+//! **Routing.** The engine has one log channel for the whole process, and several invocations
+//! may run in it at once (Lambda Managed Instances). Each invocation has an inbox
+//! ([`LogForwarder::inbox`]) and routes its runs there as it claims them
+//! ([`LogRoutes::route`]), before they execute. Whichever pump holds the engine's channel routes
+//! every line that comes to the inbox of its run's invocation (holding it only while it waits:
+//! it lets go before it pushes, for another pump to take over), and each invocation pushes only
+//! what reaches its inbox. A line of a run no invocation routes (a stuck execution printing after
+//! its invocation returned) is dropped: its run belongs to nobody here any more. The last flush
+//! sends a marker through the engine's channel and forwards until the marker reaches the inbox:
+//! the channel keeps its order, so every line the invocation's runs printed before they stopped
+//! has been routed by then.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use futures_util::StreamExt;
 
-use ironflow_engine::log_sender::{LogLine, LogReceiver};
+use ironflow_engine::log_sender::{LogLine, LogReceiver, LogSender};
 use ironflow_store::entities::LogStream;
 use serde::Serialize;
 use tokio::sync::Mutex;
-use tokio::time::{Instant, timeout_at};
+use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
+use tokio::time::{Instant, sleep_until, timeout_at};
 use tokio_util::sync::CancellationToken;
-use tracing::warn;
+use tracing::{debug, warn};
 use uuid::Uuid;
 
 use super::{ApiClient, CALL_TIMEOUT};
@@ -31,10 +45,38 @@ pub const MAX_LINES_PER_CALL: usize = 1000;
 /// Runs whose lines one flush pushes at once: 8 (each run's calls stay in order).
 pub const PARALLEL_PUSHES: usize = 8;
 
-/// Owns the engine's log receiver and pushes its lines to the API.
+/// Owns the engine's log receiver, routes its lines to the invocations' inboxes and pushes
+/// each inbox's lines to the API.
 pub struct LogForwarder {
     client: ApiClient,
+    /// The engine's channel: held by one pump at a time, which routes what comes.
     receiver: Mutex<LogReceiver>,
+    /// Into the engine's channel: the end-of-invocation markers.
+    sender: LogSender,
+    /// Run (or marker) id → the inbox of the invocation that owns it.
+    routes: std::sync::Mutex<HashMap<Uuid, UnboundedSender<LogLine>>>,
+}
+
+/// Where one invocation routes its runs' lines (see the module docs); dropping it routes them
+/// nowhere again.
+pub struct LogRoutes {
+    forwarder: Arc<LogForwarder>,
+    inbox: UnboundedSender<LogLine>,
+    marker: Uuid,
+}
+
+/// One invocation's inbox: the lines of the runs it routes, and its end-of-flush marker.
+pub struct LogInbox {
+    lines: UnboundedReceiver<LogLine>,
+    marker: Uuid,
+}
+
+/// How a forwarding loop ends.
+enum Until<'a> {
+    /// When the token is cancelled (the pump).
+    Stopped(&'a CancellationToken),
+    /// When the inbox's marker comes through (the last flush).
+    Marker,
 }
 
 #[derive(Serialize)]
@@ -46,60 +88,147 @@ struct PushLogs<'a> {
 }
 
 impl LogForwarder {
-    /// A forwarder for the receiving end of the engine's log channel.
-    pub fn new(client: ApiClient, receiver: LogReceiver) -> Self {
+    /// A forwarder for the engine's log channel (`sender` is a clone of the engine's).
+    pub fn new(client: ApiClient, sender: LogSender, receiver: LogReceiver) -> Self {
         Self {
             client,
             receiver: Mutex::new(receiver),
+            sender,
+            routes: std::sync::Mutex::default(),
         }
     }
 
-    /// Push lines as they come until `stop` is cancelled, then return what was sent: wait for
-    /// a line, take it and every line queued behind it, push them (each call bounded by
-    /// `until`), and wait again. Lines printed during a push go out with the next one, so a
-    /// chatty step makes at most one push at a time. Pushes run one after the other, so each
-    /// run's lines keep their order. The pump holds the receiver while it waits: the worker
-    /// runs one invocation at a time, whose last [`LogForwarder::flush`] comes after its pump
-    /// has stopped.
-    pub async fn pump(&self, stop: CancellationToken, until: Instant) -> FlushReport {
+    fn routes(&self) -> std::sync::MutexGuard<'_, HashMap<Uuid, UnboundedSender<LogLine>>> {
+        self.routes
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// A new invocation's routes and inbox.
+    pub fn inbox(self: &Arc<Self>) -> (LogRoutes, LogInbox) {
+        let (tx, rx) = unbounded_channel();
+        let marker = Uuid::new_v4();
+        self.routes().insert(marker, tx.clone());
+        let routes = LogRoutes {
+            forwarder: self.clone(),
+            inbox: tx,
+            marker,
+        };
+        (routes, LogInbox { lines: rx, marker })
+    }
+
+    /// Hand `line` to the inbox of its run's invocation, or drop it.
+    fn route(&self, line: LogLine) {
+        let run = line.run_id;
+        let sent = match self.routes().get(&run) {
+            Some(inbox) => inbox.send(line).is_ok(),
+            None => false,
+        };
+        if !sent {
+            debug!(run_id = %run, "step log line of a run no invocation here owns: dropped");
+        }
+    }
+
+    /// Push the inbox's lines as they come until `stop` is cancelled, routing the engine's
+    /// channel meanwhile, then return what was sent: wait for a line, take it and every line
+    /// queued behind it, push them (each call bounded by `until`), and wait again. Lines
+    /// printed during a push go out with the next one, so a chatty step makes at most one push
+    /// at a time. Pushes run one after the other, so each run's lines keep their order.
+    pub async fn pump(
+        &self,
+        inbox: &mut LogInbox,
+        stop: CancellationToken,
+        until: Instant,
+    ) -> FlushReport {
+        self.forward(inbox, Until::Stopped(&stop), until).await
+    }
+
+    /// Send every line the inbox's runs printed so far, bounded by `until` (after its pump has
+    /// stopped): the marker goes through the engine's channel, and the lines before it are
+    /// forwarded.
+    pub async fn flush(&self, inbox: &mut LogInbox, until: Instant) -> FlushReport {
+        let marker = LogLine {
+            run_id: inbox.marker,
+            step_id: Uuid::nil(),
+            step_name: Arc::from(""),
+            stream: LogStream::System,
+            line: String::new(),
+            at: chrono::Utc::now(),
+        };
+        if self.sender.send(marker).is_err() {
+            warn!("step logs not flushed: the engine's log channel is closed");
+            return FlushReport::default();
+        }
+        self.forward(inbox, Until::Marker, until).await
+    }
+
+    /// The forwarding loop of [`LogForwarder::pump`] and [`LogForwarder::flush`].
+    async fn forward(&self, inbox: &mut LogInbox, end: Until<'_>, until: Instant) -> FlushReport {
         let mut total = FlushReport::default();
         loop {
-            let lines = {
-                let mut receiver = tokio::select! {
-                    () = stop.cancelled() => return total,
-                    receiver = self.receiver.lock() => receiver,
-                };
-                let first = tokio::select! {
-                    () = stop.cancelled() => return total,
-                    line = receiver.recv() => line,
-                };
-                // None: the engine is gone, nothing more will come.
-                let Some(first) = first else { return total };
-                let mut lines = vec![first];
-                while let Ok(line) = receiver.try_recv() {
+            let Some(first) = self.next_own_line(inbox, &end, until).await else {
+                if matches!(end, Until::Marker) && Instant::now() >= until {
+                    warn!("step logs not all flushed: the invocation deadline came first");
+                }
+                return total;
+            };
+            let mut lines = Vec::new();
+            let mut marked = false;
+            let queued = std::iter::from_fn(|| inbox.lines.try_recv().ok());
+            for line in std::iter::once(first).chain(queued) {
+                if line.run_id == inbox.marker {
+                    marked = true;
+                } else {
                     lines.push(line);
                 }
-                lines
-            };
+            }
             total += self.push_all(lines, until).await;
+            if marked && matches!(end, Until::Marker) {
+                return total;
+            }
         }
     }
 
-    /// Send every line queued so far, bounded by `until`.
-    pub async fn flush(&self, until: Instant) -> FlushReport {
-        let lines = {
-            // Free once this invocation's pump has stopped; bounded all the same.
-            let Ok(mut receiver) = timeout_at(until, self.receiver.lock()).await else {
-                warn!("step logs not flushed: the log channel stayed busy until the deadline");
-                return FlushReport::default();
-            };
-            let mut lines = Vec::new();
-            while let Ok(line) = receiver.try_recv() {
-                lines.push(line);
+    /// The next line of the inbox; meanwhile route the engine's channel, if no other pump does.
+    /// `None` when the loop ends first (stopped, or `until`).
+    async fn next_own_line(
+        &self,
+        inbox: &mut LogInbox,
+        end: &Until<'_>,
+        until: Instant,
+    ) -> Option<LogLine> {
+        let stopped = async {
+            match end {
+                Until::Stopped(stop) => stop.cancelled().await,
+                Until::Marker => std::future::pending().await,
             }
-            lines
         };
-        self.push_all(lines, until).await
+        tokio::pin!(stopped);
+        tokio::select! {
+            biased;
+            () = &mut stopped => None,
+            () = sleep_until(until) => None,
+            line = inbox.lines.recv() => line,
+            mut channel = self.receiver.lock() => loop {
+                // This pump routes until a line of its own comes; the guard goes before it
+                // pushes.
+                tokio::select! {
+                    biased;
+                    () = &mut stopped => return None,
+                    () = sleep_until(until) => return None,
+                    line = inbox.lines.recv() => return line,
+                    line = channel.recv() => {
+                        // None: the channel is closed, which the forwarder's own sender
+                        // prevents.
+                        let line = line?;
+                        self.route(line);
+                        while let Ok(line) = channel.try_recv() {
+                            self.route(line);
+                        }
+                    }
+                }
+            },
+        }
     }
 
     /// Push `lines`: runs concurrently, each run's batches in order.
@@ -161,6 +290,21 @@ impl LogForwarder {
             let text = resp.text().await.unwrap_or_default();
             Err(format!("POST {url}: HTTP {status}: {text}"))
         }
+    }
+}
+
+impl LogRoutes {
+    /// Route the lines of `run` (claimed by this invocation, not started yet) to its inbox.
+    pub fn route(&self, run: Uuid) {
+        self.forwarder.routes().insert(run, self.inbox.clone());
+    }
+}
+
+impl Drop for LogRoutes {
+    fn drop(&mut self) {
+        let mut routes = self.forwarder.routes();
+        routes.retain(|_, inbox| !inbox.same_channel(&self.inbox));
+        routes.remove(&self.marker);
     }
 }
 

@@ -10,11 +10,12 @@ use tokio_util::sync::{CancellationToken, DropGuard};
 use tracing::info;
 
 use super::Batch;
+use crate::api::logs::LogInbox;
 use crate::orphans::InvocationGuard;
 use crate::report::{FlushReport, InvocationSummary, Outcome, RunReport, StopReason};
 use crate::wake::{self, BatchEnd};
 use crate::worker::LambdaWorker;
-use crate::{heartbeat, metrics};
+use crate::{heartbeat, metrics, process_mark};
 
 /// What the flush and cleanup phase measured.
 pub(super) struct Cleanup {
@@ -35,8 +36,8 @@ impl Batch<'_> {
         let w = self.worker;
         let logs = logs.finish(w, self.last_write).await;
         // Each run's own processes were killed at its end; the sweep takes what is left.
-        let orphans_killed =
-            processes.finish().await + self.params.processes_killed.load(Ordering::Relaxed);
+        let orphans_killed = processes.finish(process_mark::belongs_to_a_live_run).await
+            + self.params.processes_killed.load(Ordering::Relaxed);
         let heartbeat = match &w.settings.heartbeat_url {
             Some(url) if self.errors.is_empty() => {
                 Some(heartbeat::ping(w.api.http(), url, self.last_write).await)
@@ -75,7 +76,8 @@ impl Batch<'_> {
                 let w = self.worker;
                 let capabilities = self.poison.capabilities_for_claim(&w.capabilities).await;
                 let end = BatchEnd {
-                    request_id: self.request_id,
+                    request_id: self.invoked.request_id,
+                    trace_id: self.invoked.trace_id,
                     handed_back: [Outcome::HandedBack, Outcome::Released]
                         .iter()
                         .filter_map(|o| outcomes.get(o))
@@ -88,7 +90,7 @@ impl Batch<'_> {
             }
         };
         let summary = InvocationSummary {
-            request_id: self.request_id.to_string(),
+            request_id: self.invoked.request_id.to_string(),
             worker_id: self.worker_id,
             claimed: self.order.len(),
             outcomes,
@@ -116,20 +118,24 @@ impl Batch<'_> {
     }
 }
 
-/// The step-log pump of one invocation: it sends the runs' log lines as they come, and stops
-/// (letting go of the worker's log channel, which the next invocation's pump needs) when it is
-/// finished or, should the invocation be dropped or panic first, when it is dropped.
+/// The step-log pump of one invocation: it sends the lines of the invocation's runs as they
+/// come, and stops (letting go of the engine's log channel, which another invocation's pump
+/// may hold next) when it is finished or, should the invocation be dropped or panic first, when
+/// it is dropped.
 pub(super) struct LogPump {
     stop: CancellationToken,
-    task: JoinHandle<FlushReport>,
+    task: JoinHandle<(FlushReport, LogInbox)>,
     _stop_on_drop: DropGuard,
 }
 
 impl LogPump {
-    pub(super) fn start(worker: &LambdaWorker, until: Instant) -> Self {
+    pub(super) fn start(worker: &LambdaWorker, mut inbox: LogInbox, until: Instant) -> Self {
         let stop = CancellationToken::new();
         let (logs, pump_stop) = (worker.logs.clone(), stop.clone());
-        let task = tokio::spawn(async move { logs.pump(pump_stop, until).await });
+        let task = tokio::spawn(async move {
+            let sent = logs.pump(&mut inbox, pump_stop, until).await;
+            (sent, inbox)
+        });
         Self {
             _stop_on_drop: stop.clone().drop_guard(),
             stop,
@@ -137,11 +143,15 @@ impl LogPump {
         }
     }
 
-    /// Stop the pump and send whatever is still queued, before `until`.
+    /// Stop the pump and send whatever the invocation's runs printed that is not out yet,
+    /// before `until`.
     async fn finish(self, worker: &LambdaWorker, until: Instant) -> FlushReport {
         self.stop.cancel();
-        let mut logs = self.task.await.unwrap_or_default();
-        logs += worker.logs.flush(until).await;
+        // The pump does not panic; were it to, its lines would be lost, not the invocation.
+        let Ok((mut logs, mut inbox)) = self.task.await else {
+            return FlushReport::default();
+        };
+        logs += worker.logs.flush(&mut inbox, until).await;
         logs
     }
 }

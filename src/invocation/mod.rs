@@ -33,6 +33,7 @@ use uuid::Uuid;
 use self::claims::Windowed;
 use self::finish::LogPump;
 use self::slots::{Next, SlotState};
+use crate::api::logs::LogRoutes;
 use crate::calls::Calls;
 use crate::claimed::{Claimed, StepsAhead};
 use crate::deadline::Budget;
@@ -49,13 +50,23 @@ use crate::worker::LambdaWorker;
 /// Time kept for the response after our last write to the API: 250 ms.
 const RESPONSE_RESERVE: Duration = Duration::from_millis(250);
 
+/// Who sent one invocation: Lambda's ids for it.
+#[derive(Debug, Clone, Copy)]
+pub struct Invoked<'a> {
+    /// The request id (`Context.request_id`; empty outside Lambda).
+    pub request_id: &'a str,
+    /// The X-Ray trace header (`Context.xray_trace_id`), carried on the invocation's wake-ups.
+    pub trace_id: Option<&'a str>,
+}
+
 /// Run one invocation of `worker` against `budget`.
 pub async fn run(
     worker: &LambdaWorker,
-    request_id: &str,
+    invoked: Invoked<'_>,
     budget: Budget,
     request: &BatchRequest,
 ) -> InvocationSummary {
+    let request_id = invoked.request_id;
     let worker_id = format!(
         "{}-{}-{}",
         worker.settings.worker_id_prefix,
@@ -67,7 +78,7 @@ pub async fn run(
         &Uuid::new_v4().simple().to_string()[..8]
     );
     let span = info_span!("invocation", request_id = %request_id, worker_id = %worker_id);
-    run_in_span(worker, request_id, worker_id, budget, request)
+    run_in_span(worker, invoked, worker_id, budget, request)
         .instrument(span)
         .await
 }
@@ -75,17 +86,20 @@ pub async fn run(
 /// The phases of one invocation.
 async fn run_in_span(
     worker: &LambdaWorker,
-    request_id: &str,
+    invoked: Invoked<'_>,
     worker_id: String,
     budget: Budget,
     request: &BatchRequest,
 ) -> InvocationSummary {
-    // One invocation at a time per worker (see LambdaWorker): the step-log channel, claim
-    // pace and pooled connections shared across invocations serve this one alone.
-    let _one_at_a_time = worker.one_at_a_time.lock().await;
+    // At most M invocations at once in this worker (crate::admission).
+    let _admitted = match worker.admission.enter(budget.cutoff()).await {
+        Ok(admitted) => admitted,
+        Err(refused) => return unstarted::not_admitted(invoked, worker_id, budget, refused),
+    };
     let processes = InvocationGuard::enter();
-    let mut batch = Batch::new(worker, request_id, worker_id, budget, request);
-    let logs = LogPump::start(worker, batch.last_write);
+    let (log_routes, inbox) = worker.logs.inbox();
+    let mut batch = Batch::new(worker, invoked, worker_id, budget, request, log_routes);
+    let logs = LogPump::start(worker, inbox, batch.last_write);
     batch.warm_connections().await;
     batch.first_claims().await;
     let stop_reason = batch.claim_loop().await;
@@ -101,7 +115,7 @@ async fn run_in_span(
 /// The state of one invocation's batch.
 struct Batch<'w> {
     worker: &'w LambdaWorker,
-    request_id: &'w str,
+    invoked: Invoked<'w>,
     worker_id: String,
     budget: Budget,
     max_runs: usize,
@@ -128,6 +142,8 @@ struct Batch<'w> {
     first: VecDeque<Claimed>,
     /// Why the first claims stop the batch, once they are all started.
     first_stop: Option<StopReason>,
+    /// Where the step logs of this invocation's runs go ([`crate::api::logs`]).
+    log_routes: LogRoutes,
 }
 
 /// What a claim's answer leaves the batch with.
@@ -141,10 +157,11 @@ enum Taken {
 impl<'w> Batch<'w> {
     fn new(
         worker: &'w LambdaWorker,
-        request_id: &'w str,
+        invoked: Invoked<'w>,
         worker_id: String,
         budget: Budget,
         request: &BatchRequest,
+        log_routes: LogRoutes,
     ) -> Self {
         let s = &worker.settings;
         let max_runs = request
@@ -188,7 +205,8 @@ impl<'w> Batch<'w> {
             worker.poison_mode,
             last_write,
             &worker_id,
-        );
+        )
+        .sharing(worker.poison_seen.clone());
         info!(
             max_runs,
             until_cutoff_ms = budget.until_cutoff().as_millis() as u64,
@@ -196,7 +214,7 @@ impl<'w> Batch<'w> {
         );
         Self {
             worker,
-            request_id,
+            invoked,
             worker_id,
             budget,
             max_runs,
@@ -215,6 +233,7 @@ impl<'w> Batch<'w> {
             waiting: None,
             first: VecDeque::new(),
             first_stop: None,
+            log_routes,
         }
     }
 
@@ -223,12 +242,16 @@ impl<'w> Batch<'w> {
         self.claim_window_end.filter(|end| Instant::now() < *end)
     }
 
-    /// Phase 1: evict pooled connections that died during a freeze ([`crate::pool`]).
+    /// Phase 1: evict pooled connections that died during a freeze ([`crate::pool`]); not
+    /// while another invocation is in flight (the process is not frozen, its pool in use).
     async fn warm_connections(&self) {
         let Some(end) = self.open_window() else {
             return;
         };
         let w = self.worker;
+        if w.admission.in_flight() > 1 {
+            return;
+        }
         let probes = 2 * w.settings.concurrency + 2;
         w.pool
             .before_claims(
@@ -385,6 +408,8 @@ impl<'w> Batch<'w> {
         };
         self.worker.pace.record_claim(answered.duration_since(sent));
         self.order.push(run.id);
+        // Its step logs come to this invocation, whichever pump routes them.
+        self.log_routes.route(run.id);
         info!(run_id = %run.id, workflow = %run.workflow_name, ahead, "claimed run");
         // The lease starts now: its refresher before the poison-pill table's calls.
         let ctx = RefreshContext {

@@ -1,6 +1,7 @@
 //! Runs this invocation claimed and never executed: a blocked workflow's run failed (fail
 //! mode) or written back to Pending (defer mode), and a run released to Pending because no
-//! slot freed, or its claim was answered, before the claim window closed.
+//! slot freed, or its claim was answered, before the claim window closed; and an invocation
+//! not admitted at all ([`not_admitted`]).
 
 use ironflow_store::entities::{LeaseRequest, Run};
 use tokio::time::Instant;
@@ -8,7 +9,12 @@ use tracing::{error, info, warn};
 
 use crate::calls::Calls;
 use crate::handback::{NotWrittenBack, write_back_unexecuted};
-use crate::report::{Fate, Outcome, RunReport};
+use std::collections::BTreeMap;
+
+use super::Invoked;
+use crate::admission::Refused;
+use crate::deadline::Budget;
+use crate::report::{Fate, FlushReport, InvocationSummary, Outcome, RunReport, StopReason};
 use crate::store::scope::RunKey;
 
 /// Fail a claimed run of a blocked workflow without executing it.
@@ -89,4 +95,46 @@ pub(super) async fn release(
         }
     };
     RunReport::not_executed(run, fate)
+}
+
+/// The summary of an invocation the worker did not admit ([`crate::admission`]): nothing
+/// claimed, and why.
+pub(super) fn not_admitted(
+    invoked: Invoked<'_>,
+    worker_id: String,
+    budget: Budget,
+    refused: Refused,
+) -> InvocationSummary {
+    let (stop_reason, error) = match refused {
+        Refused::NoSlotInTime => (
+            StopReason::Cutoff,
+            "no invocation slot freed before the cutoff: this worker serves at most \
+             AWS_LAMBDA_MAX_CONCURRENCY invocations at once",
+        ),
+        Refused::Retiring => (
+            StopReason::Retiring,
+            "the process is retiring: an execution is stuck in workflow code",
+        ),
+    };
+    warn!(
+        request_id = invoked.request_id,
+        error, "invocation not admitted: nothing claimed"
+    );
+    InvocationSummary {
+        request_id: invoked.request_id.to_string(),
+        worker_id,
+        claimed: 0,
+        outcomes: BTreeMap::new(),
+        runs: Vec::new(),
+        stop_reason,
+        errors: vec![error.to_string()],
+        api_errors: Vec::new(),
+        lease_recoveries: 0,
+        time_left_ms: u64::try_from(budget.until_deadline().as_millis()).unwrap_or(u64::MAX),
+        orphans_killed: 0,
+        logs: FlushReport::default(),
+        heartbeat: None,
+        poison_table_errors: 0,
+        wake_ups: None,
+    }
 }

@@ -6,7 +6,8 @@
 //!   before the handler's answer is handed to the runtime, which posts it as the response (the
 //!   process may be frozen right after).
 //! - [`ExitWhenStuckLayer`] (around the runtime's invocation service): after the response has
-//!   been posted, ends the process while an execution is still blocked in workflow code.
+//!   been posted, ends the process while an execution is still blocked in workflow code, once
+//!   no other invocation is in flight in it.
 
 mod metrics;
 mod stuck;

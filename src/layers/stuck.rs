@@ -7,7 +7,7 @@ use std::task::{Context, Poll};
 
 use lambda_runtime::tower::{Layer, Service};
 use lambda_runtime::{Error, LambdaInvocation};
-use tracing::error;
+use tracing::{error, warn};
 
 use crate::worker::LambdaWorker;
 
@@ -15,8 +15,14 @@ use crate::worker::LambdaWorker;
 /// worker is still stuck in workflow code that blocks its thread (`docs/faults.md#blocking-steps`): Lambda
 /// freezes the process after the response and thaws it for the next event, when the stuck step
 /// would carry on with a run another worker may own by then. The next event cold-starts a new
-/// process instead. For on-demand Lambda (one invocation per process); not for a process that
-/// serves several invocations at once.
+/// process instead.
+///
+/// Never while another invocation is in flight in the process (Lambda Managed Instances): then
+/// the stuck step goes on, fenced (nothing it sends reaches the API), and the last invocation in
+/// flight to answer ends the process. Deciding to end it retires the worker in the same step
+/// ([`crate::admission`]): an event that arrives meanwhile claims nothing and is answered with
+/// an error, for Lambda to retry.
+#[derive(Clone)]
 pub struct ExitWhenStuckLayer {
     worker: Arc<LambdaWorker>,
 }
@@ -40,6 +46,7 @@ impl<S> Layer<S> for ExitWhenStuckLayer {
 }
 
 /// The service of [`ExitWhenStuckLayer`].
+#[derive(Clone)]
 pub struct ExitWhenStuck<S> {
     inner: S,
     worker: Arc<LambdaWorker>,
@@ -64,7 +71,10 @@ where
         Box::pin(async move {
             let result = answered.await;
             let stuck = worker.stuck_executions();
-            if stuck > 0 {
+            if stuck == 0 {
+                return result;
+            }
+            if worker.admission.retire_if_idle() {
                 error!(
                     stuck,
                     "ending the process after the response: an execution is still blocked in \
@@ -73,6 +83,13 @@ where
                 );
                 std::process::exit(0);
             }
+            warn!(
+                stuck,
+                in_flight = worker.invocations_in_flight(),
+                "an execution is still blocked in workflow code (its run was handed back or \
+                 abandoned, its calls fenced): the process ends once no other invocation is in \
+                 flight"
+            );
             result
         })
     }

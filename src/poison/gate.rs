@@ -3,7 +3,8 @@
 //! Each workflow's counter is read at most once per invocation and cached (in defer mode, the
 //! counters of every registered workflow in one batch read before the first claim); a success
 //! writes only when a counter exists; failures update the cache with the count the table
-//! returns, so later claims of the same invocation see it. A run claimed with
+//! returns, so later claims of the same invocation see it. The cache is the process's
+//! ([`super::seen`]): invocations in flight at once in one process see each other's writes. A run claimed with
 //! `lease_recoveries > 0` costs one conditional write (and a failure write when the count is
 //! new); a run with `lease_recoveries == 0` costs nothing.
 //!
@@ -13,7 +14,7 @@
 //! stops calling the table for the rest of the invocation, so an unreachable table costs an
 //! invocation a few bounded timeouts, not one per run.
 
-use std::collections::HashMap;
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -21,6 +22,7 @@ use ironflow_store::entities::{Run, WorkerCapabilities};
 use tokio::time::{Instant, timeout_at};
 use tracing::{error, info, warn};
 
+use super::seen::SeenCounters;
 use super::{FailureCounter, PoisonError, PoisonMode, PoisonPolicy, PoisonTable, now_ms};
 use crate::report::{Outcome, RunReport};
 
@@ -34,7 +36,10 @@ pub struct PoisonGate {
     table: Arc<dyn PoisonTable>,
     policy: PoisonPolicy,
     mode: PoisonMode,
-    seen: HashMap<String, Option<FailureCounter>>,
+    /// The counters this process knows (shared with its other invocations).
+    seen: Arc<SeenCounters>,
+    /// The workflows whose counter this invocation has read (at most once each).
+    read: HashSet<String>,
     errors: u32,
     /// New lease recoveries seen at claim.
     lease_recoveries: u32,
@@ -59,12 +64,20 @@ impl PoisonGate {
             table,
             policy,
             mode,
-            seen: HashMap::new(),
+            seen: Arc::default(),
+            read: HashSet::new(),
             errors: 0,
             lease_recoveries: 0,
             until,
             invocation: invocation.to_string(),
         }
+    }
+
+    /// Share the counters with the other invocations of this process (`seen` is the worker's);
+    /// without it the gate keeps its own.
+    pub fn sharing(mut self, seen: Arc<SeenCounters>) -> Self {
+        self.seen = seen;
+        self
     }
 
     /// Claimed runs whose lease recovery was new (each counted as a failure of its workflow):
@@ -124,33 +137,31 @@ impl PoisonGate {
     }
 
     async fn counter(&mut self, workflow: &str) -> Option<FailureCounter> {
-        if let Some(known) = self.seen.get(workflow) {
-            return *known;
+        if self.read.contains(workflow) {
+            return self.seen.get(workflow).flatten();
         }
         if !self.table_usable() {
             return None;
         }
         let table = self.table.clone();
-        let counter = match self
+        let start = self.seen.read_started();
+        match self
             .bounded("read", table.counter(workflow, now_ms()))
             .await
         {
-            Ok(c) => c,
-            Err(e) => {
-                // Fail open: an unreachable table must not stop the fleet. Cached as
-                // unknown-so-absent: no second read of this workflow in this invocation.
-                self.table_error(Some(workflow), &e, "executing the run anyway");
-                None
-            }
-        };
-        self.seen.insert(workflow.to_string(), counter);
-        counter
+            Ok(counter) => self.seen.read(workflow, counter, start),
+            // Fail open: an unreachable table must not stop the fleet. Unknown counts as
+            // absent (unless another invocation here knows it), and no second read of this
+            // workflow in this invocation.
+            Err(e) => self.table_error(Some(workflow), &e, "executing the run anyway"),
+        }
+        self.read.insert(workflow.to_string());
+        self.seen.get(workflow).flatten()
     }
 
     fn blocked_now(&self, workflow: &str, now: u64) -> bool {
         self.seen
             .get(workflow)
-            .copied()
             .flatten()
             .is_some_and(|c| self.policy.is_blocked(&c, now))
     }
@@ -196,7 +207,7 @@ impl PoisonGate {
                         "workflow flagged as poison pill"
                     );
                 }
-                self.seen.insert(workflow.to_string(), Some(counter));
+                self.seen.wrote(workflow, Some(counter));
             }
             Err(e) => self.table_error(Some(workflow), &e, "the failure is not counted"),
         }
@@ -231,7 +242,7 @@ impl PoisonGate {
             let table = self.table.clone();
             match self.bounded("reset", table.reset(workflow)).await {
                 Ok(()) => {
-                    self.seen.insert(workflow.to_string(), None);
+                    self.seen.wrote(workflow, None);
                 }
                 Err(e) => self.table_error(Some(workflow), &e, "the counter is not reset"),
             }
@@ -258,28 +269,32 @@ impl PoisonGate {
         };
         let missing: Vec<String> = workflows
             .iter()
-            .filter(|w| !self.seen.contains_key(*w))
+            .filter(|w| !self.read.contains(*w))
             .cloned()
             .collect();
         if !missing.is_empty() {
+            let start = self.seen.read_started();
             let found = if self.table_usable() {
                 let table = self.table.clone();
                 match self
                     .bounded("batch read", table.counters(&missing, now_ms()))
                     .await
                 {
-                    Ok(found) => found,
+                    Ok(found) => Some(found),
                     Err(e) => {
                         self.table_error(None, &e, "claiming every registered workflow");
-                        HashMap::new()
+                        None
                     }
                 }
             } else {
-                HashMap::new()
+                None
             };
             for w in missing {
-                let counter = found.get(&w).copied();
-                self.seen.insert(w, counter);
+                // Not read (a table error): unknown counts as absent, as for one workflow.
+                if let Some(found) = &found {
+                    self.seen.read(&w, found.get(&w).copied(), start);
+                }
+                self.read.insert(w);
             }
         }
         let now = now_ms();

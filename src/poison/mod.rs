@@ -17,6 +17,7 @@
 pub mod dynamodb;
 pub mod gate;
 pub mod memory;
+pub mod seen;
 
 use std::collections::HashMap;
 use std::fmt;

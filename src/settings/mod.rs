@@ -30,6 +30,8 @@ use crate::poison::{DEFAULT_COOLDOWN, DEFAULT_THRESHOLD, PoisonMode, PoisonPolic
 pub const DEFAULT_MAX_RUNS_PER_INVOCATION: usize = 8;
 /// Default number of runs executing at once, as the reference worker.
 pub const DEFAULT_CONCURRENCY: usize = 2;
+/// Most runs one process may execute at once, M × C: 4096 (each has an execution thread).
+pub const MAX_RUNS_PER_PROCESS: usize = 4096;
 /// Default run timeout, as the reference worker: 30 minutes.
 pub const DEFAULT_RUN_TIMEOUT: Duration = Duration::from_secs(30 * 60);
 /// Default margin before the invocation deadline: 10 s, time to hand runs back with retries
@@ -172,6 +174,9 @@ pub struct Settings {
     pub worker_token: WorkerToken,
     pub max_runs_per_invocation: usize,
     pub concurrency: usize,
+    /// Invocations one process serves at once, M (`AWS_LAMBDA_MAX_CONCURRENCY`, set by Lambda
+    /// Managed Instances): default 1.
+    pub concurrent_invocations: usize,
     pub run_timeout: Duration,
     pub deadline_margin: Duration,
     pub min_claim_budget: Duration,
@@ -206,6 +211,7 @@ impl Settings {
             worker_token,
             max_runs_per_invocation: DEFAULT_MAX_RUNS_PER_INVOCATION,
             concurrency: DEFAULT_CONCURRENCY,
+            concurrent_invocations: 1,
             run_timeout: DEFAULT_RUN_TIMEOUT,
             deadline_margin: DEFAULT_DEADLINE_MARGIN,
             min_claim_budget: DEFAULT_MIN_CLAIM_BUDGET,

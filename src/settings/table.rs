@@ -193,6 +193,16 @@ pub static VARIABLES: &[Variable] = &[
         },
     },
     Variable {
+        name: "AWS_LAMBDA_MAX_CONCURRENCY",
+        setter: "concurrent_invocations",
+        meaning: "invocations one process serves at once, M: Lambda sets it on [managed instances](#managed-instances), each invocation with its own C runs; M × C at most 4096",
+        default: "1",
+        apply: |s, raw| {
+            s.concurrent_invocations = positive(raw)?;
+            Ok(())
+        },
+    },
+    Variable {
         name: "IRONFLOW_RUN_TIMEOUT_SECS",
         setter: "run_timeout",
         meaning: "a run attempt's limit, from its first start",

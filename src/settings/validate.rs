@@ -4,7 +4,8 @@ use super::table::{self, is_namespace};
 use super::url::without_userinfo;
 use super::{
     DEFAULT_MAX_WAKEUPS_PER_INVOCATION, DEFAULT_WAKE_DELAY, LEASE_TTL_RANGE, MAX_DURATION,
-    MIN_CLAIM_BUDGET, MIN_DEADLINE_MARGIN, Problem, Settings, api_url_problem, position,
+    MAX_RUNS_PER_PROCESS, MIN_CLAIM_BUDGET, MIN_DEADLINE_MARGIN, Problem, Settings,
+    api_url_problem, position,
 };
 
 /// The problems found so far.
@@ -79,6 +80,21 @@ fn counts(s: &Settings, p: &mut Problems) {
     }
     if s.concurrency == 0 {
         p.add("IRONFLOW_CONCURRENCY", "must be at least 1");
+    }
+    if s.concurrent_invocations == 0 {
+        p.add("AWS_LAMBDA_MAX_CONCURRENCY", "must be at least 1");
+    }
+    let per_process = s.concurrent_invocations.saturating_mul(s.concurrency);
+    if per_process > MAX_RUNS_PER_PROCESS {
+        p.add(
+            "AWS_LAMBDA_MAX_CONCURRENCY",
+            format!(
+                "{} invocations at once × IRONFLOW_CONCURRENCY {} = {per_process} runs at once \
+                 in one process, above {MAX_RUNS_PER_PROCESS} (one thread each): lower the \
+                 function's PerExecutionEnvironmentMaxConcurrency or IRONFLOW_CONCURRENCY",
+                s.concurrent_invocations, s.concurrency
+            ),
+        );
     }
     if s.run_timeout.is_zero() {
         p.add("IRONFLOW_RUN_TIMEOUT_SECS", "must be above zero");

@@ -257,6 +257,16 @@ impl CallScope {
             .contains(&status)
     }
 
+    /// Whether a call of this scope wrote (or was writing) any status other than Running to the
+    /// scope's run.
+    pub fn left_running_itself(&self) -> bool {
+        self.statuses_written
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .iter()
+            .any(|s| *s != RunStatus::Running)
+    }
+
     /// Hold back every later call of this scope (it never reaches the API).
     pub fn fence(&self) {
         self.fenced.store(true, Ordering::SeqCst);

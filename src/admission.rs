@@ -1,0 +1,146 @@
+//! Which invocations a worker serves at once: at most M ([`Settings::concurrent_invocations`],
+//! `AWS_LAMBDA_MAX_CONCURRENCY`), and none once the process is retiring.
+//!
+//! On-demand Lambda sends an execution environment one event at a time (M = 1); Lambda Managed
+//! Instances send up to M at once, each to one of the runtime's M polling loops. A caller that
+//! drives [`crate::handle`] itself with more events than M at once sees the extra ones wait
+//! for a turn, their deadline running.
+//!
+//! A process *retires* when an execution is stuck in workflow code after a response
+//! ([`crate::layers::ExitWhenStuck`]) and no other invocation is in flight: from then on it
+//! admits none (the event is answered with an error for Lambda to retry elsewhere; nothing is
+//! claimed) and the process ends. The check and the retirement are one step under one lock, so
+//! no invocation is admitted between them.
+//!
+//! [`Settings::concurrent_invocations`]: crate::Settings::concurrent_invocations
+
+use std::sync::{Mutex, MutexGuard, PoisonError};
+
+use tokio::sync::{Semaphore, SemaphorePermit};
+use tokio::time::{Instant, timeout_at};
+
+/// The invocations of one worker: a slot each, at most M, counted while in flight.
+#[derive(Debug)]
+pub(crate) struct Admission {
+    slots: Semaphore,
+    state: Mutex<State>,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    in_flight: usize,
+    retiring: bool,
+}
+
+/// Why an invocation was not admitted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Refused {
+    /// No slot freed before the invocation's time was up.
+    NoSlotInTime,
+    /// The process is retiring.
+    Retiring,
+}
+
+/// An admitted invocation: it holds its slot and counts as in flight until dropped.
+#[derive(Debug)]
+pub(crate) struct Admitted<'a> {
+    admission: &'a Admission,
+    _slot: SemaphorePermit<'a>,
+}
+
+impl Admission {
+    /// At most `max` invocations at once (at least 1).
+    pub(crate) fn new(max: usize) -> Self {
+        Self {
+            slots: Semaphore::new(max.max(1)),
+            state: Mutex::default(),
+        }
+    }
+
+    fn state(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Wait for a slot until `until`, then count the invocation in flight, unless the process
+    /// is retiring.
+    pub(crate) async fn enter(&self, until: Instant) -> Result<Admitted<'_>, Refused> {
+        let slot = match timeout_at(until, self.slots.acquire()).await {
+            Ok(Ok(slot)) => slot,
+            // The semaphore is never closed; a closed one admits nobody all the same.
+            Ok(Err(_)) => return Err(Refused::Retiring),
+            Err(_) => return Err(Refused::NoSlotInTime),
+        };
+        let mut state = self.state();
+        if state.retiring {
+            return Err(Refused::Retiring);
+        }
+        state.in_flight += 1;
+        Ok(Admitted {
+            admission: self,
+            _slot: slot,
+        })
+    }
+
+    /// Invocations in flight now.
+    pub(crate) fn in_flight(&self) -> usize {
+        self.state().in_flight
+    }
+
+    /// Retire the process if no invocation is in flight: `true` if it now retires (and admits
+    /// no invocation again), `false` if one is in flight.
+    pub(crate) fn retire_if_idle(&self) -> bool {
+        let mut state = self.state();
+        if state.in_flight == 0 {
+            state.retiring = true;
+        }
+        state.retiring
+    }
+}
+
+impl Drop for Admitted<'_> {
+    fn drop(&mut self) {
+        let mut state = self.admission.state();
+        state.in_flight = state.in_flight.saturating_sub(1);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    fn soon() -> Instant {
+        Instant::now() + Duration::from_secs(5)
+    }
+
+    #[tokio::test]
+    async fn at_most_m_are_in_flight_and_the_next_waits_for_a_slot_or_its_time() {
+        let admission = Admission::new(2);
+        let a = admission.enter(soon()).await.unwrap();
+        let _b = admission.enter(soon()).await.unwrap();
+        assert_eq!(admission.in_flight(), 2);
+        let late = admission.enter(Instant::now()).await;
+        assert_eq!(late.unwrap_err(), Refused::NoSlotInTime);
+        drop(a);
+        assert_eq!(admission.in_flight(), 1);
+        let _c = admission.enter(soon()).await.unwrap();
+        assert_eq!(admission.in_flight(), 2);
+    }
+
+    #[tokio::test]
+    async fn a_process_retires_only_when_idle_and_then_admits_nobody() {
+        let admission = Admission::new(2);
+        let a = admission.enter(soon()).await.unwrap();
+        assert!(!admission.retire_if_idle(), "one in flight: no retirement");
+        let _b = admission.enter(soon()).await.unwrap();
+        drop(a);
+        drop(_b);
+        assert!(admission.retire_if_idle());
+        assert_eq!(
+            admission.enter(soon()).await.unwrap_err(),
+            Refused::Retiring
+        );
+        assert_eq!(admission.in_flight(), 0);
+    }
+}
