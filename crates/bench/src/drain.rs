@@ -300,7 +300,7 @@ pub struct Usage {
 
 impl Usage {
     /// This process's and its reaped children's usage so far.
-    fn now() -> Self {
+    pub(crate) fn now() -> Self {
         let get = |who| {
             // SAFETY: getrusage writes one rusage into the zeroed struct it is given and reads
             // nothing else.
@@ -333,7 +333,7 @@ impl Usage {
     }
 
     /// The usage between `before` and now.
-    fn since(before: Self) -> Self {
+    pub(crate) fn since(before: Self) -> Self {
         let now = Self::now();
         Self {
             cpu: now.cpu.saturating_sub(before.cpu),

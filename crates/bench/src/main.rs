@@ -1,11 +1,14 @@
 //! Benchmark against the reference worker (`ironflow_worker::Worker`), on this machine, in one
 //! run: drain throughput, HTTP requests per run, idle invocation latency, deadline precision,
-//! cold start, binary size and peak RSS. Writes `BENCHMARKS.md`.
+//! cold start, binary size and peak RSS, and one function process serving several invocations
+//! at once (Lambda Managed Instances) against as many single-invocation processes
+//! ([`managed`]). Writes `BENCHMARKS.md`.
 //!
 //! ```sh
 //! cargo build --release --bin ironflow-lambda \
 //!   && cargo run --release -p ironflow-lambda-bench              # full run, writes BENCHMARKS.md
 //! cargo run --release -p ironflow-lambda-bench -- --quick        # small run, prints only
+//! cargo run --release -p ironflow-lambda-bench -- --managed-only # the managed-instances rows
 //! ```
 //!
 //! The first command builds the deployable function as deployed, whose cold start, size and
@@ -17,6 +20,7 @@
 mod drain;
 mod dynamodb;
 mod latency;
+mod managed;
 mod process;
 mod production;
 mod report;
@@ -28,6 +32,7 @@ use std::time::Duration;
 
 use drain::{DrainResult, DrainSettings, Link, UsagePerRun, Which, Workload};
 use latency::DeadlineSettings;
+use managed::ManagedSettings;
 use production::ProductionSettings;
 
 /// Anything that stops the bench, with what it was doing.
@@ -83,6 +88,10 @@ pub struct Options {
     pub production: ProductionSettings,
     /// Only the production-path drains (`--production-only`): medians printed.
     pub production_only: bool,
+    /// The Lambda Managed Instances rows.
+    pub managed: ManagedSettings,
+    /// Only the Lambda Managed Instances rows (`--managed-only`): medians printed.
+    pub managed_only: bool,
 }
 
 /// The command line (`--help` prints it).
@@ -139,6 +148,28 @@ struct Args {
     /// Only the production-path drains, their medians printed; nothing written.
     #[arg(long, conflicts_with = "drain_only", requires = "postgres_url")]
     production_only: bool,
+    /// Only the Lambda Managed Instances rows (one process with M invocations at once against
+    /// M processes with one each), their medians printed; nothing written.
+    #[arg(long, conflicts_with_all = ["drain_only", "production_only"])]
+    managed_only: bool,
+    /// M: invocations at once in the managed-instances rows (`AWS_LAMBDA_MAX_CONCURRENCY` of
+    /// the one process, and the number of single-invocation processes).
+    #[arg(long, value_name = "M", default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=64))]
+    max_concurrency: u32,
+    /// Rounds of managed-instances drains (default 4, each layout first in half of them; 1 with
+    /// --quick; 0: none).
+    #[arg(long, value_name = "R")]
+    managed_rounds: Option<u32>,
+    /// Runs per no-op managed-instances drain (default 6000, 600 with --quick).
+    #[arg(long, value_name = "K", value_parser = clap::value_parser!(u32).range(1..))]
+    managed_noop_runs: Option<u32>,
+    /// Runs per three-step shell managed-instances drain (default 1500, 150 with --quick).
+    #[arg(long, value_name = "K", value_parser = clap::value_parser!(u32).range(1..))]
+    managed_shell_runs: Option<u32>,
+    /// Runs per managed-instances drain of the deployable binary's `quick-shell` (default
+    /// 3000, 300 with --quick).
+    #[arg(long, value_name = "K", value_parser = clap::value_parser!(u32).range(1..))]
+    managed_quick_shell_runs: Option<u32>,
     /// The rows of each round, comma-separated, out of reference, ours, no-claim-ahead,
     /// one-invocation, larger-batch (with --drain-only; default all).
     #[arg(long, value_name = "LIST", value_parser = rows, requires = "drain_only")]
@@ -239,6 +270,15 @@ impl Args {
                 rounds: count(self.production_rounds, 3, 1),
             },
             production_only: self.production_only,
+            managed: ManagedSettings {
+                max_concurrency: self.max_concurrency as usize,
+                noop_runs: count(self.managed_noop_runs, 6000, 600),
+                shell_runs: count(self.managed_shell_runs, 1500, 150),
+                quick_shell_runs: count(self.managed_quick_shell_runs, 3000, 300),
+                rounds: count(self.managed_rounds, 4, 1),
+                enabled: self.managed_rounds != Some(0),
+            },
+            managed_only: self.managed_only,
         }
     }
 }
@@ -254,10 +294,27 @@ pub struct Results {
     pub batch: process::BatchMemory,
     pub dynamodb: dynamodb::DynamoDb,
     pub production: production::Production,
+    pub managed: managed::Managed,
 }
 
-#[tokio::main]
-async fn main() -> ExitCode {
+fn main() -> ExitCode {
+    // Started again by the managed-instances rows as a Lambda function.
+    if std::env::var_os(managed::FUNCTION_MODE).is_some() {
+        return managed::function_main();
+    }
+    match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime.block_on(bench()),
+        Err(e) => {
+            eprintln!("error: could not start the runtime: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn bench() -> ExitCode {
     let options = <Args as clap::Parser>::parse().options(std::env::args().skip(1).collect());
     // The reference worker installs SIGINT/SIGTERM handlers that outlive it (its drain is
     // stopped by aborting its task), and they swallow the signals: Ctrl+C and SIGTERM must
@@ -291,7 +348,8 @@ async fn main() -> ExitCode {
 async fn run(o: Options) -> Result<(), BenchError> {
     // moto first: started before we become a subreaper, it is not our descendant, and our
     // invocations' orphan sweep leaves it alone.
-    let moto = if o.drain_only || o.production_only {
+    let only = o.drain_only || o.production_only || o.managed_only;
+    let moto = if only {
         Err("not measured: --drain-only".to_string())
     } else {
         dynamodb::Moto::find_or_start().await
@@ -308,14 +366,18 @@ async fn run(o: Options) -> Result<(), BenchError> {
             o.rows.len()
         );
     }
-    let binary = match (&o.function, o.drain_only || o.production_only) {
+    let binary = match (&o.function, only) {
         (Some(path), _) => path.clone(),
         (None, false) => process::function_beside_bench()?,
         (None, true) => PathBuf::new(),
     };
 
     let mut drains: BTreeMap<(Workload, Which), Vec<DrainResult>> = BTreeMap::new();
-    let loopback_rounds = if o.production_only { 0 } else { o.rounds };
+    let loopback_rounds = if o.production_only || o.managed_only {
+        0
+    } else {
+        o.rounds
+    };
     for round in 0..loopback_rounds {
         for &workload in &o.workloads {
             for which in round_order(&o.rows, round) {
@@ -346,9 +408,18 @@ async fn run(o: Options) -> Result<(), BenchError> {
         print_drain_medians(&drains, o.drain.runs);
         return Ok(());
     }
-    let production = production::measure(&o).await?;
+    let production = if o.managed_only {
+        production::Production::default()
+    } else {
+        production::measure(&o).await?
+    };
     if o.production_only {
         production::print_medians(&production, o.drain.runs);
+        return Ok(());
+    }
+    let managed = managed::measure(&o).await?;
+    if o.managed_only {
+        managed::print_medians(&managed, &o);
         return Ok(());
     }
 
@@ -376,6 +447,7 @@ async fn run(o: Options) -> Result<(), BenchError> {
         batch,
         dynamodb,
         production,
+        managed,
     };
     let markdown = report::render(&o, &machine.finish(), &results);
     println!("{markdown}");

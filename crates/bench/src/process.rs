@@ -200,7 +200,7 @@ pub fn function_beside_bench() -> Result<PathBuf, BenchError> {
 
 /// The environment of a function process: what Lambda sets (runtime API, function, region,
 /// credentials: dummy ones, nothing here calls AWS), and ours.
-fn function_command(
+pub(crate) fn function_command(
     binary: &Path,
     runtime: std::net::SocketAddr,
     api_url: &str,
@@ -305,7 +305,7 @@ pub async fn batch_memory(binary: &Path, concurrency: usize) -> Result<BatchMemo
 }
 
 /// A `kB` field of `/proc/<pid>/status`.
-fn status_kib(pid: u32, field: &str) -> Option<u64> {
+pub(crate) fn status_kib(pid: u32, field: &str) -> Option<u64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
     status
         .lines()

@@ -269,6 +269,7 @@ pub fn render(o: &Options, m: &Machine, r: &Results) -> String {
     cold_start_section(&mut md, s, r, &sum);
     dynamodb_section(&mut md, s, r);
     crate::production::section(&mut md, o, &r.production);
+    crate::managed::section(&mut md, o, &r.managed);
     md
 }
 
