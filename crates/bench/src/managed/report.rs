@@ -161,6 +161,10 @@ pub fn section(md: &mut String, o: &Options, p: &Managed) {
 fn intro(md: &mut String, o: &Options) {
     let (m, s) = (o.managed.max_concurrency, &o.drain);
     let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+    let rounds = match o.managed.rounds {
+        1 => "1 round".to_string(),
+        n => format!("{n} rounds"),
+    };
     let _ = writeln!(
         md,
         "Under Lambda Managed Instances one execution environment serves several invocations at \
@@ -169,8 +173,8 @@ fn intro(md: &mut String, o: &Options) {
          {m} function processes without it (one invocation each, as on classic Lambda) drain \
          the same backlog from a fresh embedded API (in-memory store, loopback): K = {} no-op \
          runs, K = {} three-step shell runs or K = {} `quick-shell` runs, every invocation at \
-         C = {} with N = {} runs at most, so both layouts execute up to {} runs at once; {} \
-         rounds, the layouts in turn first. All of it on this machine's {cores} cores: the \
+         C = {} with N = {} runs at most, so both layouts execute up to {} runs at once; \
+         {rounds}, the layouts in turn first. All of it on this machine's {cores} cores: the \
          function processes, the API and the shell steps share them. The no-op and three-step \
          shell rows run the bench binary started again as a Lambda function \
          (`ironflow_lambda::run` with the bench's two workflows registered: the deployable \
@@ -188,7 +192,6 @@ fn intro(md: &mut String, o: &Options) {
         s.concurrency,
         s.max_runs,
         m * s.concurrency,
-        o.managed.rounds,
         s.invocation.as_secs(),
     );
     let _ = writeln!(
