@@ -62,6 +62,13 @@ pub enum BuildError {
         /// The configured queue URL.
         queue_url: String,
     },
+    /// A webhook secret is set (`IRONFLOW_WEBHOOK_SECRET` or `..._ARN`) but the worker has no
+    /// wake queue to send the receiver's wake-ups to.
+    #[error(
+        "the webhook receiver is on (IRONFLOW_WEBHOOK_SECRET or IRONFLOW_WEBHOOK_SECRET_ARN) but \
+         IRONFLOW_WAKE_QUEUE_URL is not set: the receiver wakes the fleet through that queue"
+    )]
+    WebhookWithoutWakeQueue,
     /// The worker token could not be read from Secrets Manager (from
     /// [`LambdaWorkerBuilder::from_env_and_secrets`](crate::LambdaWorkerBuilder::from_env_and_secrets)).
     #[error(transparent)]

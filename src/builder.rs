@@ -107,8 +107,12 @@ impl LambdaWorkerBuilder {
             Some((token, secret)) => (Some(token), Some(secret)),
             None => (None, None),
         };
-        let mut builder = Self::from_settings(Settings::from_lookup_with_token(lookup, token)?)
-            .aws_config(aws.clone());
+        let webhook = secrets::webhook_secret_from_lookup(&lookup, aws).await?;
+        let mut settings = Settings::from_lookup_with_token(lookup, token)?;
+        if webhook.is_some() {
+            settings.webhook_secret = webhook;
+        }
+        let mut builder = Self::from_settings(settings).aws_config(aws.clone());
         builder.token_secret = secret;
         Ok(builder)
     }
@@ -199,6 +203,21 @@ impl LambdaWorkerBuilder {
     /// ```
     pub fn concurrent_invocations(mut self, m: usize) -> Self {
         self.settings.concurrent_invocations = m;
+        self
+    }
+
+    /// Turn the webhook receiver on with its secret (`IRONFLOW_WEBHOOK_SECRET`, or the Secrets
+    /// Manager secret `IRONFLOW_WEBHOOK_SECRET_ARN` names): the key of the API's
+    /// `X-Signature-256` HMAC, or the `token` query parameter of the URL the API posts to
+    /// (docs/push.md). At least 32 characters. Default: off (a Function URL event is answered
+    /// 503). Needs a wake queue ([`wake_ups`](Self::wake_ups) or `IRONFLOW_WAKE_QUEUE_URL`).
+    ///
+    /// ```no_run
+    /// # let builder = ironflow_lambda::LambdaWorkerBuilder::new("https://ironflow.example.com", "t");
+    /// let builder = builder.webhook_secret("a-long-random-secret-of-32-chars-or-more");
+    /// ```
+    pub fn webhook_secret(mut self, secret: &str) -> Self {
+        self.settings.webhook_secret = Some(crate::settings::WebhookSecret::new(secret));
         self
     }
 
@@ -485,6 +504,9 @@ impl LambdaWorkerBuilder {
             }
             (None, None, _) => None,
         };
+        if s.webhook_secret.is_some() && waker.is_none() {
+            return Err(BuildError::WebhookWithoutWakeQueue);
+        }
         LambdaWorker::assemble(Parts {
             settings: s,
             provider,

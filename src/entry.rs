@@ -37,8 +37,9 @@ ironflow-lambda-local` in the ironflow-lambda repository.";
 
 /// The variables that need the AWS configuration (and only they load it: outside AWS without a
 /// region, loading it asks the EC2 instance metadata service, and warns at length).
-const AWS_VARIABLES: [&str; 3] = [
+const AWS_VARIABLES: [&str; 4] = [
     "IRONFLOW_WORKER_TOKEN_SECRET_ARN",
+    "IRONFLOW_WEBHOOK_SECRET_ARN",
     "IRONFLOW_POISON_TABLE",
     "IRONFLOW_WAKE_QUEUE_URL",
 ];

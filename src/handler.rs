@@ -4,6 +4,7 @@
 //! ```text
 //! event ──trigger──▶ Schedule │ Direct            ──▶ one batch ──▶ summary JSON
 //!                    Sqs (wake-ups, rejected)     ──▶ one batch ──▶ {"batchItemFailures": [...]}
+//!                    Webhook (Function URL)       ──▶ wake-ups  ──▶ {"statusCode": 202, ...}
 //!                    invalid                      ──▶ error, nothing claimed
 //! ```
 //!
@@ -24,11 +25,25 @@ use lambda_runtime::{Context, LambdaEvent};
 use serde_json::Value;
 use tracing::{info, warn};
 
+use tokio::time::Instant;
+
 use crate::deadline::Budget;
 use crate::invocation::{self, Invoked};
 use crate::report::{BatchRequest, InvocationSummary, StopReason};
 use crate::trigger::{self, Trigger, TriggerError};
+use crate::webhook::{self, Answer};
 use crate::worker::LambdaWorker;
+
+/// The longest a webhook request's calls take (pending count, queue depth, send): 3 s.
+const WEBHOOK_TIME: std::time::Duration = std::time::Duration::from_secs(3);
+
+/// Time left until `deadline_ms` (ms since the epoch), zero once it has passed.
+fn time_left(deadline_ms: u64) -> std::time::Duration {
+    let now_ms = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+    std::time::Duration::from_millis(deadline_ms.saturating_sub(now_ms))
+}
 
 /// What the handler answers.
 #[derive(Debug, Clone)]
@@ -43,6 +58,8 @@ pub enum Response {
         /// The batch's summary, logged.
         summary: Option<InvocationSummary>,
     },
+    /// A Function URL request (the ironflow API's webhook): the receiver's answer, no batch.
+    Webhook(Answer),
 }
 
 impl Response {
@@ -51,6 +68,7 @@ impl Response {
         let json = match self {
             Self::Summary(summary) => serde_json::to_value(summary),
             Self::Sqs { batch_response, .. } => serde_json::to_value(batch_response),
+            Self::Webhook(answer) => serde_json::to_value(answer.to_response()),
         };
         json.unwrap_or(Value::Null)
     }
@@ -60,6 +78,7 @@ impl Response {
         match self {
             Self::Summary(summary) => Some(summary),
             Self::Sqs { summary, .. } => summary.as_ref(),
+            Self::Webhook(_) => None,
         }
     }
 }
@@ -127,6 +146,19 @@ pub async fn handle_response(
         }
     };
     match trigger {
+        Trigger::Webhook(request) => {
+            // Answered within milliseconds: its calls end well before the deadline (an
+            // emulator's past deadline gives them their usual time).
+            let left = time_left(context.deadline);
+            let time = if left.is_zero() {
+                WEBHOOK_TIME
+            } else {
+                WEBHOOK_TIME.min(left.saturating_sub(webhook::RESPONSE_RESERVE))
+            };
+            let until = Instant::now() + time;
+            let answer = webhook::receive(worker, &request, &context.request_id, until).await;
+            Ok(Response::Webhook(answer))
+        }
         Trigger::Schedule(tick) => {
             info!(time = %tick.time, rule = tick.rule.as_deref().unwrap_or(""), "schedule tick");
             one_batch(worker, &context, &BatchRequest::default()).await
@@ -192,7 +224,13 @@ pub async fn handle_summary(
             .summary()
             .cloned()
             .ok_or_else(|| TriggerError::Unsupported {
-                what: "no record of this SQS event is a valid wake-up: no batch ran".into(),
+                what: match response {
+                    Response::Webhook(_) => {
+                        "a webhook request: the receiver answers it, no batch runs"
+                    }
+                    _ => "no record of this SQS event is a valid wake-up: no batch ran",
+                }
+                .into(),
             }),
         Err(HandlerError::BatchNotRun { summary, .. }) => Ok(*summary),
         Err(HandlerError::InvalidEvent(e)) => Err(e),

@@ -71,6 +71,7 @@ pub mod settings;
 mod store;
 mod trigger;
 mod wake;
+pub mod webhook;
 mod worker;
 
 pub use build_error::BuildError;
@@ -85,7 +86,7 @@ pub use report::{
     StopReason, WakeReport, WakeTrigger,
 };
 pub use secrets::SecretError;
-pub use settings::{ConfigError, Settings, WakeSettings, WorkerToken};
+pub use settings::{ConfigError, Settings, WakeSettings, WebhookSecret, WorkerToken};
 pub use trigger::TriggerError;
 pub use wake::Waker;
 pub use worker::LambdaWorker;

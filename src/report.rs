@@ -326,14 +326,17 @@ pub enum WakeTrigger {
     HandedBack,
     /// The batch took all the runs it was asked for: more may be waiting.
     Backlog,
+    /// The ironflow API's webhook said runs are or will be Pending ([`crate::webhook`]).
+    Pushed,
 }
 
 impl WakeTrigger {
-    /// The name in the summary and in log lines: `handed_back` or `backlog`.
+    /// The name in the summary and in log lines: `handed_back`, `backlog` or `pushed`.
     pub fn as_str(self) -> &'static str {
         match self {
             Self::HandedBack => "handed_back",
             Self::Backlog => "backlog",
+            Self::Pushed => "pushed",
         }
     }
 }

@@ -1,10 +1,14 @@
-//! The worker token from AWS Secrets Manager, read once per cold start.
+//! The worker token (and the webhook receiver's secret) from AWS Secrets Manager, read once
+//! per cold start.
 //!
 //! The deployed function gets `IRONFLOW_WORKER_TOKEN_SECRET_ARN` (the template sets it) instead of
 //! the token itself: the token never sits in the template, in the function's configuration or in
 //! a plain environment variable. [`worker_token_from_lookup`] fetches the secret's `SecretString`
 //! with `GetSecretValue` when `IRONFLOW_WORKER_TOKEN` is unset and the ARN is set; a token given
 //! in `IRONFLOW_WORKER_TOKEN` (local runs, tests) wins and no AWS call is made.
+//!
+//! The webhook receiver's secret comes the same way ([`webhook_secret_from_lookup`]):
+//! `IRONFLOW_WEBHOOK_SECRET_ARN`, unless `IRONFLOW_WEBHOOK_SECRET` is set.
 //!
 //! Errors name the variable and the secret's ARN, and the AWS error; never the secret's value.
 
@@ -15,7 +19,10 @@ use aws_sdk_secretsmanager::config::timeout::TimeoutConfig;
 use aws_sdk_secretsmanager::error::{DisplayErrorContext, ProvideErrorMetadata, SdkError};
 use aws_sdk_secretsmanager::operation::get_secret_value::GetSecretValueError;
 
-use crate::settings::{WORKER_TOKEN_SECRET_ARN_VAR, WORKER_TOKEN_VAR, WorkerToken};
+use crate::settings::{
+    WEBHOOK_SECRET_ARN_VAR, WEBHOOK_SECRET_VAR, WORKER_TOKEN_SECRET_ARN_VAR, WORKER_TOKEN_VAR,
+    WebhookSecret, WorkerToken,
+};
 
 /// Bounds of the cold start's `GetSecretValue` (with the SDK's standard retries): a stuck call
 /// fails with an error naming the secret well within Lambda's 10 s init phase, instead of
@@ -39,7 +46,7 @@ pub enum SecretError {
         found: String,
     },
     /// `GetSecretValue` failed: missing permission, unknown secret, KMS key refused, network.
-    #[error("could not read the worker token from secret {secret_arn} ({variable}): {reason}")]
+    #[error("could not read secret {secret_arn} ({variable}): {reason}")]
     Fetch {
         /// The variable that named the secret.
         variable: &'static str,
@@ -50,8 +57,8 @@ pub enum SecretError {
     },
     /// The secret holds binary data, or nothing but whitespace, instead of the token as a string.
     #[error(
-        "secret {secret_arn} ({variable}) has no usable SecretString: store the worker token \
-         as the secret's string value (aws secretsmanager put-secret-value --secret-string ...)"
+        "secret {secret_arn} ({variable}) has no usable SecretString: store the value as the \
+         secret's string (aws secretsmanager put-secret-value --secret-string ...)"
     )]
     NotAString {
         /// The variable that named the secret.
@@ -123,17 +130,8 @@ pub async fn worker_token_from_lookup(
             found: secret_arn,
         });
     }
-    let config = aws_sdk_secretsmanager::config::Builder::from(aws)
-        .timeout_config(
-            TimeoutConfig::builder()
-                .connect_timeout(CONNECT_TIMEOUT)
-                .operation_attempt_timeout(ATTEMPT_TIMEOUT)
-                .operation_timeout(OPERATION_TIMEOUT)
-                .build(),
-        )
-        .build();
     let secret = TokenSecret {
-        client: aws_sdk_secretsmanager::Client::from_conf(config),
+        client: bounded_client(aws),
         arn: secret_arn,
     };
     let token = secret.read().await?;
@@ -151,32 +149,105 @@ pub async fn fetch_worker_token(
     client: &aws_sdk_secretsmanager::Client,
     secret_arn: &str,
 ) -> Result<WorkerToken, SecretError> {
+    fetch_string(client, WORKER_TOKEN_SECRET_ARN_VAR, secret_arn, TOKEN_KEYS)
+        .await
+        .map(WorkerToken::new)
+}
+
+/// The webhook receiver's secret from `IRONFLOW_WEBHOOK_SECRET_ARN` (one bounded
+/// `GetSecretValue`, as for the worker token), read with `lookup` and `aws` as
+/// [`worker_token_from_lookup`] does. `Ok(None)` without any AWS call when
+/// `IRONFLOW_WEBHOOK_SECRET` is set (it wins) or when neither is set (the receiver is off).
+///
+/// # Errors
+///
+/// As [`worker_token_from_lookup`], naming `IRONFLOW_WEBHOOK_SECRET_ARN`.
+pub async fn webhook_secret_from_lookup(
+    lookup: impl Fn(&str) -> Option<String>,
+    aws: &SdkConfig,
+) -> Result<Option<WebhookSecret>, SecretError> {
+    let get = |name: &str| {
+        lookup(name)
+            .map(|v| v.trim().to_string())
+            .filter(|v| !v.is_empty())
+    };
+    if get(WEBHOOK_SECRET_VAR).is_some() {
+        return Ok(None);
+    }
+    let Some(secret_arn) = get(WEBHOOK_SECRET_ARN_VAR) else {
+        return Ok(None);
+    };
+    if !is_secret_arn(&secret_arn) {
+        return Err(SecretError::InvalidArn {
+            variable: WEBHOOK_SECRET_ARN_VAR,
+            found: secret_arn,
+        });
+    }
+    let keys = &["secret", "webhook_secret", WEBHOOK_SECRET_VAR];
+    fetch_string(
+        &bounded_client(aws),
+        WEBHOOK_SECRET_ARN_VAR,
+        &secret_arn,
+        keys,
+    )
+    .await
+    .map(|s| Some(WebhookSecret::new(s)))
+}
+
+/// A Secrets Manager client whose calls are bounded (see the constants).
+fn bounded_client(aws: &SdkConfig) -> aws_sdk_secretsmanager::Client {
+    let config = aws_sdk_secretsmanager::config::Builder::from(aws)
+        .timeout_config(
+            TimeoutConfig::builder()
+                .connect_timeout(CONNECT_TIMEOUT)
+                .operation_attempt_timeout(ATTEMPT_TIMEOUT)
+                .operation_timeout(OPERATION_TIMEOUT)
+                .build(),
+        )
+        .build();
+    aws_sdk_secretsmanager::Client::from_conf(config)
+}
+
+/// The keys a key/value worker-token secret may hold it under.
+const TOKEN_KEYS: &[&str] = &["token", "worker_token", WORKER_TOKEN_VAR];
+
+/// The value in the `SecretString` of `secret_arn` (named by `variable`), as
+/// [`token_from_secret_string`] reads it with `keys`.
+async fn fetch_string(
+    client: &aws_sdk_secretsmanager::Client,
+    variable: &'static str,
+    secret_arn: &str,
+    keys: &[&str],
+) -> Result<String, SecretError> {
     let output = client
         .get_secret_value()
         .secret_id(secret_arn)
         .send()
         .await
         .map_err(|err| SecretError::Fetch {
-            variable: WORKER_TOKEN_SECRET_ARN_VAR,
+            variable,
             secret_arn: secret_arn.to_string(),
             reason: describe(&err),
         })?;
-    match output.secret_string().map(token_from_secret_string) {
-        Some(token) if !token.is_empty() => Ok(WorkerToken::new(token)),
+    match output
+        .secret_string()
+        .map(|s| token_from_secret_string(s, keys))
+    {
+        Some(value) if !value.is_empty() => Ok(value),
         _ => Err(SecretError::NotAString {
-            variable: WORKER_TOKEN_SECRET_ARN_VAR,
+            variable,
             secret_arn: secret_arn.to_string(),
         }),
     }
 }
 
-/// The token in a secret's `SecretString`: the string itself, or, for a key/value secret
-/// (the console's default, a JSON object), the value of its `token` (or `worker_token`,
-/// `IRONFLOW_WORKER_TOKEN`) key, or of its only key.
-fn token_from_secret_string(secret: &str) -> String {
+/// The value in a secret's `SecretString`: the string itself, or, for a key/value secret
+/// (the console's default, a JSON object), the value of its first key of `keys` (for the
+/// worker token `token`, `worker_token`, `IRONFLOW_WORKER_TOKEN`), or of its only key.
+fn token_from_secret_string(secret: &str, keys: &[&str]) -> String {
     let trimmed = secret.trim();
     if let Ok(serde_json::Value::Object(map)) = serde_json::from_str::<serde_json::Value>(trimmed) {
-        let named = ["token", "worker_token", "IRONFLOW_WORKER_TOKEN"]
+        let named = keys
             .iter()
             .find_map(|k| map.get(*k).and_then(serde_json::Value::as_str));
         let only = (map.len() == 1)
@@ -192,11 +263,20 @@ fn token_from_secret_string(secret: &str) -> String {
 #[cfg(test)]
 #[test]
 fn key_value_secrets_give_their_token() {
-    assert_eq!(token_from_secret_string(" plain-token \n"), "plain-token");
-    assert_eq!(token_from_secret_string(r#"{"token":"t1"}"#), "t1");
-    assert_eq!(token_from_secret_string(r#"{"anything":"t2"}"#), "t2");
     assert_eq!(
-        token_from_secret_string(r#"{"a":"x","worker_token":"t3"}"#),
+        token_from_secret_string(" plain-token \n", TOKEN_KEYS),
+        "plain-token"
+    );
+    assert_eq!(
+        token_from_secret_string(r#"{"token":"t1"}"#, TOKEN_KEYS),
+        "t1"
+    );
+    assert_eq!(
+        token_from_secret_string(r#"{"anything":"t2"}"#, TOKEN_KEYS),
+        "t2"
+    );
+    assert_eq!(
+        token_from_secret_string(r#"{"a":"x","worker_token":"t3"}"#, TOKEN_KEYS),
         "t3"
     );
 }

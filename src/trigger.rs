@@ -5,6 +5,7 @@
 //! | EventBridge / CloudWatch scheduled event ([`CloudWatchEvent`]) | `"detail-type": "Scheduled Event"` | [`Trigger::Schedule`]: one batch with the configured N |
 //! | a schedule whose target sends a custom constant input, or a direct invocation | any other JSON object (`{}`, `{"max_runs": 3}`, `{"source": "my-schedule"}`) | [`Trigger::Direct`]: one batch, overrides validated |
 //! | SQS ([`SqsEvent`](aws_lambda_events::event::sqs::SqsEvent)) | `"Records"` | [`Trigger::Sqs`]: each record a wake-up; one batch serves them all |
+//! | Lambda Function URL ([`LambdaFunctionUrlRequest`], payload format 2.0) | `"requestContext"` with `"http"` | [`Trigger::Webhook`]: the ironflow API's webhook, answered by [`crate::webhook`]; no batch |
 //!
 //! Overrides (a direct object, or an SQS wake-up's JSON body): `max_runs`, a whole number from 1
 //! to the configured N (`IRONFLOW_MAX_RUNS_PER_INVOCATION`), and `reason`, a string shown in the
@@ -13,14 +14,15 @@
 //!
 //! Refused with a [`TriggerError`] before anything is claimed: a non-object event, an invalid
 //! override, an EventBridge event other than a scheduled one, another service's `Records`
-//! (S3, SNS, DynamoDB...), an HTTP event (API Gateway, function URL, ALB), a malformed SQS
-//! envelope, and an SQS record without a message id (it could not be reported in a partial
+//! (S3, SNS, DynamoDB...), an HTTP event other than a Function URL's (API Gateway REST, ALB), a
+//! malformed SQS envelope, and an SQS record without a message id (it could not be reported in a partial
 //! batch response, so the whole invocation fails on purpose and SQS retries the batch).
 //!
 //! An SQS record whose body is malformed fails only itself: it is listed in
 //! [`SqsWakeUps::rejected`], and the handler reports it in `batchItemFailures`.
 
 use aws_lambda_events::event::cloudwatch_events::CloudWatchEvent;
+use aws_lambda_events::event::lambda_function_urls::LambdaFunctionUrlRequest;
 use aws_lambda_events::event::sqs::SqsMessage;
 use chrono::{DateTime, Utc};
 use serde_json::{Map, Value};
@@ -44,6 +46,9 @@ pub enum Trigger {
     Direct(DirectRequest),
     /// An SQS event: each record a wake-up, one batch for all of them.
     Sqs(SqsWakeUps),
+    /// A Lambda Function URL request (payload format 2.0): the ironflow API's webhook, for the
+    /// receiver ([`crate::webhook`]); no batch runs.
+    Webhook(Box<LambdaFunctionUrlRequest>),
 }
 
 /// A scheduled event's facts, for the logs.
@@ -181,9 +186,23 @@ pub fn parse_event(event: &Value, max_runs_per_invocation: usize) -> Result<Trig
     if let Some(detail_type) = object.get("detail-type") {
         return parse_schedule(event, detail_type).map(Trigger::Schedule);
     }
+    let http_v2 = object
+        .get("requestContext")
+        .is_some_and(|c| c.get("http").is_some());
+    if http_v2 {
+        return serde_json::from_value(event.clone())
+            .map(|request| Trigger::Webhook(Box::new(request)))
+            .map_err(|e| TriggerError::InvalidField {
+                field: "requestContext",
+                expected: "a Lambda Function URL request (payload format 2.0)".into(),
+                found: truncate(&e.to_string()),
+            });
+    }
     if object.contains_key("requestContext") || object.contains_key("httpMethod") {
         return Err(TriggerError::Unsupported {
-            what: "an HTTP event (API Gateway, function URL or ALB): invoke the function directly, on a schedule or through SQS".into(),
+            what: "an HTTP event of API Gateway's REST format or an ALB: only a Function URL \
+                   request (payload format 2.0) reaches the webhook receiver"
+                .into(),
         });
     }
     if let Some(source) = ["eventSource", "EventSource", "awslogs", "responsePayload"]
@@ -532,6 +551,30 @@ mod tests {
         }
         let err = parse_event(&json!({"requestContext": {}, "body": "{}"}), 8).unwrap_err();
         assert!(err.to_string().contains("HTTP event"), "{err}");
+        let err = parse_event(&json!({"httpMethod": "POST", "body": "{}"}), 8).unwrap_err();
+        assert!(err.to_string().contains("HTTP event"), "{err}");
+    }
+
+    #[test]
+    fn a_function_url_request_is_a_webhook_request() {
+        let request = json!({
+            "version": "2.0",
+            "rawPath": "/",
+            "rawQueryString": "token=x",
+            "headers": {"content-type": "application/json", "x-signature-256": "sha256=00"},
+            "queryStringParameters": {"token": "x"},
+            "requestContext": {"http": {"method": "POST", "path": "/"}, "timeEpoch": 1},
+            "body": "{\"type\":\"run_created\"}",
+            "isBase64Encoded": false
+        });
+        let Ok(Trigger::Webhook(request)) = parse_event(&request, 8) else {
+            panic!("not a webhook request");
+        };
+        assert_eq!(request.body.as_deref(), Some(r#"{"type":"run_created"}"#));
+        assert_eq!(request.query_string_parameters["token"], "x");
+        let broken = json!({"requestContext": {"http": 3}});
+        let err = parse_event(&broken, 8).unwrap_err();
+        assert!(err.to_string().contains("Function URL"), "{err}");
     }
 
     #[test]

@@ -119,14 +119,51 @@ pub(crate) async fn after_batch(
         report.errors.push(error);
         return Some(report);
     };
-    if !measure_backlog(waker, api, end.capabilities, until, &mut report).await {
-        info!(?trigger, "no pending run left: no wake-up needed");
-        return Some(report);
+    let sender = Sender {
+        request_id: end.request_id,
+        trace_id: end.trace_id,
+    };
+    let need = Need {
+        trigger,
+        capabilities: end.capabilities,
+        runs_per_invocation,
+    };
+    wake_for(waker, api, need, sender, until, &mut report).await;
+    Some(report)
+}
+
+/// What a wake-up is sent for.
+#[derive(Clone, Copy)]
+pub(crate) struct Need<'a> {
+    pub trigger: WakeTrigger,
+    /// What claims ask for: the backlog is counted with it.
+    pub capabilities: &'a WorkerCapabilities,
+    /// N: runs one woken invocation claims at most.
+    pub runs_per_invocation: usize,
+}
+
+/// Send what the backlog needs beyond what is queued ([`wake_ups_needed`]), before `until`,
+/// into `report`.
+async fn wake_for(
+    waker: &Waker,
+    api: &ApiClient,
+    need: Need<'_>,
+    sender: Sender<'_>,
+    until: Instant,
+    report: &mut WakeReport,
+) {
+    let trigger = need.trigger;
+    if !measure_backlog(waker, api, need.capabilities, until, report).await {
+        info!(
+            trigger = trigger.as_str(),
+            "no pending run left: no wake-up needed"
+        );
+        return;
     }
     let count = wake_ups_needed(
         report.pending_runs,
         report.queued.unwrap_or(0),
-        runs_per_invocation,
+        need.runs_per_invocation,
         waker.settings.max_per_invocation,
     );
     if count == 0 {
@@ -136,17 +173,13 @@ pub(crate) async fn after_batch(
             queued = report.queued,
             "enough wake-ups already queued"
         );
-        return Some(report);
+        return;
     }
     report.delay_secs = match trigger {
         WakeTrigger::HandedBack => waker.settings.handback_delay.as_secs(),
-        WakeTrigger::Backlog => 0,
+        WakeTrigger::Backlog | WakeTrigger::Pushed => 0,
     };
-    let sender = Sender {
-        request_id: end.request_id,
-        trace_id: end.trace_id,
-    };
-    send_wake_ups(waker, count, trigger, sender, until, &mut report).await;
+    send_wake_ups(waker, count, trigger, sender, until, report).await;
     info!(
         trigger = trigger.as_str(),
         sent = report.sent,
@@ -155,7 +188,27 @@ pub(crate) async fn after_batch(
         delay_secs = report.delay_secs,
         "wake-ups sent"
     );
-    Some(report)
+}
+
+/// Wake the fleet for a pushed notice that runs are or will be Pending (the webhook receiver,
+/// [`crate::webhook`]): what the backlog needs beyond what is queued, before `until`.
+pub(crate) async fn for_push(
+    waker: &Waker,
+    api: &ApiClient,
+    need: Need<'_>,
+    request_id: &str,
+    until: Instant,
+) -> WakeReport {
+    let mut report = WakeReport {
+        trigger: Some(need.trigger),
+        ..WakeReport::default()
+    };
+    let sender = Sender {
+        request_id,
+        trace_id: None,
+    };
+    wake_for(waker, api, need, sender, until, &mut report).await;
+    report
 }
 
 /// The backlog (`pending_runs`) and the wake-ups already queued (`queued`), each `None` when

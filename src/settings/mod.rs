@@ -105,6 +105,43 @@ impl fmt::Display for WorkerToken {
     }
 }
 
+/// The variable holding the webhook receiver's secret itself.
+pub const WEBHOOK_SECRET_VAR: &str = "IRONFLOW_WEBHOOK_SECRET";
+/// The variable naming the Secrets Manager secret that holds it.
+pub const WEBHOOK_SECRET_ARN_VAR: &str = "IRONFLOW_WEBHOOK_SECRET_ARN";
+/// The shortest webhook secret accepted: 32 characters (it may travel in the URL).
+pub const MIN_WEBHOOK_SECRET_LEN: usize = 32;
+
+/// The secret the ironflow API's webhook proves itself with ([`crate::webhook`]): the key of
+/// its `X-Signature-256` HMAC, or the token in the URL it is configured with. Its `Debug` and
+/// `Display` print `***`.
+#[derive(Clone, PartialEq, Eq)]
+pub struct WebhookSecret(String);
+
+impl WebhookSecret {
+    /// Wrap a secret.
+    pub fn new(secret: impl Into<String>) -> Self {
+        Self(secret.into())
+    }
+
+    /// The secret itself, for the receiver's checks only.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for WebhookSecret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("WebhookSecret(***)")
+    }
+}
+
+impl fmt::Display for WebhookSecret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("***")
+    }
+}
+
 /// A missing, malformed or unusable environment variable.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 #[non_exhaustive]
@@ -200,6 +237,8 @@ pub struct Settings {
     pub max_wakeups_per_invocation: usize,
     pub wake_delay: Duration,
     pub metrics_namespace: String,
+    /// The webhook receiver's secret; `None`: the receiver is off. Never logged.
+    pub webhook_secret: Option<WebhookSecret>,
 }
 
 impl Settings {
@@ -236,6 +275,7 @@ impl Settings {
             max_wakeups_per_invocation: DEFAULT_MAX_WAKEUPS_PER_INVOCATION,
             wake_delay: DEFAULT_WAKE_DELAY,
             metrics_namespace: DEFAULT_METRICS_NAMESPACE.to_string(),
+            webhook_secret: None,
         }
     }
 

@@ -457,6 +457,32 @@ pub static VARIABLES: &[Variable] = &[
         },
     },
     Variable {
+        name: "IRONFLOW_WEBHOOK_SECRET",
+        setter: "webhook_secret",
+        meaning: "secret of the [webhook receiver](docs/push.md), at least 32 characters; never logged",
+        default: "none: receiver off",
+        apply: |s, raw| {
+            if raw.len() < super::MIN_WEBHOOK_SECRET_LEN
+                || raw.chars().any(|c| !c.is_ascii_graphic())
+            {
+                return Err(Invalid {
+                    expected: "at least 32 visible ASCII characters without spaces",
+                    found: Found::Hidden("(not shown: it is a secret)"),
+                });
+            }
+            s.webhook_secret = Some(super::WebhookSecret::new(raw));
+            Ok(())
+        },
+    },
+    Variable {
+        name: "IRONFLOW_WEBHOOK_SECRET_ARN",
+        setter: "from_env_and_secrets",
+        meaning: "Secrets Manager ARN of it, read at cold start when it is unset",
+        default: "none",
+        // Read before the other variables, by `crate::secrets`.
+        apply: |_, _| Ok(()),
+    },
+    Variable {
         name: "IRONFLOW_METRICS_NAMESPACE",
         setter: "metrics_namespace",
         meaning: "CloudWatch namespace of the function's EMF metrics",

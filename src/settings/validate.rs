@@ -202,8 +202,21 @@ fn poison(s: &Settings, p: &mut Problems) {
     }
 }
 
-/// A wake-up setting without a queue would be ignored without a word.
+/// A wake-up setting without a queue would be ignored without a word; a short webhook secret
+/// is guessable.
 fn wake(s: &Settings, p: &mut Problems) {
+    let short = |w: &super::WebhookSecret| {
+        let secret = w.expose();
+        secret.len() < super::MIN_WEBHOOK_SECRET_LEN
+            || secret.chars().any(|c| !c.is_ascii_graphic())
+    };
+    if s.webhook_secret.as_ref().is_some_and(short) {
+        p.add(
+            "IRONFLOW_WEBHOOK_SECRET",
+            "must be at least 32 visible ASCII characters without spaces (not shown: it is a \
+             secret)",
+        );
+    }
     let defaults = (DEFAULT_MAX_WAKEUPS_PER_INVOCATION, DEFAULT_WAKE_DELAY);
     if s.wake_queue_url.is_none() && (s.max_wakeups_per_invocation, s.wake_delay) != defaults {
         p.add(

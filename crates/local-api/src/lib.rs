@@ -7,9 +7,11 @@
 
 mod backend;
 mod delay;
+mod function_url;
 
 pub use backend::{Backend, masked_url};
 pub use delay::DelayProxy;
+pub use function_url::{FunctionUrl, UrlHandler};
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -24,7 +26,7 @@ use ironflow_api::state::AppState;
 use ironflow_auth::jwt::JwtConfig;
 use ironflow_core::providers::claude::ClaudeCodeProvider;
 use ironflow_engine::engine::{Engine, ExecutionMode};
-use ironflow_engine::notify::Event;
+use ironflow_engine::notify::{Event, WebhookSubscriber};
 use ironflow_store::store::Store;
 use tokio::net::TcpListener;
 use tokio::sync::broadcast;
@@ -76,6 +78,35 @@ fn bind_hint(source: &std::io::Error) -> &'static str {
     }
 }
 
+/// Where the embedded API's outbound webhook posts ([`LocalApi::start_with_webhook`]).
+#[derive(Debug, Clone)]
+pub struct Webhook {
+    /// The URL events are posted to (a receiver's, with its `?token=` when it checks one).
+    pub url: String,
+    /// The HMAC-SHA256 key of the `X-Signature-256` header; `None`: unsigned.
+    pub signing_secret: Option<String>,
+}
+
+impl Webhook {
+    /// The events it posts: those about runs (every type ironflow-lambda's receiver wakes on,
+    /// and a few it ignores).
+    pub const EVENTS: &'static [&'static str] = &[
+        Event::RUN_CREATED,
+        Event::RUN_STATUS_CHANGED,
+        Event::RUN_FAILED,
+        Event::APPROVAL_GRANTED,
+        Event::SIGNAL_RECEIVED,
+        Event::WORKFLOW_RESUMED,
+    ];
+}
+
+/// What an API may be started with besides its store.
+#[derive(Default)]
+struct Extras {
+    blob: Option<Arc<dyn ironflow_artifacts::blob_store::BlobStore>>,
+    webhook: Option<Webhook>,
+}
+
 /// A running embedded API. Stops when dropped.
 pub struct LocalApi {
     addr: SocketAddr,
@@ -97,7 +128,7 @@ impl LocalApi {
     ///
     /// [`LocalApiError`] when no loopback port can be bound.
     pub async fn start(worker_token: &str) -> Result<Self, LocalApiError> {
-        Self::start_with(worker_token, &Backend::Memory, None, 0).await
+        Self::start_with(worker_token, &Backend::Memory, Extras::default(), 0).await
     }
 
     /// Start the API over `backend`'s store.
@@ -106,7 +137,7 @@ impl LocalApi {
     ///
     /// [`LocalApiError`] when no loopback port can be bound, or the database cannot be used.
     pub async fn start_on(worker_token: &str, backend: &Backend) -> Result<Self, LocalApiError> {
-        Self::start_with(worker_token, backend, None, 0).await
+        Self::start_with(worker_token, backend, Extras::default(), 0).await
     }
 
     /// Start the API over `backend` on `127.0.0.1:port` (for `ironflow-lambda-local --serve`).
@@ -119,7 +150,7 @@ impl LocalApi {
         backend: &Backend,
         port: u16,
     ) -> Result<Self, LocalApiError> {
-        Self::start_with(worker_token, backend, None, port).await
+        Self::start_with(worker_token, backend, Extras::default(), port).await
     }
 
     /// Start the API with artifact storage in `dir` (a local blob store), so that steps can
@@ -133,22 +164,52 @@ impl LocalApi {
         dir: &std::path::Path,
     ) -> Result<Self, LocalApiError> {
         let blob = Arc::new(ironflow_artifacts::local::LocalBlobStore::new(dir));
-        Self::start_with(worker_token, &Backend::Memory, Some(blob), 0).await
+        let extras = Extras {
+            blob: Some(blob),
+            ..Extras::default()
+        };
+        Self::start_with(worker_token, &Backend::Memory, extras, 0).await
+    }
+
+    /// Start the API over `backend` with its outbound webhook (`WEBHOOK_URL` of a deployed
+    /// API) posting the events that concern runs to `webhook.url`, signed with HMAC-SHA256
+    /// (`X-Signature-256`) when `webhook.signing_secret` is set, as ironflow-engine's
+    /// `WebhookSubscriber` does.
+    ///
+    /// # Errors
+    ///
+    /// [`LocalApiError`] when no loopback port can be bound, or the database cannot be used.
+    pub async fn start_with_webhook(
+        worker_token: &str,
+        backend: &Backend,
+        webhook: Webhook,
+    ) -> Result<Self, LocalApiError> {
+        let extras = Extras {
+            webhook: Some(webhook),
+            ..Extras::default()
+        };
+        Self::start_with(worker_token, backend, extras, 0).await
     }
 
     async fn start_with(
         worker_token: &str,
         backend: &Backend,
-        blob: Option<Arc<dyn ironflow_artifacts::blob_store::BlobStore>>,
+        extras: Extras,
         port: u16,
     ) -> Result<Self, LocalApiError> {
         let store = backend.store().await?;
         // Workers execute the runs (this API registers no handler): a run woken by a signal or
         // an approval goes back to Pending for a worker to claim.
-        let engine = Arc::new(
-            Engine::new(store.clone(), Arc::new(ClaudeCodeProvider::new()))
-                .with_execution_mode(ExecutionMode::Workers),
-        );
+        let mut engine = Engine::new(store.clone(), Arc::new(ClaudeCodeProvider::new()))
+            .with_execution_mode(ExecutionMode::Workers);
+        if let Some(webhook) = &extras.webhook {
+            let subscriber = match &webhook.signing_secret {
+                Some(secret) => WebhookSubscriber::with_signing_secret(&webhook.url, secret),
+                None => WebhookSubscriber::new(&webhook.url),
+            };
+            engine.subscribe(subscriber, Webhook::EVENTS);
+        }
+        let engine = Arc::new(engine);
         let jwt = Arc::new(JwtConfig {
             secret: uuid::Uuid::new_v4().to_string(),
             access_token_ttl_secs: 900,
@@ -164,7 +225,7 @@ impl LocalApi {
             worker_token.to_string(),
             events,
         );
-        if let Some(blob) = blob {
+        if let Some(blob) = extras.blob {
             state = state.with_blob_store(blob);
         }
         let background = state.spawn_background_tasks().await;
@@ -241,7 +302,7 @@ impl LocalApi {
             .map_err(failed)?;
         let (token, backend) = (worker_token.to_string(), backend.clone());
         let started = runtime
-            .spawn(async move { Self::start_with(&token, &backend, None, 0).await })
+            .spawn(async move { Self::start_with(&token, &backend, Extras::default(), 0).await })
             .await
             .map_err(|e| failed(std::io::Error::other(e)))?;
         let mut api = started?;

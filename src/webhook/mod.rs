@@ -1,0 +1,186 @@
+//! The webhook receiver: the ironflow API's outbound webhook (`WEBHOOK_URL`), reached through a
+//! Lambda Function URL, wakes the fleet when a run is or will be Pending (docs/push.md).
+//!
+//! One request, in numbered steps ([`receive`]), answered within milliseconds and never by
+//! running a batch inside the HTTP request (the batch runs in the wake-up's own invocation):
+//! 1. the receiver is on (a secret is configured), else 503 naming the variable;
+//! 2. a `POST`, else 405;
+//! 3. the body is at most [`MAX_BODY_BYTES`], else 413 (decoded from base64 when Lambda
+//!    encoded it; undecodable: 400);
+//! 4. the sender proves itself ([`auth`]), else 401;
+//! 5. the body is an event ([`notice`]), else 400;
+//! 6. an event that means no Pending run of a registered workflow is answered 202 and ignored;
+//! 7. the wake-ups the backlog needs beyond what is queued go to the wake queue
+//!    ([`crate::wake`]: a burst of events costs the wake-ups its backlog needs, not one per
+//!    event), 202; 503 when none could be sent, for the API's webhook to retry.
+//!
+//! Every answer is logged with its status and reason, never with the secret, the signature, the
+//! token or the body's payload (only the event's type and workflow name).
+
+pub mod auth;
+pub mod notice;
+
+use aws_lambda_events::event::lambda_function_urls::{
+    LambdaFunctionUrlRequest, LambdaFunctionUrlResponse,
+};
+use base64::Engine as _;
+use serde_json::json;
+use tokio::time::Instant;
+use tracing::{error, info, warn};
+
+use self::notice::{Notice, Verdict};
+use crate::report::WakeTrigger;
+use crate::wake::{self, Need};
+use crate::worker::LambdaWorker;
+
+/// Time kept for the answer after the receiver's last call: 250 ms.
+pub const RESPONSE_RESERVE: std::time::Duration = std::time::Duration::from_millis(250);
+
+/// The largest event body accepted: 64 KiB (ironflow's events are well under 2 KiB).
+pub const MAX_BODY_BYTES: usize = 64 * 1024;
+
+/// The answer to one webhook request: its HTTP status and JSON body.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Answer {
+    /// The HTTP status.
+    pub status: u16,
+    /// The JSON body.
+    pub body: serde_json::Value,
+}
+
+impl Answer {
+    fn new(status: u16, body: serde_json::Value) -> Self {
+        Self { status, body }
+    }
+
+    fn refused(status: u16, reason: &str) -> Self {
+        warn!(status, reason, "webhook request refused");
+        Self::new(status, json!({ "error": reason }))
+    }
+
+    /// The Function URL response (`statusCode`, JSON `body`).
+    pub fn to_response(&self) -> LambdaFunctionUrlResponse {
+        let mut response = LambdaFunctionUrlResponse::default();
+        response.status_code = i64::from(self.status);
+        response.headers.insert(
+            aws_lambda_events::http::header::CONTENT_TYPE,
+            aws_lambda_events::http::HeaderValue::from_static("application/json"),
+        );
+        response.body = Some(self.body.to_string());
+        response
+    }
+}
+
+/// Answer one webhook request (see the module docs), every call bounded by `until`.
+pub async fn receive(
+    worker: &LambdaWorker,
+    request: &LambdaFunctionUrlRequest,
+    request_id: &str,
+    until: Instant,
+) -> Answer {
+    // 1. On: a secret is configured.
+    let Some(secret) = worker.settings.webhook_secret.as_ref() else {
+        error!(
+            "a webhook request came, and the receiver is off: set IRONFLOW_WEBHOOK_SECRET_ARN \
+             (or IRONFLOW_WEBHOOK_SECRET)"
+        );
+        return Answer::refused(
+            503,
+            "the webhook receiver is off: IRONFLOW_WEBHOOK_SECRET_ARN is not set",
+        );
+    };
+    // 2. A POST.
+    let method = request.request_context.http.method.as_deref().unwrap_or("");
+    if !method.eq_ignore_ascii_case("POST") {
+        return Answer::refused(405, "only POST is accepted");
+    }
+    // 3. A body of a sane size.
+    let body = match body_of(request) {
+        Ok(body) => body,
+        Err(answer) => return answer,
+    };
+    // 4. The sender.
+    let signature = header(request, auth::SIGNATURE_HEADER);
+    let token = request
+        .query_string_parameters
+        .get(auth::TOKEN_PARAMETER)
+        .map(String::as_str);
+    let proof = match auth::check(secret, signature, token, &body) {
+        Ok(proof) => proof,
+        Err(refusal) => return Answer::refused(401, &refusal.to_string()),
+    };
+    // 5. An event.
+    let notice = match Notice::parse(&body) {
+        Ok(notice) => notice,
+        Err(_) => {
+            return Answer::refused(400, "the body is not a JSON event with a string \"type\"");
+        }
+    };
+    // 6. Work for this deployment.
+    let registered = worker.capabilities.workflows.as_deref();
+    let workflow = notice.workflow_name.as_deref().unwrap_or("");
+    if let Verdict::Ignore(reason) = notice.verdict(registered) {
+        info!(event = %notice.kind, workflow, ?proof, reason, "webhook event ignored");
+        return Answer::new(202, json!({ "woke": false, "ignored": reason }));
+    }
+    // 7. The wake-ups.
+    wake_fleet(worker, &notice, request_id, until).await
+}
+
+/// Step 7: the wake-ups the backlog needs, through the wake queue.
+async fn wake_fleet(
+    worker: &LambdaWorker,
+    notice: &Notice,
+    request_id: &str,
+    until: Instant,
+) -> Answer {
+    let workflow = notice.workflow_name.as_deref().unwrap_or("");
+    // The builder refuses a secret without a wake queue.
+    let Some(waker) = worker.wake.as_ref() else {
+        return Answer::refused(503, "no wake queue (IRONFLOW_WAKE_QUEUE_URL)");
+    };
+    let need = Need {
+        trigger: WakeTrigger::Pushed,
+        capabilities: &worker.capabilities,
+        runs_per_invocation: worker.settings.max_runs_per_invocation,
+    };
+    let report = wake::for_push(waker, &worker.api, need, request_id, until).await;
+    info!(event = %notice.kind, workflow, sent = report.sent, pending_runs = report.pending_runs,
+        queued = report.queued, "webhook event: wake-ups");
+    let status = if report.sent == 0 && !report.errors.is_empty() {
+        503
+    } else {
+        202
+    };
+    Answer::new(
+        status,
+        json!({ "woke": report.sent > 0, "wake_ups": report }),
+    )
+}
+
+/// The request's raw body, decoded and bounded (step 3).
+fn body_of(request: &LambdaFunctionUrlRequest) -> Result<Vec<u8>, Answer> {
+    let raw = request.body.as_deref().unwrap_or("");
+    // Base64 is 4/3 the size of what it encodes: refuse before decoding anything too large.
+    let encoded_limit = MAX_BODY_BYTES.div_ceil(3).saturating_mul(4);
+    let too_large = || Answer::refused(413, "the body is larger than 64 KiB");
+    if raw.len() > encoded_limit.max(MAX_BODY_BYTES) {
+        return Err(too_large());
+    }
+    let body = if request.is_base64_encoded {
+        base64::engine::general_purpose::STANDARD
+            .decode(raw)
+            .map_err(|_| Answer::refused(400, "the body is not valid base64"))?
+    } else {
+        raw.as_bytes().to_vec()
+    };
+    if body.len() > MAX_BODY_BYTES {
+        return Err(too_large());
+    }
+    Ok(body)
+}
+
+/// A request header's value, if it is text.
+fn header<'a>(request: &'a LambdaFunctionUrlRequest, name: &str) -> Option<&'a str> {
+    request.headers.get(name).and_then(|v| v.to_str().ok())
+}

@@ -1,0 +1,396 @@
+//! The webhook receiver through the handler, in-process: Function URL requests (built here, or
+//! sent by the real embedded API's webhook through the Function URL stand-in), the real API
+//! (`LocalApi`) and moto's SQS (`IRONFLOW_TEST_MOTO_ENDPOINT`, started by `./scripts/test`).
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use aws_sdk_sqs::types::QueueAttributeName;
+use base64::Engine as _;
+use ironflow_core::providers::claude::ClaudeCodeProvider;
+use ironflow_lambda::webhook::auth;
+use ironflow_lambda::{LambdaWorker, LambdaWorkerBuilder, Response, WakeSettings, Waker, samples};
+use ironflow_local_api::{Backend, FunctionUrl, LocalApi, UrlHandler, Webhook, new_run};
+use ironflow_store::entities::RunStatus;
+use ironflow_store::store::RunStore;
+use lambda_runtime::{Context, LambdaEvent};
+use serde_json::{Value, json};
+use uuid::Uuid;
+
+const TOKEN: &str = "webhook-test-token";
+const SECRET: &str = "a-webhook-secret-of-at-least-32-characters";
+const LONG: Duration = Duration::from_secs(60);
+
+fn moto_endpoint() -> String {
+    std::env::var("IRONFLOW_TEST_MOTO_ENDPOINT").unwrap_or_else(|_| {
+        panic!("IRONFLOW_TEST_MOTO_ENDPOINT is not set: run the tests with ./scripts/test, which starts moto's server")
+    })
+}
+
+fn sqs_client() -> aws_sdk_sqs::Client {
+    let config = aws_sdk_sqs::Config::builder()
+        .behavior_version(aws_sdk_sqs::config::BehaviorVersion::latest())
+        .region(aws_sdk_sqs::config::Region::new("us-east-1"))
+        .credentials_provider(aws_sdk_sqs::config::Credentials::new(
+            "testing", "testing", None, None, "test",
+        ))
+        .endpoint_url(moto_endpoint())
+        .build();
+    aws_sdk_sqs::Client::from_conf(config)
+}
+
+/// The API, a wake queue, and a worker (N = `runs`, 3 wake-ups per call at most) whose
+/// receiver has [`SECRET`].
+struct Setup {
+    api: LocalApi,
+    sqs: aws_sdk_sqs::Client,
+    queue: String,
+    worker: Arc<LambdaWorker>,
+}
+
+async fn setup(api: LocalApi, runs: usize) -> Setup {
+    let sqs = sqs_client();
+    let queue = sqs
+        .create_queue()
+        .queue_name(format!("wake-{}", Uuid::new_v4().simple()))
+        .send()
+        .await
+        .unwrap()
+        .queue_url()
+        .unwrap()
+        .to_string();
+    let worker = worker(&api, &sqs, &queue, runs).webhook_secret(SECRET);
+    Setup {
+        worker: Arc::new(worker.build().unwrap()),
+        api,
+        sqs,
+        queue,
+    }
+}
+
+fn worker(
+    api: &LocalApi,
+    sqs: &aws_sdk_sqs::Client,
+    queue: &str,
+    runs: usize,
+) -> LambdaWorkerBuilder {
+    let mut wake = WakeSettings::new(queue);
+    wake.max_per_invocation = 3;
+    LambdaWorkerBuilder::new(&api.url(), TOKEN)
+        .provider(Arc::new(ClaudeCodeProvider::new()))
+        .register(samples::QuickShell)
+        .max_runs_per_invocation(runs)
+        .deadline_margin(Duration::from_millis(1500))
+        .min_claim_budget(Duration::from_millis(200))
+        .wake_ups(Waker::new(sqs.clone(), wake))
+}
+
+fn epoch_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64
+}
+
+fn lambda_event(payload: Value) -> LambdaEvent<Value> {
+    let mut context = Context::default();
+    context.request_id = Uuid::new_v4().to_string();
+    context.deadline = epoch_ms() + 30_000;
+    LambdaEvent::new(payload, context)
+}
+
+/// A Function URL request posting `body`, with `headers` and the query string `query`.
+fn request(body: &str, headers: Value, query: &str) -> Value {
+    let parameters: serde_json::Map<String, Value> = query
+        .split('&')
+        .filter_map(|p| p.split_once('='))
+        .map(|(k, v)| (k.to_string(), json!(v)))
+        .collect();
+    json!({
+        "version": "2.0",
+        "rawPath": "/",
+        "rawQueryString": query,
+        "headers": headers,
+        "queryStringParameters": parameters,
+        "requestContext": {"http": {"method": "POST", "path": "/"}, "timeEpoch": 0},
+        "body": body,
+        "isBase64Encoded": false,
+    })
+}
+
+fn signed(body: &str) -> Value {
+    let signature = auth::sign(
+        &ironflow_lambda::WebhookSecret::new(SECRET),
+        body.as_bytes(),
+    );
+    request(body, json!({"x-signature-256": signature}), "")
+}
+
+fn created(workflow: &str) -> String {
+    json!({"type": "run_created", "run_id": Uuid::new_v4(), "workflow_name": workflow, "at": "2026-12-01T00:00:00Z"}).to_string()
+}
+
+/// The receiver's answer: status and JSON body.
+async fn post(worker: &LambdaWorker, event: Value) -> (u16, Value) {
+    let response = ironflow_lambda::handle_response(worker, lambda_event(event))
+        .await
+        .unwrap();
+    let Response::Webhook(answer) = &response else {
+        panic!("not a webhook answer: {response:?}");
+    };
+    let json = response.to_json();
+    assert_eq!(json["statusCode"], answer.status);
+    let body: Value = serde_json::from_str(json["body"].as_str().unwrap()).unwrap();
+    assert_eq!(body, answer.body);
+    (answer.status, body)
+}
+
+async fn queued(s: &Setup) -> u64 {
+    let out = s
+        .sqs
+        .get_queue_attributes()
+        .queue_url(&s.queue)
+        .attribute_names(QueueAttributeName::ApproximateNumberOfMessages)
+        .send()
+        .await
+        .unwrap();
+    out.attributes()
+        .and_then(|a| a.get(&QueueAttributeName::ApproximateNumberOfMessages))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
+async fn create(api: &LocalApi, workflow: &str) -> Uuid {
+    api.store()
+        .create_run(new_run(workflow, 0))
+        .await
+        .unwrap()
+        .into_run()
+        .id
+}
+
+#[tokio::test]
+async fn only_a_valid_signature_or_token_wakes_and_bad_requests_get_their_answer() {
+    let s = setup(LocalApi::start(TOKEN).await.unwrap(), 8).await;
+    create(&s.api, "quick-shell").await;
+    let body = created("quick-shell");
+
+    // Refused, and nothing queued: missing, wrong secret, altered body, wrong token.
+    let unsigned = request(&body, json!({}), "");
+    let wrong_secret = {
+        let other = ironflow_lambda::WebhookSecret::new("another-secret-of-at-least-32-chars!!");
+        request(
+            &body,
+            json!({"x-signature-256": auth::sign(&other, body.as_bytes())}),
+            "",
+        )
+    };
+    let altered = {
+        let mut e = signed(&body);
+        e["body"] = json!(body.replace("quick-shell", "quick-shel1"));
+        e
+    };
+    let wrong_token = request(
+        &body,
+        json!({}),
+        "token=not-the-secret-but-as-long-as-it-is!!",
+    );
+    for (what, event) in [
+        ("missing", unsigned),
+        ("wrong secret", wrong_secret),
+        ("altered body", altered),
+        ("wrong token", wrong_token),
+    ] {
+        let (status, answer) = post(&s.worker, event).await;
+        assert_eq!(status, 401, "{what}: {answer}");
+        assert!(!answer.to_string().contains(SECRET));
+    }
+    assert_eq!(queued(&s).await, 0, "a refused request sends nothing");
+
+    // Malformed JSON, an oversized body, a GET.
+    let (status, _) = post(&s.worker, signed("{not json")).await;
+    assert_eq!(status, 400);
+    let huge = format!(
+        "{{\"type\":\"run_created\",\"pad\":\"{}\"}}",
+        "x".repeat(70_000)
+    );
+    assert_eq!(post(&s.worker, signed(&huge)).await.0, 413);
+    let mut get = signed(&body);
+    get["requestContext"]["http"]["method"] = json!("GET");
+    assert_eq!(post(&s.worker, get).await.0, 405);
+    let mut bad_base64 = signed(&body);
+    bad_base64["isBase64Encoded"] = json!(true);
+    bad_base64["body"] = json!("%%%");
+    assert_eq!(post(&s.worker, bad_base64).await.0, 400);
+    assert_eq!(queued(&s).await, 0);
+
+    // The signature, a base64-encoded body, and the token in the URL each wake.
+    let (status, answer) = post(&s.worker, signed(&body)).await;
+    assert_eq!((status, &answer["woke"]), (202, &json!(true)), "{answer}");
+    assert_eq!(answer["wake_ups"]["trigger"], "pushed");
+    assert_eq!(queued(&s).await, 1);
+    let mut encoded = signed(&body);
+    encoded["isBase64Encoded"] = json!(true);
+    encoded["body"] = json!(base64::engine::general_purpose::STANDARD.encode(&body));
+    let (status, answer) = post(&s.worker, encoded).await;
+    assert_eq!(status, 202, "{answer}");
+    assert_eq!(answer["wake_ups"]["queued"], 1, "already queued: {answer}");
+    let by_token = request(&body, json!({}), &format!("token={SECRET}"));
+    assert_eq!(post(&s.worker, by_token).await.0, 202);
+    assert_eq!(
+        queued(&s).await,
+        1,
+        "one run needs one wake-up, whatever the events"
+    );
+}
+
+#[tokio::test]
+async fn events_that_make_no_pending_run_here_are_acknowledged_and_ignored() {
+    let s = setup(LocalApi::start(TOKEN).await.unwrap(), 8).await;
+    create(&s.api, "quick-shell").await;
+    for body in [
+        created("not-registered-here"),
+        json!({"type": "run_status_changed", "workflow_name": "quick-shell", "from": "running", "to": "completed"}).to_string(),
+        json!({"type": "step_completed", "workflow_name": "quick-shell"}).to_string(),
+        json!({"type": "user_signed_in", "user_id": 1}).to_string(),
+    ] {
+        let (status, answer) = post(&s.worker, signed(&body)).await;
+        assert_eq!(status, 202, "{body}: {answer}");
+        assert_eq!(answer["woke"], false, "{answer}");
+        assert!(answer["ignored"].is_string(), "{answer}");
+    }
+    assert_eq!(queued(&s).await, 0);
+    let requeued = json!({"type": "run_status_changed", "workflow_name": "quick-shell", "from": "running", "to": "pending"}).to_string();
+    assert_eq!(post(&s.worker, signed(&requeued)).await.1["woke"], true);
+}
+
+#[tokio::test]
+async fn a_burst_of_events_queues_what_the_backlog_needs_not_one_per_event() {
+    // N = 4: 20 runs need 5 invocations.
+    let s = setup(LocalApi::start(TOKEN).await.unwrap(), 4).await;
+    for _ in 0..20 {
+        create(&s.api, "quick-shell").await;
+    }
+    for _ in 0..20 {
+        let (status, _) = post(&s.worker, signed(&created("quick-shell"))).await;
+        assert_eq!(status, 202);
+    }
+    assert_eq!(queued(&s).await, 5);
+}
+
+#[tokio::test]
+async fn a_receiver_without_its_secret_is_off_and_says_which_variable() {
+    let api = LocalApi::start(TOKEN).await.unwrap();
+    let sqs = sqs_client();
+    let worker = worker(&api, &sqs, "http://127.0.0.1:1/000000000000/none", 8)
+        .build()
+        .unwrap();
+    let (status, answer) = post(&worker, signed(&created("quick-shell"))).await;
+    assert_eq!(status, 503);
+    assert!(
+        answer["error"]
+            .as_str()
+            .unwrap()
+            .contains("IRONFLOW_WEBHOOK_SECRET_ARN")
+    );
+    // And a receiver needs a wake queue to wake anything.
+    let no_queue = LambdaWorkerBuilder::new(&api.url(), TOKEN)
+        .provider(Arc::new(ClaudeCodeProvider::new()))
+        .webhook_secret(SECRET)
+        .build();
+    let err = no_queue.err().unwrap().to_string();
+    assert!(err.contains("IRONFLOW_WAKE_QUEUE_URL"), "{err}");
+    let short = LambdaWorkerBuilder::new(&api.url(), TOKEN)
+        .provider(Arc::new(ClaudeCodeProvider::new()))
+        .webhook_secret("short")
+        .wake_ups(Waker::new(sqs, WakeSettings::new("http://127.0.0.1:1/q")))
+        .build();
+    let err = short.err().unwrap().to_string();
+    assert!(
+        err.contains("IRONFLOW_WEBHOOK_SECRET") && !err.contains("short"),
+        "{err}"
+    );
+}
+
+/// The embedded API's own webhook, signed, through the Function URL stand-in, to the receiver;
+/// its wake-up, taken from moto's queue as Lambda's event source mapping would, starts an
+/// invocation that claims the run.
+#[tokio::test]
+async fn a_run_created_while_idle_is_claimed_through_the_push_path() {
+    // The front door first: the API's webhook needs its URL; the worker needs the API's.
+    let handler: Arc<std::sync::OnceLock<Arc<LambdaWorker>>> = Arc::default();
+    let serving = handler.clone();
+    let url_handler: UrlHandler = Arc::new(move |event| {
+        let worker = serving.get().cloned();
+        Box::pin(async move {
+            let Some(worker) = worker else {
+                return json!({"statusCode": 503, "body": "{}"});
+            };
+            match ironflow_lambda::handle(&worker, lambda_event(event)).await {
+                Ok(answer) => answer,
+                Err(e) => json!({"statusCode": 500, "body": e.to_string()}),
+            }
+        })
+    });
+    let front = FunctionUrl::start(url_handler).await.unwrap();
+    let webhook = Webhook {
+        url: front.url(),
+        signing_secret: Some(SECRET.to_string()),
+    };
+    let api = LocalApi::start_with_webhook(TOKEN, &Backend::Memory, webhook)
+        .await
+        .unwrap();
+    let s = setup(api, 8).await;
+    assert!(handler.set(s.worker.clone()).is_ok());
+
+    // Created through the API's route, which publishes `run_created` to the webhook.
+    let client = ironflow_worker::ApiRunStore::new(&s.api.url(), TOKEN);
+    let run = client
+        .create_run(new_run("quick-shell", 0))
+        .await
+        .unwrap()
+        .into_run()
+        .id;
+    let end = tokio::time::Instant::now() + LONG;
+    let messages = loop {
+        let out = s
+            .sqs
+            .receive_message()
+            .queue_url(&s.queue)
+            .max_number_of_messages(10)
+            .wait_time_seconds(1)
+            .send()
+            .await
+            .unwrap();
+        if !out.messages().is_empty() {
+            break out.messages().to_vec();
+        }
+        assert!(
+            tokio::time::Instant::now() < end,
+            "no wake-up reached the queue"
+        );
+    };
+    let records: Vec<Value> = messages
+        .iter()
+        .map(|m| json!({"messageId": m.message_id(), "body": m.body(), "eventSource": "aws:sqs"}))
+        .collect();
+    let body: Value = serde_json::from_str(messages[0].body().unwrap()).unwrap();
+    assert_eq!(body["reason"], "pushed", "{body}");
+    let response =
+        ironflow_lambda::handle_response(&s.worker, lambda_event(json!({"Records": records})))
+            .await
+            .unwrap();
+    let summary = response.summary().unwrap();
+    assert_eq!(summary.runs.len(), 1, "{summary:?}");
+    assert_eq!(summary.runs[0].run_id, run);
+    let state = s
+        .api
+        .store()
+        .get_run(run)
+        .await
+        .unwrap()
+        .unwrap()
+        .status
+        .state;
+    assert_eq!(state, RunStatus::Completed);
+}
