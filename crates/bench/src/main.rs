@@ -90,7 +90,8 @@ pub struct Options {
     pub production_only: bool,
     /// The Lambda Managed Instances rows.
     pub managed: ManagedSettings,
-    /// Only the Lambda Managed Instances rows (`--managed-only`): medians printed.
+    /// Only the Lambda Managed Instances rows (`--managed-only`): medians and the report's
+    /// section printed.
     pub managed_only: bool,
 }
 
@@ -149,7 +150,8 @@ struct Args {
     #[arg(long, conflicts_with = "drain_only", requires = "postgres_url")]
     production_only: bool,
     /// Only the Lambda Managed Instances rows (one process with M invocations at once against
-    /// M processes with one each), their medians printed; nothing written.
+    /// M processes with one each): their medians and the report's section printed; nothing
+    /// written.
     #[arg(long, conflicts_with_all = ["drain_only", "production_only"])]
     managed_only: bool,
     /// M: invocations at once in the managed-instances rows (`AWS_LAMBDA_MAX_CONCURRENCY` of
@@ -420,6 +422,10 @@ async fn run(o: Options) -> Result<(), BenchError> {
     let managed = managed::measure(&o).await?;
     if o.managed_only {
         managed::print_medians(&managed, &o);
+        // The section as the full run writes it into BENCHMARKS.md.
+        let mut section = String::new();
+        managed::section(&mut section, &o, &managed);
+        println!("\n--- the report's section:\n{section}");
         return Ok(());
     }
 
