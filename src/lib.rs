@@ -88,5 +88,5 @@ pub use report::{
 pub use secrets::SecretError;
 pub use settings::{ConfigError, Settings, WakeSettings, WebhookSecret, WorkerToken};
 pub use trigger::TriggerError;
-pub use wake::Waker;
+pub use wake::{LocalWakeQueue, SqsWakeQueue, WakeQueue, Waker};
 pub use worker::LambdaWorker;

@@ -15,7 +15,12 @@
 
 use std::time::Duration;
 
-use aws_sdk_sqs::types::{QueueAttributeName, SendMessageBatchRequestEntry};
+mod local;
+mod sqs;
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
 use ironflow_store::entities::WorkerCapabilities;
 use tokio::time::{Instant, timeout_at};
 use tracing::{info, warn};
@@ -23,27 +28,61 @@ use tracing::{info, warn};
 use crate::api::ApiClient;
 use crate::deadline::Budget;
 use crate::report::{WakeReport, WakeTrigger};
-use crate::settings::{MAX_WAKEUPS_PER_INVOCATION_LIMIT, WakeSettings};
+use crate::settings::WakeSettings;
+
+pub use self::local::LocalWakeQueue;
+pub use self::sqs::SqsWakeQueue;
 
 /// Time kept free before the invocation deadline by the wake-up phase: 500 ms.
 pub const WAKE_DEADLINE_RESERVE: Duration = Duration::from_millis(500);
-/// The header that carries an invocation's X-Ray trace id on its wake-ups.
-const TRACE_HEADER: &str = "x-amzn-trace-id";
 /// Longest the wake-up phase takes (pending count, queue attributes, send): 5 s.
 pub const WAKE_PHASE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Where wake-ups go: the SQS wake queue ([`SqsWakeQueue`]), or, for local runs, a queue in this
+/// process ([`LocalWakeQueue`]), which the local runner serves as Lambda's event source mapping
+/// serves the SQS queue.
+#[async_trait]
+pub trait WakeQueue: Send + Sync + std::fmt::Debug {
+    /// Messages waiting on the queue, visible or delayed (in-flight ones are being served).
+    ///
+    /// # Errors
+    ///
+    /// What went wrong reading the depth, as text for the report.
+    async fn depth(&self) -> Result<u64, String>;
+
+    /// Send `count` (≤ 10) messages with `body`, each delayed `delay_secs`, with `trace_id` as
+    /// the request's X-Ray trace header when given. Returns how many were accepted and the
+    /// errors.
+    async fn send(
+        &self,
+        count: usize,
+        body: &str,
+        delay_secs: u64,
+        trace_id: Option<&str>,
+    ) -> (usize, Vec<String>);
+}
 
 /// Sends wake-ups to the queue. Build it once per cold start and hand it to
 /// [`LambdaWorkerBuilder::wake_ups`](crate::builder::LambdaWorkerBuilder::wake_ups).
 #[derive(Debug, Clone)]
 pub struct Waker {
-    sqs: aws_sdk_sqs::Client,
+    queue: Arc<dyn WakeQueue>,
     settings: WakeSettings,
 }
 
 impl Waker {
-    /// A waker sending through `sqs` as `settings` say.
+    /// A waker sending through `sqs` to the queue `settings` name.
     pub fn new(sqs: aws_sdk_sqs::Client, settings: WakeSettings) -> Self {
-        Self { sqs, settings }
+        let queue = SqsWakeQueue::new(sqs, &settings.queue_url);
+        Self {
+            queue: Arc::new(queue),
+            settings,
+        }
+    }
+
+    /// A waker sending to `queue` (the local runner's [`LocalWakeQueue`]).
+    pub fn to_queue(queue: Arc<dyn WakeQueue>, settings: WakeSettings) -> Self {
+        Self { queue, settings }
     }
 
     /// The settings it sends with.
@@ -230,7 +269,7 @@ async fn measure_backlog(
     }
     // The SDK's futures are deep: boxed, they keep the handler's future within the compiler's
     // layout depth.
-    report.queued = match timeout_at(until, Box::pin(queued_wake_ups(waker))).await {
+    report.queued = match timeout_at(until, waker.queue.depth()).await {
         Ok(Ok(n)) => Some(n),
         Ok(Err(e)) => fail(
             report,
@@ -266,13 +305,9 @@ async fn send_wake_ups(
         "sent_by": sender.request_id,
     })
     .to_string();
-    let sending = Box::pin(send(
-        waker,
-        count,
-        &body,
-        report.delay_secs,
-        sender.trace_id,
-    ));
+    let sending = waker
+        .queue
+        .send(count, &body, report.delay_secs, sender.trace_id);
     match timeout_at(until, sending).await {
         Ok((sent, errors)) => {
             report.sent = sent;
@@ -291,95 +326,6 @@ fn fail<T>(report: &mut WakeReport, error: String) -> Option<T> {
     warn!(error = %error, "wake-up phase");
     report.errors.push(error);
     None
-}
-
-/// Messages waiting on the wake queue, visible or delayed (in-flight ones are being served).
-async fn queued_wake_ups(waker: &Waker) -> Result<u64, String> {
-    let output = waker
-        .sqs
-        .get_queue_attributes()
-        .queue_url(&waker.settings.queue_url)
-        .attribute_names(QueueAttributeName::ApproximateNumberOfMessages)
-        .attribute_names(QueueAttributeName::ApproximateNumberOfMessagesDelayed)
-        .send()
-        .await
-        .map_err(|e| aws_sdk_sqs::error::DisplayErrorContext(e).to_string())?;
-    let attributes = output.attributes();
-    let count = |name: QueueAttributeName| {
-        attributes
-            .and_then(|a| a.get(&name))
-            .and_then(|v| v.parse::<u64>().ok())
-            .unwrap_or(0)
-    };
-    Ok(count(QueueAttributeName::ApproximateNumberOfMessages)
-        + count(QueueAttributeName::ApproximateNumberOfMessagesDelayed))
-}
-
-/// Send `count` (≤ 10) wake-ups in one `SendMessageBatch`, with `trace_id` as its
-/// `X-Amzn-Trace-Id` header when given. Returns how many SQS accepted and the errors.
-async fn send(
-    waker: &Waker,
-    count: usize,
-    body: &str,
-    delay_secs: u64,
-    trace_id: Option<&str>,
-) -> (usize, Vec<String>) {
-    let delay = i32::try_from(delay_secs).unwrap_or(0);
-    let mut entries = Vec::with_capacity(count);
-    for i in 0..count.min(MAX_WAKEUPS_PER_INVOCATION_LIMIT) {
-        match SendMessageBatchRequestEntry::builder()
-            .id(format!("wake-{i}"))
-            .message_body(body)
-            .delay_seconds(delay)
-            .build()
-        {
-            Ok(entry) => entries.push(entry),
-            Err(e) => return (0, vec![format!("building a wake-up failed: {e}")]),
-        }
-    }
-    let trace = trace_id.map(str::to_string);
-    let output = match waker
-        .sqs
-        .send_message_batch()
-        .queue_url(&waker.settings.queue_url)
-        .set_entries(Some(entries))
-        .customize()
-        .mutate_request(move |request| {
-            // The SDK's recursion-detection interceptor leaves a header that is already there.
-            // A value that cannot be a header (Lambda's never is) is left out.
-            if let Some(trace) = &trace {
-                let _ = request
-                    .headers_mut()
-                    .try_insert(TRACE_HEADER, trace.clone());
-            }
-        })
-        .send()
-        .await
-    {
-        Ok(output) => output,
-        Err(e) => {
-            return (
-                0,
-                vec![format!(
-                    "sending wake-ups failed: {}",
-                    aws_sdk_sqs::error::DisplayErrorContext(e)
-                )],
-            );
-        }
-    };
-    let errors = output
-        .failed()
-        .iter()
-        .map(|f| {
-            format!(
-                "wake-up {} refused: {} {}",
-                f.id(),
-                f.code(),
-                f.message().unwrap_or("")
-            )
-        })
-        .collect();
-    (output.successful().len(), errors)
 }
 
 #[cfg(test)]
