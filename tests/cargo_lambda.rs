@@ -9,6 +9,13 @@
 //! The function runs with N = 2 and 10 s invocations (`cargo lambda watch` sends a deadline in
 //! 1970: `IRONFLOW_EMULATED_INVOCATION_SECS` gives each invocation its length), so the
 //! `multi-step` workflow (three 5 s steps) is handed back and finished through wake-ups.
+//!
+//! Several invocations at once in one process (Lambda Managed Instances,
+//! `AWS_LAMBDA_MAX_CONCURRENCY` = M > 1): `cargo lambda watch --concurrency N` (cargo-lambda
+//! 1.9.2) cannot show it, as it starts up to N function processes and sets
+//! `AWS_LAMBDA_MAX_CONCURRENCY=1` on each, over any `--env-var`. Its `--only-lambda-apis` mode
+//! serves the Runtime API without starting the function, and hands each concurrent `/next` poll
+//! its own invocation: the test starts the one function process itself, with M = 2.
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
@@ -81,6 +88,17 @@ struct Watch {
 impl Watch {
     /// `cargo lambda watch --bin bin` in `dir` (a crate's directory).
     fn start(cargo_lambda: &str, dir: &Path, bin: &'static str, envs: &[(&str, String)]) -> Self {
+        Self::start_with(cargo_lambda, dir, bin, envs, &[])
+    }
+
+    /// [`Watch::start`] with more `cargo lambda watch` options (`extra`).
+    fn start_with(
+        cargo_lambda: &str,
+        dir: &Path,
+        bin: &'static str,
+        envs: &[(&str, String)],
+        extra: &[&str],
+    ) -> Self {
         let port = free_port();
         let log = manifest_dir().join(format!("target/e2e-cargo-lambda-watch-{port}.log"));
         let out = File::create(&log).unwrap();
@@ -90,6 +108,7 @@ impl Watch {
             .args(["lambda", "watch", "--bin", bin, "--ignore-changes"])
             .args(["--invoke-address", "127.0.0.1", "--invoke-port"])
             .arg(port.to_string())
+            .args(extra)
             .env_remove("AWS_PROFILE")
             .env_remove("AWS_SESSION_TOKEN")
             .stdin(Stdio::null())
@@ -603,4 +622,282 @@ async fn the_example_crate_runs_its_own_workflows_under_cargo_lambda_watch() {
         extracted, 1,
         "the completed extract step was replayed, not run again"
     );
+}
+
+// --- processes ----------------------------------------------------------------------------------
+
+/// Every process's parent: (pid, ppid), from `/proc/<pid>/stat`.
+fn process_table() -> Vec<(u32, u32)> {
+    let mut table = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        // The fields after the command name, which may hold spaces and parentheses.
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+            continue;
+        };
+        let ppid = stat
+            .rsplit_once(") ")
+            .and_then(|(_, rest)| rest.split(' ').nth(1))
+            .and_then(|ppid| ppid.parse().ok());
+        if let Some(ppid) = ppid {
+            table.push((pid, ppid));
+        }
+    }
+    table
+}
+
+/// The descendants of `root`, as they are now.
+fn descendants(root: u32) -> Vec<u32> {
+    let table = process_table();
+    let mut found = Vec::new();
+    let mut parents = vec![root];
+    while let Some(parent) = parents.pop() {
+        for &(pid, _) in table.iter().filter(|(_, ppid)| *ppid == parent) {
+            found.push(pid);
+            parents.push(pid);
+        }
+    }
+    found
+}
+
+/// The file name of the program `pid` runs (`/proc/<pid>/exe`; empty once it is gone).
+fn program(pid: u32) -> String {
+    std::fs::read_link(format!("/proc/{pid}/exe"))
+        .ok()
+        .and_then(|exe| exe.file_name().map(|n| n.to_string_lossy().to_string()))
+        .map(|name| name.trim_end_matches(" (deleted)").to_string())
+        .unwrap_or_default()
+}
+
+/// The function's binary, started by this test (not by cargo lambda watch) against the Runtime
+/// API of a `cargo lambda watch --only-lambda-apis`; stopped when dropped.
+struct Function {
+    child: Child,
+    log: PathBuf,
+}
+
+impl Function {
+    /// With the variables cargo lambda watch gives the instances it starts itself (its log
+    /// shows them), `envs`, and `AWS_LAMBDA_MAX_CONCURRENCY` = `max_concurrency`.
+    fn start(watch: &Watch, envs: &[(&str, String)], max_concurrency: u32) -> Self {
+        let log = manifest_dir().join(format!(
+            "target/e2e-cargo-lambda-function-{}.log",
+            watch.port
+        ));
+        let out = File::create(&log).unwrap();
+        let mut command = Command::new(env!("CARGO_BIN_EXE_ironflow-lambda"));
+        command
+            .current_dir(manifest_dir())
+            .env_remove("AWS_PROFILE")
+            .env_remove("AWS_SESSION_TOKEN")
+            .envs(envs.iter().map(|(k, v)| (k, v)))
+            .env("AWS_LAMBDA_FUNCTION_NAME", watch.bin)
+            .env("AWS_LAMBDA_FUNCTION_VERSION", "1")
+            .env("AWS_LAMBDA_FUNCTION_MEMORY_SIZE", "4096")
+            .env(
+                "AWS_LAMBDA_RUNTIME_API",
+                format!("http://127.0.0.1:{}/.rt/{}", watch.port, watch.bin),
+            )
+            .env("AWS_LAMBDA_MAX_CONCURRENCY", max_concurrency.to_string())
+            .stdin(Stdio::null())
+            .stdout(out.try_clone().unwrap())
+            .stderr(out);
+        std::os::unix::process::CommandExt::process_group(&mut command, 0);
+        let child = command.spawn().unwrap();
+        Self { child, log }
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    fn log_tail(&self) -> String {
+        let log = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let lines: Vec<&str> = log.lines().collect();
+        lines[lines.len().saturating_sub(40)..].join("\n")
+    }
+
+    /// Panics when the function has exited.
+    fn assert_running(&mut self) {
+        if let Ok(Some(status)) = self.child.try_wait() {
+            panic!("the function exited ({status}):\n{}", self.log_tail());
+        }
+    }
+}
+
+impl Drop for Function {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!("--- function log (tail) ---\n{}", self.log_tail());
+        }
+        if let Some(pgid) = rustix::process::Pid::from_raw(self.child.id() as i32) {
+            let _ = rustix::process::kill_process_group(pgid, rustix::process::Signal::TERM);
+        }
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while std::time::Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        if !std::thread::panicking() {
+            let _ = std::fs::remove_file(&self.log);
+        }
+    }
+}
+
+/// Lambda Managed Instances under cargo lambda watch: one function process with
+/// `AWS_LAMBDA_MAX_CONCURRENCY=2` polls the watch's Runtime API (`--only-lambda-apis`) twice
+/// at once, and two `cargo lambda invoke` sent together run in it at the same time: both runs
+/// execute in that one process at once (seen in its process tree while both are Running, and
+/// in the store, both started before either ended), each run once, and each invocation's
+/// response holds its own run, worker id and step logs only.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_invocations_in_one_process_under_cargo_lambda_watch() {
+    const M: usize = 2;
+    const STEPS: [&str; 3] = ["prepare", "build", "publish"];
+    let cargo_lambda = required_env("IRONFLOW_TEST_CARGO_LAMBDA");
+    orphans::become_subreaper();
+    let api = LocalApi::start(TOKEN).await.unwrap();
+    // One run per invocation, each of three 5 s steps (`multi-step`), well within the 120 s
+    // invocations: they end completed, not handed back.
+    let envs = [
+        ("IRONFLOW_API_URL", api.url()),
+        ("IRONFLOW_WORKER_TOKEN", TOKEN.to_string()),
+        ("IRONFLOW_MAX_RUNS_PER_INVOCATION", "1".into()),
+        ("IRONFLOW_CONCURRENCY", "1".into()),
+        ("IRONFLOW_FUNCTION_TIMEOUT_SECS", "120".into()),
+        ("IRONFLOW_EMULATED_INVOCATION_SECS", "120".into()),
+        ("IRONFLOW_DEADLINE_MARGIN_MS", "2000".into()),
+        ("IRONFLOW_MIN_CLAIM_BUDGET_MS", "500".into()),
+        ("IRONFLOW_LEASE_TTL_SECS", "10".into()),
+        ("IRONFLOW_LEASE_REFRESH_INTERVAL_SECS", "2".into()),
+        ("RUST_LOG", "info".into()),
+    ];
+    let mut watch = Watch::start_with(
+        &cargo_lambda,
+        manifest_dir(),
+        FUNCTION,
+        &[("RUST_LOG", "info".to_string())],
+        &["--only-lambda-apis"],
+    );
+    watch.ready().await;
+    let mut function = Function::start(&watch, &envs, M as u32);
+
+    let mut runs = Vec::new();
+    for _ in 0..M {
+        let run = api.store().create_run(new_run("multi-step", 0)).await;
+        runs.push(run.unwrap().into_run().id);
+    }
+
+    // Both invocations sent at once; until they return, the function's process tree and the
+    // runs' states are watched for both runs executing in it together.
+    let invocations =
+        futures_util::future::join_all((0..M).map(|_| watch.invoke(&["--data-ascii", "{}"])));
+    tokio::pin!(invocations);
+    let mut together = false;
+    let invoked = loop {
+        tokio::select! {
+            invoked = &mut invocations => break invoked,
+            _ = sleep(Duration::from_millis(100)) => {}
+        }
+        function.assert_running();
+        // cargo lambda watch started no function of its own: this one is the only one.
+        let theirs: Vec<u32> = descendants(watch.child.id())
+            .into_iter()
+            .filter(|pid| program(*pid) == FUNCTION)
+            .collect();
+        assert!(
+            theirs.is_empty(),
+            "cargo lambda watch started the function: {theirs:?}"
+        );
+        if !together {
+            // A step's `sleep` runs below the function's process while its run executes.
+            let steps = descendants(function.pid())
+                .into_iter()
+                .filter(|pid| program(*pid) == "sleep")
+                .count();
+            together =
+                steps >= M && states(api.store(), &runs).await == vec![RunStatus::Running; M];
+        }
+    };
+    assert!(
+        together,
+        "the {M} runs never executed at once in the function's process"
+    );
+
+    // Each invocation: one run, its own, completed; no run in two of them.
+    let mut reported = Vec::new();
+    let mut worker_ids = Vec::new();
+    for (n, invoked) in invoked.iter().enumerate() {
+        let summary = invoked.response(&format!("invocation {n}"));
+        assert_eq!(summary["claimed"], 1, "{summary}");
+        assert_eq!(summary["outcomes"], json!({"completed": 1}), "{summary}");
+        assert_eq!(summary["lease_recoveries"], 0, "{summary}");
+        let listed = summary["runs"].as_array().unwrap();
+        assert_eq!(listed.len(), 1, "{summary}");
+        reported.push(
+            listed[0]["run_id"]
+                .as_str()
+                .unwrap()
+                .parse::<Uuid>()
+                .unwrap(),
+        );
+        worker_ids.push(summary["worker_id"].as_str().unwrap().to_string());
+    }
+    let mut sorted = reported.clone();
+    sorted.sort();
+    let mut expected = runs.clone();
+    expected.sort();
+    assert_eq!(sorted, expected, "each run in exactly one response");
+    worker_ids.sort();
+    worker_ids.dedup();
+    assert_eq!(
+        worker_ids.len(),
+        M,
+        "one worker id per invocation: {worker_ids:?}"
+    );
+
+    // In the store: completed on the first attempt, both started before either ended, every
+    // step once, and each run's own step lines, each once.
+    let mut started = Vec::new();
+    let mut completed = Vec::new();
+    for id in &runs {
+        let run = api.store().get_run(*id).await.unwrap().unwrap();
+        assert_eq!(run.status.state, RunStatus::Completed, "{id}");
+        assert_eq!(run.retry_count, 0, "{id}");
+        started.push(run.started_at.unwrap());
+        completed.push(run.completed_at.unwrap());
+        let steps = api.store().list_steps(*id).await.unwrap();
+        let mut names: Vec<&str> = steps.iter().map(|s| s.name.as_str()).collect();
+        names.sort();
+        let mut once = STEPS.to_vec();
+        once.sort();
+        assert_eq!(names, once, "every step of {id} once");
+        let filter = ironflow_store::entities::LogFilter {
+            step_id: None,
+            stream: None,
+        };
+        let logs = api
+            .store()
+            .get_logs(*id, filter, None, 10_000)
+            .await
+            .unwrap();
+        for step in STEPS {
+            let line = format!("{step} done");
+            let count = logs.iter().filter(|l| l.line.trim() == line).count();
+            assert_eq!(count, 1, "{id}: {line:?} {count} times in its logs");
+        }
+    }
+    let last_start = started.iter().max().unwrap();
+    let first_end = completed.iter().min().unwrap();
+    assert!(
+        last_start < first_end,
+        "the runs did not overlap: started {started:?}, completed {completed:?}"
+    );
+    function.assert_running();
 }
