@@ -172,6 +172,13 @@ async fn execute_in_span(p: ExecutionParams, claimed: Claimed) -> RunReport {
     };
     let fate = decide(&p, &run, stop, &scope, target, timing).await;
     let mut report = RunReport::new(&run, fate, executed);
+    // A retry's backoff or a sleep the engine wrote: when the run is due again.
+    report.due = scope.due().filter(|_| {
+        matches!(
+            report.outcome,
+            Outcome::Failed | Outcome::Suspended | Outcome::TimedOut | Outcome::Panicked
+        )
+    });
     if stuck {
         report.stuck = true;
         let note = "its execution did not stop (a step blocks its thread)";

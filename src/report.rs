@@ -8,7 +8,8 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::time::Duration;
 
-use ironflow_store::entities::Run;
+use chrono::{DateTime, Utc};
+use ironflow_store::entities::{Run, RunStatus};
 use serde::Serialize;
 use uuid::Uuid;
 
@@ -86,6 +87,9 @@ pub struct RunReport {
     /// when true.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub stuck: bool,
+    /// When it becomes claimable again, if this invocation left it waiting for a known time.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub due: Option<Due>,
     /// The run's attempt counter when claimed (`retry_count`), part of the failure id.
     #[serde(skip)]
     pub retry_count: u32,
@@ -138,6 +142,7 @@ impl RunReport {
             error: fate.error,
             left_to_reaper: fate.left_to_reaper,
             stuck: false,
+            due: None,
             retry_count: run.retry_count,
             lease_recoveries: run.lease_recoveries,
         }
@@ -187,6 +192,18 @@ impl StopReason {
             Self::Retiring => "retiring",
         }
     }
+}
+
+/// When a run this invocation left Retrying or Sleeping becomes claimable again (a retry's
+/// backoff, a sleep's wake time or a signal's deadline), as its last write said; in the
+/// summary as `due`, and what timer wake-ups are booked for ([`crate::wake`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct Due {
+    /// Retrying (claimable once `at` has passed) or Sleeping (the API's own waker makes it
+    /// Pending after `at`).
+    pub status: RunStatus,
+    /// The run's `scheduled_at`.
+    pub at: DateTime<Utc>,
 }
 
 /// The invocation's JSON summary, returned to direct and scheduled invocations and logged.
@@ -328,15 +345,18 @@ pub enum WakeTrigger {
     Backlog,
     /// The ironflow API's webhook said runs are or will be Pending ([`crate::webhook`]).
     Pushed,
+    /// A run the batch left waiting is due ([`RunReport::due`]).
+    Due,
 }
 
 impl WakeTrigger {
-    /// The name in the summary and in log lines: `handed_back`, `backlog` or `pushed`.
+    /// The name in the summary and in log lines: `handed_back`, `backlog`, `pushed` or `due`.
     pub fn as_str(self) -> &'static str {
         match self {
             Self::HandedBack => "handed_back",
             Self::Backlog => "backlog",
             Self::Pushed => "pushed",
+            Self::Due => "due",
         }
     }
 }
@@ -359,6 +379,18 @@ pub struct WakeReport {
     pub delay_secs: u64,
     /// What went wrong (logged too); never fails the batch.
     pub errors: Vec<String>,
+    /// Timer wake-ups booked for runs the batch left due later ([`RunReport::due`]).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub timers: Vec<TimerWake>,
+}
+
+/// Wake-ups booked for runs due at about the same time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct TimerWake {
+    /// Their `DelaySeconds`.
+    pub delay_secs: u64,
+    /// Messages the queue accepted.
+    pub sent: usize,
 }
 
 #[cfg(test)]
@@ -375,6 +407,7 @@ mod tests {
             error: None,
             left_to_reaper: false,
             stuck: false,
+            due: None,
             retry_count: 0,
             lease_recoveries: 0,
         };

@@ -672,3 +672,107 @@ async fn concurrent_invocations_carry_their_own_trace_header_on_their_wake_ups()
         "one send each, with its own invocation's header"
     );
 }
+
+/// A workflow whose one step runs past its own 1 s timeout: a retryable failure.
+struct StepTimesOut;
+
+impl ironflow_engine::handler::WorkflowHandler for StepTimesOut {
+    fn name(&self) -> &str {
+        "step-times-out"
+    }
+
+    fn execute<'a>(
+        &'a self,
+        ctx: &'a mut ironflow_engine::context::WorkflowContext,
+    ) -> ironflow_engine::handler::HandlerFuture<'a> {
+        Box::pin(async move {
+            let slow = ironflow_engine::config::ShellConfig::new("sleep 30").timeout_secs(1);
+            ctx.shell("slow", slow).await?;
+            Ok(())
+        })
+    }
+}
+
+/// A workflow that sleeps `secs` in a `ctx.delay` step.
+struct Sleeps(u64);
+
+impl ironflow_engine::handler::WorkflowHandler for Sleeps {
+    fn name(&self) -> &str {
+        "sleeps"
+    }
+
+    fn execute<'a>(
+        &'a self,
+        ctx: &'a mut ironflow_engine::context::WorkflowContext,
+    ) -> ironflow_engine::handler::HandlerFuture<'a> {
+        Box::pin(async move {
+            ctx.delay(
+                "nap",
+                ironflow_engine::config::delay::DelayConfig::from_secs(self.0),
+            )
+            .await?;
+            Ok(())
+        })
+    }
+}
+
+#[tokio::test]
+async fn runs_left_retrying_or_sleeping_get_a_wake_up_delayed_until_they_are_due() {
+    let sqs = sqs_client();
+    let url = new_queue(&sqs).await;
+    let api = LocalApi::start(TOKEN).await.unwrap();
+    let worker = builder(&api.url(), TOKEN)
+        .register(StepTimesOut)
+        .register(Sleeps(60))
+        .wake_ups(waker(&sqs, &url, 3, 0))
+        .build()
+        .unwrap();
+    // One retry left: the engine schedules it after its backoff (30 s ± 20 %).
+    let failing = api
+        .store()
+        .create_run(new_run("step-times-out", 1))
+        .await
+        .unwrap()
+        .into_run()
+        .id;
+    let sleeping = create(&api, "sleeps", 1).await[0];
+
+    let response =
+        ironflow_lambda::handle_response(&worker, event(json!({}), Duration::from_secs(30)))
+            .await
+            .unwrap();
+    let summary = response.summary().unwrap();
+    let report = |id| summary.runs.iter().find(|r| r.run_id == id).unwrap();
+    let (retry, sleep) = (report(failing), report(sleeping));
+    let retry_due = retry.due.expect("the retry's due time");
+    let sleep_due = sleep.due.expect("the sleep's wake time");
+    assert_eq!(retry_due.status, RunStatus::Retrying, "{retry:?}");
+    assert_eq!(sleep_due.status, RunStatus::Sleeping, "{sleep:?}");
+    // The times the API has.
+    let store = api.store();
+    let stored_failing = store.get_run(failing).await.unwrap().unwrap();
+    let stored_sleeping = store.get_run(sleeping).await.unwrap().unwrap();
+    assert_eq!(stored_failing.status.state, RunStatus::Retrying);
+    assert_eq!(stored_failing.scheduled_at, Some(retry_due.at));
+    assert_eq!(stored_sleeping.scheduled_at, Some(sleep_due.at));
+
+    let timers = &summary.wake_ups.as_ref().unwrap().timers;
+    let now = chrono::Utc::now();
+    let secs_until = |at: chrono::DateTime<chrono::Utc>| (at - now).num_seconds();
+    // A retry 1 s after it is due; a sleep after the API's waker (10 s) has made it Pending.
+    let expected = [secs_until(retry_due.at) + 1, secs_until(sleep_due.at) + 11];
+    assert_eq!(timers.len(), 2, "{timers:?}");
+    for (timer, want) in timers.iter().zip(expected) {
+        let delay = i64::try_from(timer.delay_secs).unwrap();
+        assert!(
+            (want - 2..=want + 2).contains(&delay),
+            "{timers:?} vs {expected:?}"
+        );
+        assert_eq!(timer.sent, 1);
+    }
+    assert_eq!(
+        queue_depth(&sqs, &url).await,
+        (0, 2),
+        "two delayed wake-ups"
+    );
+}

@@ -85,6 +85,7 @@ impl Batch<'_> {
                     filled: stop_reason == StopReason::MaxRuns,
                     capabilities: &capabilities,
                     budget: self.budget,
+                    due: runs.iter().filter_map(|r| r.due).collect(),
                 };
                 wake::after_batch(waker, &w.api, w.settings.max_runs_per_invocation, end).await
             }

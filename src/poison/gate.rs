@@ -370,6 +370,7 @@ mod tests {
             error: None,
             left_to_reaper: false,
             stuck: false,
+            due: None,
             retry_count: 0,
             lease_recoveries: 0,
         }

@@ -218,6 +218,7 @@ impl GuardedStore {
     async fn write_run(&self, id: Uuid, update: RunUpdate) -> Result<Option<Taken>, StoreError> {
         let taken = self.views.take(id);
         let target = update.status;
+        let scheduled_at = update.scheduled_at;
         if let Some(status) = target {
             CallScope::current().writing_status(id, status);
         }
@@ -231,6 +232,9 @@ impl GuardedStore {
             || self.run_write_landed(id, target),
         )
         .await?;
+        if let Some(status) = target {
+            CallScope::current().wrote_due(id, status, scheduled_at);
+        }
         Ok(taken)
     }
 
@@ -336,7 +340,9 @@ impl RunStore for GuardedStore {
                 },
                 move || self.run_write_landed(id, Some(new_status)),
             )
-            .await
+            .await?;
+            CallScope::current().wrote_due(id, new_status, None);
+            Ok(())
         })
     }
 

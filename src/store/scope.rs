@@ -19,6 +19,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use crate::report::Due;
 use ironflow_store::entities::RunStatus;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -88,6 +89,9 @@ pub struct CallScope {
     seen_steps: Mutex<HashSet<Uuid>>,
     /// Statuses this scope's calls wrote (or are writing) to its own run.
     statuses_written: Mutex<Vec<RunStatus>>,
+    /// When its own run becomes claimable again, as its last landed write left it (a retry's
+    /// backoff, a sleep's wake time).
+    due: Mutex<Option<Due>>,
 }
 
 impl CallScope {
@@ -107,6 +111,7 @@ impl CallScope {
             stopped: Mutex::new(None),
             seen_steps: Mutex::new(HashSet::new()),
             statuses_written: Mutex::new(Vec::new()),
+            due: Mutex::new(None),
         }
     }
 
@@ -255,6 +260,36 @@ impl CallScope {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .contains(&status)
+    }
+
+    /// A write of this scope to run `run_id` landed with `status` and `scheduled_at`: the
+    /// scope's own run is due then if the status is Retrying or Sleeping, and due no more
+    /// otherwise.
+    pub fn wrote_due(
+        &self,
+        run_id: Uuid,
+        status: RunStatus,
+        scheduled_at: Option<chrono::DateTime<chrono::Utc>>,
+    ) {
+        if self.run.as_ref().is_some_and(|k| k.run_id == run_id) {
+            let due = match (status, scheduled_at) {
+                (RunStatus::Retrying | RunStatus::Sleeping, Some(at)) => Some(Due { status, at }),
+                _ => None,
+            };
+            *self
+                .due
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner) = due;
+        }
+    }
+
+    /// When the scope's run becomes claimable again, if its last landed status write left it
+    /// waiting for a known time.
+    pub fn due(&self) -> Option<Due> {
+        *self
+            .due
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// Whether a call of this scope wrote (or was writing) any status other than Running to the

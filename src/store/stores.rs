@@ -9,6 +9,7 @@ use serde_json::Value;
 use uuid::Uuid;
 
 use super::GuardedStore;
+use super::scope::CallScope;
 
 impl ApiKeyStore for GuardedStore {
     forward! {
@@ -175,11 +176,18 @@ impl SignalStore for GuardedStore {
         step_id: Uuid,
         deadline_at: DateTime<Utc>,
     ) -> StoreFuture<'_, bool> {
-        Box::pin(self.once(
-            "POST /runs/{id}/signal-suspension",
-            true,
-            move |s| async move { s.suspend_run_on_signal(run_id, step_id, deadline_at).await },
-        ))
+        Box::pin(async move {
+            let waiting = self
+                .once("POST /runs/{id}/signal-suspension", true, move |s| async move {
+                    s.suspend_run_on_signal(run_id, step_id, deadline_at).await
+                })
+                .await?;
+            // Sleeping until the deadline (or a signal); not waiting: a signal came meanwhile,
+            // the run is due at once.
+            let due = if waiting { deadline_at } else { Utc::now() };
+            CallScope::current().wrote_due(run_id, RunStatus::Sleeping, Some(due));
+            Ok(waiting)
+        })
     }
 
     forward! {

@@ -17,6 +17,7 @@ use std::time::Duration;
 
 mod local;
 mod sqs;
+pub mod timers;
 
 use std::sync::Arc;
 
@@ -27,7 +28,7 @@ use tracing::{info, warn};
 
 use crate::api::ApiClient;
 use crate::deadline::Budget;
-use crate::report::{WakeReport, WakeTrigger};
+use crate::report::{Due, TimerWake, WakeReport, WakeTrigger};
 use crate::settings::WakeSettings;
 
 pub use self::local::LocalWakeQueue;
@@ -123,6 +124,8 @@ pub(crate) struct BatchEnd<'a> {
     pub capabilities: &'a WorkerCapabilities,
     /// The invocation's budget: the phase ends before its deadline.
     pub budget: Budget,
+    /// When the runs the batch left waiting for a known time are due.
+    pub due: Vec<Due>,
 }
 
 /// Send the wake-ups the batch calls for. `None` when the worker has no wake queue.
@@ -143,9 +146,9 @@ pub(crate) async fn after_batch(
         trigger,
         ..WakeReport::default()
     };
-    let Some(trigger) = report.trigger else {
+    if trigger.is_none() && end.due.is_empty() {
         return Some(report);
-    };
+    }
     let Some(until) = end
         .budget
         .deadline()
@@ -162,12 +165,23 @@ pub(crate) async fn after_batch(
         request_id: end.request_id,
         trace_id: end.trace_id,
     };
-    let need = Need {
-        trigger,
-        capabilities: end.capabilities,
+    if let Some(trigger) = trigger {
+        let need = Need {
+            trigger,
+            capabilities: end.capabilities,
+            runs_per_invocation,
+        };
+        wake_for(waker, api, need, sender, until, &mut report).await;
+    }
+    book_timers(
+        waker,
+        &end.due,
         runs_per_invocation,
-    };
-    wake_for(waker, api, need, sender, until, &mut report).await;
+        sender,
+        until,
+        &mut report,
+    )
+    .await;
     Some(report)
 }
 
@@ -216,7 +230,7 @@ async fn wake_for(
     }
     report.delay_secs = match trigger {
         WakeTrigger::HandedBack => waker.settings.handback_delay.as_secs(),
-        WakeTrigger::Backlog | WakeTrigger::Pushed => 0,
+        WakeTrigger::Backlog | WakeTrigger::Pushed | WakeTrigger::Due => 0,
     };
     send_wake_ups(waker, count, trigger, sender, until, report).await;
     info!(
@@ -248,6 +262,51 @@ pub(crate) async fn for_push(
     };
     wake_for(waker, api, need, sender, until, &mut report).await;
     report
+}
+
+/// Book the timer wake-ups of the runs due later ([`timers`]), before `until`, into `report`.
+async fn book_timers(
+    waker: &Waker,
+    due: &[Due],
+    runs_per_invocation: usize,
+    sender: Sender<'_>,
+    until: Instant,
+    report: &mut WakeReport,
+) {
+    let now = chrono::Utc::now();
+    let delays = due
+        .iter()
+        .filter_map(|d| timers::delay_secs(d, now))
+        .collect();
+    for (delay_secs, count) in timers::plan(
+        delays,
+        runs_per_invocation,
+        waker.settings.max_per_invocation,
+    ) {
+        let body = serde_json::json!({
+            "reason": WakeTrigger::Due,
+            "sent_by": sender.request_id,
+        })
+        .to_string();
+        let sending = waker.queue.send(count, &body, delay_secs, sender.trace_id);
+        let sent = match timeout_at(until, sending).await {
+            Ok((sent, errors)) => {
+                for e in errors {
+                    fail::<()>(report, e);
+                }
+                sent
+            }
+            Err(_) => {
+                fail::<()>(
+                    report,
+                    "booking timer wake-ups ran into the deadline".into(),
+                );
+                0
+            }
+        };
+        info!(delay_secs, sent, "timer wake-ups booked");
+        report.timers.push(TimerWake { delay_secs, sent });
+    }
 }
 
 /// The backlog (`pending_runs`) and the wake-ups already queued (`queued`), each `None` when
