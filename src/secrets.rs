@@ -113,23 +113,10 @@ pub async fn worker_token_from_lookup(
     lookup: impl Fn(&str) -> Option<String>,
     aws: &SdkConfig,
 ) -> Result<Option<(WorkerToken, TokenSecret)>, SecretError> {
-    let get = |name: &str| {
-        lookup(name)
-            .map(|v| v.trim().to_string())
-            .filter(|v| !v.is_empty())
-    };
-    if get(WORKER_TOKEN_VAR).is_some() {
-        return Ok(None);
-    }
-    let Some(secret_arn) = get(WORKER_TOKEN_SECRET_ARN_VAR) else {
+    let Some(secret_arn) = arn_to_read(&lookup, WORKER_TOKEN_VAR, WORKER_TOKEN_SECRET_ARN_VAR)?
+    else {
         return Ok(None);
     };
-    if !is_secret_arn(&secret_arn) {
-        return Err(SecretError::InvalidArn {
-            variable: WORKER_TOKEN_SECRET_ARN_VAR,
-            found: secret_arn,
-        });
-    }
     let secret = TokenSecret {
         client: bounded_client(aws),
         arn: secret_arn,
@@ -166,23 +153,9 @@ pub async fn webhook_secret_from_lookup(
     lookup: impl Fn(&str) -> Option<String>,
     aws: &SdkConfig,
 ) -> Result<Option<WebhookSecret>, SecretError> {
-    let get = |name: &str| {
-        lookup(name)
-            .map(|v| v.trim().to_string())
-            .filter(|v| !v.is_empty())
-    };
-    if get(WEBHOOK_SECRET_VAR).is_some() {
-        return Ok(None);
-    }
-    let Some(secret_arn) = get(WEBHOOK_SECRET_ARN_VAR) else {
+    let Some(secret_arn) = arn_to_read(&lookup, WEBHOOK_SECRET_VAR, WEBHOOK_SECRET_ARN_VAR)? else {
         return Ok(None);
     };
-    if !is_secret_arn(&secret_arn) {
-        return Err(SecretError::InvalidArn {
-            variable: WEBHOOK_SECRET_ARN_VAR,
-            found: secret_arn,
-        });
-    }
     let keys = &["secret", "webhook_secret", WEBHOOK_SECRET_VAR];
     fetch_string(
         &bounded_client(aws),
@@ -192,6 +165,34 @@ pub async fn webhook_secret_from_lookup(
     )
     .await
     .map(|s| Some(WebhookSecret::new(s)))
+}
+
+/// The ARN in `arn_var` to read a value from, unless `value_var` holds the value itself (it
+/// wins) or neither is set (`None`, without any AWS call); blank values count as unset.
+///
+/// # Errors
+///
+/// [`SecretError::InvalidArn`], naming `arn_var`, when it is not a Secrets Manager ARN.
+fn arn_to_read(
+    lookup: &impl Fn(&str) -> Option<String>,
+    value_var: &str,
+    arn_var: &'static str,
+) -> Result<Option<String>, SecretError> {
+    let get = |name: &str| {
+        lookup(name)
+            .map(|v| v.trim().to_string())
+            .filter(|v| !v.is_empty())
+    };
+    if get(value_var).is_some() {
+        return Ok(None);
+    }
+    match get(arn_var) {
+        Some(arn) if !is_secret_arn(&arn) => Err(SecretError::InvalidArn {
+            variable: arn_var,
+            found: arn,
+        }),
+        arn => Ok(arn),
+    }
 }
 
 /// A Secrets Manager client whose calls are bounded (see the constants).

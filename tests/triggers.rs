@@ -3,6 +3,8 @@
 //!
 //! The sample events in `events/` are the inputs; responses are compared as exact JSON.
 
+mod common;
+
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -20,6 +22,8 @@ use ironflow_store::store::Store;
 use lambda_runtime::{Context, LambdaEvent};
 use serde_json::{Value, json};
 use uuid::Uuid;
+
+use common::moto::{moto_endpoint, sqs_client};
 
 const TOKEN: &str = "triggers-test-token";
 
@@ -343,24 +347,6 @@ async fn a_past_deadline_gets_the_emulated_invocation_only_when_configured() {
 }
 
 // --- wake-ups (moto's SQS) ----------------------------------------------------------------
-
-fn moto_endpoint() -> String {
-    std::env::var("IRONFLOW_TEST_MOTO_ENDPOINT").unwrap_or_else(|_| {
-        panic!("IRONFLOW_TEST_MOTO_ENDPOINT is not set: run the tests with ./scripts/test, which starts moto's server")
-    })
-}
-
-fn sqs_client() -> aws_sdk_sqs::Client {
-    let config = aws_sdk_sqs::Config::builder()
-        .behavior_version(aws_sdk_sqs::config::BehaviorVersion::latest())
-        .region(aws_sdk_sqs::config::Region::new("us-east-1"))
-        .credentials_provider(aws_sdk_sqs::config::Credentials::new(
-            "testing", "testing", None, None, "test",
-        ))
-        .endpoint_url(moto_endpoint())
-        .build();
-    aws_sdk_sqs::Client::from_conf(config)
-}
 
 async fn new_queue(sqs: &aws_sdk_sqs::Client) -> String {
     sqs.create_queue()

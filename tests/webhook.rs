@@ -2,6 +2,8 @@
 //! sent by the real embedded API's webhook through the Function URL stand-in), the real API
 //! (`LocalApi`) and moto's SQS (`IRONFLOW_TEST_MOTO_ENDPOINT`, started by `./scripts/test`).
 
+mod common;
+
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -17,27 +19,11 @@ use lambda_runtime::{Context, LambdaEvent};
 use serde_json::{Value, json};
 use uuid::Uuid;
 
+use common::moto::sqs_client;
+
 const TOKEN: &str = "webhook-test-token";
 const SECRET: &str = "a-webhook-secret-of-at-least-32-characters";
 const LONG: Duration = Duration::from_secs(60);
-
-fn moto_endpoint() -> String {
-    std::env::var("IRONFLOW_TEST_MOTO_ENDPOINT").unwrap_or_else(|_| {
-        panic!("IRONFLOW_TEST_MOTO_ENDPOINT is not set: run the tests with ./scripts/test, which starts moto's server")
-    })
-}
-
-fn sqs_client() -> aws_sdk_sqs::Client {
-    let config = aws_sdk_sqs::Config::builder()
-        .behavior_version(aws_sdk_sqs::config::BehaviorVersion::latest())
-        .region(aws_sdk_sqs::config::Region::new("us-east-1"))
-        .credentials_provider(aws_sdk_sqs::config::Credentials::new(
-            "testing", "testing", None, None, "test",
-        ))
-        .endpoint_url(moto_endpoint())
-        .build();
-    aws_sdk_sqs::Client::from_conf(config)
-}
 
 /// The API, a wake queue, and a worker (N = `runs`, 3 wake-ups per call at most) whose
 /// receiver has [`SECRET`].

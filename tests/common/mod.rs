@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 pub mod fault_proxy;
+pub mod moto;
 
 use std::future::Future;
 use std::path::{Path, PathBuf};
