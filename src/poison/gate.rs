@@ -459,6 +459,30 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn invocations_of_one_process_see_each_other_s_outcomes_at_once() {
+        let table = Arc::new(MemoryPoisonTable::new(policy()));
+        let seen = Arc::new(super::super::seen::SeenCounters::default());
+        let gate = |id| {
+            PoisonGate::new(table.clone(), policy(), PoisonMode::Fail, later(), id)
+                .sharing(seen.clone())
+        };
+        let (mut a, mut b) = (gate("a"), gate("b"));
+        // Both read the workflow's counter once (none yet), then `a` records failures.
+        assert_eq!(a.blocked_reason("wf").await, None);
+        assert_eq!(b.blocked_reason("wf").await, None);
+        a.record(&report("wf", Outcome::Failed)).await;
+        a.record(&report("wf", Outcome::Failed)).await;
+        assert!(
+            b.blocked_reason("wf").await.is_some(),
+            "b sees a's failures without reading the table again"
+        );
+        // A success `b` records resets the counter for `a` too (b knows a counter exists).
+        b.record(&report("wf", Outcome::Completed)).await;
+        assert_eq!(a.blocked_reason("wf").await, None);
+        assert!(table.counter("wf", now_ms()).await.unwrap().is_none());
+    }
+
+    #[tokio::test]
     async fn a_suspended_run_ends_a_failure_streak_as_a_completed_one_does() {
         for ending in [Outcome::Completed, Outcome::Suspended] {
             let table = Arc::new(MemoryPoisonTable::new(policy()));
