@@ -70,8 +70,26 @@ fn bad_arguments_are_named_with_the_usage() {
     }
 }
 
+/// The number just before `after` in `line` (`"7 = 5 from"`, after `" from"`: 5).
+fn number_before(line: &str, after: &str) -> usize {
+    let head = &line[..line
+        .find(after)
+        .unwrap_or_else(|| panic!("{after:?} in {line}"))];
+    head.split_whitespace()
+        .last()
+        .and_then(|n| n.trim_start_matches('(').parse().ok())
+        .unwrap_or_else(|| panic!("a number before {after:?} in {line}"))
+}
+
+fn line_starting<'a>(stdout: &'a str, start: &str) -> &'a str {
+    stdout
+        .lines()
+        .find(|l| l.starts_with(start))
+        .unwrap_or_else(|| panic!("no line starting {start:?}: {stdout}"))
+}
+
 #[test]
-fn the_main_job_drains_every_run_and_counts_steps_by_position() {
+fn the_main_job_drains_every_run_on_push_and_counts_steps_by_position() {
     let (code, stdout, stderr) = run_with(&[], &[("RUST_LOG", "info")]);
     assert_eq!(code, Some(0), "{stdout}\n{stderr}");
     assert!(stdout.contains("all 11 runs are terminal"), "{stdout}");
@@ -86,6 +104,60 @@ fn the_main_job_drains_every_run_and_counts_steps_by_position() {
         assert!(row.contains(" 3/3 +"), "{row}");
         assert!(row.contains("earlier attempt"), "{row}");
     }
+
+    // Runs start on push: the API's webhook reached the receiver, whose wake-ups, taken from
+    // the queue, started invocations that claimed the runs.
+    let webhook = line_starting(&stdout, "the API's webhook: ");
+    assert!(number_before(webhook, " events posted") >= 11, "{webhook}");
+    assert!(
+        number_before(webhook, " of them sent wake-ups") > 0,
+        "{webhook}"
+    );
+    assert!(!webhook.contains("answered with an error"), "{webhook}");
+    let invocations = line_starting(&stdout, "invocations: ");
+    assert!(
+        number_before(invocations, " from the wake queue") > 0,
+        "{invocations}"
+    );
+    assert!(
+        number_before(invocations, " with a pushed wake-up") > 0,
+        "{invocations}"
+    );
+    let wake_ups = line_starting(&stdout, "wake-ups taken from the queue: ");
+    assert!(number_before(wake_ups, " pushed") > 0, "{wake_ups}");
+    let claims = line_starting(&stdout, "claims: ");
+    // Every run is claimed at least once, the handed-back ones again.
+    let by_wake_ups = number_before(claims, " by wake-up invocations");
+    assert!(by_wake_ups > 0, "{claims}");
+    assert!(
+        by_wake_ups + number_before(claims, " by schedule ticks") >= 13,
+        "{claims}"
+    );
+    assert!(
+        stdout.lines().any(|l| l.starts_with("invocation ")
+            && l.contains("pushed")
+            && !l.contains("\"claimed\":0,")),
+        "an invocation of pushed wake-ups claimed runs: {stdout}"
+    );
+
+    // Each run's time from creation to its first claim, in the table.
+    let header = line_starting(&stdout, "workflow ");
+    assert!(header.contains("created → claimed"), "{header}");
+    let rows: Vec<&str> = stdout
+        .lines()
+        .filter(|l| {
+            ["quick-shell ", "multi-step ", "flaky ", "always-fails "]
+                .iter()
+                .any(|w| l.starts_with(w))
+        })
+        .collect();
+    assert_eq!(rows.len(), 11, "{stdout}");
+    for row in rows {
+        let ms = number_before(row, " ms ");
+        // Generous: a push claims within milliseconds; the safety net's tick, within seconds.
+        assert!(ms < 60_000, "{row}");
+    }
+
     // A pipe, not a terminal: no colour codes in the worker's logs.
     assert!(
         stdout.contains("INFO"),
