@@ -2,13 +2,15 @@
 //! run: drain throughput, HTTP requests per run, idle invocation latency, deadline precision,
 //! cold start, binary size and peak RSS, and one function process serving several invocations
 //! at once (Lambda Managed Instances) against as many single-invocation processes
-//! ([`managed`]). Writes `BENCHMARKS.md`.
+//! ([`managed`]), and pickup latency at an idle fleet, push against the schedule and the
+//! reference's polls ([`pickup`]). Writes `BENCHMARKS.md`.
 //!
 //! ```sh
 //! cargo build --release --bin ironflow-lambda \
 //!   && cargo run --release -p ironflow-lambda-bench              # full run, writes BENCHMARKS.md
 //! cargo run --release -p ironflow-lambda-bench -- --quick        # small run, prints only
 //! cargo run --release -p ironflow-lambda-bench -- --managed-only # the managed-instances rows
+//! cargo run --release -p ironflow-lambda-bench -- --pickup-only  # the pickup-latency rows
 //! ```
 //!
 //! The first command builds the deployable function as deployed, whose cold start, size and
@@ -21,6 +23,7 @@ mod drain;
 mod dynamodb;
 mod latency;
 mod managed;
+mod pickup;
 mod process;
 mod production;
 mod report;
@@ -33,6 +36,7 @@ use std::time::Duration;
 use drain::{DrainResult, DrainSettings, Link, UsagePerRun, Which, Workload};
 use latency::DeadlineSettings;
 use managed::ManagedSettings;
+use pickup::PickupSettings;
 use production::ProductionSettings;
 
 /// Anything that stops the bench, with what it was doing.
@@ -93,6 +97,10 @@ pub struct Options {
     /// Only the Lambda Managed Instances rows (`--managed-only`): medians and the report's
     /// section printed.
     pub managed_only: bool,
+    /// The pickup-latency rows.
+    pub pickup: PickupSettings,
+    /// Only the pickup-latency rows (`--pickup-only`): the report's section printed.
+    pub pickup_only: bool,
 }
 
 /// The command line (`--help` prints it).
@@ -154,6 +162,17 @@ struct Args {
     /// written.
     #[arg(long, conflicts_with_all = ["drain_only", "production_only"])]
     managed_only: bool,
+    /// Only the pickup-latency rows (creation → claim and due → claim at an idle fleet, ours
+    /// with push, ours with the schedule alone, the reference): the report's section printed;
+    /// nothing written.
+    #[arg(long, conflicts_with_all = ["drain_only", "production_only", "managed_only"])]
+    pickup_only: bool,
+    /// K: runs per pickup row (default 50, 10 with --quick; 0: none).
+    #[arg(long, value_name = "K")]
+    pickup_runs: Option<u32>,
+    /// The seed of the pickup rows' random moments.
+    #[arg(long, value_name = "SEED", default_value_t = 20)]
+    pickup_seed: u64,
     /// M: invocations at once in the managed-instances rows (`AWS_LAMBDA_MAX_CONCURRENCY` of
     /// the one process, and the number of single-invocation processes).
     #[arg(long, value_name = "M", default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=64))]
@@ -281,6 +300,13 @@ impl Args {
                 enabled: self.managed_rounds != Some(0),
             },
             managed_only: self.managed_only,
+            pickup: PickupSettings {
+                runs: count(self.pickup_runs, 50, 10),
+                seed: self.pickup_seed,
+                concurrency: self.concurrency as usize,
+                max_runs: self.max_runs as usize,
+            },
+            pickup_only: self.pickup_only,
         }
     }
 }
@@ -297,6 +323,7 @@ pub struct Results {
     pub dynamodb: dynamodb::DynamoDb,
     pub production: production::Production,
     pub managed: managed::Managed,
+    pub pickup: pickup::Pickup,
 }
 
 fn main() -> ExitCode {
@@ -350,7 +377,7 @@ async fn bench() -> ExitCode {
 async fn run(o: Options) -> Result<(), BenchError> {
     // moto first: started before we become a subreaper, it is not our descendant, and our
     // invocations' orphan sweep leaves it alone.
-    let only = o.drain_only || o.production_only || o.managed_only;
+    let only = o.drain_only || o.production_only || o.managed_only || o.pickup_only;
     let moto = if only {
         Err("not measured: --drain-only".to_string())
     } else {
@@ -375,7 +402,7 @@ async fn run(o: Options) -> Result<(), BenchError> {
     };
 
     let mut drains: BTreeMap<(Workload, Which), Vec<DrainResult>> = BTreeMap::new();
-    let loopback_rounds = if o.production_only || o.managed_only {
+    let loopback_rounds = if o.production_only || o.managed_only || o.pickup_only {
         0
     } else {
         o.rounds
@@ -410,6 +437,10 @@ async fn run(o: Options) -> Result<(), BenchError> {
         print_drain_medians(&drains, o.drain.runs);
         return Ok(());
     }
+    if o.pickup_only {
+        pickup::print(&pickup::measure(&o.pickup).await?);
+        return Ok(());
+    }
     let production = if o.managed_only {
         production::Production::default()
     } else {
@@ -442,6 +473,7 @@ async fn run(o: Options) -> Result<(), BenchError> {
     eprintln!("DynamoDB calls ...");
     let dynamodb = dynamodb::measure(&moto, &o.drain, o.dynamodb_runs).await?;
     drop(moto);
+    let pickup = pickup::measure(&o.pickup).await?;
 
     let results = Results {
         drains,
@@ -454,6 +486,7 @@ async fn run(o: Options) -> Result<(), BenchError> {
         dynamodb,
         production,
         managed,
+        pickup,
     };
     let markdown = report::render(&o, &machine.finish(), &results);
     println!("{markdown}");

@@ -270,6 +270,7 @@ pub fn render(o: &Options, m: &Machine, r: &Results) -> String {
     dynamodb_section(&mut md, s, r);
     crate::production::section(&mut md, o, &r.production);
     crate::managed::section(&mut md, o, &r.managed);
+    crate::pickup::section(&mut md, &r.pickup);
     md
 }
 
