@@ -7,10 +7,11 @@
 //! for a turn, their deadline running.
 //!
 //! A process *retires* when an execution is stuck in workflow code after a response
-//! ([`crate::layers::ExitWhenStuck`]) and no other invocation is in flight: from then on it
-//! admits none (the event is answered with an error for Lambda to retry elsewhere; nothing is
-//! claimed) and the process ends. The check and the retirement are one step under one lock, so
-//! no invocation is admitted between them.
+//! ([`crate::layers::ExitWhenStuck`]): from then on it admits no invocation (the event is
+//! answered with an error for Lambda to retry elsewhere; nothing is claimed: a run whose stuck
+//! execution still holds it here would only wait), and it ends once the invocations still in
+//! flight have answered. The retirement and the count of those in flight are one step under one
+//! lock, so no invocation is admitted between them.
 //!
 //! [`Settings::concurrent_invocations`]: crate::Settings::concurrent_invocations
 
@@ -86,14 +87,12 @@ impl Admission {
         self.state().in_flight
     }
 
-    /// Retire the process if no invocation is in flight: `true` if it now retires (and admits
-    /// no invocation again), `false` if one is in flight.
-    pub(crate) fn retire_if_idle(&self) -> bool {
+    /// Retire the process: from now on it admits no invocation. Returns the invocations still
+    /// in flight (read in the same step: none can be admitted in between).
+    pub(crate) fn retire(&self) -> usize {
         let mut state = self.state();
-        if state.in_flight == 0 {
-            state.retiring = true;
-        }
-        state.retiring
+        state.retiring = true;
+        state.in_flight
     }
 }
 
@@ -129,18 +128,16 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_process_retires_only_when_idle_and_then_admits_nobody() {
+    async fn a_retiring_process_admits_nobody_and_counts_those_still_in_flight() {
         let admission = Admission::new(2);
         let a = admission.enter(soon()).await.unwrap();
-        assert!(!admission.retire_if_idle(), "one in flight: no retirement");
-        let _b = admission.enter(soon()).await.unwrap();
-        drop(a);
-        drop(_b);
-        assert!(admission.retire_if_idle());
+        assert_eq!(admission.retire(), 1, "one still in flight");
         assert_eq!(
             admission.enter(soon()).await.unwrap_err(),
             Refused::Retiring
         );
+        drop(a);
+        assert_eq!(admission.retire(), 0, "the last one has answered");
         assert_eq!(admission.in_flight(), 0);
     }
 }

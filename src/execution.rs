@@ -159,11 +159,11 @@ async fn execute_in_span(p: ExecutionParams, claimed: Claimed) -> RunReport {
     let mut stop = supervise(&mut task, &scope, &refresher, run_deadline, p.cutoff).await;
     let executed = started.elapsed();
     let target = refresher.target();
-    let stuck = stop_task(&p, &mut task, &scope, &mut stop).await;
+    let stuck = stop_task(&p, run.id, &mut task, &scope, &mut stop).await;
     refresher.stop().await;
     end_processes(&p, mark).await;
     // From here on, a process with this mark belongs to no live run: a sweep may take it.
-    drop(live_mark);
+    live_mark.ended();
 
     let timing = Timing {
         claimed_at,
@@ -287,6 +287,7 @@ async fn supervise(
 /// code that does not yield).
 async fn stop_task(
     p: &ExecutionParams,
+    run_id: Uuid,
     task: &mut AbortOnDropHandle<Result<WorkflowResult, EngineError>>,
     scope: &CallScope,
     stop: &mut Stop,
@@ -310,7 +311,7 @@ async fn stop_task(
                      fate is written without it, and nothing it sends later reaches the API"
                 );
                 // Counted until the blocked code yields (the aborted task ends then).
-                p.stuck.add(task.abort_handle());
+                p.stuck.add(run_id, task.abort_handle());
             }
         }
     }

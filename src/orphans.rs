@@ -8,7 +8,7 @@
 //! left and reaps it.
 //!
 //! The worker owns every child process of its process: it starts none of its own that must
-//! survive an invocation. Each run's processes end with the run ([`crate::process_mark`]); when
+//! survive an invocation. Each run's processes end with the run (`src/process_mark.rs`); when
 //! several invocations run in one process (Lambda Managed Instances, tests), only the last one to
 //! finish sweeps, and it spares the processes of runs that still execute (an invocation that
 //! started as it finished).

@@ -51,28 +51,49 @@ fn live() -> MutexGuard<'static, BTreeMap<u64, usize>> {
 pub struct RunMark(NonZeroU64);
 
 /// A mark held by a run that executes: [`belongs_to_a_live_run`] sees the processes that carry
-/// it until it is dropped. Take it before the run spawns anything.
+/// it until it is dropped. Take it before the run spawns anything. Dropped before its run's
+/// processes were ended ([`LiveMark::ended`]) — the execution was cancelled, as when its
+/// invocation is dropped — it kills them (SIGKILL, without waiting: the last sweep reaps them),
+/// so that they never outlive a run another worker may take next.
 #[derive(Debug)]
-pub struct LiveMark(RunMark);
+pub struct LiveMark {
+    mark: RunMark,
+    ended: bool,
+}
 
 impl LiveMark {
     /// A new run's mark ([`RunMark::next`]), live until dropped.
     pub fn new() -> Self {
         let mark = RunMark::next();
         *live().entry(mark.nanos()).or_default() += 1;
-        Self(mark)
+        Self { mark, ended: false }
     }
 
     /// The mark.
     pub fn mark(&self) -> RunMark {
-        self.0
+        self.mark
+    }
+
+    /// The run's processes were ended ([`RunMark::kill_processes`]): dropping the mark leaves
+    /// the rest to the invocation's sweep.
+    pub fn ended(mut self) {
+        self.ended = true;
+    }
+}
+
+impl Default for LiveMark {
+    fn default() -> Self {
+        Self::new()
     }
 }
 
 impl Drop for LiveMark {
     fn drop(&mut self) {
+        if !self.ended && !orphans::has_no_child() {
+            self.mark.kill_processes(Duration::ZERO);
+        }
         let mut live = live();
-        let nanos = self.0.nanos();
+        let nanos = self.mark.nanos();
         if let Some(holders) = live.get_mut(&nanos) {
             *holders = holders.saturating_sub(1);
             if *holders == 0 {

@@ -175,8 +175,9 @@ pub enum StopReason {
     Cutoff,
     /// A claim failed (API unreachable, auth refused...): see `errors`.
     ClaimError,
-    /// Nothing was claimed: the process is retiring (an execution stuck in workflow code, see
-    /// [`crate::layers::ExitWhenStuck`]) and ends once no invocation is in flight.
+    /// The process is retiring (an execution stuck in workflow code, see
+    /// [`crate::layers::ExitWhenStuck`]) and ends once no invocation is in flight: nothing was
+    /// claimed, or a claimed run was released because its stuck execution still holds it here.
     Retiring,
 }
 

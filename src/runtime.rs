@@ -22,6 +22,7 @@ use std::sync::Mutex;
 use tokio::runtime::{Builder, Handle, Runtime};
 use tokio::task::AbortHandle;
 use tokio_util::task::AbortOnDropHandle;
+use uuid::Uuid;
 
 /// Worker threads of the execution runtime for `runs` executing at once in the process: one
 /// more.
@@ -74,26 +75,35 @@ impl Drop for ExecutionRuntime {
 }
 
 /// Executions that were aborted but had not ended after the stop grace: workflow code blocks
-/// their thread. Each is counted until that code yields and the task ends.
+/// their thread. Each is counted until that code yields and the task ends; while it has not, its
+/// run is held by it in this process (the engine's per-run lock), and executing it again here
+/// would only wait.
 #[derive(Debug, Default)]
 pub struct StuckExecutions {
-    tasks: Mutex<Vec<AbortHandle>>,
+    tasks: Mutex<Vec<(Uuid, AbortHandle)>>,
 }
 
 impl StuckExecutions {
-    /// Count the aborted task of `handle` until it ends.
-    pub fn add(&self, handle: AbortHandle) {
-        self.lock().push(handle);
+    /// Count the aborted task of `handle`, which executed `run_id`, until it ends.
+    pub fn add(&self, run_id: Uuid, handle: AbortHandle) {
+        self.lock().push((run_id, handle));
     }
 
     /// Executions still stuck now.
     pub fn count(&self) -> usize {
         let mut tasks = self.lock();
-        tasks.retain(|t| !t.is_finished());
+        tasks.retain(|(_, t)| !t.is_finished());
         tasks.len()
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<AbortHandle>> {
+    /// Whether an execution of `run_id` is still stuck here.
+    pub fn holds(&self, run_id: Uuid) -> bool {
+        let mut tasks = self.lock();
+        tasks.retain(|(_, t)| !t.is_finished());
+        tasks.iter().any(|(id, _)| *id == run_id)
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<(Uuid, AbortHandle)>> {
         self.tasks
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -135,12 +145,15 @@ mod tests {
         has_started.await.unwrap();
         task.abort();
         let stuck = StuckExecutions::default();
-        stuck.add(task.abort_handle());
+        let run = Uuid::new_v4();
+        stuck.add(run, task.abort_handle());
         drop(task);
         assert_eq!(stuck.count(), 1);
+        assert!(stuck.holds(run) && !stuck.holds(Uuid::nil()));
         go.send(()).unwrap();
         while stuck.count() > 0 {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
+        assert!(!stuck.holds(run), "no longer once it yielded");
     }
 }

@@ -55,6 +55,16 @@ pub enum SecretError {
         /// The AWS error (code and message), never the secret's value.
         reason: String,
     },
+    /// The secret's value cannot serve: it is not what the variable needs (never shown).
+    #[error("secret {secret_arn} ({variable}) cannot serve: expected {expected} (not shown)")]
+    Unusable {
+        /// The variable that named the secret.
+        variable: &'static str,
+        /// The secret's ARN.
+        secret_arn: String,
+        /// What its value must be.
+        expected: &'static str,
+    },
     /// The secret holds binary data, or nothing but whitespace, instead of the token as a string.
     #[error(
         "secret {secret_arn} ({variable}) has no usable SecretString: store the value as the \
@@ -157,14 +167,22 @@ pub async fn webhook_secret_from_lookup(
         return Ok(None);
     };
     let keys = &["secret", "webhook_secret", WEBHOOK_SECRET_VAR];
-    fetch_string(
+    let value = fetch_string(
         &bounded_client(aws),
         WEBHOOK_SECRET_ARN_VAR,
         &secret_arn,
         keys,
     )
-    .await
-    .map(|s| Some(WebhookSecret::new(s)))
+    .await?;
+    let secret = WebhookSecret::new(value);
+    if !secret.is_usable() {
+        return Err(SecretError::Unusable {
+            variable: WEBHOOK_SECRET_ARN_VAR,
+            secret_arn,
+            expected: "at least 32 visible ASCII characters without spaces",
+        });
+    }
+    Ok(Some(secret))
 }
 
 /// The ARN in `arn_var` to read a value from, unless `value_var` holds the value itself (it

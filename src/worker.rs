@@ -37,13 +37,13 @@ use crate::wake::Waker;
 /// the HTTP clients, the poison-pill table, the claim pace and the execution runtime.
 ///
 /// It serves at most M invocations at once ([`Settings::concurrent_invocations`], 1 unless
-/// Lambda Managed Instances set `AWS_LAMBDA_MAX_CONCURRENCY`; [`crate::admission`]). Each
+/// Lambda Managed Instances set `AWS_LAMBDA_MAX_CONCURRENCY`; `src/admission.rs`). Each
 /// invocation has its own worker id, budget, leases, handbacks, step-log inbox and summary;
 /// what they share is safe to share: the engine and its HTTP clients (pooled connections), the
 /// execution runtime (M × C + 1 threads), the step-log channel (each line routed to the
-/// invocation that owns its run, [`crate::api::logs`]), the poison-pill table and the counters
+/// invocation that owns its run, `src/api/logs.rs`), the poison-pill table and the counters
 /// read from it (each invocation sees the others' outcomes, [`crate::poison::gate`]), and the
-/// claim pace (atomic moving averages, [`crate::claim_ahead`]).
+/// claim pace (atomic moving averages, `src/claim_ahead.rs`).
 pub struct LambdaWorker {
     /// The engine that executes runs, on [`LambdaWorker::runtime`].
     pub(crate) engine: Arc<Engine>,
@@ -69,6 +69,8 @@ pub struct LambdaWorker {
     pub(crate) settings: Settings,
     /// The invocations in flight, at most M ([`crate::invocation::run`]).
     pub(crate) admission: Admission,
+    /// Held by the webhook receiver's wake-up decision ([`crate::webhook`]).
+    pub(crate) push_turn: tokio::sync::Mutex<()>,
 }
 
 /// What a builder hands over once its settings are valid.
@@ -162,6 +164,7 @@ impl LambdaWorker {
             api,
             wake: parts.waker,
             admission: Admission::new(s.concurrent_invocations),
+            push_turn: tokio::sync::Mutex::new(()),
             settings: s,
         })
     }

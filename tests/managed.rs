@@ -224,7 +224,114 @@ async fn one_invocation_s_end_leaves_another_s_processes_alone(backend: Backend)
     );
 }
 
+async fn a_dropped_invocation_s_detached_processes_end_with_it(backend: Backend) {
+    let h = Harness::start_on(backend).await;
+    let holds = ShellWorkflow::one(
+        "holds",
+        &format!(
+            "setsid sleep 600 > /dev/null 2>&1 & echo $! > '{pid}'; while [ ! -e '{go}' ]; do sleep 0.02; done",
+            pid = h.path("pid").display(),
+            go = h.path("go").display()
+        ),
+    );
+    let other = waits(&h);
+    let worker = Arc::new(
+        h.builder()
+            .register(holds)
+            .register(other)
+            .concurrent_invocations(2)
+            .max_runs_per_invocation(1)
+            .build()
+            .unwrap(),
+    );
+    let h = Arc::new(h);
+    h.create("holds", 0).await;
+    let dropped = tokio::spawn({
+        let (h, worker) = (h.clone(), worker.clone());
+        async move { h.invoke(&worker, LONG).await }
+    });
+    let pid = h.path("pid");
+    common::wait_until("the grandchild started", LONG, || async {
+        std::fs::read_to_string(&pid).is_ok_and(|p| p.trim().parse::<i32>().is_ok())
+    })
+    .await;
+    let grandchild: i32 = std::fs::read_to_string(&pid)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    // Another invocation in flight: the process is not idle, no sweep comes.
+    h.create("waits", 0).await;
+    let running = tokio::spawn({
+        let (h, worker) = (h.clone(), worker.clone());
+        async move { h.invoke(&worker, LONG).await }
+    });
+    common::wait_until("the other run started", LONG, || async { started(&h) == 1 }).await;
+
+    // As lambda_runtime drops a handler's future after a panic.
+    dropped.abort();
+    assert!(dropped.await.unwrap_err().is_cancelled());
+    let gone = |pid: i32| {
+        std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .map_or(true, |stat| stat.contains(") Z "))
+    };
+    common::wait_until("the dropped run's grandchild is killed", LONG, || async {
+        gone(grandchild)
+    })
+    .await;
+    assert!(
+        !running.is_finished(),
+        "killed while the other invocation runs"
+    );
+    std::fs::write(h.path("go"), "").unwrap();
+    let other = running.await.unwrap();
+    assert_eq!(other.runs[0].outcome, Outcome::Completed, "{other:?}");
+}
+
+/// Blocks its thread for 8 s (synchronous code in the handler), then ends.
+struct Blocking;
+
+impl ironflow_engine::handler::WorkflowHandler for Blocking {
+    fn name(&self) -> &str {
+        "blocking"
+    }
+    fn execute<'a>(
+        &'a self,
+        _: &'a mut ironflow_engine::context::WorkflowContext,
+    ) -> ironflow_engine::handler::HandlerFuture<'a> {
+        Box::pin(async move {
+            std::thread::sleep(Duration::from_secs(8));
+            Ok(())
+        })
+    }
+}
+
+async fn a_run_whose_stuck_execution_holds_it_here_is_released_not_waited_on(backend: Backend) {
+    let h = Harness::start_on(backend).await;
+    let worker = h
+        .builder()
+        .register(Blocking)
+        .concurrent_invocations(2)
+        .max_runs_per_invocation(1)
+        .build()
+        .unwrap();
+    let run = h.create("blocking", 0).await;
+    // Handed back at its cutoff, its code still blocking a thread here.
+    let first = h.invoke(&worker, Duration::from_secs(3)).await;
+    assert!(first.runs[0].stuck, "{first:?}");
+    assert_eq!(worker.stuck_executions(), 1);
+    // The next invocation of this process claims it again: it goes back at once.
+    let next = h.invoke(&worker, LONG).await;
+    assert_eq!(next.runs.len(), 1, "{next:?}");
+    assert_eq!(next.runs[0].outcome, Outcome::Released, "{next:?}");
+    assert_eq!(next.stop_reason.as_str(), "retiring");
+    assert!(next.time_left_ms > 50_000, "not waited on: {next:?}");
+    assert_eq!(h.status(run).await, RunStatus::Pending);
+}
+
 on_both_stores!(
+    a_run_whose_stuck_execution_holds_it_here_is_released_not_waited_on,
+    a_dropped_invocation_s_detached_processes_end_with_it,
     invocations_overlap_up_to_m,
     each_invocation_owns_its_runs_and_their_logs,
     one_invocation_s_end_leaves_another_s_processes_alone,

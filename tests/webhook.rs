@@ -265,6 +265,23 @@ async fn a_burst_of_events_queues_what_the_backlog_needs_not_one_per_event() {
 }
 
 #[tokio::test]
+async fn events_arriving_together_queue_what_the_backlog_needs_and_are_all_acknowledged() {
+    // The API's publisher posts each event in a task of its own: a burst arrives at once.
+    let s = setup(LocalApi::start(TOKEN).await.unwrap(), 4).await;
+    for _ in 0..20 {
+        create(&s.api, "quick-shell").await;
+    }
+    let bodies: Vec<String> = (0..40).map(|_| created("quick-shell")).collect();
+    let answers =
+        futures_util::future::join_all(bodies.iter().map(|body| post(&s.worker, signed(body))))
+            .await;
+    for (status, answer) in &answers {
+        assert_eq!(*status, 202, "{answer}");
+    }
+    assert_eq!(queued(&s).await, 5, "ceil(20 / 4), not one per event");
+}
+
+#[tokio::test]
 async fn a_receiver_without_its_secret_is_off_and_says_which_variable() {
     let api = LocalApi::start(TOKEN).await.unwrap();
     let sqs = sqs_client();

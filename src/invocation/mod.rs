@@ -407,6 +407,16 @@ impl<'w> Batch<'w> {
             }
         };
         self.worker.pace.record_claim(answered.duration_since(sent));
+        if self.worker.stuck.holds(run.id) {
+            // Its earlier execution still holds it in this process: executed here it would only
+            // wait. Back to Pending for another process; this one retires.
+            let why = "run released: an earlier execution of it is stuck in this process";
+            let report =
+                unstarted::release(&self.calls, &run, &self.lease, self.last_write, why).await;
+            self.order.push(run.id);
+            self.reports.insert(run.id, report);
+            return Taken::Stop(StopReason::Retiring);
+        }
         self.order.push(run.id);
         // Its step logs come to this invocation, whichever pump routes them.
         self.log_routes.route(run.id);

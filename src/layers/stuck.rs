@@ -17,11 +17,11 @@ use crate::worker::LambdaWorker;
 /// would carry on with a run another worker may own by then. The next event cold-starts a new
 /// process instead.
 ///
-/// Never while another invocation is in flight in the process (Lambda Managed Instances): then
-/// the stuck step goes on, fenced (nothing it sends reaches the API), and the last invocation in
-/// flight to answer ends the process. Deciding to end it retires the worker in the same step
-/// ([`crate::admission`]): an event that arrives meanwhile claims nothing and is answered with
-/// an error, for Lambda to retry.
+/// Never while another invocation is in flight in the process (Lambda Managed Instances): the
+/// worker retires at once (`src/admission.rs`: an event that arrives meanwhile claims nothing
+/// and is answered with an error, for Lambda to retry elsewhere), the stuck step goes on, fenced
+/// (nothing it sends reaches the API), and the last invocation in flight to answer ends the
+/// process.
 #[derive(Clone)]
 pub struct ExitWhenStuckLayer {
     worker: Arc<LambdaWorker>,
@@ -74,7 +74,9 @@ where
             if stuck == 0 {
                 return result;
             }
-            if worker.admission.retire_if_idle() {
+            // No invocation is admitted from now on; the last one in flight ends the process.
+            let in_flight = worker.admission.retire();
+            if in_flight == 0 {
                 error!(
                     stuck,
                     "ending the process after the response: an execution is still blocked in \
@@ -85,10 +87,10 @@ where
             }
             warn!(
                 stuck,
-                in_flight = worker.invocations_in_flight(),
+                in_flight,
                 "an execution is still blocked in workflow code (its run was handed back or \
-                 abandoned, its calls fenced): the process ends once no other invocation is in \
-                 flight"
+                 abandoned, its calls fenced): the process admits no more invocations and ends \
+                 once the {in_flight} in flight have answered"
             );
             result
         })

@@ -128,6 +128,12 @@ impl WebhookSecret {
     pub fn expose(&self) -> &str {
         &self.0
     }
+
+    /// Whether it can serve: at least [`MIN_WEBHOOK_SECRET_LEN`] visible ASCII characters
+    /// (no spaces: it may travel in a URL).
+    pub fn is_usable(&self) -> bool {
+        self.0.len() >= MIN_WEBHOOK_SECRET_LEN && self.0.chars().all(|c| c.is_ascii_graphic())
+    }
 }
 
 impl fmt::Debug for WebhookSecret {
@@ -521,6 +527,33 @@ pub(crate) mod tests {
                 expected: "a whole number greater than 0",
                 found: "eight".into()
             }
+        );
+    }
+
+    #[test]
+    fn concurrent_invocations_come_from_lambda_s_variable_and_m_times_c_is_bounded() {
+        let with = |pairs: &[(&'static str, &'static str)]| {
+            let mut vars = BASE.to_vec();
+            vars.extend_from_slice(pairs);
+            Settings::from_lookup(lookup(&vars)).map_err(|e| e.to_string())
+        };
+        assert_eq!(with(&[]).unwrap().concurrent_invocations, 1);
+        let s = with(&[("AWS_LAMBDA_MAX_CONCURRENCY", "4")]).unwrap();
+        assert_eq!((s.concurrent_invocations, s.concurrency), (4, 2));
+        for bad in ["0", "abc", "-1", "2.5"] {
+            let err = with(&[("AWS_LAMBDA_MAX_CONCURRENCY", bad)]).unwrap_err();
+            assert!(err.contains("AWS_LAMBDA_MAX_CONCURRENCY"), "{bad}: {err}");
+        }
+        let err = with(&[("AWS_LAMBDA_MAX_CONCURRENCY", "2049")]).unwrap_err();
+        assert!(
+            err.contains("AWS_LAMBDA_MAX_CONCURRENCY") && err.contains("4098"),
+            "{err}"
+        );
+        assert!(with(&[("AWS_LAMBDA_MAX_CONCURRENCY", "2048")]).is_ok());
+        let err = with(&[("IRONFLOW_CONCURRENCY", "5000")]).unwrap_err();
+        assert!(
+            err.contains("IRONFLOW_CONCURRENCY") && err.contains("5000 runs"),
+            "{err}"
         );
     }
 

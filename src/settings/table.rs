@@ -462,9 +462,7 @@ pub static VARIABLES: &[Variable] = &[
         meaning: "secret of the [webhook receiver](docs/push.md), at least 32 characters; never logged",
         default: "none: receiver off",
         apply: |s, raw| {
-            if raw.len() < super::MIN_WEBHOOK_SECRET_LEN
-                || raw.chars().any(|c| !c.is_ascii_graphic())
-            {
+            if !super::WebhookSecret::new(raw).is_usable() {
                 return Err(Invalid {
                     expected: "at least 32 visible ASCII characters without spaces",
                     found: Found::Hidden("(not shown: it is a secret)"),

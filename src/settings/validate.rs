@@ -86,12 +86,18 @@ fn counts(s: &Settings, p: &mut Problems) {
     }
     let per_process = s.concurrent_invocations.saturating_mul(s.concurrency);
     if per_process > MAX_RUNS_PER_PROCESS {
+        // The variable to lower: M when several invocations share the process, else C.
+        let variable = if s.concurrent_invocations > 1 {
+            "AWS_LAMBDA_MAX_CONCURRENCY"
+        } else {
+            "IRONFLOW_CONCURRENCY"
+        };
         p.add(
-            "AWS_LAMBDA_MAX_CONCURRENCY",
+            variable,
             format!(
-                "{} invocations at once × IRONFLOW_CONCURRENCY {} = {per_process} runs at once \
-                 in one process, above {MAX_RUNS_PER_PROCESS} (one thread each): lower the \
-                 function's PerExecutionEnvironmentMaxConcurrency or IRONFLOW_CONCURRENCY",
+                "{per_process} runs at once in one process (AWS_LAMBDA_MAX_CONCURRENCY {} × \
+                 IRONFLOW_CONCURRENCY {}), above {MAX_RUNS_PER_PROCESS} (one thread each): lower \
+                 the function's PerExecutionEnvironmentMaxConcurrency or IRONFLOW_CONCURRENCY",
                 s.concurrent_invocations, s.concurrency
             ),
         );
@@ -205,12 +211,7 @@ fn poison(s: &Settings, p: &mut Problems) {
 /// A wake-up setting without a queue would be ignored without a word; a short webhook secret
 /// is guessable.
 fn wake(s: &Settings, p: &mut Problems) {
-    let short = |w: &super::WebhookSecret| {
-        let secret = w.expose();
-        secret.len() < super::MIN_WEBHOOK_SECRET_LEN
-            || secret.chars().any(|c| !c.is_ascii_graphic())
-    };
-    if s.webhook_secret.as_ref().is_some_and(short) {
+    if s.webhook_secret.as_ref().is_some_and(|w| !w.is_usable()) {
         p.add(
             "IRONFLOW_WEBHOOK_SECRET",
             "must be at least 32 visible ASCII characters without spaces (not shown: it is a \

@@ -44,7 +44,7 @@ impl LocalWakeQueue {
     }
 
     /// Wait until a message is visible (or `until`), then take the visible ones, oldest first,
-    /// at most [`MAX_RECEIVED`]; empty when `until` came first.
+    /// at most 10 (as an SQS event source mapping); empty when `until` came first.
     pub async fn receive(&self, until: Instant) -> Vec<String> {
         loop {
             let arrived = self.arrived.notified();

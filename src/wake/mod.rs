@@ -173,15 +173,13 @@ pub(crate) async fn after_batch(
         };
         wake_for(waker, api, need, sender, until, &mut report).await;
     }
-    book_timers(
-        waker,
-        &end.due,
-        runs_per_invocation,
-        sender,
-        until,
-        &mut report,
-    )
-    .await;
+    // One cap for the invocation: the timers get what the backlog's wake-ups left.
+    let left = waker
+        .settings
+        .max_per_invocation
+        .saturating_sub(report.sent);
+    let due = (&end.due[..], runs_per_invocation, left);
+    book_timers(waker, due, sender, until, &mut report).await;
     Some(report)
 }
 
@@ -204,14 +202,15 @@ async fn wake_for(
     sender: Sender<'_>,
     until: Instant,
     report: &mut WakeReport,
-) {
+) -> Delivery {
     let trigger = need.trigger;
+    let mut delivery = Delivery::default();
     if !measure_backlog(waker, api, need.capabilities, until, report).await {
         info!(
             trigger = trigger.as_str(),
             "no pending run left: no wake-up needed"
         );
-        return;
+        return delivery;
     }
     let count = wake_ups_needed(
         report.pending_runs,
@@ -226,13 +225,14 @@ async fn wake_for(
             queued = report.queued,
             "enough wake-ups already queued"
         );
-        return;
+        return delivery;
     }
+    delivery.needed = count;
     report.delay_secs = match trigger {
         WakeTrigger::HandedBack => waker.settings.handback_delay.as_secs(),
         WakeTrigger::Backlog | WakeTrigger::Pushed | WakeTrigger::Due => 0,
     };
-    send_wake_ups(waker, count, trigger, sender, until, report).await;
+    delivery.unknown = !send_wake_ups(waker, count, trigger, sender, until, report).await;
     info!(
         trigger = trigger.as_str(),
         sent = report.sent,
@@ -241,6 +241,16 @@ async fn wake_for(
         delay_secs = report.delay_secs,
         "wake-ups sent"
     );
+    delivery
+}
+
+/// What became of the wake-ups a backlog needed.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Delivery {
+    /// Wake-ups the backlog needed beyond those queued (0: none to send).
+    pub needed: usize,
+    /// The send ran into the deadline: SQS may have taken them all the same.
+    pub unknown: bool,
 }
 
 /// Wake the fleet for a pushed notice that runs are or will be Pending (the webhook receiver,
@@ -251,7 +261,7 @@ pub(crate) async fn for_push(
     need: Need<'_>,
     request_id: &str,
     until: Instant,
-) -> WakeReport {
+) -> (WakeReport, Delivery) {
     let mut report = WakeReport {
         trigger: Some(need.trigger),
         ..WakeReport::default()
@@ -260,15 +270,15 @@ pub(crate) async fn for_push(
         request_id,
         trace_id: None,
     };
-    wake_for(waker, api, need, sender, until, &mut report).await;
-    report
+    let delivery = wake_for(waker, api, need, sender, until, &mut report).await;
+    (report, delivery)
 }
 
-/// Book the timer wake-ups of the runs due later ([`timers`]), before `until`, into `report`.
+/// Book the timer wake-ups of the runs `due` later ([`timers`]; one per N runs due together,
+/// at most `max`), before `until`, into `report`.
 async fn book_timers(
     waker: &Waker,
-    due: &[Due],
-    runs_per_invocation: usize,
+    (due, runs_per_invocation, max): (&[Due], usize, usize),
     sender: Sender<'_>,
     until: Instant,
     report: &mut WakeReport,
@@ -278,11 +288,7 @@ async fn book_timers(
         .iter()
         .filter_map(|d| timers::delay_secs(d, now))
         .collect();
-    for (delay_secs, count) in timers::plan(
-        delays,
-        runs_per_invocation,
-        waker.settings.max_per_invocation,
-    ) {
+    for (delay_secs, count) in timers::plan(delays, runs_per_invocation, max) {
         let body = serde_json::json!({
             "reason": WakeTrigger::Due,
             "sent_by": sender.request_id,
@@ -349,7 +355,8 @@ struct Sender<'a> {
     trace_id: Option<&'a str>,
 }
 
-/// Send `count` wake-ups for `trigger` before `until`, with the report's delay.
+/// Send `count` wake-ups for `trigger` before `until`, with the report's delay; `false` when
+/// the deadline came first (what SQS took is unknown).
 async fn send_wake_ups(
     waker: &Waker,
     count: usize,
@@ -357,7 +364,7 @@ async fn send_wake_ups(
     sender: Sender<'_>,
     until: Instant,
     report: &mut WakeReport,
-) {
+) -> bool {
     let body = serde_json::json!({
         "reason": trigger,
         "pending_runs": report.pending_runs,
@@ -373,9 +380,14 @@ async fn send_wake_ups(
             for e in errors {
                 fail::<()>(report, e);
             }
+            true
         }
         Err(_) => {
-            fail::<()>(report, "sending wake-ups ran into the deadline".into());
+            fail::<()>(
+                report,
+                "sending wake-ups ran into the deadline (the queue may have taken them)".into(),
+            );
+            false
         }
     }
 }

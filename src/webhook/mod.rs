@@ -11,8 +11,9 @@
 //! 5. the body is an event ([`notice`]), else 400;
 //! 6. an event that means no Pending run of a registered workflow is answered 202 and ignored;
 //! 7. the wake-ups the backlog needs beyond what is queued go to the wake queue
-//!    ([`crate::wake`]: a burst of events costs the wake-ups its backlog needs, not one per
-//!    event), 202; 503 when none could be sent, for the API's webhook to retry.
+//!    (`src/wake/`: a burst of events costs the wake-ups its backlog needs, not one per
+//!    event; one decision at a time per process), 202; 503 when some were needed and none
+//!    surely reached the queue, for the API's webhook to retry.
 //!
 //! Every answer is logged with its status and reason, never with the secret, the signature, the
 //! token or the body's payload (only the event's type and workflow name).
@@ -25,7 +26,7 @@ use aws_lambda_events::event::lambda_function_urls::{
 };
 use base64::Engine as _;
 use serde_json::json;
-use tokio::time::Instant;
+use tokio::time::{Instant, timeout_at};
 use tracing::{error, info, warn};
 
 use self::notice::{Notice, Verdict};
@@ -144,10 +145,20 @@ async fn wake_fleet(
         capabilities: &worker.capabilities,
         runs_per_invocation: worker.settings.max_runs_per_invocation,
     };
-    let report = wake::for_push(waker, &worker.api, need, request_id, until).await;
+    // One wake-up decision at a time in this process: events arriving together (the API's
+    // publisher posts each in a task of its own) each see what the one before queued. One that
+    // waits past its time is answered at once: the decision under way counts its run too (the
+    // API published the event after the run was created).
+    let Ok(_turn) = timeout_at(until, worker.push_turn.lock()).await else {
+        info!(event = %notice.kind, workflow, "webhook event: coalesced with the wake-ups being decided");
+        return Answer::new(202, json!({ "woke": false, "coalesced": true }));
+    };
+    let (report, delivery) = wake::for_push(waker, &worker.api, need, request_id, until).await;
     info!(event = %notice.kind, workflow, sent = report.sent, pending_runs = report.pending_runs,
         queued = report.queued, "webhook event: wake-ups");
-    let status = if report.sent == 0 && !report.errors.is_empty() {
+    // 503 (the API's webhook retries) only when wake-ups were needed and none surely reached
+    // the queue: not when none was needed, nor when the send's answer came too late.
+    let status = if delivery.needed > 0 && report.sent == 0 && !delivery.unknown {
         503
     } else {
         202
