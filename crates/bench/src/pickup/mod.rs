@@ -59,8 +59,8 @@ pub enum Kind {
     Created,
     /// From a sleep's wake time (`ctx.delay` of [`workflows::NAP_SECS`]) to the claim after it.
     Sleep,
-    /// From a retry's due time (a step past its 1 s timeout; the engine's backoff, 30 s ± 20 %)
-    /// to its claim.
+    /// From a retry's due time (a first attempt failing as a step past its timeout does; the
+    /// engine's backoff, 30 s ± 20 %) to its claim.
     Retry,
     /// Diagnostic, ours with push only: from creation to claim while a timer wake-up for a run
     /// sleeping [`workflows::LONG_NAP_SECS`] waits on the queue, with schedule ticks as deployed.
@@ -94,7 +94,7 @@ impl Kind {
     /// invocation after it comes due: any batch claims every run it finds Pending, so in one
     /// fleet another run's creation or wake-up would often claim it first. Each lane creates
     /// its next run only once the last one has been claimed after coming due (at most about
-    /// 15 s after its creation for a 3 s sleep, 39 s for a retry), hence the lanes.
+    /// 15 s after its creation for a 3 s sleep, 38 s for a retry), hence the lanes.
     pub fn lanes(self) -> usize {
         match self {
             Kind::Created | Kind::BehindTimer => 1,
@@ -430,7 +430,7 @@ mod tests {
         // (its timer wake-up, rounded up to a whole second).
         let sleep_done = workflows::NAP_SECS + 12;
         assert!(Kind::Sleep.gaps().0 > Duration::from_secs(sleep_done));
-        // A retry: a 1 s timeout, a backoff of at most 36 s, its wake-up 2 s after at most.
-        assert!(Kind::Retry.gaps().0 > Duration::from_secs(1 + 36 + 2));
+        // A retry: a backoff of at most 36 s, its wake-up 2 s after at most.
+        assert!(Kind::Retry.gaps().0 > Duration::from_secs(36 + 2));
     }
 }

@@ -2,9 +2,10 @@
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use ironflow_engine::config::ShellConfig;
+use ironflow_core::error::OperationError;
 use ironflow_engine::config::delay::DelayConfig;
 use ironflow_engine::context::WorkflowContext;
 use ironflow_engine::handler::{HandlerFuture, WorkflowHandler};
@@ -49,8 +50,11 @@ impl WorkflowHandler for Nap {
     }
 }
 
-/// The first attempt of each run runs a step past its 1 s timeout (a retryable failure: the
-/// engine schedules the retry after its backoff); the retry does nothing and completes.
+/// The first attempt of each run fails as a step past its 1 s timeout does
+/// (`OperationError::Timeout`, retryable: the engine schedules the retry after its backoff),
+/// without starting a process: a shell step's child would be an orphan to the orphan sweeps of
+/// our invocations in the other lanes of this process, which kill it (`exit -9`, not
+/// retryable). The retry does nothing and completes.
 #[derive(Default)]
 struct FailsOnce {
     failed: Arc<Mutex<HashSet<Uuid>>>,
@@ -69,8 +73,11 @@ impl WorkflowHandler for FailsOnce {
                 .unwrap_or_else(PoisonError::into_inner)
                 .insert(ctx.run_id());
             if first {
-                ctx.shell("slow", ShellConfig::new("sleep 5").timeout_secs(1))
-                    .await?;
+                return Err(OperationError::Timeout {
+                    step: "slow".into(),
+                    limit: Duration::from_secs(1),
+                }
+                .into());
             }
             Ok(())
         })
