@@ -54,8 +54,8 @@ fn intro(md: &mut String, s: &PickupSettings, p: &Pickup) {
          lanes, {retry} for retries over {retry_lanes} lanes. A lane is a fleet of its own (an \
          embedded API, in-memory store, loopback, and its workers): any batch claims every run it \
          finds Pending, so in one fleet another run's creation would often claim a due run before \
-         its own wake-up; a lane creates its next run only after the last one was claimed after \
-         coming due. Every lane of every row runs side by side, so the whole section took {min:.1} \
+         its own wake-up; the gaps are long enough that in a push lane the last run has come due \
+         and been claimed before the next is created. Every lane of every row runs side by side, so the whole section took {min:.1} \
          min on this machine ({cores} cores); C = {c} for every worker.\n",
         k = s.runs,
         seed = s.seed,
@@ -163,8 +163,9 @@ fn idle_cost(rows: &[(Setup, &Row)]) -> (String, bool) {
             Setup::Schedule => {
                 ok &= t.sqs_invocations == 0 && t.url_invocations == 0 && t.error_count == 0;
                 text.push(format!(
-                    "schedule alone: {} ticks, nothing else ({} claimed nothing)",
-                    t.ticks, t.ticks_empty
+                    "schedule alone: {}, nothing else ({} claimed nothing)",
+                    plural(t.ticks, "tick"),
+                    t.ticks_empty
                 ));
             }
             Setup::Reference => {}
@@ -347,27 +348,33 @@ fn behind_timer_note(md: &mut String, p: &Pickup) {
         return;
     };
     let t = &row.tally;
+    let n = p.settings.map_or(0, |s| s.max_runs);
     let pushed = t.wake_ups.get("pushed").copied().unwrap_or(0);
     let median_ms = median(&row.samples_ms);
-    let verdict = if pushed == 0 && median_ms > 1000.0 {
-        "the receiver sent no wake-up for any of them: it counts the wake-ups already on the \
-         queue, delayed ones included (`ApproximateNumberOfMessagesDelayed` on SQS), as covering \
-         the backlog, so one timer wake-up due in 10 min holds back every push until it fires, \
-         and the runs wait for the next tick. Counting only visible messages \
-         (`ApproximateNumberOfMessages`) for a push would fix it"
+    let verdict = if median_ms > 1000.0 {
+        format!(
+            "Push is held back: the receiver sends what the backlog needs beyond the wake-ups \
+             already on the queue, `ceil(pending / N) − queued`, and counts the delayed ones among \
+             them (`ApproximateNumberOfMessagesDelayed` on SQS, every message of the \
+             `LocalWakeQueue`), so while one timer wake-up waits on the queue a push wakes the \
+             fleet only once more than N = {n} runs are pending, and until then the runs wait \
+             for the next tick. Leaving delayed messages out of the count for a push \
+             (`ApproximateNumberOfMessages` alone) would let it through"
+        )
     } else {
-        "push still woke the fleet"
+        "Push still woke the fleet at once".to_string()
     };
     let _ = writeln!(
         md,
-        "**A timer wake-up on the queue (diagnostic).** In one push fleet a run sleeps {LONG_NAP_SECS} s \
-         first (its timer wake-up is delayed on the queue for as long), with schedule ticks as \
-         deployed; then {} runs are created as in the first row: p50 {}, max {}; {pushed} wake-ups \
-         pushed for them, {} ticks. {verdict}.\n",
+        "**A timer wake-up on the queue (diagnostic).** In one push fleet a run sleeps \
+         {LONG_NAP_SECS} s first (its timer wake-up is delayed on the queue for as long), with \
+         schedule ticks as deployed; then {} runs are created as in the first row: p50 {}, max \
+         {}; {} pushed for them, {}. {verdict}.\n",
         row.samples_ms.len(),
         ms(median_ms),
         ms(percentile(&row.samples_ms, 100.0)),
-        t.ticks,
+        plural(pushed, "wake-up"),
+        plural(t.ticks, "tick"),
     );
 }
 
@@ -390,6 +397,15 @@ fn errors_note(md: &mut String, p: &Pickup) {
         let _ = writeln!(md, "No invocation reported an error.\n");
     } else {
         let _ = writeln!(md, "Errors reported: {}.\n", errors.join(" — "));
+    }
+}
+
+/// `n` and `what`, with an `s` unless `n` is 1.
+fn plural(n: usize, what: &str) -> String {
+    if n == 1 {
+        format!("1 {what}")
+    } else {
+        format!("{n} {what}s")
     }
 }
 
