@@ -265,6 +265,28 @@ async fn a_burst_of_events_queues_what_the_backlog_needs_not_one_per_event() {
 }
 
 #[tokio::test]
+async fn a_timer_wake_up_waiting_on_the_queue_holds_back_no_push() {
+    let s = setup(LocalApi::start(TOKEN).await.unwrap(), 8).await;
+    // A timer wake-up booked for a sleep due in ten minutes.
+    s.sqs
+        .send_message()
+        .queue_url(&s.queue)
+        .message_body(r#"{"reason":"due"}"#)
+        .delay_seconds(600)
+        .send()
+        .await
+        .unwrap();
+    create(&s.api, "quick-shell").await;
+    let (status, answer) = post(&s.worker, signed(&created("quick-shell"))).await;
+    assert_eq!((status, &answer["woke"]), (202, &json!(true)), "{answer}");
+    assert_eq!(
+        queued(&s).await,
+        1,
+        "a wake-up for now, beside the delayed one"
+    );
+}
+
+#[tokio::test]
 async fn events_arriving_together_queue_what_the_backlog_needs_and_are_all_acknowledged() {
     // The API's publisher posts each event in a task of its own: a burst arrives at once.
     let s = setup(LocalApi::start(TOKEN).await.unwrap(), 4).await;

@@ -4,7 +4,7 @@
 //!
 //! ```text
 //! pending  = GET /api/v1/internal/runs/pending-count (this batch's claim capabilities)
-//! queued   = wake-ups already waiting on the queue (ApproximateNumberOfMessages + ...Delayed)
+//! queued   = wake-ups already waiting and visible on the queue (ApproximateNumberOfMessages)
 //! messages = min(ceil(pending / N) − queued, IRONFLOW_MAX_WAKEUPS_PER_INVOCATION)
 //! ```
 //!
@@ -44,7 +44,10 @@ pub const WAKE_PHASE_TIMEOUT: Duration = Duration::from_secs(5);
 /// serves the SQS queue.
 #[async_trait]
 pub trait WakeQueue: Send + Sync + std::fmt::Debug {
-    /// Messages waiting on the queue, visible or delayed (in-flight ones are being served).
+    /// Messages waiting on the queue and visible now. Delayed ones (timer wake-ups, a
+    /// handback's) are not counted: they may come too late for the runs at hand, and a wake-up
+    /// they hold back would leave a Pending run waiting for a timer. In-flight ones are being
+    /// served.
     ///
     /// # Errors
     ///

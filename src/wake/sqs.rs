@@ -28,7 +28,7 @@ impl SqsWakeQueue {
 
 #[async_trait]
 impl WakeQueue for SqsWakeQueue {
-    /// `ApproximateNumberOfMessages` + `ApproximateNumberOfMessagesDelayed`.
+    /// `ApproximateNumberOfMessages`: the visible ones.
     async fn depth(&self) -> Result<u64, String> {
         // The SDK's futures are deep: boxed, they keep the handler's future within the
         // compiler's layout depth.
@@ -37,20 +37,15 @@ impl WakeQueue for SqsWakeQueue {
                 .get_queue_attributes()
                 .queue_url(&self.queue_url)
                 .attribute_names(QueueAttributeName::ApproximateNumberOfMessages)
-                .attribute_names(QueueAttributeName::ApproximateNumberOfMessagesDelayed)
                 .send(),
         )
         .await
         .map_err(|e| aws_sdk_sqs::error::DisplayErrorContext(e).to_string())?;
-        let attributes = output.attributes();
-        let count = |name: QueueAttributeName| {
-            attributes
-                .and_then(|a| a.get(&name))
-                .and_then(|v| v.parse::<u64>().ok())
-                .unwrap_or(0)
-        };
-        Ok(count(QueueAttributeName::ApproximateNumberOfMessages)
-            + count(QueueAttributeName::ApproximateNumberOfMessagesDelayed))
+        Ok(output
+            .attributes()
+            .and_then(|a| a.get(&QueueAttributeName::ApproximateNumberOfMessages))
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap_or(0))
     }
 
     /// One `SendMessageBatch`; the trace header set on the request (the SDK's
