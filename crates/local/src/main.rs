@@ -254,11 +254,54 @@ async fn drain(token: &str, backend: &Backend) -> Result<bool, Box<dyn std::erro
         "its webhook posts run events, signed, to the receiver behind a Function URL stand-in at {}",
         front.url()
     );
-
     let queue = Arc::new(LocalWakeQueue::new());
+    let worker = Arc::new(push_worker(&api.url(), token, &secret, queue.clone())?);
+    // Set before any run exists: no event reaches the receiver earlier.
+    let _ = receiver.set(worker.clone());
+
+    let (stop, stopped) = watch::channel(false);
+    let driver = Arc::new(Driver {
+        worker,
+        queue: queue.clone(),
+        started: AtomicUsize::new(0),
+        record: Mutex::default(),
+        stop,
+    });
+    let drive = tokio::spawn(driver.clone().drive(stopped));
+    let runs = match create_runs(&api.url(), token, &[]).await {
+        Ok(runs) => runs,
+        Err(e) => {
+            driver.stop();
+            let _ = drive.await;
+            return Err(e);
+        }
+    };
+    print_created(&runs);
+    let claims = watch_until_terminal(&api, &runs, &driver, drive).await?;
+    let record = std::mem::take(&mut *driver.record());
+    if let Some(error) = record.error {
+        return Err(error.into());
+    }
+    let terminal = print_table(&api, &runs, Some(&drained(&record, claims))).await?;
+    print_tally(&record.invocations, &posted, queue.len());
+    // Nothing left running: the loops have ended; the API and then the receiver's front door
+    // stop here.
+    drop(api);
+    drop(front);
+    Ok(report_end(terminal, runs.len(), record.invocations.len()))
+}
+
+/// The worker of the default mode: the samples, the receiver with `secret`, its wake-ups on
+/// `queue`, several invocations at once.
+fn push_worker(
+    api_url: &str,
+    token: &str,
+    secret: &str,
+    queue: Arc<LocalWakeQueue>,
+) -> Result<LambdaWorker, ironflow_lambda::BuildError> {
     let mut wake = WakeSettings::new("local://ironflow-wake");
     wake.handback_delay = HANDBACK_WAKE_DELAY;
-    let worker = LambdaWorkerBuilder::new(&api.url(), token)
+    let worker = LambdaWorkerBuilder::new(api_url, token)
         .provider(Arc::new(ClaudeCodeProvider::new()))
         .register(samples::QuickShell)
         .register(samples::MultiStep { step_secs: 1.2 })
@@ -276,12 +319,9 @@ async fn drain(token: &str, backend: &Backend) -> Result<bool, Box<dyn std::erro
         .lease_refresh_interval(Duration::from_secs(1))
         .poison_threshold(3)
         .poison_cooldown(Duration::from_secs(60))
-        .webhook_secret(&secret)
-        .wake_ups(Waker::to_queue(queue.clone(), wake))
+        .webhook_secret(secret)
+        .wake_ups(Waker::to_queue(queue, wake))
         .build()?;
-    let worker = Arc::new(worker);
-    // Set before any run exists: no event reaches the receiver earlier.
-    let _ = receiver.set(worker.clone());
     println!(
         "wake-ups go to a queue in this process, served as an SQS event source mapping \
          ({QUEUE_CONCURRENCY} invocations at once at most, one worker serving {} at once); a \
@@ -289,31 +329,21 @@ async fn drain(token: &str, backend: &Backend) -> Result<bool, Box<dyn std::erro
         QUEUE_CONCURRENCY + 1,
         TICK_EVERY.as_secs()
     );
+    Ok(worker)
+}
 
-    let (stop, stopped) = watch::channel(false);
-    let driver = Arc::new(Driver {
-        worker,
-        queue: queue.clone(),
-        started: AtomicUsize::new(0),
-        record: Mutex::default(),
-        stop,
-    });
-    let mut drive = tokio::spawn(driver.clone().drive(stopped));
-    let runs = match create_runs(&api.url(), token, &[]).await {
-        Ok(runs) => runs,
-        Err(e) => {
-            driver.stop();
-            let _ = drive.await;
-            return Err(e);
-        }
-    };
-    print_created(&runs);
-
-    // Until every run is terminal, or the invocations ran out (or one failed).
+/// Watch the store until every run is terminal, or the invocations ran out (or one failed);
+/// then stop the driver and wait for its loops. The claims seen.
+async fn watch_until_terminal(
+    api: &LocalApi,
+    runs: &[Uuid],
+    driver: &Driver,
+    mut drive: tokio::task::JoinHandle<()>,
+) -> Result<Claims, Box<dyn std::error::Error>> {
     let mut claims = Claims::default();
     let mut drive_ended = false;
     loop {
-        if claims.watch(api.store(), &runs).await {
+        if claims.watch(api.store(), runs).await {
             break;
         }
         tokio::select! {
@@ -329,39 +359,35 @@ async fn drain(token: &str, backend: &Backend) -> Result<bool, Box<dyn std::erro
     if !drive_ended {
         drive.await?;
     }
-    claims.watch(api.store(), &runs).await;
-    let record = std::mem::take(&mut *driver.record());
-    if let Some(error) = record.error {
-        return Err(error.into());
-    }
+    claims.watch(api.store(), runs).await;
+    Ok(claims)
+}
 
+/// What the table shows of the drive: invocations per run and each run's claim time.
+fn drained(record: &Record, claims: Claims) -> Drained {
     let mut invocations_per_run: HashMap<Uuid, usize> = HashMap::new();
     for invoked in &record.invocations {
         for id in &invoked.claimed {
             *invocations_per_run.entry(*id).or_default() += 1;
         }
     }
-    let drained = Drained {
+    Drained {
         invocations_per_run,
         claim_ms: claims.claim_ms,
-    };
-    let terminal = print_table(&api, &runs, Some(&drained)).await?;
-    print_tally(&record.invocations, &posted, queue.len());
-    // Nothing left running: the loops have ended; the API and then the receiver's front door
-    // stop here.
-    drop(api);
-    drop(front);
-    if terminal == runs.len() {
-        println!("\nall {} runs are terminal", runs.len());
-        Ok(true)
+    }
+}
+
+/// The last line: whether every run is terminal.
+fn report_end(terminal: usize, runs: usize, invocations: usize) -> bool {
+    if terminal == runs {
+        println!("\nall {runs} runs are terminal");
+        true
     } else {
         println!(
-            "\n{} of {} runs are not terminal after {} invocations",
-            runs.len() - terminal,
-            runs.len(),
-            record.invocations.len()
+            "\n{} of {runs} runs are not terminal after {invocations} invocations",
+            runs - terminal
         );
-        Ok(false)
+        false
     }
 }
 
