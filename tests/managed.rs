@@ -42,6 +42,33 @@ fn waits(h: &Harness) -> ShellWorkflow {
     )
 }
 
+/// Starts a detached grandchild (its own session) that outlives its shell, its pid written to
+/// `pid`, then waits until `go` exists.
+fn holds(h: &Harness) -> ShellWorkflow {
+    ShellWorkflow::one(
+        "holds",
+        &format!(
+            "setsid sleep 600 > /dev/null 2>&1 & echo $! > '{pid}'; while [ ! -e '{go}' ]; do sleep 0.02; done",
+            pid = h.path("pid").display(),
+            go = h.path("go").display()
+        ),
+    )
+}
+
+/// The pid `holds` wrote, once it has.
+async fn grandchild(h: &Harness) -> i32 {
+    let pid = h.path("pid");
+    common::wait_until("the grandchild started", LONG, || async {
+        std::fs::read_to_string(&pid).is_ok_and(|p| p.trim().parse::<i32>().is_ok())
+    })
+    .await;
+    std::fs::read_to_string(&pid)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap()
+}
+
 fn started(h: &Harness) -> usize {
     std::fs::read_dir(h.path("started")).map_or(0, |d| d.count())
 }
@@ -163,14 +190,7 @@ async fn each_invocation_owns_its_runs_and_their_logs(backend: Backend) {
 async fn one_invocation_s_end_leaves_another_s_processes_alone(backend: Backend) {
     let h = Harness::start_on(backend).await;
     // A detached grandchild (its own session) that outlives its shell, its pid written down.
-    let holds = ShellWorkflow::one(
-        "holds",
-        &format!(
-            "setsid sleep 600 > /dev/null 2>&1 & echo $! > '{pid}'; while [ ! -e '{go}' ]; do sleep 0.02; done",
-            pid = h.path("pid").display(),
-            go = h.path("go").display()
-        ),
-    );
+    let holds = holds(&h);
     let quick = ShellWorkflow::one("quick", "true");
     let worker = Arc::new(
         h.builder()
@@ -187,16 +207,7 @@ async fn one_invocation_s_end_leaves_another_s_processes_alone(backend: Backend)
         let (h, worker) = (h.clone(), worker.clone());
         async move { h.invoke(&worker, LONG).await }
     });
-    let pid = h.path("pid");
-    common::wait_until("the grandchild started", LONG, || async {
-        std::fs::read_to_string(&pid).is_ok_and(|p| p.trim().parse::<i32>().is_ok())
-    })
-    .await;
-    let grandchild: i32 = std::fs::read_to_string(&pid)
-        .unwrap()
-        .trim()
-        .parse()
-        .unwrap();
+    let grandchild = grandchild(&h).await;
     let alive = |pid: i32| {
         std::fs::read_to_string(format!("/proc/{pid}/stat"))
             .is_ok_and(|stat| !stat.contains(") Z "))
@@ -226,14 +237,7 @@ async fn one_invocation_s_end_leaves_another_s_processes_alone(backend: Backend)
 
 async fn a_dropped_invocation_s_detached_processes_end_with_it(backend: Backend) {
     let h = Harness::start_on(backend).await;
-    let holds = ShellWorkflow::one(
-        "holds",
-        &format!(
-            "setsid sleep 600 > /dev/null 2>&1 & echo $! > '{pid}'; while [ ! -e '{go}' ]; do sleep 0.02; done",
-            pid = h.path("pid").display(),
-            go = h.path("go").display()
-        ),
-    );
+    let holds = holds(&h);
     let other = waits(&h);
     let worker = Arc::new(
         h.builder()
@@ -250,16 +254,7 @@ async fn a_dropped_invocation_s_detached_processes_end_with_it(backend: Backend)
         let (h, worker) = (h.clone(), worker.clone());
         async move { h.invoke(&worker, LONG).await }
     });
-    let pid = h.path("pid");
-    common::wait_until("the grandchild started", LONG, || async {
-        std::fs::read_to_string(&pid).is_ok_and(|p| p.trim().parse::<i32>().is_ok())
-    })
-    .await;
-    let grandchild: i32 = std::fs::read_to_string(&pid)
-        .unwrap()
-        .trim()
-        .parse()
-        .unwrap();
+    let grandchild = grandchild(&h).await;
     // Another invocation in flight: the process is not idle, no sweep comes.
     h.create("waits", 0).await;
     let running = tokio::spawn({
