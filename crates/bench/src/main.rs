@@ -401,37 +401,7 @@ async fn run(o: Options) -> Result<(), BenchError> {
         (None, true) => PathBuf::new(),
     };
 
-    let mut drains: BTreeMap<(Workload, Which), Vec<DrainResult>> = BTreeMap::new();
-    let loopback_rounds = if o.production_only || o.managed_only || o.pickup_only {
-        0
-    } else {
-        o.rounds
-    };
-    for round in 0..loopback_rounds {
-        for &workload in &o.workloads {
-            for which in round_order(&o.rows, round) {
-                let r = drain::drain(which, workload, &o.drain, Link::Loopback).await?;
-                let u = r.usage.per_run(o.drain.runs);
-                eprintln!(
-                    "round {}/{} {:<14} {:<15} {:>8.3} s  {:>6.1} runs/s  {:>5.2} requests/run  {} invocations  \
-                     CPU/run {:.3} ms + children {:.3} ms  switches/run {:.1} voluntary {:.1} involuntary",
-                    round + 1,
-                    o.rounds,
-                    workload.name(),
-                    which.flag(),
-                    r.wall.as_secs_f64(),
-                    o.drain.runs as f64 / r.wall.as_secs_f64(),
-                    r.total_requests() as f64 / o.drain.runs as f64,
-                    r.invocations,
-                    u.cpu_ms,
-                    u.children_cpu_ms,
-                    u.voluntary_switches,
-                    u.involuntary_switches,
-                );
-                drains.entry((workload, which)).or_default().push(r);
-            }
-        }
-    }
+    let drains = loopback_drains(&o).await?;
 
     if o.drain_only {
         print_drain_medians(&drains, o.drain.runs);
@@ -495,6 +465,45 @@ async fn run(o: Options) -> Result<(), BenchError> {
         eprintln!("wrote {}", out.display());
     }
     Ok(())
+}
+
+/// The loopback drain rows, `o.rounds` rounds of every workload and row in a balanced order
+/// ([`round_order`]); none when only another section is measured.
+async fn loopback_drains(
+    o: &Options,
+) -> Result<BTreeMap<(Workload, Which), Vec<DrainResult>>, BenchError> {
+    let mut drains: BTreeMap<(Workload, Which), Vec<DrainResult>> = BTreeMap::new();
+    let loopback_rounds = if o.production_only || o.managed_only || o.pickup_only {
+        0
+    } else {
+        o.rounds
+    };
+    for round in 0..loopback_rounds {
+        for &workload in &o.workloads {
+            for which in round_order(&o.rows, round) {
+                let r = drain::drain(which, workload, &o.drain, Link::Loopback).await?;
+                let u = r.usage.per_run(o.drain.runs);
+                eprintln!(
+                    "round {}/{} {:<14} {:<15} {:>8.3} s  {:>6.1} runs/s  {:>5.2} requests/run  {} invocations  \
+                     CPU/run {:.3} ms + children {:.3} ms  switches/run {:.1} voluntary {:.1} involuntary",
+                    round + 1,
+                    o.rounds,
+                    workload.name(),
+                    which.flag(),
+                    r.wall.as_secs_f64(),
+                    o.drain.runs as f64 / r.wall.as_secs_f64(),
+                    r.total_requests() as f64 / o.drain.runs as f64,
+                    r.invocations,
+                    u.cpu_ms,
+                    u.children_cpu_ms,
+                    u.voluntary_switches,
+                    u.involuntary_switches,
+                );
+                drains.entry((workload, which)).or_default().push(r);
+            }
+        }
+    }
+    Ok(drains)
 }
 
 /// The rows of round `round` (0-based), in the order they drain: a Williams design. Round `i`
