@@ -17,6 +17,7 @@ use std::sync::Arc;
 use ironflow_engine::engine::Engine;
 use tokio::time::Instant;
 
+use crate::report::Due;
 use crate::store::GuardedStore;
 use crate::store::fault::FaultLog;
 use crate::store::scope::{CallScope, RunKey};
@@ -47,5 +48,18 @@ impl Calls {
             scope = scope.with_run(run);
         }
         Arc::new(scope).run(work).await
+    }
+
+    /// [`Calls::within`] about `run`, and when the writes that landed left the run due again
+    /// (a retry's backoff: [`CallScope::due`]).
+    pub async fn within_noting_due<F: Future>(
+        &self,
+        until: Instant,
+        run: RunKey,
+        work: F,
+    ) -> (F::Output, Option<Due>) {
+        let scope = Arc::new(CallScope::returning(until, self.faults.clone()).with_run(run));
+        let output = scope.clone().run(work).await;
+        (output, scope.due())
     }
 }

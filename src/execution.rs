@@ -172,13 +172,16 @@ async fn execute_in_span(p: ExecutionParams, claimed: Claimed) -> RunReport {
     };
     let fate = decide(&p, &run, stop, &scope, target, timing).await;
     let mut report = RunReport::new(&run, fate, executed);
-    // A retry's backoff or a sleep the engine wrote: when the run is due again.
-    report.due = scope.due().filter(|_| {
-        matches!(
-            report.outcome,
-            Outcome::Failed | Outcome::Suspended | Outcome::TimedOut | Outcome::Panicked
-        )
-    });
+    // A retry's backoff or a sleep the engine wrote (or, for a timeout or a panic, the retry
+    // record_failure armed): when the run is due again.
+    if report.due.is_none() {
+        report.due = scope.due().filter(|_| {
+            matches!(
+                report.outcome,
+                Outcome::Failed | Outcome::Suspended | Outcome::TimedOut | Outcome::Panicked
+            )
+        });
+    }
     if stuck {
         report.stuck = true;
         let note = "its execution did not stop (a step blocks its thread)";
@@ -431,14 +434,14 @@ async fn record_failure(p: &ExecutionParams, run_id: Uuid, outcome: Outcome, msg
         .calls
         .engine
         .fail_or_schedule_retry(run_id, &msg, true, None, None);
-    match p
+    let (written, due) = p
         .calls
-        .within(p.last_write, Some(p.key(run_id)), write)
-        .await
-    {
+        .within_noting_due(p.last_write, p.key(run_id), write)
+        .await;
+    match written {
         Ok(status) => {
             info!(status = %status, "failure recorded");
-            Fate::new(outcome, Some(msg))
+            Fate::new(outcome, Some(msg)).due(due)
         }
         Err(e) => {
             error!(error = %e, "could not record the run's failure: left to the API's reaper");

@@ -82,8 +82,8 @@ pub use poison::dynamodb::{DynamoPoisonTable, DynamoSetupError};
 pub use poison::memory::MemoryPoisonTable;
 pub use poison::{PoisonMode, PoisonPolicy, PoisonTable};
 pub use report::{
-    ApiErrorCount, BatchRequest, FaultKind, FlushReport, InvocationSummary, Outcome, RunReport,
-    StopReason, WakeReport, WakeTrigger,
+    ApiErrorCount, BatchRequest, Due, FaultKind, FlushReport, InvocationSummary, Outcome,
+    RunReport, SleepWatch, StopReason, TimerWake, WakeReport, WakeTrigger, WatchReport,
 };
 pub use secrets::SecretError;
 pub use settings::{ConfigError, Settings, WakeSettings, WebhookSecret, WorkerToken};

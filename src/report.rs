@@ -109,6 +109,9 @@ pub(crate) struct Fate {
     pub outcome: Outcome,
     pub error: Option<String>,
     pub left_to_reaper: bool,
+    /// When the run is due again, as the write of this fate left it (a retry armed for a
+    /// timeout or a panic).
+    pub due: Option<Due>,
 }
 
 impl Fate {
@@ -118,7 +121,14 @@ impl Fate {
             outcome,
             error,
             left_to_reaper: false,
+            due: None,
         }
+    }
+
+    /// This fate, the run due again as `due` says.
+    pub fn due(mut self, due: Option<Due>) -> Self {
+        self.due = due;
+        self
     }
 
     /// `outcome`, left to the API's reaper for `why`.
@@ -127,6 +137,7 @@ impl Fate {
             outcome,
             error: Some(why),
             left_to_reaper: true,
+            due: None,
         }
     }
 }
@@ -142,7 +153,7 @@ impl RunReport {
             error: fate.error,
             left_to_reaper: fate.left_to_reaper,
             stuck: false,
-            due: None,
+            due: fate.due,
             retry_count: run.retry_count,
             lease_recoveries: run.lease_recoveries,
         }
@@ -161,6 +172,24 @@ impl RunReport {
 pub struct BatchRequest {
     /// Claim at most this many runs instead of the configured N (never more than N).
     pub max_runs: Option<usize>,
+    /// Sleeping runs a timer wake-up asked this invocation to look at after its batch
+    /// ([`SleepWatch`]); empty for every other trigger.
+    pub watch: Vec<SleepWatch>,
+}
+
+/// Runs a timer wake-up was booked for when their sleep ended, which the ironflow API's waker
+/// may not have made Pending yet: it looks only every 10 s. After its batch, the woken
+/// invocation reads each one (`GET /api/v1/internal/runs/{id}`); those still Sleeping past
+/// their wake time get a wake-up one second later, until `until`, and those found Pending get
+/// a claim (docs/push.md, "Timer wake-ups"). From a wake-up body's `sleeping` (at most 100 run
+/// ids) and `watch_until`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SleepWatch {
+    /// The runs.
+    pub runs: Vec<Uuid>,
+    /// When to stop looking: the API's waker should have woken them by then; past it they are
+    /// left to the schedule.
+    pub until: DateTime<Utc>,
 }
 
 /// Why the claim loop stopped.
@@ -371,8 +400,8 @@ pub struct WakeReport {
     /// Pending runs this worker can take, counted by the API after the batch; `null` when not
     /// asked or the count failed.
     pub pending_runs: Option<u64>,
-    /// Wake-ups already waiting on the queue (visible and delayed); `null` when not asked or
-    /// the queue attributes could not be read.
+    /// Wake-ups already waiting and visible on the queue (delayed ones are not counted); `null`
+    /// when not asked or the queue attributes could not be read.
     pub queued: Option<u64>,
     /// Wake-up messages SQS accepted.
     pub sent: usize,
@@ -383,6 +412,25 @@ pub struct WakeReport {
     /// Timer wake-ups booked for runs the batch left due later ([`RunReport::due`]).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub timers: Vec<TimerWake>,
+    /// What the look at the sleeping runs of a timer wake-up found ([`SleepWatch`]); absent
+    /// for other triggers.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub watched: Option<WatchReport>,
+}
+
+/// The sleeping runs a timer wake-up watched, as read after the batch.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct WatchReport {
+    /// Runs read.
+    pub runs: usize,
+    /// Found Pending (woken by the API's waker since): a claim was asked for them.
+    pub woken: usize,
+    /// Still Sleeping past their wake time: looked at again a second later, or, past the
+    /// watch's end, left to the schedule (`gave_up`).
+    pub still_sleeping: usize,
+    /// Past the watch's end with runs still sleeping: the API's waker is late or not running.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub gave_up: bool,
 }
 
 /// Wake-ups booked for runs due at about the same time.

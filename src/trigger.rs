@@ -8,9 +8,11 @@
 //! | Lambda Function URL ([`LambdaFunctionUrlRequest`], payload format 2.0) | `"requestContext"` with `"http"` | [`Trigger::Webhook`]: the ironflow API's webhook, answered by [`crate::webhook`]; no batch |
 //!
 //! Overrides (a direct object, or an SQS wake-up's JSON body): `max_runs`, a whole number from 1
-//! to the configured N (`IRONFLOW_MAX_RUNS_PER_INVOCATION`), and `reason`, a string shown in the
-//! logs. Every other field is ignored: a custom schedule input may carry whatever its author
-//! wants.
+//! to the configured N (`IRONFLOW_MAX_RUNS_PER_INVOCATION`); `reason`, a string shown in the
+//! logs; and, in the timer wake-ups of sleeping runs, `sleeping` (an array of at most
+//! [`MAX_WATCHED`] run ids) with `watch_until` (an RFC 3339 time), both or neither
+//! ([`SleepWatch`]). Every other field is ignored: a custom schedule input may carry whatever
+//! its author wants.
 //!
 //! Refused with a [`TriggerError`] before anything is claimed: a non-object event, an invalid
 //! override, an EventBridge event other than a scheduled one, another service's `Records`
@@ -27,7 +29,8 @@ use aws_lambda_events::event::sqs::SqsMessage;
 use chrono::{DateTime, Utc};
 use serde_json::{Map, Value};
 
-use crate::report::BatchRequest;
+use crate::report::{BatchRequest, SleepWatch};
+use crate::wake::timers::MAX_WATCHED;
 
 /// Longest SQS wake-up body accepted, in bytes. A wake-up is a small JSON object; anything
 /// larger is not one of ours and fails its record.
@@ -83,15 +86,25 @@ impl SqsWakeUps {
     /// The one batch serving every accepted wake-up: the configured N unless every wake-up asks
     /// for fewer runs, then the largest of their `max_runs`. `None` when no record is a valid
     /// wake-up (no batch runs).
+    /// The batch also watches the sleeping runs of every accepted wake-up.
     pub fn batch_request(&self) -> Option<BatchRequest> {
-        let mut max_runs: Option<usize> = None;
-        for wake_up in &self.accepted {
-            match wake_up.max_runs {
-                None => return Some(BatchRequest::default()),
-                Some(n) => max_runs = Some(max_runs.map_or(n, |m| m.max(n))),
-            }
+        if self.accepted.is_empty() {
+            return None;
         }
-        max_runs.map(|n| BatchRequest { max_runs: Some(n) })
+        // None: some wake-up asks for the configured N.
+        let max_runs = self
+            .accepted
+            .iter()
+            .map(|w| w.max_runs)
+            .try_fold(0, |most, n| n.map(|n| most.max(n)));
+        Some(BatchRequest {
+            max_runs,
+            watch: self
+                .accepted
+                .iter()
+                .filter_map(|w| w.watch.clone())
+                .collect(),
+        })
     }
 
     /// Message ids of every record, accepted or rejected, in event order of each list.
@@ -113,6 +126,8 @@ pub struct WakeUp {
     pub max_runs: Option<usize>,
     /// The body's `reason` (or a plain-text body), truncated to [`MAX_REASON_CHARS`].
     pub reason: Option<String>,
+    /// The body's `sleeping` and `watch_until`: the sleeping runs of a timer wake-up.
+    pub watch: Option<SleepWatch>,
 }
 
 /// One SQS record that is not a valid wake-up.
@@ -222,6 +237,7 @@ pub fn parse_event(event: &Value, max_runs_per_invocation: usize) -> Result<Trig
     Ok(Trigger::Direct(DirectRequest {
         request: BatchRequest {
             max_runs: overrides.max_runs,
+            watch: overrides.watch.into_iter().collect(),
         },
         reason: overrides.reason,
     }))
@@ -301,6 +317,7 @@ fn parse_sqs(records: &Value, max_runs_per_invocation: usize) -> Result<SqsWakeU
                 message_id: id,
                 max_runs: overrides.max_runs,
                 reason: overrides.reason,
+                watch: overrides.watch,
             }),
             Err(error) => wake_ups.rejected.push(RejectedRecord {
                 message_id: id,
@@ -325,6 +342,7 @@ fn message_id(record: &Map<String, Value>) -> Option<String> {
 struct Overrides {
     max_runs: Option<usize>,
     reason: Option<String>,
+    watch: Option<SleepWatch>,
 }
 
 /// A wake-up body: empty, plain text (its text is the reason), or a JSON object of overrides.
@@ -344,8 +362,8 @@ fn parse_wake_up_body(
     }
     if !(body.starts_with('{') || body.starts_with('[')) {
         return Ok(Overrides {
-            max_runs: None,
             reason: Some(truncate_to(body, MAX_REASON_CHARS)),
+            ..Overrides::default()
         });
     }
     let value: Value =
@@ -359,7 +377,7 @@ fn parse_wake_up_body(
     parse_overrides(object, max_runs_per_invocation).map_err(|e| e.to_string())
 }
 
-/// `max_runs` and `reason` of an object; other fields are ignored.
+/// `max_runs`, `reason`, `sleeping` and `watch_until` of an object; other fields are ignored.
 fn parse_overrides(
     object: &Map<String, Value>,
     max_runs_per_invocation: usize,
@@ -391,7 +409,55 @@ fn parse_overrides(
             });
         }
     };
-    Ok(Overrides { max_runs, reason })
+    Ok(Overrides {
+        max_runs,
+        reason,
+        watch: parse_watch(object)?,
+    })
+}
+
+/// `sleeping` (run ids) and `watch_until` (RFC 3339), both or neither.
+fn parse_watch(object: &Map<String, Value>) -> Result<Option<SleepWatch>, TriggerError> {
+    let present = |key| object.get(key).is_some_and(|v| !v.is_null());
+    let (runs, until) = match (present("sleeping"), present("watch_until")) {
+        (false, false) => return Ok(None),
+        (true, true) => (&object["sleeping"], &object["watch_until"]),
+        (sleeping, _) => {
+            let (field, missing) = if sleeping {
+                ("watch_until", "sleeping")
+            } else {
+                ("sleeping", "watch_until")
+            };
+            return Err(TriggerError::InvalidField {
+                field,
+                expected: format!("to come with {missing}"),
+                found: "nothing".into(),
+            });
+        }
+    };
+    let invalid_runs = || TriggerError::InvalidField {
+        field: "sleeping",
+        expected: format!("an array of at most {MAX_WATCHED} run ids (UUIDs)"),
+        found: truncate(&runs.to_string()),
+    };
+    let runs = runs
+        .as_array()
+        .filter(|ids| ids.len() <= MAX_WATCHED)
+        .ok_or_else(invalid_runs)?
+        .iter()
+        .map(|id| id.as_str().and_then(|id| uuid::Uuid::parse_str(id).ok()))
+        .collect::<Option<Vec<_>>>()
+        .ok_or_else(invalid_runs)?;
+    let until = until
+        .as_str()
+        .and_then(|t| DateTime::parse_from_rfc3339(t).ok())
+        .ok_or_else(|| TriggerError::InvalidField {
+            field: "watch_until",
+            expected: "an RFC 3339 time such as \"2026-12-01T18:00:00Z\"".into(),
+            found: truncate(&until.to_string()),
+        })?
+        .with_timezone(&Utc);
+    Ok(Some(SleepWatch { runs, until }))
 }
 
 fn json_type(v: &Value) -> &'static str {
@@ -599,7 +665,64 @@ mod tests {
             Some(r#"{"max_runs": 2}"#),
             Some(r#"{"max_runs": 5}"#),
         ]));
-        assert_eq!(w.batch_request(), Some(BatchRequest { max_runs: Some(5) }));
+        assert_eq!(
+            w.batch_request(),
+            Some(BatchRequest {
+                max_runs: Some(5),
+                watch: Vec::new()
+            })
+        );
+    }
+
+    #[test]
+    fn a_timer_wake_up_s_sleeping_runs_are_watched_and_a_bad_watch_fails_its_record() {
+        let (a, b) = (uuid::Uuid::now_v7(), uuid::Uuid::now_v7());
+        let until = "2026-12-01T18:00:00Z";
+        let good =
+            format!(r#"{{"reason": "due", "sleeping": ["{a}", "{b}"], "watch_until": "{until}"}}"#);
+        let w = wake_ups(sqs(&[Some(&good), Some(r#"{"reason": "due"}"#)]));
+        assert!(w.rejected.is_empty(), "{:?}", w.rejected);
+        let request = w.batch_request().unwrap();
+        let until: DateTime<Utc> = until.parse().unwrap();
+        assert_eq!(
+            request.watch,
+            [SleepWatch {
+                runs: vec![a, b],
+                until
+            }]
+        );
+        assert_eq!(request.max_runs, None);
+
+        let too_many: Vec<String> = (0..=MAX_WATCHED)
+            .map(|_| uuid::Uuid::now_v7().to_string())
+            .collect();
+        let too_many = serde_json::json!({"sleeping": too_many, "watch_until": until}).to_string();
+        let bad = [
+            (format!(r#"{{"sleeping": ["{a}"]}}"#), "watch_until"),
+            (format!(r#"{{"watch_until": "{until}"}}"#), "sleeping"),
+            (
+                format!(r#"{{"sleeping": ["nope"], "watch_until": "{until}"}}"#),
+                "UUIDs",
+            ),
+            (
+                format!(r#"{{"sleeping": "{a}", "watch_until": "{until}"}}"#),
+                "an array",
+            ),
+            (
+                format!(r#"{{"sleeping": ["{a}"], "watch_until": "tomorrow"}}"#),
+                "RFC 3339",
+            ),
+            (too_many, "at most 100"),
+        ];
+        for (body, says) in bad {
+            let w = wake_ups(sqs(&[Some(&body)]));
+            assert!(w.accepted.is_empty(), "{body}");
+            assert!(
+                w.rejected[0].error.contains(says),
+                "{body}: {}",
+                w.rejected[0].error
+            );
+        }
     }
 
     #[test]
@@ -618,7 +741,7 @@ mod tests {
         assert!(w.rejected[0].error.contains("not valid JSON"));
         assert!(w.rejected[1].error.contains("max_runs"));
         assert!(w.rejected[3].error.contains("at most"));
-        assert_eq!(w.batch_request(), Some(BatchRequest { max_runs: Some(1) }));
+        assert_eq!(w.batch_request().unwrap().max_runs, Some(1));
         let mut all = w.all_message_ids();
         all.sort();
         assert_eq!(all, ["m0", "m1", "m2", "m3", "m4"]);

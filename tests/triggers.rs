@@ -745,8 +745,9 @@ async fn runs_left_retrying_or_sleeping_get_a_wake_up_delayed_until_they_are_due
     let timers = &summary.wake_ups.as_ref().unwrap().timers;
     let now = chrono::Utc::now();
     let secs_until = |at: chrono::DateTime<chrono::Utc>| (at - now).num_seconds();
-    // A retry 1 s after it is due; a sleep after the API's waker (10 s) has made it Pending.
-    let expected = [secs_until(retry_due.at) + 1, secs_until(sleep_due.at) + 11];
+    // Each 1 s after it is due (the sleep's wake-up then watches it until the API's waker has
+    // made it Pending).
+    let expected = [secs_until(retry_due.at) + 1, secs_until(sleep_due.at) + 1];
     assert_eq!(timers.len(), 2, "{timers:?}");
     for (timer, want) in timers.iter().zip(expected) {
         let delay = i64::try_from(timer.delay_secs).unwrap();
@@ -761,4 +762,197 @@ async fn runs_left_retrying_or_sleeping_get_a_wake_up_delayed_until_they_are_due
         (0, 2),
         "two delayed wake-ups"
     );
+}
+
+/// Receive every message of the queue as one SQS event, waiting up to `within` for the first.
+async fn next_wake_ups(sqs: &aws_sdk_sqs::Client, url: &str, within: Duration) -> Value {
+    let end = tokio::time::Instant::now() + within;
+    loop {
+        let out = sqs
+            .receive_message()
+            .queue_url(url)
+            .max_number_of_messages(10)
+            .wait_time_seconds(1)
+            .send()
+            .await
+            .unwrap();
+        if !out.messages().is_empty() {
+            let records: Vec<Value> = out
+                .messages()
+                .iter()
+                .map(|m| json!({"messageId": m.message_id(), "body": m.body(), "eventSource": "aws:sqs"}))
+                .collect();
+            for m in out.messages() {
+                sqs.delete_message()
+                    .queue_url(url)
+                    .receipt_handle(m.receipt_handle().unwrap())
+                    .send()
+                    .await
+                    .unwrap();
+            }
+            return json!({"Records": records});
+        }
+        assert!(tokio::time::Instant::now() < end, "no wake-up came");
+    }
+}
+
+/// A sleep's timer wake-up watches the run: each woken invocation that finds it still Sleeping
+/// (the API's waker looks every 10 s) books the next look a second later, and the one after the
+/// waker's tick claims it. Served as Lambda's event source mapping would, from moto's queue.
+#[tokio::test]
+async fn a_sleeping_run_s_wake_ups_look_again_until_the_api_s_waker_woke_it_then_claim_it() {
+    let sqs = sqs_client();
+    let url = new_queue(&sqs).await;
+    let api = LocalApi::start(TOKEN).await.unwrap();
+    let worker = builder(&api.url(), TOKEN)
+        .register(Sleeps(1))
+        .wake_ups(waker(&sqs, &url, 3, 0))
+        .build()
+        .unwrap();
+    let run = create(&api, "sleeps", 1).await[0];
+    let first =
+        ironflow_lambda::handle_response(&worker, event(json!({}), Duration::from_secs(30)))
+            .await
+            .unwrap();
+    let first = first.summary().unwrap();
+    assert_eq!(first.runs[0].due.unwrap().status, RunStatus::Sleeping);
+    let timers = &first.wake_ups.as_ref().unwrap().timers;
+    assert_eq!(timers.len(), 1, "{timers:?}");
+    assert!(timers[0].delay_secs <= 2, "{timers:?}");
+
+    // Serve each wake-up as it comes, until one claims the run: the looks in between find it
+    // still sleeping and book the next one.
+    let mut looks_still_sleeping = 0;
+    let claimed = loop {
+        let records = next_wake_ups(&sqs, &url, Duration::from_secs(30)).await;
+        let bodies: Vec<Value> = records["Records"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| serde_json::from_str(r["body"].as_str().unwrap()).unwrap())
+            .collect();
+        assert!(
+            bodies
+                .iter()
+                .any(|b| b["sleeping"] == json!([run.to_string()])),
+            "a wake-up watching the run: {bodies:?}"
+        );
+        let response =
+            ironflow_lambda::handle_response(&worker, event(records, Duration::from_secs(30)))
+                .await
+                .unwrap();
+        let summary = response.summary().unwrap().clone();
+        let wake = summary.wake_ups.clone().unwrap();
+        if summary.runs.iter().any(|r| r.run_id == run) {
+            break summary;
+        }
+        let watched = wake.watched.expect("the watched run was read");
+        assert_eq!(watched.runs, 1, "{wake:?}");
+        if watched.woken == 1 {
+            // Woken after this batch's claim: a wake-up for now claims it.
+            assert_eq!(wake.trigger, Some(WakeTrigger::Due), "{wake:?}");
+            assert!(wake.sent >= 1, "{wake:?}");
+            continue;
+        }
+        assert_eq!(watched.still_sleeping, 1, "{wake:?}");
+        assert!(!watched.gave_up, "{wake:?}");
+        assert_eq!(wake.timers.len(), 1, "{wake:?}");
+        assert_eq!(wake.timers[0].delay_secs, 1, "the next look a second later");
+        looks_still_sleeping += 1;
+        assert!(
+            looks_still_sleeping <= 12,
+            "the API's waker never woke the run"
+        );
+    };
+    assert_eq!(claimed.runs.len(), 1, "{claimed:?}");
+    assert_eq!(
+        api.store()
+            .get_run(run)
+            .await
+            .unwrap()
+            .unwrap()
+            .status
+            .state,
+        RunStatus::Completed
+    );
+}
+
+/// A run whose execution panics: the retry the worker records for it gets its timer wake-up.
+struct Panics;
+
+impl ironflow_engine::handler::WorkflowHandler for Panics {
+    fn name(&self) -> &str {
+        "panics"
+    }
+
+    fn execute<'a>(
+        &'a self,
+        _ctx: &'a mut ironflow_engine::context::WorkflowContext,
+    ) -> ironflow_engine::handler::HandlerFuture<'a> {
+        Box::pin(async move { panic!("the workflow's own bug") })
+    }
+}
+
+/// A run whose one step outlasts the worker's run timeout.
+struct Outlasts;
+
+impl ironflow_engine::handler::WorkflowHandler for Outlasts {
+    fn name(&self) -> &str {
+        "outlasts"
+    }
+
+    fn execute<'a>(
+        &'a self,
+        ctx: &'a mut ironflow_engine::context::WorkflowContext,
+    ) -> ironflow_engine::handler::HandlerFuture<'a> {
+        Box::pin(async move {
+            ctx.shell(
+                "long",
+                ironflow_engine::config::ShellConfig::new("sleep 30"),
+            )
+            .await?;
+            Ok(())
+        })
+    }
+}
+
+#[tokio::test]
+async fn a_retry_recorded_for_a_panic_or_a_run_timeout_gets_its_wake_up() {
+    let sqs = sqs_client();
+    let url = new_queue(&sqs).await;
+    let api = LocalApi::start(TOKEN).await.unwrap();
+    let worker = builder(&api.url(), TOKEN)
+        .register(Panics)
+        .register(Outlasts)
+        .run_timeout(Duration::from_secs(1))
+        .wake_ups(waker(&sqs, &url, 3, 0))
+        .build()
+        .unwrap();
+    // One retry left each.
+    let mut ids = Vec::new();
+    for workflow in ["panics", "outlasts"] {
+        let created = api.store().create_run(new_run(workflow, 1)).await.unwrap();
+        ids.push(created.into_run().id);
+    }
+    let (panicking, outlasting) = (ids[0], ids[1]);
+    let response =
+        ironflow_lambda::handle_response(&worker, event(json!({}), Duration::from_secs(30)))
+            .await
+            .unwrap();
+    let summary = response.summary().unwrap();
+    for (run, outcome) in [
+        (panicking, ironflow_lambda::Outcome::Panicked),
+        (outlasting, ironflow_lambda::Outcome::TimedOut),
+    ] {
+        let report = summary.runs.iter().find(|r| r.run_id == run).unwrap();
+        assert_eq!(report.outcome, outcome, "{report:?}");
+        let due = report.due.expect("the retry's due time");
+        assert_eq!(due.status, RunStatus::Retrying);
+        let stored = api.store().get_run(run).await.unwrap().unwrap();
+        assert_eq!(stored.status.state, RunStatus::Retrying);
+        assert_eq!(stored.scheduled_at, Some(due.at));
+    }
+    let timers = &summary.wake_ups.as_ref().unwrap().timers;
+    let booked: usize = timers.iter().map(|t| t.sent).sum();
+    assert!((1..=2).contains(&booked), "{timers:?}");
 }

@@ -85,7 +85,12 @@ impl Batch<'_> {
                     filled: stop_reason == StopReason::MaxRuns,
                     capabilities: &capabilities,
                     budget: self.budget,
-                    due: runs.iter().filter_map(|r| r.due).collect(),
+                    due: runs
+                        .iter()
+                        .filter_map(|r| r.due.map(|d| (r.run_id, d)))
+                        .collect(),
+                    watch: &self.watch,
+                    calls: &self.calls,
                 };
                 wake::after_batch(waker, &w.api, w.settings.max_runs_per_invocation, end).await
             }

@@ -43,7 +43,9 @@ use crate::lease::RefreshContext;
 use crate::orphans::InvocationGuard;
 use crate::poison::PoisonMode;
 use crate::poison::gate::PoisonGate;
-use crate::report::{BatchRequest, Fate, InvocationSummary, Outcome, RunReport, StopReason};
+use crate::report::{
+    BatchRequest, Fate, InvocationSummary, Outcome, RunReport, SleepWatch, StopReason,
+};
 use crate::store::fault::FaultLog;
 use crate::worker::LambdaWorker;
 
@@ -144,6 +146,8 @@ struct Batch<'w> {
     first_stop: Option<StopReason>,
     /// Where the step logs of this invocation's runs go ([`crate::api::logs`]).
     log_routes: LogRoutes,
+    /// The sleeping runs the trigger's timer wake-ups watch, looked at after the batch.
+    watch: Vec<SleepWatch>,
 }
 
 /// What a claim's answer leaves the batch with.
@@ -234,6 +238,7 @@ impl<'w> Batch<'w> {
             first: VecDeque::new(),
             first_stop: None,
             log_routes,
+            watch: request.watch.clone(),
         }
     }
 

@@ -22,14 +22,19 @@ pub mod timers;
 use std::sync::Arc;
 
 use async_trait::async_trait;
+use futures_util::{StreamExt, stream};
 use ironflow_store::entities::WorkerCapabilities;
+use ironflow_store::store::RunStore;
 use tokio::time::{Instant, timeout_at};
 use tracing::{info, warn};
+use uuid::Uuid;
 
 use crate::api::ApiClient;
+use crate::calls::Calls;
 use crate::deadline::Budget;
-use crate::report::{Due, TimerWake, WakeReport, WakeTrigger};
+use crate::report::{Due, SleepWatch, TimerWake, WakeReport, WakeTrigger, WatchReport};
 use crate::settings::WakeSettings;
+use timers::Looked;
 
 pub use self::local::LocalWakeQueue;
 pub use self::sqs::SqsWakeQueue;
@@ -127,8 +132,12 @@ pub(crate) struct BatchEnd<'a> {
     pub capabilities: &'a WorkerCapabilities,
     /// The invocation's budget: the phase ends before its deadline.
     pub budget: Budget,
-    /// When the runs the batch left waiting for a known time are due.
-    pub due: Vec<Due>,
+    /// The runs the batch left waiting for a known time, and when they are due.
+    pub due: Vec<(Uuid, Due)>,
+    /// The sleeping runs the invocation's timer wake-ups asked it to look at.
+    pub watch: &'a [SleepWatch],
+    /// The invocation's calls, to read the watched runs.
+    pub calls: &'a Calls,
 }
 
 /// Send the wake-ups the batch calls for. `None` when the worker has no wake queue.
@@ -149,7 +158,7 @@ pub(crate) async fn after_batch(
         trigger,
         ..WakeReport::default()
     };
-    if trigger.is_none() && end.due.is_empty() {
+    if trigger.is_none() && end.due.is_empty() && end.watch.is_empty() {
         return Some(report);
     }
     let Some(until) = end
@@ -168,6 +177,10 @@ pub(crate) async fn after_batch(
         request_id: end.request_id,
         trace_id: end.trace_id,
     };
+    let (woken, still_sleeping) = look_at_watched(end.calls, end.watch, until, &mut report).await;
+    // A watched run the API's waker made Pending after this batch's claims needs one.
+    let trigger = trigger.or((woken > 0).then_some(WakeTrigger::Due));
+    report.trigger = trigger;
     if let Some(trigger) = trigger {
         let need = Need {
             trigger,
@@ -176,14 +189,103 @@ pub(crate) async fn after_batch(
         };
         wake_for(waker, api, need, sender, until, &mut report).await;
     }
-    // One cap for the invocation: the timers get what the backlog's wake-ups left.
-    let left = waker
-        .settings
-        .max_per_invocation
-        .saturating_sub(report.sent);
-    let due = (&end.due[..], runs_per_invocation, left);
+    // One cap for the invocation: the next looks at sleeping runs, then the timers, get what
+    // the backlog's wake-ups left.
+    let left = |report: &WakeReport| {
+        let booked: usize = report.timers.iter().map(|t| t.sent).sum();
+        waker
+            .settings
+            .max_per_invocation
+            .saturating_sub(report.sent + booked)
+    };
+    for watch in still_sleeping.into_iter().take(left(&report)) {
+        let booking = timers::Booking {
+            delay_secs: timers::RECHECK_SECS,
+            count: 1,
+            watched: vec![watch.runs.clone()],
+        };
+        book(
+            waker,
+            &booking,
+            Some(watch.until),
+            sender,
+            until,
+            &mut report,
+        )
+        .await;
+    }
+    let due = (&end.due[..], runs_per_invocation, left(&report));
     book_timers(waker, due, sender, until, &mut report).await;
     Some(report)
+}
+
+/// Read the runs of `watches` before `until`: how many the API's waker has made Pending, and
+/// the watches of those still Sleeping that are not over (those past their end are left to
+/// the schedule, `gave_up`). A run that could not be read is looked at again.
+async fn look_at_watched(
+    calls: &Calls,
+    watches: &[SleepWatch],
+    until: Instant,
+    report: &mut WakeReport,
+) -> (usize, Vec<SleepWatch>) {
+    if watches.is_empty() {
+        return (0, Vec::new());
+    }
+    let mut seen = WatchReport::default();
+    let mut again = Vec::new();
+    for watch in watches {
+        // Boxed as `Send` futures, so that the handler's future stays `Send` for every
+        // lifetime (the compiler cannot see it through the iterator's closures).
+        let reads: Vec<futures_util::future::BoxFuture<'_, _>> = watch
+            .runs
+            .iter()
+            .map(|id| read_run(calls, *id, until))
+            .collect();
+        // A few at a time: up to 100 reads fit in the phase on a slow link.
+        let reads: Vec<_> = stream::iter(reads).buffer_unordered(8).collect().await;
+        let now = chrono::Utc::now();
+        let mut sleeping = Vec::new();
+        for (id, read) in reads {
+            seen.runs += 1;
+            match read {
+                Ok(Some(run)) => match timers::looked(run.status.state, run.scheduled_at, now) {
+                    Looked::Woken => seen.woken += 1,
+                    Looked::StillSleeping => sleeping.push(id),
+                    Looked::Done => {}
+                },
+                Ok(None) => {}
+                Err(e) => {
+                    fail::<()>(report, format!("reading watched run {id} failed: {e}"));
+                    sleeping.push(id);
+                }
+            }
+        }
+        seen.still_sleeping += sleeping.len();
+        if sleeping.is_empty() {
+            continue;
+        }
+        if now >= watch.until {
+            seen.gave_up = true;
+            warn!(
+                runs = sleeping.len(),
+                watch_until = %watch.until,
+                "sleeping runs still not woken by the API's waker: left to the schedule"
+            );
+        } else {
+            again.push(SleepWatch {
+                runs: sleeping,
+                until: watch.until,
+            });
+        }
+    }
+    info!(
+        runs = seen.runs,
+        woken = seen.woken,
+        still_sleeping = seen.still_sleeping,
+        "watched sleeping runs"
+    );
+    report.watched = Some(seen);
+    (seen.woken, again)
 }
 
 /// What a wake-up is sent for.
@@ -277,28 +379,76 @@ pub(crate) async fn for_push(
     (report, delivery)
 }
 
+/// Read run `id` before `until`.
+fn read_run(
+    calls: &Calls,
+    id: Uuid,
+    until: Instant,
+) -> futures_util::future::BoxFuture<
+    '_,
+    (
+        Uuid,
+        Result<Option<ironflow_store::models::Run>, ironflow_store::error::StoreError>,
+    ),
+> {
+    Box::pin(async move { (id, calls.within(until, None, calls.store.get_run(id)).await) })
+}
+
 /// Book the timer wake-ups of the runs `due` later ([`timers`]; one per N runs due together,
-/// at most `max`), before `until`, into `report`.
+/// at most `max`, sleeping runs watched), before `until`, into `report`.
 async fn book_timers(
     waker: &Waker,
-    (due, runs_per_invocation, max): (&[Due], usize, usize),
+    (due, runs_per_invocation, max): (&[(Uuid, Due)], usize, usize),
     sender: Sender<'_>,
     until: Instant,
     report: &mut WakeReport,
 ) {
     let now = chrono::Utc::now();
-    let delays = due
+    let due = due
         .iter()
-        .filter_map(|d| timers::delay_secs(d, now))
+        .filter_map(|(id, d)| timers::Timer::new(*id, d, now))
         .collect();
-    for (delay_secs, count) in timers::plan(delays, runs_per_invocation, max) {
-        let body = serde_json::json!({
+    for booking in timers::plan(due, runs_per_invocation, max) {
+        let watch_until = timers::watch(Vec::new(), booking.delay_secs, now).until;
+        book(waker, &booking, Some(watch_until), sender, until, report).await;
+    }
+}
+
+/// Send the wake-ups of `booking` before `until`, into `report`: the first ones watching its
+/// sleeping runs until `watch_until`, the others plain.
+async fn book(
+    waker: &Waker,
+    booking: &timers::Booking,
+    watch_until: Option<chrono::DateTime<chrono::Utc>>,
+    sender: Sender<'_>,
+    until: Instant,
+    report: &mut WakeReport,
+) {
+    let body = |sleeping: Option<&Vec<Uuid>>| {
+        let mut body = serde_json::json!({
             "reason": WakeTrigger::Due,
             "sent_by": sender.request_id,
-        })
-        .to_string();
-        let sending = waker.queue.send(count, &body, delay_secs, sender.trace_id);
-        let sent = match timeout_at(until, sending).await {
+        });
+        if let (Some(runs), Some(at)) = (sleeping, watch_until) {
+            body["sleeping"] = serde_json::json!(runs);
+            body["watch_until"] = serde_json::json!(at.to_rfc3339());
+        }
+        body.to_string()
+    };
+    let watching = booking.watched.len().min(booking.count);
+    let mut messages: Vec<(usize, String)> = booking.watched[..watching]
+        .iter()
+        .map(|runs| (1, body(Some(runs))))
+        .collect();
+    if booking.count > watching {
+        messages.push((booking.count - watching, body(None)));
+    }
+    let mut sent = 0;
+    for (count, body) in messages {
+        let sending = waker
+            .queue
+            .send(count, &body, booking.delay_secs, sender.trace_id);
+        sent += match timeout_at(until, sending).await {
             Ok((sent, errors)) => {
                 for e in errors {
                     fail::<()>(report, e);
@@ -313,9 +463,15 @@ async fn book_timers(
                 0
             }
         };
-        info!(delay_secs, sent, "timer wake-ups booked");
-        report.timers.push(TimerWake { delay_secs, sent });
     }
+    let delay_secs = booking.delay_secs;
+    info!(
+        delay_secs,
+        sent,
+        watched = watching,
+        "timer wake-ups booked"
+    );
+    report.timers.push(TimerWake { delay_secs, sent });
 }
 
 /// The backlog (`pending_runs`) and the wake-ups already queued (`queued`), each `None` when
