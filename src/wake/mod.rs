@@ -264,17 +264,18 @@ async fn look_at_watched(
         if sleeping.is_empty() {
             continue;
         }
-        if now >= watch.until {
+        let watch_until = timers::watch_end(watch.until, now);
+        if now >= watch_until {
             seen.gave_up = true;
             warn!(
                 runs = sleeping.len(),
-                watch_until = %watch.until,
+                watch_until = %watch_until,
                 "sleeping runs still not woken by the API's waker: left to the schedule"
             );
         } else {
             again.push(SleepWatch {
                 runs: sleeping,
-                until: watch.until,
+                until: watch_until,
             });
         }
     }

@@ -132,6 +132,12 @@ pub fn watch(runs: Vec<Uuid>, delay_secs: u64, now: DateTime<Utc>) -> SleepWatch
     SleepWatch { runs, until }
 }
 
+/// When a watch read at `now` ends: its `until`, but never later than a watch the worker books
+/// at a first look now would end, whatever a wake-up body says.
+pub fn watch_end(until: DateTime<Utc>, now: DateTime<Utc>) -> DateTime<Utc> {
+    until.min(watch(Vec::new(), 0, now).until)
+}
+
 /// What a look at a watched run found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Looked {
