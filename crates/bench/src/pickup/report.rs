@@ -304,10 +304,14 @@ fn notes(md: &mut String, p: &Pickup) {
 }
 
 fn due_note(md: &mut String, p: &Pickup) {
-    let p50 = |k, s| mid(p.rows.get(&(k, s)));
+    let row = |k, s| p.rows.get(&(k, s));
+    let p50 = |k, s| mid(row(k, s));
+    let p99 = |k, s| pct(row(k, s), 99.0);
     let sleep = (
         p50(Kind::Sleep, Setup::Push),
         p50(Kind::Sleep, Setup::Reference),
+        p99(Kind::Sleep, Setup::Push),
+        p99(Kind::Sleep, Setup::Reference),
     );
     let retry = (
         p50(Kind::Retry, Setup::Push),
@@ -317,24 +321,28 @@ fn due_note(md: &mut String, p: &Pickup) {
         p50(Kind::Sleep, Setup::Schedule),
         p50(Kind::Retry, Setup::Schedule),
     );
+    // The looks at sleeping runs that found them still asleep: SQS invocations claiming nothing.
+    let looks = row(Kind::Sleep, Setup::Push).map_or(f64::NAN, |r| {
+        r.tally.sqs_empty as f64 / r.samples_ms.len().max(1) as f64
+    });
     let _ = writeln!(
         md,
-        "**Coming due.** A sleeping run is made Pending by the API's own waker, every 10 s, and \
-         no event says so: its timer wake-up comes 11 s after the wake time (`src/wake/timers.rs`), \
-         so with push its p50 is {} against the reference's {} (the waker's wait plus one poll): \
-         {}. A retry is claimable once due: its wake-up comes 1 s after, rounded up to a whole \
-         second, p50 {} against the reference's {}. The reference's polls back off while it is \
-         idle (4 s after 5 empty polls, 6 s after 10), which its rows with long gaps show. With \
-         the schedule alone a run's first claim is at a tick, so it comes due a fixed time after \
-         that tick and waits for the next: {tick} s − {NAP_SECS} s for a {NAP_SECS} s sleep \
-         (p50 {}), {tick} s − 1 s − the backoff for a retry (p50 {}).\n",
+        "**Coming due.** A sleeping run is made Pending by the API's own waker, at its ticks every \
+         10 s, and no event says so: its timer wake-up comes 1 s after the wake time and watches \
+         it, looking again every second until the waker has woken it (`src/wake/timers.rs`, \
+         docs/push.md), so with push its p50 is {} and its p99 {}, against the reference's {} and \
+         {} (the waker's wait plus one poll). The looks that found the run still asleep are the \
+         row's SQS invocations that claimed nothing: {looks:.1} per sleeping run. A retry is \
+         claimable once due: its wake-up comes 1 s after, rounded up to a whole second, p50 {} \
+         against the reference's {}. The reference's polls back off while it is idle (4 s after 5 \
+         empty polls, 6 s after 10), which its rows with long gaps show. With the schedule alone a \
+         run's first claim is at a tick, so it comes due a fixed time after that tick and waits \
+         for the next: {tick} s − {NAP_SECS} s for a {NAP_SECS} s sleep (p50 {}), {tick} s − 1 s − \
+         the backoff for a retry (p50 {}).\n",
         ms(sleep.0),
+        ms(sleep.2),
         ms(sleep.1),
-        if sleep.0 > sleep.1 {
-            "ours waits longer"
-        } else {
-            "ours waits less"
-        },
+        ms(sleep.3),
         ms(retry.0),
         ms(retry.1),
         ms(schedule.0),
