@@ -307,7 +307,7 @@ fn past_deadline_once(deadline_ms: u64) {
 /// Why the batch could not run at all, if it could not: nothing claimed, and the claim loop
 /// stopped on a claim error (API unreachable, auth refused) or for lack of time.
 pub fn could_not_run(summary: &InvocationSummary) -> Option<String> {
-    if summary.claimed > 0 {
+    if summary.claimed > 0 || !summary.stop_reason.could_not_run() {
         return None;
     }
     match summary.stop_reason {

@@ -211,6 +211,13 @@ pub enum StopReason {
 }
 
 impl StopReason {
+    /// Whether a batch that claimed nothing and stopped for this reason could not run (a claim
+    /// failed, no time was left, the process is retiring): an SQS trigger's records go back to
+    /// the queue for a retry, and the wake-ups they carried are not sent again.
+    pub(crate) fn could_not_run(self) -> bool {
+        matches!(self, Self::ClaimError | Self::Cutoff | Self::Retiring)
+    }
+
     /// The name in the summary and in log lines: `max_runs`, `no_pending_run`, `cutoff`,
     /// `claim_error` or `retiring`.
     pub fn as_str(self) -> &'static str {
@@ -425,12 +432,22 @@ pub struct WatchReport {
     pub runs: usize,
     /// Found Pending (woken by the API's waker since): a claim was asked for them.
     pub woken: usize,
-    /// Still Sleeping past their wake time: looked at again a second later, or, past the
-    /// watch's end, left to the schedule (`gave_up`).
+    /// Still Sleeping past their wake time (or not read in time): looked at again a second
+    /// later, unless counted in `gave_up` or `unbooked`.
     pub still_sleeping: usize,
-    /// Past the watch's end with runs still sleeping: the API's waker is late or not running.
-    #[serde(skip_serializing_if = "std::ops::Not::not")]
-    pub gave_up: bool,
+    /// Of those, the runs past their watch's end, left to the schedule: the API's waker is late
+    /// or not running. In the summary only when not 0.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub gave_up: usize,
+    /// Of those, the runs whose next look found no wake-up left under
+    /// `IRONFLOW_MAX_WAKEUPS_PER_INVOCATION`, left to the schedule. In the summary only when
+    /// not 0.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub unbooked: usize,
+}
+
+fn is_zero(n: &usize) -> bool {
+    *n == 0
 }
 
 /// Wake-ups booked for runs due at about the same time.

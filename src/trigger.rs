@@ -423,14 +423,20 @@ fn parse_watch(object: &Map<String, Value>) -> Result<Option<SleepWatch>, Trigge
         (false, false) => return Ok(None),
         (true, true) => (&object["sleeping"], &object["watch_until"]),
         (sleeping, _) => {
-            let (field, missing) = if sleeping {
-                ("watch_until", "sleeping")
+            let (field, expected) = if sleeping {
+                (
+                    "watch_until",
+                    "an RFC 3339 time, given whenever sleeping is",
+                )
             } else {
-                ("sleeping", "watch_until")
+                (
+                    "sleeping",
+                    "an array of run ids, given whenever watch_until is",
+                )
             };
             return Err(TriggerError::InvalidField {
                 field,
-                expected: format!("to come with {missing}"),
+                expected: expected.into(),
                 found: "nothing".into(),
             });
         }

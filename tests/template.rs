@@ -273,6 +273,8 @@ fn wake_ups_report_partial_batch_failures_with_bounded_concurrency() {
     if param_default(&t, "WakeBatchSize") > 10 {
         assert!(param_default(&t, "WakeBatchingWindowSecs") >= 1);
     }
+    // A batching window delays every wake-up, push and timer wake-ups included (docs/push.md).
+    assert_eq!(param_default(&t, "WakeBatchingWindowSecs"), 0);
     for (size, window, accepted) in [
         ("10", "0", true),
         ("1", "0", true),

@@ -855,7 +855,7 @@ async fn a_sleeping_run_s_wake_ups_look_again_until_the_api_s_waker_woke_it_then
             continue;
         }
         assert_eq!(watched.still_sleeping, 1, "{wake:?}");
-        assert!(!watched.gave_up, "{wake:?}");
+        assert_eq!((watched.gave_up, watched.unbooked), (0, 0), "{wake:?}");
         assert_eq!(wake.timers.len(), 1, "{wake:?}");
         assert_eq!(wake.timers[0].delay_secs, 1, "the next look a second later");
         looks_still_sleeping += 1;
@@ -955,4 +955,84 @@ async fn a_retry_recorded_for_a_panic_or_a_run_timeout_gets_its_wake_up() {
     let timers = &summary.wake_ups.as_ref().unwrap().timers;
     let booked: usize = timers.iter().map(|t| t.sent).sum();
     assert!((1..=2).contains(&booked), "{timers:?}");
+}
+
+fn watch_record(id: &str, runs: &[Uuid]) -> Value {
+    let until = chrono::Utc::now() + chrono::TimeDelta::seconds(10);
+    let body = json!({"reason": "due", "sleeping": runs, "watch_until": until.to_rfc3339()});
+    json!({"messageId": id, "body": body.to_string(), "eventSource": "aws:sqs"})
+}
+
+/// A batch that could not run sends its records back to the queue for a retry: the watches
+/// they carry come again with them, so none is booked beside them (it would double the watch).
+#[tokio::test]
+async fn a_watch_whose_record_goes_back_to_the_queue_books_no_look() {
+    let sqs = sqs_client();
+    let url = new_queue(&sqs).await;
+    let worker = builder(&unreachable_url().await, TOKEN)
+        .wake_ups(waker(&sqs, &url, 3, 0))
+        .build()
+        .unwrap();
+    let records = json!({"Records": [watch_record("m0", &[Uuid::now_v7()])]});
+    let response =
+        ironflow_lambda::handle_response(&worker, event(records, Duration::from_secs(20)))
+            .await
+            .unwrap();
+    let Response::Sqs {
+        batch_response,
+        summary,
+    } = response
+    else {
+        panic!("an SQS response");
+    };
+    assert_eq!(
+        serde_json::to_value(&batch_response).unwrap(),
+        failures(&["m0"])
+    );
+    let wake = summary.unwrap().wake_ups.unwrap();
+    assert!(wake.watched.is_none(), "{wake:?}");
+    assert!(wake.timers.is_empty(), "{wake:?}");
+    assert_eq!(queue_depth(&sqs, &url).await, (0, 0));
+}
+
+/// Reads of watched runs that get no answer end halfway through the wake-up phase: the next
+/// look (and any timer) is still booked, the runs looked at again.
+#[tokio::test]
+async fn watched_runs_whose_reads_hang_are_looked_at_again_in_time() {
+    let sqs = sqs_client();
+    let url = new_queue(&sqs).await;
+    let api = LocalApi::start(TOKEN).await.unwrap();
+    let proxy = common::fault_proxy::FaultProxy::start(&api.url(), 7).await;
+    proxy.black_hole("GET /runs/{id}");
+    let worker = builder(&proxy.url(), TOKEN)
+        .wake_ups(waker(&sqs, &url, 3, 0))
+        .build()
+        .unwrap();
+    let runs: Vec<Uuid> = (0..3).map(|_| Uuid::now_v7()).collect();
+    let records =
+        json!({"Records": [watch_record("m0", &runs[..2]), watch_record("m1", &runs[1..])]});
+    let summary = ironflow_lambda::handle_summary(&worker, event(records, Duration::from_secs(20)))
+        .await
+        .unwrap();
+    proxy.lift_black_holes();
+    let wake = summary.wake_ups.clone().unwrap();
+    let watched = wake.watched.unwrap();
+    assert_eq!(
+        (watched.runs, watched.still_sleeping),
+        (3, 3),
+        "each run read once: {wake:?}"
+    );
+    assert!(
+        wake.errors.len() == 1 && wake.errors[0].contains("reading 3 watched run(s) failed"),
+        "{wake:?}"
+    );
+    assert_eq!(wake.timers.len(), 1, "{wake:?}");
+    assert_eq!((wake.timers[0].delay_secs, wake.timers[0].sent), (1, 1));
+    let bodies = drain(&sqs, &url, 1).await;
+    let mut again: Vec<Uuid> = serde_json::from_value(bodies[0]["sleeping"].clone()).unwrap();
+    again.sort();
+    let mut want = runs.clone();
+    want.sort();
+    assert_eq!(again, want, "the three runs, in one look");
+    assert!(summary.time_left_ms >= 400, "{summary:?}");
 }

@@ -89,7 +89,13 @@ impl Batch<'_> {
                         .iter()
                         .filter_map(|r| r.due.map(|d| (r.run_id, d)))
                         .collect(),
-                    watch: &self.watch,
+                    // A batch that could not run sends its records back: the watches they
+                    // carry come again with them.
+                    watch: if self.order.is_empty() && stop_reason.could_not_run() {
+                        &[]
+                    } else {
+                        &self.watch
+                    },
                     calls: &self.calls,
                 };
                 wake::after_batch(waker, &w.api, w.settings.max_runs_per_invocation, end).await

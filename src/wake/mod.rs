@@ -198,7 +198,12 @@ pub(crate) async fn after_batch(
             .max_per_invocation
             .saturating_sub(report.sent + booked)
     };
-    for watch in still_sleeping.into_iter().take(left(&report)) {
+    let mut unbooked = 0;
+    for watch in still_sleeping {
+        if left(&report) == 0 {
+            unbooked += watch.runs.len();
+            continue;
+        }
         let booking = timers::Booking {
             delay_secs: timers::RECHECK_SECS,
             count: 1,
@@ -214,14 +219,26 @@ pub(crate) async fn after_batch(
         )
         .await;
     }
+    if unbooked > 0 {
+        warn!(
+            runs = unbooked,
+            "no wake-up left under IRONFLOW_MAX_WAKEUPS_PER_INVOCATION to look at sleeping runs \
+             again: left to the schedule"
+        );
+        if let Some(watched) = report.watched.as_mut() {
+            watched.unbooked = unbooked;
+        }
+    }
     let due = (&end.due[..], runs_per_invocation, left(&report));
     book_timers(waker, due, sender, until, &mut report).await;
     Some(report)
 }
 
-/// Read the runs of `watches` before `until`: how many the API's waker has made Pending, and
-/// the watches of those still Sleeping that are not over (those past their end are left to
-/// the schedule, `gave_up`). A run that could not be read is looked at again.
+/// Read the runs of `watches` (each once), the reads ending halfway from now to `until` so that
+/// the sends after them keep their time: how many the API's waker has made Pending, and the
+/// watches of those still Sleeping whose watch is not over (those past its end are left to the
+/// schedule, `gave_up`), [`timers::MAX_WATCHED`] runs to a watch. A run that could not be read
+/// in time is looked at again.
 async fn look_at_watched(
     calls: &Calls,
     watches: &[SleepWatch],
@@ -231,54 +248,77 @@ async fn look_at_watched(
     if watches.is_empty() {
         return (0, Vec::new());
     }
-    let mut seen = WatchReport::default();
-    let mut again = Vec::new();
+    let now = Instant::now();
+    let reads_until = now + until.saturating_duration_since(now) / 2;
+    // Each run once, with the latest end any of its watches gives.
+    let mut ends: std::collections::HashMap<Uuid, chrono::DateTime<chrono::Utc>> =
+        std::collections::HashMap::new();
     for watch in watches {
-        // Boxed as `Send` futures, so that the handler's future stays `Send` for every
-        // lifetime (the compiler cannot see it through the iterator's closures).
-        let reads: Vec<futures_util::future::BoxFuture<'_, _>> = watch
-            .runs
-            .iter()
-            .map(|id| read_run(calls, *id, until))
-            .collect();
-        // A few at a time: up to 100 reads fit in the phase on a slow link.
-        let reads: Vec<_> = stream::iter(reads).buffer_unordered(8).collect().await;
-        let now = chrono::Utc::now();
-        let mut sleeping = Vec::new();
-        for (id, read) in reads {
-            seen.runs += 1;
-            match read {
-                Ok(Some(run)) => match timers::looked(run.status.state, run.scheduled_at, now) {
-                    Looked::Woken => seen.woken += 1,
-                    Looked::StillSleeping => sleeping.push(id),
-                    Looked::Done => {}
-                },
-                Ok(None) => {}
-                Err(e) => {
-                    fail::<()>(report, format!("reading watched run {id} failed: {e}"));
-                    sleeping.push(id);
-                }
-            }
-        }
-        seen.still_sleeping += sleeping.len();
-        if sleeping.is_empty() {
-            continue;
-        }
-        let watch_until = timers::watch_end(watch.until, now);
-        if now >= watch_until {
-            seen.gave_up = true;
-            warn!(
-                runs = sleeping.len(),
-                watch_until = %watch_until,
-                "sleeping runs still not woken by the API's waker: left to the schedule"
-            );
-        } else {
-            again.push(SleepWatch {
-                runs: sleeping,
-                until: watch_until,
-            });
+        for id in &watch.runs {
+            let end = ends.entry(*id).or_insert(watch.until);
+            *end = (*end).max(watch.until);
         }
     }
+    // Boxed as `Send` futures, so that the handler's future stays `Send` for every lifetime
+    // (the compiler cannot see it through the iterator's closures). A few at a time.
+    let reads: Vec<futures_util::future::BoxFuture<'_, _>> = ends
+        .keys()
+        .map(|id| read_run(calls, *id, reads_until))
+        .collect();
+    let reads: Vec<_> = stream::iter(reads).buffer_unordered(8).collect().await;
+    let now = chrono::Utc::now();
+    let mut seen = WatchReport::default();
+    let mut sleeping = Vec::new();
+    let mut failed: Vec<String> = Vec::new();
+    for (id, read) in reads {
+        seen.runs += 1;
+        match read {
+            Ok(Some(run)) => match timers::looked(run.status.state, run.scheduled_at, now) {
+                Looked::Woken => seen.woken += 1,
+                Looked::StillSleeping => sleeping.push(id),
+                Looked::Done => {}
+            },
+            Ok(None) => {}
+            Err(e) => {
+                failed.push(e.to_string());
+                sleeping.push(id);
+            }
+        }
+    }
+    if let Some(first) = failed.first() {
+        fail::<()>(
+            report,
+            format!(
+                "reading {} watched run(s) failed (looked at again); the first: {first}",
+                failed.len()
+            ),
+        );
+    }
+    seen.still_sleeping = sleeping.len();
+    // Still asleep: looked at again until their watch ends, the earliest ends together.
+    let mut again: Vec<(chrono::DateTime<chrono::Utc>, Uuid)> = Vec::new();
+    for id in sleeping {
+        let end = timers::watch_end(ends[&id], now);
+        if now >= end {
+            seen.gave_up += 1;
+        } else {
+            again.push((end, id));
+        }
+    }
+    if seen.gave_up > 0 {
+        warn!(
+            runs = seen.gave_up,
+            "sleeping runs still not woken by the API's waker at their watch's end: left to the schedule"
+        );
+    }
+    again.sort_unstable();
+    let again = again
+        .chunks(timers::MAX_WATCHED)
+        .map(|chunk| SleepWatch {
+            runs: chunk.iter().map(|(_, id)| *id).collect(),
+            until: chunk.iter().map(|(end, _)| *end).max().unwrap_or(now),
+        })
+        .collect();
     info!(
         runs = seen.runs,
         woken = seen.woken,

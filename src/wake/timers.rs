@@ -101,12 +101,17 @@ pub fn plan(mut timers: Vec<Timer>, runs_per_invocation: usize, max: usize) -> V
     let mut left = max;
     let mut out = Vec::new();
     for (_, members) in groups {
-        let count = members.len().div_ceil(runs_per_invocation.max(1)).min(left);
+        let sleeping: Vec<Uuid> = members.iter().filter_map(|t| t.sleeping).collect();
+        // One per N runs, and enough to watch every sleeping one (N may be above MAX_WATCHED).
+        let count = members
+            .len()
+            .div_ceil(runs_per_invocation.max(1))
+            .max(sleeping.len().div_ceil(per_wake_up))
+            .min(left);
         if count == 0 {
             break;
         }
         left -= count;
-        let sleeping: Vec<Uuid> = members.iter().filter_map(|t| t.sleeping).collect();
         let mut watched: Vec<Vec<Uuid>> = sleeping.chunks(per_wake_up).map(<[_]>::to_vec).collect();
         watched.truncate(count);
         out.push(Booking {
@@ -237,6 +242,20 @@ mod tests {
             "one wake-up: two watched"
         );
         assert!(plan(vec![timer(3)], 2, 10)[0].watched.is_empty());
+    }
+
+    #[test]
+    fn n_above_the_runs_one_wake_up_watches_gets_enough_wake_ups_to_watch_them_all() {
+        let many: Vec<Timer> = (0..250)
+            .map(|_| Timer {
+                delay_secs: 3,
+                sleeping: Some(Uuid::now_v7()),
+            })
+            .collect();
+        let booked = plan(many, 500, 10);
+        assert_eq!(booked[0].count, 3);
+        let sizes: Vec<usize> = booked[0].watched.iter().map(Vec::len).collect();
+        assert_eq!(sizes, [100, 100, 50]);
     }
 
     #[test]
