@@ -233,7 +233,7 @@ impl StopReason {
 
 /// When a run this invocation left Retrying or Sleeping becomes claimable again (a retry's
 /// backoff, a sleep's wake time or a signal's deadline), as its last write said; in the
-/// summary as `due`, and what timer wake-ups are booked for ([`crate::wake`]).
+/// summary as `due`, and what timer wake-ups are booked for (docs/push.md, "Timer wake-ups").
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub struct Due {
     /// Retrying (claimable once `at` has passed) or Sleeping (the API's own waker makes it

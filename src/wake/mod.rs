@@ -8,6 +8,10 @@
 //! messages = min(ceil(pending / N) − queued, IRONFLOW_MAX_WAKEUPS_PER_INVOCATION)
 //! ```
 //!
+//! After its batch an invocation (1) looks at the sleeping runs its wake-ups watch
+//! ([`watch`]), (2) sends what the backlog needs, (3) books the next looks at the runs still
+//! asleep, and (4) books the timers of the runs it left due later ([`timers`]).
+//!
 //! Invariants: a failure is logged and reported in the summary's `wake_ups.errors`, never a
 //! failed batch; the whole phase ends before the invocation deadline (at most
 //! [`WAKE_PHASE_TIMEOUT`], keeping [`WAKE_DEADLINE_RESERVE`] free): nothing is left running when
@@ -18,13 +22,12 @@ use std::time::Duration;
 mod local;
 mod sqs;
 pub mod timers;
+mod watch;
 
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use futures_util::{StreamExt, stream};
 use ironflow_store::entities::WorkerCapabilities;
-use ironflow_store::store::RunStore;
 use tokio::time::{Instant, timeout_at};
 use tracing::{info, warn};
 use uuid::Uuid;
@@ -32,9 +35,8 @@ use uuid::Uuid;
 use crate::api::ApiClient;
 use crate::calls::Calls;
 use crate::deadline::Budget;
-use crate::report::{Due, SleepWatch, TimerWake, WakeReport, WakeTrigger, WatchReport};
+use crate::report::{Due, SleepWatch, TimerWake, WakeReport, WakeTrigger};
 use crate::settings::WakeSettings;
-use timers::Looked;
 
 pub use self::local::LocalWakeQueue;
 pub use self::sqs::SqsWakeQueue;
@@ -177,8 +179,10 @@ pub(crate) async fn after_batch(
         request_id: end.request_id,
         trace_id: end.trace_id,
     };
-    let (woken, still_sleeping) = look_at_watched(end.calls, end.watch, until, &mut report).await;
-    // A watched run the API's waker made Pending after this batch's claims needs one.
+    // 1. The sleeping runs this invocation's wake-ups watch.
+    let (woken, still_asleep) = watch::look(end.calls, end.watch, until, &mut report).await;
+    // 2. The backlog's wake-ups; a watched run the API's waker made Pending after this batch's
+    // claims needs one.
     let trigger = trigger.or((woken > 0).then_some(WakeTrigger::Due));
     report.trigger = trigger;
     if let Some(trigger) = trigger {
@@ -189,144 +193,13 @@ pub(crate) async fn after_batch(
         };
         wake_for(waker, api, need, sender, until, &mut report).await;
     }
-    // One cap for the invocation: the next looks at sleeping runs, then the timers, get what
-    // the backlog's wake-ups left.
-    let left = |report: &WakeReport| {
-        let booked: usize = report.timers.iter().map(|t| t.sent).sum();
-        waker
-            .settings
-            .max_per_invocation
-            .saturating_sub(report.sent + booked)
-    };
-    let mut unbooked = 0;
-    for watch in still_sleeping {
-        if left(&report) == 0 {
-            unbooked += watch.runs.len();
-            continue;
-        }
-        let booking = timers::Booking {
-            delay_secs: timers::RECHECK_SECS,
-            count: 1,
-            watched: vec![watch.runs.clone()],
-        };
-        book(
-            waker,
-            &booking,
-            Some(watch.until),
-            sender,
-            until,
-            &mut report,
-        )
-        .await;
-    }
-    if unbooked > 0 {
-        warn!(
-            runs = unbooked,
-            "no wake-up left under IRONFLOW_MAX_WAKEUPS_PER_INVOCATION to look at sleeping runs \
-             again: left to the schedule"
-        );
-        if let Some(watched) = report.watched.as_mut() {
-            watched.unbooked = unbooked;
-        }
-    }
-    let due = (&end.due[..], runs_per_invocation, left(&report));
+    // 3. The next looks at the runs still asleep: they and then the timers get what the
+    // backlog's wake-ups left under the one cap of the invocation (`left`).
+    watch::book_looks(waker, still_asleep, sender, until, &mut report).await;
+    // 4. The timers of the runs this batch left due later.
+    let due = (&end.due[..], runs_per_invocation, left(waker, &report));
     book_timers(waker, due, sender, until, &mut report).await;
     Some(report)
-}
-
-/// Read the runs of `watches` (each once), the reads ending halfway from now to `until` so that
-/// the sends after them keep their time: how many the API's waker has made Pending, and the
-/// watches of those still Sleeping whose watch is not over (those past its end are left to the
-/// schedule, `gave_up`), [`timers::MAX_WATCHED`] runs to a watch. A run that could not be read
-/// in time is looked at again.
-async fn look_at_watched(
-    calls: &Calls,
-    watches: &[SleepWatch],
-    until: Instant,
-    report: &mut WakeReport,
-) -> (usize, Vec<SleepWatch>) {
-    if watches.is_empty() {
-        return (0, Vec::new());
-    }
-    let now = Instant::now();
-    let reads_until = now + until.saturating_duration_since(now) / 2;
-    // Each run once, with the latest end any of its watches gives.
-    let mut ends: std::collections::HashMap<Uuid, chrono::DateTime<chrono::Utc>> =
-        std::collections::HashMap::new();
-    for watch in watches {
-        for id in &watch.runs {
-            let end = ends.entry(*id).or_insert(watch.until);
-            *end = (*end).max(watch.until);
-        }
-    }
-    // Boxed as `Send` futures, so that the handler's future stays `Send` for every lifetime
-    // (the compiler cannot see it through the iterator's closures). A few at a time.
-    let reads: Vec<futures_util::future::BoxFuture<'_, _>> = ends
-        .keys()
-        .map(|id| read_run(calls, *id, reads_until))
-        .collect();
-    let reads: Vec<_> = stream::iter(reads).buffer_unordered(8).collect().await;
-    let now = chrono::Utc::now();
-    let mut seen = WatchReport::default();
-    let mut sleeping = Vec::new();
-    let mut failed: Vec<String> = Vec::new();
-    for (id, read) in reads {
-        seen.runs += 1;
-        match read {
-            Ok(Some(run)) => match timers::looked(run.status.state, run.scheduled_at, now) {
-                Looked::Woken => seen.woken += 1,
-                Looked::StillSleeping => sleeping.push(id),
-                Looked::Done => {}
-            },
-            Ok(None) => {}
-            Err(e) => {
-                failed.push(e.to_string());
-                sleeping.push(id);
-            }
-        }
-    }
-    if let Some(first) = failed.first() {
-        fail::<()>(
-            report,
-            format!(
-                "reading {} watched run(s) failed (looked at again); the first: {first}",
-                failed.len()
-            ),
-        );
-    }
-    seen.still_sleeping = sleeping.len();
-    // Still asleep: looked at again until their watch ends, the earliest ends together.
-    let mut again: Vec<(chrono::DateTime<chrono::Utc>, Uuid)> = Vec::new();
-    for id in sleeping {
-        let end = timers::watch_end(ends[&id], now);
-        if now >= end {
-            seen.gave_up += 1;
-        } else {
-            again.push((end, id));
-        }
-    }
-    if seen.gave_up > 0 {
-        warn!(
-            runs = seen.gave_up,
-            "sleeping runs still not woken by the API's waker at their watch's end: left to the schedule"
-        );
-    }
-    again.sort_unstable();
-    let again = again
-        .chunks(timers::MAX_WATCHED)
-        .map(|chunk| SleepWatch {
-            runs: chunk.iter().map(|(_, id)| *id).collect(),
-            until: chunk.iter().map(|(end, _)| *end).max().unwrap_or(now),
-        })
-        .collect();
-    info!(
-        runs = seen.runs,
-        woken = seen.woken,
-        still_sleeping = seen.still_sleeping,
-        "watched sleeping runs"
-    );
-    report.watched = Some(seen);
-    (seen.woken, again)
 }
 
 /// What a wake-up is sent for.
@@ -420,19 +293,14 @@ pub(crate) async fn for_push(
     (report, delivery)
 }
 
-/// Read run `id` before `until`.
-fn read_run(
-    calls: &Calls,
-    id: Uuid,
-    until: Instant,
-) -> futures_util::future::BoxFuture<
-    '_,
-    (
-        Uuid,
-        Result<Option<ironflow_store::models::Run>, ironflow_store::error::StoreError>,
-    ),
-> {
-    Box::pin(async move { (id, calls.within(until, None, calls.store.get_run(id)).await) })
+/// Wake-ups the invocation may still send under `IRONFLOW_MAX_WAKEUPS_PER_INVOCATION`, after
+/// the backlog's and the timers (looks included) in `report`.
+fn left(waker: &Waker, report: &WakeReport) -> usize {
+    let booked: usize = report.timers.iter().map(|t| t.sent).sum();
+    waker
+        .settings
+        .max_per_invocation
+        .saturating_sub(report.sent + booked)
 }
 
 /// Book the timer wake-ups of the runs `due` later ([`timers`]; one per N runs due together,
