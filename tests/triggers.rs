@@ -23,7 +23,7 @@ use lambda_runtime::{Context, LambdaEvent};
 use serde_json::{Value, json};
 use uuid::Uuid;
 
-use common::moto::{moto_endpoint, sqs_client};
+use common::moto::{moto_endpoint, sqs_client, sqs_event, take_visible};
 
 const TOKEN: &str = "triggers-test-token";
 
@@ -384,22 +384,8 @@ async fn drain(sqs: &aws_sdk_sqs::Client, url: &str, expected: usize) -> Vec<Val
     let mut bodies = Vec::new();
     let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
     while bodies.len() < expected && tokio::time::Instant::now() < deadline {
-        let out = sqs
-            .receive_message()
-            .queue_url(url)
-            .max_number_of_messages(10)
-            .wait_time_seconds(1)
-            .send()
-            .await
-            .unwrap();
-        for m in out.messages() {
+        for m in take_visible(sqs, url).await {
             bodies.push(serde_json::from_str(m.body().unwrap()).unwrap());
-            sqs.delete_message()
-                .queue_url(url)
-                .receipt_handle(m.receipt_handle().unwrap())
-                .send()
-                .await
-                .unwrap();
         }
     }
     bodies
@@ -764,33 +750,14 @@ async fn runs_left_retrying_or_sleeping_get_a_wake_up_delayed_until_they_are_due
     );
 }
 
-/// Receive every message of the queue as one SQS event, waiting up to `within` for the first.
+/// Take every visible message of the queue as one SQS event, waiting up to `within` for the
+/// first.
 async fn next_wake_ups(sqs: &aws_sdk_sqs::Client, url: &str, within: Duration) -> Value {
     let end = tokio::time::Instant::now() + within;
     loop {
-        let out = sqs
-            .receive_message()
-            .queue_url(url)
-            .max_number_of_messages(10)
-            .wait_time_seconds(1)
-            .send()
-            .await
-            .unwrap();
-        if !out.messages().is_empty() {
-            let records: Vec<Value> = out
-                .messages()
-                .iter()
-                .map(|m| json!({"messageId": m.message_id(), "body": m.body(), "eventSource": "aws:sqs"}))
-                .collect();
-            for m in out.messages() {
-                sqs.delete_message()
-                    .queue_url(url)
-                    .receipt_handle(m.receipt_handle().unwrap())
-                    .send()
-                    .await
-                    .unwrap();
-            }
-            return json!({"Records": records});
+        let messages = take_visible(sqs, url).await;
+        if !messages.is_empty() {
+            return sqs_event(&messages);
         }
         assert!(tokio::time::Instant::now() < end, "no wake-up came");
     }

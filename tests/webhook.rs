@@ -19,7 +19,7 @@ use lambda_runtime::{Context, LambdaEvent};
 use serde_json::{Value, json};
 use uuid::Uuid;
 
-use common::moto::sqs_client;
+use common::moto::{sqs_client, sqs_event, take_visible};
 
 const TOKEN: &str = "webhook-test-token";
 const SECRET: &str = "a-webhook-secret-of-at-least-32-characters";
@@ -378,33 +378,20 @@ async fn a_run_created_while_idle_is_claimed_through_the_push_path() {
         .id;
     let end = tokio::time::Instant::now() + LONG;
     let messages = loop {
-        let out = s
-            .sqs
-            .receive_message()
-            .queue_url(&s.queue)
-            .max_number_of_messages(10)
-            .wait_time_seconds(1)
-            .send()
-            .await
-            .unwrap();
-        if !out.messages().is_empty() {
-            break out.messages().to_vec();
+        let messages = take_visible(&s.sqs, &s.queue).await;
+        if !messages.is_empty() {
+            break messages;
         }
         assert!(
             tokio::time::Instant::now() < end,
             "no wake-up reached the queue"
         );
     };
-    let records: Vec<Value> = messages
-        .iter()
-        .map(|m| json!({"messageId": m.message_id(), "body": m.body(), "eventSource": "aws:sqs"}))
-        .collect();
     let body: Value = serde_json::from_str(messages[0].body().unwrap()).unwrap();
     assert_eq!(body["reason"], "pushed", "{body}");
-    let response =
-        ironflow_lambda::handle_response(&s.worker, lambda_event(json!({"Records": records})))
-            .await
-            .unwrap();
+    let response = ironflow_lambda::handle_response(&s.worker, lambda_event(sqs_event(&messages)))
+        .await
+        .unwrap();
     let summary = response.summary().unwrap();
     assert_eq!(summary.runs.len(), 1, "{summary:?}");
     assert_eq!(summary.runs[0].run_id, run);

@@ -20,3 +20,37 @@ pub fn sqs_client() -> aws_sdk_sqs::Client {
         .build();
     aws_sdk_sqs::Client::from_conf(config)
 }
+
+/// Take the messages visible on the queue at `url`: receive up to 10, waiting up to 1 s for the
+/// first, and delete them.
+pub async fn take_visible(
+    sqs: &aws_sdk_sqs::Client,
+    url: &str,
+) -> Vec<aws_sdk_sqs::types::Message> {
+    let out = sqs
+        .receive_message()
+        .queue_url(url)
+        .max_number_of_messages(10)
+        .wait_time_seconds(1)
+        .send()
+        .await
+        .unwrap();
+    for m in out.messages() {
+        sqs.delete_message()
+            .queue_url(url)
+            .receipt_handle(m.receipt_handle().unwrap())
+            .send()
+            .await
+            .unwrap();
+    }
+    out.messages().to_vec()
+}
+
+/// The SQS event Lambda's event source mapping would hand the function for `messages`.
+pub fn sqs_event(messages: &[aws_sdk_sqs::types::Message]) -> serde_json::Value {
+    let records: Vec<serde_json::Value> = messages
+        .iter()
+        .map(|m| serde_json::json!({"messageId": m.message_id(), "body": m.body(), "eventSource": "aws:sqs"}))
+        .collect();
+    serde_json::json!({ "Records": records })
+}
