@@ -177,12 +177,9 @@ pub struct BatchRequest {
     pub watch: Vec<SleepWatch>,
 }
 
-/// Runs a timer wake-up was booked for when their sleep ended, which the ironflow API's waker
-/// may not have made Pending yet: it looks only every 10 s. After its batch, the woken
-/// invocation reads each one (`GET /api/v1/internal/runs/{id}`); those still Sleeping past
-/// their wake time get a wake-up one second later, until `until`, and those found Pending get
-/// a claim (docs/push.md, "Timer wake-ups"). From a wake-up body's `sleeping` (at most 100 run
-/// ids) and `watch_until`.
+/// Sleeping runs a timer wake-up watches until the ironflow API's waker has made them Pending
+/// (docs/push.md, "Timer wake-ups"), from the wake-up body's `sleeping` (at most 100 run ids)
+/// and `watch_until`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SleepWatch {
     /// The runs.

@@ -6,13 +6,9 @@
 //!   [`SLACK_SECS`] after it (clocks differ a little).
 //! - A Sleeping run is made Pending by the API's own waker, which looks every
 //!   [`API_WAKER_INTERVAL`] (publishing nothing): its wake-up also comes [`SLACK_SECS`] after
-//!   the wake time, and carries the run's id ([`SleepWatch`]). The woken invocation reads the
-//!   run after its batch: still Sleeping, it books the next look [`RECHECK_SECS`] later, until
-//!   the waker's interval (plus the slack) has passed since the first; found Pending, it asks
-//!   for a claim. So a sleeping run starts within about a second of the waker's tick, as a
-//!   worker polling every second would. The worker does not move a Sleeping run to Pending
-//!   itself: the status route cannot say "only if still Sleeping", and a run woken by the
-//!   waker and claimed by another worker in between would be taken from under its lease.
+//!   the wake time, and watches the run ([`SleepWatch`], `super::watch`), looking again every
+//!   [`RECHECK_SECS`] until the waker's interval (plus the slack) has passed. Why the worker
+//!   does not make the run Pending itself: docs/push.md, "Timer wake-ups".
 //! - SQS delays a message 15 minutes at most ([`MAX_DELAY_SECS`]): a run due later is left to
 //!   the schedule.
 //! - Runs due within [`SHARED_WITHIN_SECS`] of each other share wake-ups (the later time, one per
