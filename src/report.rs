@@ -379,7 +379,8 @@ pub enum WakeTrigger {
     Backlog,
     /// The ironflow API's webhook said runs are or will be Pending ([`crate::webhook`]).
     Pushed,
-    /// A run the batch left waiting is due ([`RunReport::due`]).
+    /// A run the batch left waiting is due ([`RunReport::due`]), or a sleeping run a timer
+    /// wake-up watched was found Pending ([`SleepWatch`]).
     Due,
 }
 
@@ -399,7 +400,8 @@ impl WakeTrigger {
 /// `IRONFLOW_WAKE_QUEUE_URL` is set).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub struct WakeReport {
-    /// Why wake-ups were considered; `null` when the batch neither handed back nor filled.
+    /// Why wake-ups were considered; `null` when the batch neither handed back nor filled and
+    /// found no watched run Pending.
     pub trigger: Option<WakeTrigger>,
     /// Pending runs this worker can take, counted by the API after the batch; `null` when not
     /// asked or the count failed.
