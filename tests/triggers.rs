@@ -23,7 +23,7 @@ use lambda_runtime::{Context, LambdaEvent};
 use serde_json::{Value, json};
 use uuid::Uuid;
 
-use common::moto::{moto_endpoint, sqs_client, sqs_event, take_visible};
+use common::moto::{moto_endpoint, new_queue, sqs_client, sqs_event, take_visible};
 
 const TOKEN: &str = "triggers-test-token";
 
@@ -347,17 +347,6 @@ async fn a_past_deadline_gets_the_emulated_invocation_only_when_configured() {
 }
 
 // --- wake-ups (moto's SQS) ----------------------------------------------------------------
-
-async fn new_queue(sqs: &aws_sdk_sqs::Client) -> String {
-    sqs.create_queue()
-        .queue_name(format!("wake-{}", Uuid::new_v4().simple()))
-        .send()
-        .await
-        .unwrap()
-        .queue_url()
-        .unwrap()
-        .to_string()
-}
 
 async fn queue_depth(sqs: &aws_sdk_sqs::Client, url: &str) -> (u64, u64) {
     let out = sqs

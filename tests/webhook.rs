@@ -19,7 +19,7 @@ use lambda_runtime::{Context, LambdaEvent};
 use serde_json::{Value, json};
 use uuid::Uuid;
 
-use common::moto::{sqs_client, sqs_event, take_visible};
+use common::moto::{new_queue, sqs_client, sqs_event, take_visible};
 
 const TOKEN: &str = "webhook-test-token";
 const SECRET: &str = "a-webhook-secret-of-at-least-32-characters";
@@ -36,15 +36,7 @@ struct Setup {
 
 async fn setup(api: LocalApi, runs: usize) -> Setup {
     let sqs = sqs_client();
-    let queue = sqs
-        .create_queue()
-        .queue_name(format!("wake-{}", Uuid::new_v4().simple()))
-        .send()
-        .await
-        .unwrap()
-        .queue_url()
-        .unwrap()
-        .to_string();
+    let queue = new_queue(&sqs).await;
     let worker = worker(&api, &sqs, &queue, runs).webhook_secret(SECRET);
     Setup {
         worker: Arc::new(worker.build().unwrap()),

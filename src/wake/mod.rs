@@ -318,7 +318,7 @@ async fn book_timers(
         .filter_map(|(id, d)| timers::Timer::new(*id, d, now))
         .collect();
     for booking in timers::plan(due, runs_per_invocation, max) {
-        let watch_until = timers::watch(Vec::new(), booking.delay_secs, now).until;
+        let watch_until = timers::watch_until(booking.delay_secs, now);
         book(waker, &booking, Some(watch_until), sender, until, report).await;
     }
 }

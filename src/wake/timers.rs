@@ -6,9 +6,10 @@
 //!   [`SLACK_SECS`] after it (clocks differ a little).
 //! - A Sleeping run is made Pending by the API's own waker, which looks every
 //!   [`API_WAKER_INTERVAL`] (publishing nothing): its wake-up also comes [`SLACK_SECS`] after
-//!   the wake time, and watches the run ([`SleepWatch`], `super::watch`), looking again every
-//!   [`RECHECK_SECS`] until the waker's interval (plus the slack) has passed. Why the worker
-//!   does not make the run Pending itself: docs/push.md, "Timer wake-ups".
+//!   the wake time, and watches the run ([`SleepWatch`](crate::SleepWatch), `super::watch`),
+//!   looking again every [`RECHECK_SECS`] until the waker's interval (plus the slack) has
+//!   passed. Why the worker does not make the run Pending itself: docs/push.md, "Timer
+//!   wake-ups".
 //! - SQS delays a message 15 minutes at most ([`MAX_DELAY_SECS`]): a run due later is left to
 //!   the schedule.
 //! - Runs due within [`SHARED_WITHIN_SECS`] of each other share wake-ups (the later time, one per
@@ -19,7 +20,7 @@ use chrono::{DateTime, Utc};
 use ironflow_store::entities::RunStatus;
 use uuid::Uuid;
 
-use crate::report::{Due, SleepWatch};
+use crate::report::Due;
 
 /// How long after a run is due its wake-up comes: 1 s.
 pub const SLACK_SECS: u64 = 1;
@@ -119,24 +120,23 @@ pub fn plan(mut timers: Vec<Timer>, runs_per_invocation: usize, max: usize) -> V
     out
 }
 
-/// The watch of sleeping runs whose first look comes `delay_secs` from `now`: it ends once the
-/// API's waker has had a full interval (and the slack) after it.
-pub fn watch(runs: Vec<Uuid>, delay_secs: u64, now: DateTime<Utc>) -> SleepWatch {
+/// When the watch of sleeping runs whose first look comes `delay_secs` from `now` ends: once
+/// the API's waker has had a full interval (and the slack) after that look.
+pub fn watch_until(delay_secs: u64, now: DateTime<Utc>) -> DateTime<Utc> {
     let after = delay_secs
         .saturating_add(API_WAKER_INTERVAL.as_secs())
         .saturating_add(SLACK_SECS);
-    let until = i64::try_from(after)
+    i64::try_from(after)
         .ok()
         .and_then(chrono::TimeDelta::try_seconds)
         .and_then(|after| now.checked_add_signed(after))
-        .unwrap_or(DateTime::<Utc>::MAX_UTC);
-    SleepWatch { runs, until }
+        .unwrap_or(DateTime::<Utc>::MAX_UTC)
 }
 
 /// When a watch read at `now` ends: its `until`, but never later than a watch the worker books
 /// at a first look now would end, whatever a wake-up body says.
 pub fn watch_end(until: DateTime<Utc>, now: DateTime<Utc>) -> DateTime<Utc> {
-    until.min(watch(Vec::new(), 0, now).until)
+    until.min(watch_until(0, now))
 }
 
 /// What a look at a watched run found.
@@ -257,12 +257,9 @@ mod tests {
     #[test]
     fn a_watch_lasts_the_api_waker_s_interval_after_its_first_look() {
         let now = Utc::now();
-        let w = watch(vec![Uuid::now_v7()], 5, now);
-        assert_eq!(w.until, now + TimeDelta::seconds(16));
-        assert_eq!(
-            watch(Vec::new(), u64::MAX, now).until,
-            DateTime::<Utc>::MAX_UTC
-        );
+        let until = watch_until(5, now);
+        assert_eq!(until, now + TimeDelta::seconds(16));
+        assert_eq!(watch_until(u64::MAX, now), DateTime::<Utc>::MAX_UTC);
     }
 
     #[test]

@@ -54,3 +54,15 @@ pub fn sqs_event(messages: &[aws_sdk_sqs::types::Message]) -> serde_json::Value 
         .collect();
     serde_json::json!({ "Records": records })
 }
+
+/// A new queue of moto's, with a name of its own: its URL.
+pub async fn new_queue(sqs: &aws_sdk_sqs::Client) -> String {
+    sqs.create_queue()
+        .queue_name(format!("wake-{}", uuid::Uuid::new_v4().simple()))
+        .send()
+        .await
+        .unwrap()
+        .queue_url()
+        .unwrap()
+        .to_string()
+}
