@@ -229,8 +229,10 @@ impl LambdaWorkerBuilder {
         self
     }
 
-    /// A run attempt's time limit, counted from its first start across invocations
-    /// (`IRONFLOW_RUN_TIMEOUT_SECS`, seconds). Default 30 minutes; above zero, at most 100 years.
+    /// A run attempt's limit on executed time, summed across the invocations that ran it
+    /// (`IRONFLOW_RUN_TIMEOUT_SECS`, seconds): time it slept or waited for a signal, an approval
+    /// or a human input does not count (read from the attempt's steps at each claim; what counts
+    /// is defined in `docs/design.md`). Default 30 minutes; above zero, at most 100 years.
     ///
     /// ```no_run
     /// use std::time::Duration;

@@ -39,6 +39,7 @@ use tokio_util::task::AbortOnDropHandle;
 use tracing::{Instrument, error, info, warn};
 use uuid::Uuid;
 
+use crate::attempt_time;
 use crate::calls::Calls;
 use crate::claimed::{Claimed, StepsAhead};
 use crate::deadline::later;
@@ -132,15 +133,19 @@ async fn execute_in_span(p: ExecutionParams, claimed: Claimed) -> RunReport {
     let claimed_at = Utc::now();
     let key = p.key(run.id);
 
-    let attempt_start = attempt_started_at(&p, &run, claimed_at).await;
-    let used = (claimed_at - attempt_start).to_std().unwrap_or_default();
+    // What this attempt executed in earlier invocations: the run timeout counts the rest.
+    let used = executed_before(&p, &run, claimed_at).await;
     let run_deadline = later(started, p.run_timeout.saturating_sub(used));
     let timeout_msg = format!(
-        "run timed out after {}s (counted from its attempt's first start at {})",
+        "run timed out after {}s of execution ({} ms of it in earlier invocations of this \
+         attempt; waits not counted)",
         p.run_timeout.as_secs(),
-        attempt_start.to_rfc3339()
+        used.as_millis()
     );
-    info!(attempt_started_at = %attempt_start, "executing run");
+    info!(
+        executed_before_ms = used.as_millis() as u64,
+        "executing run"
+    );
 
     let scope = Arc::new(
         CallScope::execution(
@@ -337,10 +342,11 @@ async fn decide(
     target: Uuid,
     timing: Timing,
 ) -> Fate {
-    let hand_back = |why| {
+    let ctx = p.handback_context();
+    let hand_back = |ctx, why| {
         let executed = timing.executed;
         handback::hand_back(
-            p.handback_context(),
+            ctx,
             run,
             target,
             timing.claimed_at,
@@ -353,7 +359,7 @@ async fn decide(
         Stop::Finished(joined) => finished(p, run, target, *joined).await,
         Stop::Scope(ScopeStop::Fault(fault)) => {
             warn!(error = %fault, "the API kept failing: handing the run back");
-            hand_back(Why::ApiFault(fault)).await
+            hand_back(ctx, Why::ApiFault(fault)).await
         }
         Stop::Scope(ScopeStop::RunLeft { status, held_by }) => {
             let end = match status {
@@ -366,14 +372,14 @@ async fn decide(
         Stop::Lease(end @ LeaseEnd::Expired { .. }) => {
             // Stopped at the lease's end. Writing the handback needs the lease confirmed
             // again first (the API had not reaped it yet); if not, it is the reaper's.
-            hand_back(Why::LeaseExpired(end.describe())).await
+            hand_back(ctx, Why::LeaseExpired(end.describe())).await
         }
         Stop::Lease(end) => abandoned(&end),
         Stop::TimedOut => {
             error!(error = %timing.timeout_msg, "run timed out");
             record_failure(p, target, Outcome::TimedOut, timing.timeout_msg.clone()).await
         }
-        Stop::Cutoff => hand_back(Why::Cutoff).await,
+        Stop::Cutoff => hand_back(ctx, Why::Cutoff).await,
     }
 }
 
@@ -453,31 +459,21 @@ async fn record_failure(p: &ExecutionParams, run_id: Uuid, outcome: Outcome, msg
     }
 }
 
-/// When the current attempt of `run` first started: the earliest step of the attempt, or now
-/// for a run that never executed (its recorded duration is zero) or whose attempt has no step
-/// yet. The claim resets `started_at`, so the steps are the durable record. The read is the
-/// invocation's, bounded by the cutoff.
-async fn attempt_started_at(
-    p: &ExecutionParams,
-    run: &Run,
-    claimed_at: DateTime<Utc>,
-) -> DateTime<Utc> {
+/// How long the current attempt of `run` executed before `claimed_at`, read from its steps
+/// ([`attempt_time::executed`]: waits do not count), or zero for a run that never executed
+/// (its recorded duration is zero). The read is the invocation's, bounded by the cutoff; a
+/// read that fails counts nothing (the timeout then counts from this invocation).
+async fn executed_before(p: &ExecutionParams, run: &Run, claimed_at: DateTime<Utc>) -> Duration {
     if run.duration_ms == 0 {
-        return claimed_at;
+        return Duration::ZERO;
     }
     let attempt = run.retry_count + 1;
     let read = p.calls.store.list_steps(run.id);
     match p.calls.within(p.cutoff, Some(p.key(run.id)), read).await {
-        Ok(steps) => steps
-            .iter()
-            .filter(|s| s.attempt == attempt)
-            .filter_map(|s| s.started_at.or(Some(s.created_at)))
-            .min()
-            .unwrap_or(claimed_at)
-            .min(claimed_at),
+        Ok(steps) => attempt_time::executed(&steps, attempt, claimed_at),
         Err(e) => {
-            warn!(error = %e, "could not list steps to find the attempt's first start");
-            claimed_at
+            warn!(error = %e, "could not list steps to find the attempt's executed time");
+            Duration::ZERO
         }
     }
 }

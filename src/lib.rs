@@ -42,6 +42,7 @@
 
 mod admission;
 mod api;
+mod attempt_time;
 mod build_error;
 mod builder;
 mod calls;

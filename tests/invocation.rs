@@ -833,7 +833,7 @@ async fn a_run_handed_back_without_progress_is_failed_not_looped(backend: Backen
     );
 }
 
-async fn the_run_timeout_counts_from_the_first_start_across_invocations(backend: Backend) {
+async fn the_run_timeout_counts_executed_time_across_invocations(backend: Backend) {
     let h = Harness::start_on(backend).await;
     let worker = h
         .builder()
@@ -1179,7 +1179,7 @@ on_both_stores!(
     a_run_claimed_ahead_whose_lease_was_taken_is_not_released,
     handback_mid_step_then_resume_replays_completed_steps,
     a_run_handed_back_without_progress_is_failed_not_looped,
-    the_run_timeout_counts_from_the_first_start_across_invocations,
+    the_run_timeout_counts_executed_time_across_invocations,
     a_stolen_lease_abandons_the_run_without_any_write,
     a_panicking_handler_is_caught_and_its_retry_scheduled,
     poison_pill_trips_after_k_failures_and_blocks_the_workflow,

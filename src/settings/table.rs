@@ -205,7 +205,7 @@ pub static VARIABLES: &[Variable] = &[
     Variable {
         name: "IRONFLOW_RUN_TIMEOUT_SECS",
         setter: "run_timeout",
-        meaning: "a run attempt's limit, from its first start",
+        meaning: "a run attempt's limit on executed time, waits excluded",
         default: "1800",
         apply: |s, raw| {
             s.run_timeout = seconds(raw, 1)?;

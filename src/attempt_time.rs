@@ -1,0 +1,196 @@
+//! How long a run's current attempt has executed, read from its steps as the API records them:
+//! what the run timeout counts ([`executed`]). Each invocation is a new process, so nothing of
+//! an earlier invocation's memory is used; the definition is stated once, in `docs/design.md`
+//! ([the run timeout across invocations]).
+//!
+//! [the run timeout across invocations]: https://github.com/ironflow-lambda/ironflow-lambda/blob/main/docs/design.md#the-run-timeout-across-invocations
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use ironflow_store::entities::{Step, StepKind, StepStatus};
+use ironflow_store::store::STEP_INTERRUPTED_ERROR;
+
+/// The error ironflow-engine gives an agent step parked on a capacity wait (its
+/// `CAPACITY_WAIT_STEP_ERROR`, not exported): the run sleeps from that step's end until it
+/// wakes.
+const CAPACITY_WAIT_STEP_ERROR: &str = "waiting for provider capacity";
+
+/// How long the attempt `attempt` of a run executed until `now`, from its `steps` (every
+/// attempt's; the others are ignored): the time from the attempt's first step to `now`, less
+/// every stretch in which the run waited instead of executing. A stretch between two
+/// consecutive instants the steps record (a step's creation, start or end, and `now`) is a wait
+/// when no step that executes (any kind but a waiting one or a sub-workflow) runs across it,
+/// and at its start either
+/// - a waiting step (a signal, an approval or a human input) was open (from its start until it
+///   was answered, or `now`): its own interval and the run's sleep after it, or
+/// - a step that suspends the run had just ended: a `ctx.delay` that set a wake-up, an agent
+///   step parked on a capacity wait, a step interrupted by a handback or the API's reaper (the
+///   run was Pending between two invocations).
+///
+/// Zero for an attempt with no step. Instants are clamped to `now` (the API's clock may run
+/// ahead of ours).
+pub(crate) fn executed(steps: &[Step], attempt: u32, now: DateTime<Utc>) -> Duration {
+    let steps: Vec<&Step> = steps.iter().filter(|s| s.attempt == attempt).collect();
+    let mut instants: Vec<DateTime<Utc>> = steps
+        .iter()
+        .flat_map(|s| {
+            // A waiting step's end is its answer's (a delivery, a human), not the run's doing.
+            let end = if is_waiting(s) { None } else { s.completed_at };
+            [Some(s.created_at), s.started_at, end]
+        })
+        .flatten()
+        .map(|at| at.min(now))
+        .collect();
+    if instants.is_empty() {
+        return Duration::ZERO;
+    }
+    instants.push(now);
+    instants.sort_unstable();
+    instants.dedup();
+    instants
+        .windows(2)
+        .filter(|w| !waited(&steps, w[0], w[1], now))
+        .map(|w| (w[1] - w[0]).to_std().unwrap_or_default())
+        .fold(Duration::ZERO, Duration::saturating_add)
+}
+
+/// Whether the run waited from `from` to `to` (see [`executed`]).
+fn waited(steps: &[&Step], from: DateTime<Utc>, to: DateTime<Utc>, now: DateTime<Utc>) -> bool {
+    let executing = steps.iter().any(|s| {
+        !is_waiting(s) && s.kind != StepKind::Workflow && {
+            let start = s.started_at.unwrap_or(s.created_at);
+            let end = s.completed_at.unwrap_or(now);
+            start <= from && end >= to
+        }
+    });
+    if executing {
+        return false;
+    }
+    let waiting_open = steps.iter().any(|s| {
+        is_waiting(s)
+            && s.started_at.unwrap_or(s.created_at) <= from
+            && s.completed_at.unwrap_or(now) > from
+    });
+    waiting_open
+        || steps
+            .iter()
+            .any(|s| suspends(s) && s.completed_at.map(|at| at.min(now)) == Some(from))
+}
+
+/// A step that waits for something outside the run: a signal, an approval, a human input.
+fn is_waiting(step: &Step) -> bool {
+    matches!(
+        step.kind,
+        StepKind::Signal | StepKind::Approval | StepKind::HumanInput
+    )
+}
+
+/// A step after whose end the run did not execute until it was taken up again: a delay that
+/// set a wake-up (a zero delay completes at once and does not suspend), an agent step parked
+/// on a capacity wait, a step interrupted by a handback or the reaper.
+fn suspends(step: &Step) -> bool {
+    let delay = matches!(&step.kind, StepKind::Custom(kind) if kind == "delay")
+        && step.status.state == StepStatus::Completed
+        && step
+            .output
+            .as_ref()
+            .is_some_and(|o| o.get("wake_at").is_some());
+    let parked_or_interrupted = step.status.state == StepStatus::Failed
+        && matches!(
+            step.error.as_deref(),
+            Some(CAPACITY_WAIT_STEP_ERROR | STEP_INTERRUPTED_ERROR)
+        );
+    delay || parked_or_interrupted
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use chrono::TimeDelta;
+    use serde_json::json;
+
+    fn t(secs: i64) -> DateTime<Utc> {
+        DateTime::from_timestamp(1_700_000_000 + secs, 0).unwrap()
+    }
+
+    /// A step of attempt 1 from its JSON shape, created and started at `start`.
+    fn step(kind: &str, status: &str, start: i64, end: Option<i64>) -> serde_json::Value {
+        json!({
+            "id": uuid::Uuid::new_v4(), "trace_id": uuid::Uuid::new_v4(),
+            "run_id": uuid::Uuid::nil(), "name": kind, "kind": kind, "position": 0,
+            "status": {"state": status, "state_machine_id": uuid::Uuid::nil()}, "attempt": 1, "duration_ms": 0, "cost_usd": "0",
+            "created_at": t(start), "updated_at": t(start), "started_at": t(start),
+            "completed_at": end.map(t), "is_error_handler": false,
+        })
+    }
+
+    fn steps(values: Vec<serde_json::Value>) -> Vec<Step> {
+        values
+            .into_iter()
+            .map(|v| serde_json::from_value(v).expect("a step"))
+            .collect()
+    }
+
+    fn secs(d: Duration) -> u64 {
+        d.as_secs()
+    }
+
+    #[test]
+    fn a_signal_wait_and_the_sleep_after_it_are_not_executed_time() {
+        // 2 s of shell, a signal answered at 100 s, claimed again at 300 s, 5 s more.
+        let mut after = step("shell", "running", 301, None);
+        after["created_at"] = json!(t(300));
+        let s = steps(vec![
+            step("shell", "completed", 0, Some(2)),
+            step("signal", "completed", 2, Some(100)),
+            after,
+        ]);
+        assert_eq!(secs(executed(&s, 1, t(305))), 2 + 5);
+        // Still waiting at the claim: nothing after the wait's start counts.
+        let s = steps(vec![
+            step("shell", "completed", 0, Some(2)),
+            step("human_input", "awaiting_approval", 2, None),
+        ]);
+        assert_eq!(secs(executed(&s, 1, t(5000))), 2);
+    }
+
+    #[test]
+    fn a_delay_and_a_handback_suspend_the_run_until_it_is_taken_up_again() {
+        let mut delay = step("delay", "completed", 3, Some(3));
+        delay["output"] = json!({"wake_at": t(600)});
+        let mut interrupted = step("shell", "failed", 700, Some(710));
+        interrupted["error"] = json!(STEP_INTERRUPTED_ERROR);
+        let s = steps(vec![
+            step("shell", "completed", 0, Some(3)),
+            delay,
+            // Taken up at 700, handed back at 710 (its step interrupted), again at 900.
+            interrupted,
+        ]);
+        assert_eq!(secs(executed(&s, 1, t(900))), 3 + 10);
+        // A zero delay (no wake-up) does not suspend: what follows it executes.
+        let s = steps(vec![step("delay", "completed", 0, Some(0))]);
+        assert_eq!(secs(executed(&s, 1, t(40))), 40);
+    }
+
+    #[test]
+    fn execution_beside_an_open_wait_counts_and_other_attempts_do_not() {
+        // A parallel branch executes for 50 s while another waits for an approval.
+        let mut other_attempt = step("shell", "completed", -1000, Some(-10));
+        other_attempt["attempt"] = json!(2);
+        let s = steps(vec![
+            step("approval", "awaiting_approval", 0, None),
+            step("shell", "completed", 0, Some(50)),
+            other_attempt,
+        ]);
+        assert_eq!(secs(executed(&s, 1, t(400))), 50);
+        assert_eq!(executed(&[], 1, t(1)), Duration::ZERO);
+        // Executing without a wait: all of it, clamped to now.
+        let s = steps(vec![step("shell", "running", 0, None)]);
+        assert_eq!(secs(executed(&s, 1, t(30))), 30);
+        assert_eq!(
+            executed(&s, 1, t(30) - TimeDelta::seconds(60)),
+            Duration::ZERO
+        );
+    }
+}
