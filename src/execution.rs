@@ -165,6 +165,7 @@ async fn execute_in_span(p: ExecutionParams, claimed: Claimed) -> RunReport {
     let executed = started.elapsed();
     let target = refresher.target();
     let stuck = stop_task(&p, run.id, &mut task, &scope, &mut stop).await;
+    let lease_valid_until = refresher.clock().valid_until();
     refresher.stop().await;
     end_processes(&p, mark).await;
     // From here on, a process with this mark belongs to no live run: a sweep may take it.
@@ -174,6 +175,7 @@ async fn execute_in_span(p: ExecutionParams, claimed: Claimed) -> RunReport {
         claimed_at,
         executed,
         timeout_msg,
+        lease_valid_until,
     };
     let fate = decide(&p, &run, stop, &scope, target, timing).await;
     let mut report = RunReport::new(&run, fate, executed);
@@ -221,6 +223,14 @@ async fn end_processes(p: &ExecutionParams, mark: RunMark) {
 
 /// The longest a run's end waits for its killed processes to be reaped: 1 s.
 const PROCESS_REAP_WAIT: Duration = Duration::from_secs(1);
+
+/// The longest the handback of a run whose lease expired unconfirmed may take, from the
+/// moment it starts: one API call's first attempt limit (2 s,
+/// [`crate::store::guard::FIRST_ATTEMPT_TIMEOUT`]). If the lease is not confirmed again (and
+/// the run written back) within it, the run is left to the API's reaper, untouched. With the
+/// execution's stop ([`STOP_GRACE`]) and its processes' reap ([`PROCESS_REAP_WAIT`]), the run's
+/// work ends at most 3.1 s after its lease's expiry (`docs/faults.md`, "The lease").
+const LEASE_EXPIRED_HANDBACK: Duration = crate::store::guard::FIRST_ATTEMPT_TIMEOUT;
 
 /// The run's execution, spawned on the execution runtime inside `scope`, its processes marked
 /// with `mark`; the engine's reads of the run are answered from what this execution knows of it
@@ -326,11 +336,13 @@ async fn stop_task(
     stuck
 }
 
-/// When the run was taken up here, how long it executed, and the timeout's message.
+/// When the run was taken up here, how long it executed, the timeout's message, and its
+/// lease's last confirmed validity.
 struct Timing {
     claimed_at: DateTime<Utc>,
     executed: Duration,
     timeout_msg: String,
+    lease_valid_until: Instant,
 }
 
 /// The run's fate for `stop`, written where it must be.
@@ -342,7 +354,13 @@ async fn decide(
     target: Uuid,
     timing: Timing,
 ) -> Fate {
-    let ctx = p.handback_context();
+    // A lease known lost (its last confirmed validity passed, whatever stopped the run) gets
+    // `LEASE_EXPIRED_HANDBACK` to be confirmed again and the run written back, not the
+    // invocation's time: the invocation can then return or take other work.
+    let mut ctx = p.handback_context();
+    if Instant::now() >= timing.lease_valid_until {
+        ctx.last_write = later(Instant::now(), LEASE_EXPIRED_HANDBACK).min(p.last_write);
+    }
     let hand_back = |ctx, why| {
         let executed = timing.executed;
         handback::hand_back(
