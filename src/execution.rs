@@ -358,7 +358,8 @@ async fn decide(
     // `LEASE_EXPIRED_HANDBACK` to be confirmed again and the run written back, not the
     // invocation's time: the invocation can then return or take other work.
     let mut ctx = p.handback_context();
-    if Instant::now() >= timing.lease_valid_until {
+    let lease_lost = Instant::now() >= timing.lease_valid_until;
+    if lease_lost {
         ctx.last_write = later(Instant::now(), LEASE_EXPIRED_HANDBACK).min(p.last_write);
     }
     let hand_back = |ctx, why| {
@@ -393,6 +394,13 @@ async fn decide(
             hand_back(ctx, Why::LeaseExpired(end.describe())).await
         }
         Stop::Lease(end) => abandoned(&end),
+        // The run deadline met an expired lease the refresher had not reported yet: the
+        // failure is not written unconfirmed. Handed back (the next claim counts the time it
+        // executed and times it out), or left to the reaper.
+        Stop::TimedOut if lease_lost => {
+            let why = format!("{}; the lease had expired unconfirmed", timing.timeout_msg);
+            hand_back(ctx, Why::LeaseExpired(why)).await
+        }
         Stop::TimedOut => {
             error!(error = %timing.timeout_msg, "run timed out");
             record_failure(p, target, Outcome::TimedOut, timing.timeout_msg.clone()).await

@@ -29,7 +29,8 @@ pub enum Outcome {
     Suspended,
     /// The handler returned an error; the engine already recorded the failure or armed a retry.
     Failed,
-    /// The run attempt outlived the run timeout; failed or scheduled for retry.
+    /// The run attempt executed past its run timeout (waits not counted: `docs/design.md`);
+    /// failed or scheduled for retry.
     TimedOut,
     /// The handler panicked; failed or scheduled for retry.
     Panicked,
