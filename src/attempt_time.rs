@@ -168,6 +168,10 @@ mod tests {
             interrupted,
         ]);
         assert_eq!(secs(executed(&s, 1, t(900))), 3 + 10);
+        // An agent step parked on a capacity wait: the run sleeps from its end.
+        let mut parked = step("agent", "failed", 0, Some(4));
+        parked["error"] = json!(CAPACITY_WAIT_STEP_ERROR);
+        assert_eq!(secs(executed(&steps(vec![parked]), 1, t(500))), 4);
         // A zero delay (no wake-up) does not suspend: what follows it executes.
         let s = steps(vec![step("delay", "completed", 0, Some(0))]);
         assert_eq!(secs(executed(&s, 1, t(40))), 40);
