@@ -493,3 +493,58 @@ async fn a_rejected_human_input_wakes_the_fleet() {
     assert_eq!(body["woke"], true, "{body}");
     assert_eq!(queued(&sqs, &queue).await, 1);
 }
+
+/// A step that times out: a failure the engine retries.
+struct StepTimesOut;
+
+impl WorkflowHandler for StepTimesOut {
+    fn name(&self) -> &str {
+        "step-times-out"
+    }
+
+    fn execute<'a>(&'a self, ctx: &'a mut WorkflowContext) -> HandlerFuture<'a> {
+        Box::pin(async move {
+            let slow = ironflow_engine::config::ShellConfig::new("sleep 30").timeout_secs(1);
+            ctx.shell("slow", slow).await?;
+            Ok(())
+        })
+    }
+}
+
+/// The retry of a run whose failure blocked its workflow in defer mode: its timer wake-up comes
+/// when the block ends (claims leave the workflow out until then), not when its backoff ends.
+#[tokio::test]
+async fn a_blocked_workflow_s_retry_is_woken_when_its_block_ends() {
+    let api = LocalApi::start(TOKEN).await.unwrap();
+    let sqs = sqs_client();
+    let queue = new_queue(&sqs).await;
+    let cooldown = Duration::from_secs(600);
+    let worker = builder(&api.url(), &sqs, &queue, 4)
+        .register(StepTimesOut)
+        .poison_mode(PoisonMode::Defer)
+        .poison_threshold(1)
+        .poison_cooldown(cooldown)
+        .build()
+        .unwrap();
+    // One retry left: the engine schedules it after its backoff (30 s ± 20 %).
+    let run = api
+        .store()
+        .create_run(new_run("step-times-out", 1))
+        .await
+        .unwrap()
+        .into_run()
+        .id;
+    let summary = ironflow_lambda::handle_summary(&worker, lambda_event(json!({})))
+        .await
+        .unwrap();
+    let report = summary.runs.iter().find(|r| r.run_id == run).unwrap();
+    let due = report
+        .due
+        .unwrap_or_else(|| panic!("no retry due: {report:?}"));
+    assert_eq!(due.status, RunStatus::Retrying, "{report:?}");
+    let timers = &summary.wake_ups.as_ref().unwrap().timers;
+    assert_eq!(timers.len(), 1, "{timers:?}");
+    // The block ends 600 s after the failure; the backoff, within 36 s.
+    let delay = timers[0].delay_secs;
+    assert!(delay >= cooldown.as_secs() - 30, "{timers:?}");
+}
