@@ -287,6 +287,37 @@ async fn receivers_in_separate_processes_queue_what_the_backlog_needs_once() {
     assert_eq!(sent, 5);
 }
 
+/// The mark costs one conditional write per decision that sends, none when the queue already
+/// holds what the backlog needs.
+#[tokio::test]
+async fn the_mark_costs_one_write_per_decision_that_sends() {
+    let api = LocalApi::start(TOKEN).await.unwrap();
+    for _ in 0..20 {
+        create(&api, "quick-shell").await;
+    }
+    let sqs = sqs_client();
+    let queue = new_queue(&sqs).await;
+    let name = create_table().await;
+    let table = DynamoPoisonTable::new(
+        dynamodb_config(),
+        &name,
+        "fleet-test",
+        PoisonPolicy::default(),
+    );
+    let calls = table.calls().clone();
+    let worker = builder(&api.url(), &sqs, &queue, 4)
+        .dynamo_poison_table(table)
+        .build()
+        .unwrap();
+    for _ in 0..3 {
+        let (status, answer) = post(&worker, signed(&created("quick-shell"))).await;
+        assert_eq!(status, 202, "{answer}");
+    }
+    assert_eq!(queued(&sqs, &queue).await, 5);
+    assert_eq!(calls.get("UpdateItem"), 1, "{:?}", calls.snapshot());
+    assert_eq!(calls.total(), 1, "{:?}", calls.snapshot());
+}
+
 /// An unreachable table costs no push: the decision falls back to this environment's own, and
 /// says so in the answer.
 #[tokio::test]
