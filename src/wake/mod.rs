@@ -276,28 +276,11 @@ async fn wake_for(
         WakeTrigger::Backlog | WakeTrigger::Pushed | WakeTrigger::Due => 0,
     };
     delivery.unknown = !send_wake_ups(waker, count, trigger, sender, until, report).await;
-    if let (
-        Some(fleet),
-        Some(Share::Send {
-            target, until_ms, ..
-        }),
-    ) = (need.fleet, share)
+    if let (Some(fleet), Some(share)) = (need.fleet, share)
         && !delivery.unknown
         && report.sent < count
     {
-        let unsent = u64::try_from(count - report.sent).unwrap_or(u64::MAX);
-        match timeout_at(until, fleet.give_back(target, until_ms, unsent)).await {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => {
-                fail::<()>(report, format!("{e}: giving back unsent wake-ups failed"));
-            }
-            Err(_) => {
-                fail::<()>(
-                    report,
-                    "giving back unsent wake-ups ran into the deadline".into(),
-                );
-            }
-        }
+        give_back(fleet, share, count - report.sent, until, report).await;
     }
     info!(
         trigger = trigger.as_str(),
@@ -334,6 +317,36 @@ async fn fleet_share(
         "the shared wake-up mark failed: deciding in this environment alone");
     report.errors.push(error);
     None
+}
+
+/// Lower the fleet's mark by the `unsent` wake-ups SQS refused of those `share` allowed,
+/// before `until` (a failure recorded in `report`): the next push sends them.
+async fn give_back(
+    fleet: &FleetMark,
+    share: Share,
+    unsent: usize,
+    until: Instant,
+    report: &mut WakeReport,
+) {
+    let Share::Send {
+        target, until_ms, ..
+    } = share
+    else {
+        return;
+    };
+    let unsent = u64::try_from(unsent).unwrap_or(u64::MAX);
+    match timeout_at(until, fleet.give_back(target, until_ms, unsent)).await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => {
+            fail::<()>(report, format!("{e}: giving back unsent wake-ups failed"));
+        }
+        Err(_) => {
+            fail::<()>(
+                report,
+                "giving back unsent wake-ups ran into the deadline".into(),
+            );
+        }
+    }
 }
 
 /// What became of the wake-ups a backlog needed.
