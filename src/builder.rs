@@ -22,6 +22,7 @@ use crate::pool::DEFAULT_IDLE_PROBE_AFTER;
 use crate::secrets::{self, TokenSecret};
 use crate::settings::{Settings, WorkerToken};
 use crate::wake::Waker;
+use crate::wake::fleet::FleetMark;
 use crate::worker::{self, LambdaWorker, Parts};
 
 /// Builder for a [`LambdaWorker`]. Each setter names the environment variable of the same
@@ -57,6 +58,8 @@ pub struct LambdaWorkerBuilder {
     aws: Option<SdkConfig>,
     idle_probe_after: Duration,
     waker: Option<Waker>,
+    /// The webhook receivers' shared wake-up mark, in the DynamoDB poison-pill table.
+    fleet: Option<FleetMark>,
     /// The secret the token came from, to re-read it when the API refuses the token.
     token_secret: Option<TokenSecret>,
 }
@@ -126,6 +129,7 @@ impl LambdaWorkerBuilder {
             account_strategy: None,
             handlers: Vec::new(),
             poison_table: None,
+            fleet: None,
             aws: None,
             idle_probe_after: DEFAULT_IDLE_PROBE_AFTER,
             waker: None,
@@ -354,6 +358,21 @@ impl LambdaWorkerBuilder {
     /// [`LambdaWorkerBuilder::connect_poison_table`] has connected it.
     pub fn poison_table(mut self, table: Arc<dyn PoisonTable>) -> Self {
         self.poison_table = Some(table);
+        self.fleet = None;
+        self
+    }
+
+    /// The DynamoDB poison-pill table, which also holds the webhook receivers' shared wake-up
+    /// mark (`docs/push.md#coalescing`: what a burst of pushes queues, fleet-wide).
+    /// [`LambdaWorkerBuilder::connect_poison_table`] sets the one `IRONFLOW_POISON_TABLE`
+    /// names this way.
+    pub fn dynamo_poison_table(mut self, table: DynamoPoisonTable) -> Self {
+        self.fleet = Some(FleetMark::new(
+            table.client().clone(),
+            table.name(),
+            table.namespace(),
+        ));
+        self.poison_table = Some(Arc::new(table));
         self
     }
 
@@ -405,7 +424,7 @@ impl LambdaWorkerBuilder {
                 }
                 None => DynamoPoisonTable::connect(&name, namespace, policy).await?,
             };
-            self.poison_table = Some(Arc::new(table));
+            self = self.dynamo_poison_table(table);
         }
         Ok(self)
     }
@@ -517,6 +536,7 @@ impl LambdaWorkerBuilder {
             handlers: self.handlers,
             poison_table,
             waker,
+            fleet: self.fleet,
             token_secret: self.token_secret,
             idle_probe_after: self.idle_probe_after,
         })

@@ -31,6 +31,7 @@ use crate::settings::Settings;
 use crate::store::GuardedStore;
 use crate::store::fault::FaultLog;
 use crate::wake::Waker;
+use crate::wake::fleet::FleetMark;
 
 /// The worker built once per cold start ([`LambdaWorkerBuilder::build`](crate::LambdaWorkerBuilder::build))
 /// and shared by every invocation of the instance: the settings, the engine and the workflows,
@@ -71,6 +72,8 @@ pub struct LambdaWorker {
     pub(crate) admission: Admission,
     /// Held by the webhook receiver's wake-up decision ([`crate::webhook`]).
     pub(crate) push_turn: tokio::sync::Mutex<()>,
+    /// The receivers' wake-up mark shared by every environment (a DynamoDB poison-pill table).
+    pub(crate) fleet: Option<FleetMark>,
 }
 
 /// What a builder hands over once its settings are valid.
@@ -82,6 +85,7 @@ pub(crate) struct Parts {
     pub handlers: Vec<Box<dyn WorkflowHandler>>,
     pub poison_table: Arc<dyn PoisonTable>,
     pub waker: Option<Waker>,
+    pub fleet: Option<FleetMark>,
     pub token_secret: Option<TokenSecret>,
     pub idle_probe_after: Duration,
 }
@@ -165,6 +169,7 @@ impl LambdaWorker {
             wake: parts.waker,
             admission: Admission::new(s.concurrent_invocations),
             push_turn: tokio::sync::Mutex::new(()),
+            fleet: parts.fleet,
             settings: s,
         })
     }

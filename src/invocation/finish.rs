@@ -12,7 +12,7 @@ use tracing::info;
 use super::Batch;
 use crate::api::logs::LogInbox;
 use crate::orphans::InvocationGuard;
-use crate::report::{FlushReport, InvocationSummary, Outcome, RunReport, StopReason};
+use crate::report::{Due, FlushReport, InvocationSummary, Outcome, RunReport, StopReason};
 use crate::wake::{self, BatchEnd};
 use crate::worker::LambdaWorker;
 use crate::{heartbeat, metrics, process_mark};
@@ -85,9 +85,15 @@ impl Batch<'_> {
                     filled: stop_reason == StopReason::MaxRuns,
                     capabilities: &capabilities,
                     budget: self.budget,
+                    // A run of a workflow blocked in defer mode is woken when claims take it
+                    // again, not when it is due.
                     due: runs
                         .iter()
-                        .filter_map(|r| r.due.map(|d| (r.run_id, d)))
+                        .filter_map(|r| {
+                            let d = r.due?;
+                            let at = self.poison.claimable_at(&r.workflow, d.at);
+                            Some((r.run_id, Due { at, ..d }))
+                        })
                         .collect(),
                     // A batch that could not run sends its records back: the watches they
                     // carry come again with them.

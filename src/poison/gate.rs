@@ -18,6 +18,7 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
+use chrono::{DateTime, Utc};
 use ironflow_store::entities::{Run, WorkerCapabilities};
 use tokio::time::{Instant, timeout_at};
 use tracing::{error, info, warn};
@@ -306,6 +307,31 @@ impl PoisonGate {
             info!(blocked = %blocked.join(","), "defer mode: not claiming runs of blocked workflows");
         }
         WorkerCapabilities::new(Some(allowed), registered.tags.clone())
+    }
+
+    /// When a run of `workflow` due at `at` (a retry's backoff, a sleep's end) can be claimed:
+    /// `at`, or in defer mode the end of the workflow's block (last failure + cooldown) when
+    /// this process knows the workflow blocked then, since claims leave its runs out until
+    /// then. What the run's timer wake-up is booked for: one due earlier would claim nothing.
+    /// No table call.
+    pub fn claimable_at(&self, workflow: &str, at: DateTime<Utc>) -> DateTime<Utc> {
+        if self.mode != PoisonMode::Defer {
+            return at;
+        }
+        let Some(counter) = self.seen.get(workflow).flatten() else {
+            return at;
+        };
+        let ends_ms = counter
+            .last_failure_ms
+            .saturating_add(super::duration_ms(self.policy.cooldown));
+        let due_ms = u64::try_from(at.timestamp_millis()).unwrap_or(0);
+        if !self.policy.is_blocked(&counter, due_ms) {
+            return at;
+        }
+        i64::try_from(ends_ms)
+            .ok()
+            .and_then(DateTime::<Utc>::from_timestamp_millis)
+            .map_or(at, |ends| ends.max(at))
     }
 
     /// Called with every claimed run, before [`PoisonGate::blocked_reason`]: a run whose

@@ -19,6 +19,7 @@
 
 use std::time::Duration;
 
+pub mod fleet;
 mod local;
 mod sqs;
 pub mod timers;
@@ -29,7 +30,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use ironflow_store::entities::WorkerCapabilities;
 use tokio::time::{Instant, timeout_at};
-use tracing::{info, warn};
+use tracing::{error, info, warn};
 use uuid::Uuid;
 
 use crate::api::ApiClient;
@@ -38,8 +39,10 @@ use crate::deadline::Budget;
 use crate::report::{Due, SleepWatch, TimerWake, WakeReport, WakeTrigger};
 use crate::settings::WakeSettings;
 
+use self::fleet::{FleetMark, Share};
 pub use self::local::LocalWakeQueue;
 pub use self::sqs::SqsWakeQueue;
+use crate::poison::now_ms;
 
 /// Time kept free before the invocation deadline by the wake-up phase: 500 ms.
 pub const WAKE_DEADLINE_RESERVE: Duration = Duration::from_millis(500);
@@ -190,6 +193,7 @@ pub(crate) async fn after_batch(
             trigger,
             capabilities: end.capabilities,
             runs_per_invocation,
+            fleet: None,
         };
         wake_for(waker, api, need, sender, until, &mut report).await;
     }
@@ -210,6 +214,9 @@ pub(crate) struct Need<'a> {
     pub capabilities: &'a WorkerCapabilities,
     /// N: runs one woken invocation claims at most.
     pub runs_per_invocation: usize,
+    /// The mark the decisions of every environment share ([`fleet`]), for pushes when the
+    /// poison-pill table is in DynamoDB.
+    pub fleet: Option<&'a FleetMark>,
 }
 
 /// Send what the backlog needs beyond what is queued ([`wake_ups_needed`]), before `until`,
@@ -246,12 +253,35 @@ async fn wake_for(
         );
         return delivery;
     }
+    let share = match need.fleet {
+        Some(fleet) => fleet_share(fleet, count, until, report).await,
+        None => None,
+    };
+    let count = match share {
+        Some(Share::Covered { covered }) => {
+            info!(
+                trigger = trigger.as_str(),
+                pending_runs = report.pending_runs,
+                covered,
+                "wake-ups sent by another environment cover the backlog"
+            );
+            return delivery;
+        }
+        Some(Share::Send { count, .. }) => count,
+        None => count,
+    };
     delivery.needed = count;
     report.delay_secs = match trigger {
         WakeTrigger::HandedBack => waker.settings.handback_delay.as_secs(),
         WakeTrigger::Backlog | WakeTrigger::Pushed | WakeTrigger::Due => 0,
     };
     delivery.unknown = !send_wake_ups(waker, count, trigger, sender, until, report).await;
+    if let (Some(fleet), Some(share)) = (need.fleet, share)
+        && !delivery.unknown
+        && report.sent < count
+    {
+        give_back(fleet, share, count - report.sent, until, report).await;
+    }
     info!(
         trigger = trigger.as_str(),
         sent = report.sent,
@@ -261,6 +291,62 @@ async fn wake_for(
         "wake-ups sent"
     );
     delivery
+}
+
+/// What the fleet's mark lets this decision send of `count` (one conditional write before
+/// `until`), `None` when the table failed or did not answer in time: the error is logged and
+/// recorded, and the decision stays this process's own.
+async fn fleet_share(
+    fleet: &FleetMark,
+    count: usize,
+    until: Instant,
+    report: &mut WakeReport,
+) -> Option<Share> {
+    let queued = report.queued.unwrap_or(0);
+    let target = queued.saturating_add(u64::try_from(count).unwrap_or(u64::MAX));
+    let error = match timeout_at(until, fleet.claim(target, count, now_ms())).await {
+        Ok(Ok(share)) => return Some(share),
+        Ok(Err(e)) => e.to_string(),
+        Err(_) => format!(
+            "wake-up mark: no answer before the request's deadline ({})",
+            fleet.table()
+        ),
+    };
+    let errors = fleet.count_error();
+    error!(error = %error, fleet_errors = errors,
+        "the shared wake-up mark failed: deciding in this environment alone");
+    report.errors.push(error);
+    None
+}
+
+/// Lower the fleet's mark by the `unsent` wake-ups SQS refused of those `share` allowed,
+/// before `until` (a failure recorded in `report`): the next push sends them.
+async fn give_back(
+    fleet: &FleetMark,
+    share: Share,
+    unsent: usize,
+    until: Instant,
+    report: &mut WakeReport,
+) {
+    let Share::Send {
+        target, until_ms, ..
+    } = share
+    else {
+        return;
+    };
+    let unsent = u64::try_from(unsent).unwrap_or(u64::MAX);
+    match timeout_at(until, fleet.give_back(target, until_ms, unsent)).await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => {
+            fail::<()>(report, format!("{e}: giving back unsent wake-ups failed"));
+        }
+        Err(_) => {
+            fail::<()>(
+                report,
+                "giving back unsent wake-ups ran into the deadline".into(),
+            );
+        }
+    }
 }
 
 /// What became of the wake-ups a backlog needed.
@@ -392,6 +478,12 @@ async fn measure_backlog(
     until: Instant,
     report: &mut WakeReport,
 ) -> bool {
+    // Every registered workflow blocked (poison-pill defer mode): nothing a claim could take.
+    // Not asked: an empty `workflows=` is no filter to every route.
+    if capabilities.workflows.as_ref().is_some_and(Vec::is_empty) {
+        report.pending_runs = Some(0);
+        return false;
+    }
     report.pending_runs = match timeout_at(until, api.pending_runs(capabilities)).await {
         Ok(Ok(n)) => Some(n),
         Ok(Err(e)) => fail(report, format!("pending count failed: {e}")),

@@ -12,8 +12,10 @@
 //! 6. an event that means no Pending run of a registered workflow is answered 202 and ignored;
 //! 7. the wake-ups the backlog needs beyond what is queued go to the wake queue
 //!    (`src/wake/`: a burst of events costs the wake-ups its backlog needs, not one per
-//!    event; one decision at a time per process), 202; 503 when some were needed and none
-//!    surely reached the queue, for the API's webhook to retry.
+//!    event; one decision at a time per process, and across environments through the
+//!    DynamoDB poison-pill table's wake-up mark, `src/wake/fleet.rs`; the backlog counted with
+//!    what a claim would ask for, blocked workflows left out in defer mode), 202; 503 when
+//!    some were needed and none surely reached the queue, for the API's webhook to retry.
 //!
 //! Every answer is logged with its status and reason, never with the secret, the signature, the
 //! token or the body's payload (only the event's type and workflow name).
@@ -30,6 +32,7 @@ use tokio::time::{Instant, timeout_at};
 use tracing::{error, info, warn};
 
 use self::notice::{Notice, Verdict};
+use crate::poison::gate::PoisonGate;
 use crate::report::WakeTrigger;
 use crate::wake::{self, Need};
 use crate::worker::LambdaWorker;
@@ -140,10 +143,22 @@ async fn wake_fleet(
     let Some(waker) = worker.wake.as_ref() else {
         return Answer::refused(503, "no wake queue (IRONFLOW_WAKE_QUEUE_URL)");
     };
+    // The backlog a claim could take: in defer mode, the poison-pill table's blocked
+    // workflows are left out, as the claim leaves them out (their runs wake nobody).
+    let mut gate = PoisonGate::new(
+        worker.poison_table.clone(),
+        worker.settings.poison,
+        worker.poison_mode,
+        until,
+        request_id,
+    )
+    .sharing(worker.poison_seen.clone());
+    let capabilities = gate.capabilities_for_claim(&worker.capabilities).await;
     let need = Need {
         trigger: WakeTrigger::Pushed,
-        capabilities: &worker.capabilities,
+        capabilities: &capabilities,
         runs_per_invocation: worker.settings.max_runs_per_invocation,
+        fleet: worker.fleet.as_ref(),
     };
     // One wake-up decision at a time in this process: events arriving together (the API's
     // publisher posts each in a task of its own) each see what the one before queued. One that

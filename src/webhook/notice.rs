@@ -3,18 +3,22 @@
 //!
 //! The ironflow API's events are JSON objects tagged by `type` (ironflow-engine's
 //! `notify::Event`). The ones that mean work: `run_created` (also for a run scheduled for
-//! later), `run_status_changed` to `pending` (the reaper's requeues, a resume through the status
-//! route), `approval_granted`, `signal_received` and `workflow_resumed` (a run or a held workflow
-//! goes back to Pending). Every other type is answered and ignored. Only the fields read here are
-//! parsed, so that an event with fields this crate does not know still reads.
+//! later), `run_status_changed` to `pending` (the reaper's requeues, an operator's resume),
+//! `approval_granted`, `approval_rejected` (a rejected human input sends its run back to
+//! Pending for the handler to see the rejection; a rejected approval fails its run, and the
+//! pending count then finds nothing), `signal_received` and `workflow_resumed` (a run or a held
+//! workflow goes back to Pending). Every other type is answered and ignored. Which resumptions
+//! publish no event at all: `docs/push.md#what-wakes`. Only the fields read here are parsed, so
+//! that an event with fields this crate does not know still reads.
 
 use serde::Deserialize;
 
 /// The event types that mean a run is or will be Pending.
-pub const WAKING_TYPES: [&str; 5] = [
+pub const WAKING_TYPES: [&str; 6] = [
     "run_created",
     "run_status_changed",
     "approval_granted",
+    "approval_rejected",
     "signal_received",
     "workflow_resumed",
 ];
@@ -91,6 +95,9 @@ mod tests {
             verdict(r#"{"type":"approval_granted","workflow_name":"deploy"}"#),
             Verdict::Wake
         );
+        // A rejected human input sends its run back to Pending.
+        let rejected = r#"{"type":"approval_rejected","run_id":"01a2","step_id":"01a3","rejected_by":"ops","reason":"no","at":"x"}"#;
+        assert_eq!(verdict(rejected), Verdict::Wake);
     }
 
     #[test]

@@ -95,6 +95,7 @@ impl Webhook {
         Event::RUN_STATUS_CHANGED,
         Event::RUN_FAILED,
         Event::APPROVAL_GRANTED,
+        Event::APPROVAL_REJECTED,
         Event::SIGNAL_RECEIVED,
         Event::WORKFLOW_RESUMED,
     ];
@@ -113,6 +114,8 @@ pub struct LocalApi {
     token: String,
     store: Arc<dyn Store>,
     engine: Arc<Engine>,
+    /// The key its sessions are signed with ([`LocalApi::admin_bearer`]).
+    jwt: Arc<JwtConfig>,
     requests: Arc<AtomicU64>,
     routes: Arc<Mutex<BTreeMap<String, u64>>>,
     background: CancellationToken,
@@ -221,7 +224,7 @@ impl LocalApi {
         let mut state = AppState::new(
             store.clone(),
             engine.clone(),
-            jwt,
+            jwt.clone(),
             worker_token.to_string(),
             events,
         );
@@ -273,6 +276,7 @@ impl LocalApi {
             token: worker_token.to_string(),
             store,
             engine,
+            jwt,
             requests,
             routes,
             background,
@@ -370,6 +374,38 @@ impl LocalApi {
         run_id: uuid::Uuid,
     ) -> Result<(), ironflow_engine::error::EngineError> {
         self.engine.resume_paused_run(run_id).await.map(|_| ())
+    }
+
+    /// An `Authorization` header value for the API's public routes (`/api/v1/runs/...`), as an
+    /// operator signed in: a new admin user (`admin-<uuid>`) and an access token for it, signed
+    /// with the API's session key (valid 15 min). For tests of the routes a human calls
+    /// (approvals, human inputs).
+    ///
+    /// # Errors
+    ///
+    /// The store's, when the user cannot be created, or the token's, as text.
+    pub async fn admin_bearer(&self) -> Result<String, String> {
+        let name = format!("admin-{}", uuid::Uuid::new_v4().simple());
+        let user = self
+            .store
+            .create_user(ironflow_store::entities::NewUser {
+                email: format!("{name}@example.com"),
+                username: name,
+                // Never signed in with: the token is minted here.
+                password_hash: String::new(),
+                is_admin: Some(true),
+            })
+            .await
+            .map_err(|e| e.to_string())?;
+        let token = ironflow_auth::jwt::AccessToken::for_user_with_version(
+            user.id,
+            &user.username,
+            true,
+            user.token_version,
+            &self.jwt,
+        )
+        .map_err(|e| e.to_string())?;
+        Ok(format!("Bearer {}", token.0))
     }
 
     /// HTTP requests the API has received so far.

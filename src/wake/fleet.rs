@@ -1,0 +1,248 @@
+//! The webhook receiver's wake-up decisions shared by every execution environment: a
+//! high-water mark of the wake-ups in flight, in the poison-pill table
+//! (`docs/push.md#coalescing`).
+//!
+//! On-demand Lambda serves concurrent Function URL requests in separate environments, so the
+//! receiver's one-decision-at-a-time lock (`push_turn`) holds in one process only: receivers
+//! that read the queue's depth before any of them sends would each send what the backlog needs.
+//! With the table, each decision that would send makes one conditional `UpdateItem` on one item
+//! first, `pk = "<namespace>#wake#pushed"` ([`mark_key`]):
+//!
+//! | attribute | type | meaning |
+//! |---|---|---|
+//! | `covered` | N | wake-ups the queue holds for the backlog once the last decision's are sent (at most `ceil(pending / N)`) |
+//! | `in_flight_until_ms` | N | until when they count as in flight, ms since the Unix epoch |
+//! | `expires_at` | N | TTL, epoch seconds (an hour later: the item is never read after `in_flight_until_ms`) |
+//!
+//! A decision that read `queued` wake-ups on the queue and would send `count` writes
+//! `target = queued + count` (≤ `ceil(pending / N)`): `SET covered = :target,
+//! in_flight_until_ms = :now + FLEET_WINDOW` if the item is absent, its window has passed, or
+//! `covered < :target`; the old item is returned either way. A decision whose write succeeds
+//! sends at most `target − covered` of a live mark (all it needs when the window had passed);
+//! one whose write fails sends nothing: wake-ups sent less than [`FLEET_WINDOW`] ago already
+//! cover a backlog at least as large. The successful writes of a window raise `covered`
+//! strictly, each sending at most the rise, so a window's pushes queue at most the largest
+//! `target` written in it (≤ the largest `ceil(pending / N)` a receiver read), however many
+//! environments decide at once. A send SQS refused in part gives its share back
+//! ([`FleetMark::give_back`], a second write, only then).
+//!
+//! The mark cannot tell wake-ups still on their way from wake-ups whose invocations already
+//! claimed the backlog: for [`FLEET_WINDOW`] after a decision, a push for no larger a backlog
+//! sends nothing (what that leaves waiting: `docs/push.md#coalescing`).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use aws_sdk_dynamodb::Client;
+use aws_sdk_dynamodb::error::DisplayErrorContext;
+use aws_sdk_dynamodb::operation::update_item::UpdateItemError;
+use aws_sdk_dynamodb::types::{AttributeValue, ReturnValue, ReturnValuesOnConditionCheckFailure};
+
+use crate::poison::dynamodb::{PARTITION_KEY, TTL_ATTRIBUTE};
+
+/// How long wake-ups a push sent count as in flight for the other receivers: 2 s. It spans the
+/// decisions of one burst (the API posts a burst's events at once; a decision takes a pending
+/// count, a queue-depth read, this write and a send) and SQS's depth catching up with the sends;
+/// after it, receivers subtract what the queue shows, as in one process.
+pub const FLEET_WINDOW: Duration = Duration::from_secs(2);
+
+/// The mark's item: wake-ups sent for the backlog (N).
+pub const COVERED: &str = "covered";
+/// The mark's item: until when they count as in flight, ms since the Unix epoch (N).
+pub const IN_FLIGHT_UNTIL_MS: &str = "in_flight_until_ms";
+/// The mark item's TTL after its window: 1 hour.
+const MARK_TTL: Duration = Duration::from_secs(3600);
+
+/// `pk` of the mark: `<namespace>#wake#pushed` (the poison-pill namespace: one mark per
+/// function; a workflow named `wake#pushed` would still have its own `#workflow#` key).
+pub fn mark_key(namespace: &str) -> String {
+    format!("{namespace}#wake#pushed")
+}
+
+/// The shared mark in the poison-pill table (see the module docs). Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct FleetMark {
+    client: Client,
+    table: String,
+    key: String,
+    /// Decisions that fell back to their own environment's (the table failed), this process.
+    errors: Arc<AtomicU64>,
+}
+
+/// What one decision may send.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Share {
+    /// The mark is raised to `target`: send `count` wake-ups (possibly fewer than asked).
+    Send {
+        /// Wake-ups this decision sends.
+        count: usize,
+        /// The mark written, to give back what SQS refuses.
+        target: u64,
+        /// The window written, ms since the Unix epoch.
+        until_ms: u64,
+    },
+    /// Wake-ups in flight already cover a backlog at least this large: send none.
+    Covered {
+        /// The mark found.
+        covered: u64,
+    },
+}
+
+/// The mark could not be read or written (the decision falls back to this process's own).
+#[derive(Debug, thiserror::Error)]
+#[error("wake-up mark in table {table}: {cause}")]
+pub struct FleetError {
+    /// The poison-pill table's name.
+    pub table: String,
+    /// The SDK error with its source chain, or what was malformed.
+    pub cause: String,
+}
+
+impl FleetMark {
+    /// The mark of the function whose poison-pill keys start with `namespace`, in `table`,
+    /// through `client` (the poison-pill table's, with its timeouts).
+    pub fn new(client: Client, table: &str, namespace: &str) -> Self {
+        Self {
+            client,
+            table: table.to_string(),
+            key: mark_key(namespace),
+            errors: Arc::default(),
+        }
+    }
+
+    /// The table's name.
+    pub fn table(&self) -> &str {
+        &self.table
+    }
+
+    /// Count one more failed decision; the new count.
+    pub(crate) fn count_error(&self) -> u64 {
+        self.errors
+            .fetch_add(1, Ordering::Relaxed)
+            .saturating_add(1)
+    }
+
+    fn error(&self, cause: String) -> FleetError {
+        FleetError {
+            table: self.table.clone(),
+            cause,
+        }
+    }
+
+    /// One conditional write: raise the mark to `target` (the queued wake-ups the decision read
+    /// plus the `count` it would send) at `now_ms`; what it may send.
+    ///
+    /// # Errors
+    ///
+    /// [`FleetError`] when DynamoDB refuses or does not answer (the SDK's timeouts bound it),
+    /// or the item is malformed.
+    pub async fn claim(&self, target: u64, count: usize, now_ms: u64) -> Result<Share, FleetError> {
+        let until_ms = now_ms.saturating_add(ms(FLEET_WINDOW));
+        let expires_at = until_ms.saturating_add(ms(MARK_TTL)).div_ceil(1000);
+        let result = self
+            .client
+            .update_item()
+            .table_name(&self.table)
+            .key(PARTITION_KEY, AttributeValue::S(self.key.clone()))
+            .expression_attribute_names("#c", COVERED)
+            .expression_attribute_names("#u", IN_FLIGHT_UNTIL_MS)
+            .expression_attribute_names("#exp", TTL_ATTRIBUTE)
+            .expression_attribute_values(":t", n(target))
+            .expression_attribute_values(":now", n(now_ms))
+            .expression_attribute_values(":until", n(until_ms))
+            .expression_attribute_values(":exp", n(expires_at))
+            .update_expression("SET #c = :t, #u = :until, #exp = :exp")
+            .condition_expression("attribute_not_exists(#c) OR #u <= :now OR #c < :t")
+            .return_values(ReturnValue::AllOld)
+            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
+            .send()
+            .await;
+        match result {
+            Ok(out) => {
+                let live = match out.attributes() {
+                    Some(old) if number(old, IN_FLIGHT_UNTIL_MS).is_some_and(|u| u > now_ms) => {
+                        number(old, COVERED)
+                    }
+                    _ => None,
+                };
+                let room = live.map_or(u64::MAX, |covered| target.saturating_sub(covered));
+                let count = usize::try_from(room).map_or(count, |room| count.min(room));
+                Ok(Share::Send {
+                    count,
+                    target,
+                    until_ms,
+                })
+            }
+            Err(e) => match e.as_service_error() {
+                Some(UpdateItemError::ConditionalCheckFailedException(cf)) => {
+                    let covered = cf.item().and_then(|old| number(old, COVERED));
+                    let covered = covered.ok_or_else(|| {
+                        self.error("the condition failed on an item without `covered`".into())
+                    })?;
+                    Ok(Share::Covered { covered })
+                }
+                _ => Err(self.error(DisplayErrorContext(&e).to_string())),
+            },
+        }
+    }
+
+    /// Lower the mark by `unsent` wake-ups SQS refused, if it is still the one this decision
+    /// wrote (`target`, `until_ms`): the next push then sends them. One conditional write; a
+    /// mark another receiver raised since is left alone (its sends cover the backlog).
+    ///
+    /// # Errors
+    ///
+    /// [`FleetError`] when DynamoDB refuses or does not answer.
+    pub async fn give_back(
+        &self,
+        target: u64,
+        until_ms: u64,
+        unsent: u64,
+    ) -> Result<(), FleetError> {
+        let result = self
+            .client
+            .update_item()
+            .table_name(&self.table)
+            .key(PARTITION_KEY, AttributeValue::S(self.key.clone()))
+            .expression_attribute_names("#c", COVERED)
+            .expression_attribute_names("#u", IN_FLIGHT_UNTIL_MS)
+            .expression_attribute_values(":t", n(target))
+            .expression_attribute_values(":until", n(until_ms))
+            .expression_attribute_values(":lower", n(target.saturating_sub(unsent)))
+            .update_expression("SET #c = :lower")
+            .condition_expression("#c = :t AND #u = :until")
+            .send()
+            .await;
+        match result {
+            Ok(_) => Ok(()),
+            Err(e) => match e.as_service_error() {
+                Some(UpdateItemError::ConditionalCheckFailedException(_)) => Ok(()),
+                _ => Err(self.error(DisplayErrorContext(&e).to_string())),
+            },
+        }
+    }
+}
+
+fn n(v: u64) -> AttributeValue {
+    AttributeValue::N(v.to_string())
+}
+
+fn number(item: &HashMap<String, AttributeValue>, attribute: &str) -> Option<u64> {
+    item.get(attribute)?.as_n().ok()?.parse().ok()
+}
+
+fn ms(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_mark_lives_under_the_function_s_namespace() {
+        assert_eq!(mark_key("fn-a"), "fn-a#wake#pushed");
+    }
+}

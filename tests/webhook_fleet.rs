@@ -1,0 +1,581 @@
+//! The webhook receiver's wake-ups as a fleet sees them: receivers in separate processes
+//! sharing the DynamoDB wake-up mark (moto's DynamoDB and SQS, `IRONFLOW_TEST_MOTO_ENDPOINT`),
+//! the backlog counted without the workflows the poison pill blocks, and the events of the real
+//! API's routes that make a run Pending (the embedded API's webhook, through the Function URL
+//! stand-in).
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use aws_sdk_dynamodb::config::{BehaviorVersion, Credentials, Region};
+use aws_sdk_dynamodb::types::{
+    AttributeDefinition, BillingMode, KeySchemaElement, KeyType, ScalarAttributeType,
+};
+use aws_sdk_sqs::types::QueueAttributeName;
+use ironflow_core::providers::claude::ClaudeCodeProvider;
+use ironflow_engine::config::HumanInputConfig;
+use ironflow_engine::context::WorkflowContext;
+use ironflow_engine::handler::{HandlerFuture, WorkflowHandler};
+use ironflow_lambda::poison::dynamodb::{DynamoPoisonTable, PARTITION_KEY};
+use ironflow_lambda::poison::{PoisonMode, PoisonPolicy, PoisonTable, now_ms};
+use ironflow_lambda::webhook::auth;
+use ironflow_lambda::{
+    LambdaWorker, LambdaWorkerBuilder, MemoryPoisonTable, Response, WakeSettings, Waker, samples,
+};
+use ironflow_local_api::{Backend, FunctionUrl, LocalApi, UrlHandler, Webhook, new_run};
+use ironflow_store::entities::{RunStatus, StepKind, StepStatus};
+use lambda_runtime::{Context, LambdaEvent};
+use serde_json::{Value, json};
+use uuid::Uuid;
+
+use common::moto::{moto_endpoint, new_queue, sqs_client};
+use common::wait_until;
+
+const TOKEN: &str = "webhook-fleet-test-token";
+const SECRET: &str = "a-webhook-secret-of-at-least-32-characters";
+const LONG: Duration = Duration::from_secs(60);
+
+// --- helpers (local to this file) ---------------------------------------------------------
+
+/// A worker on `api` with `quick-shell` and the wake queue `queue` (N = `runs`, 10 wake-ups per
+/// call at most), whose receiver has [`SECRET`].
+fn builder(
+    api_url: &str,
+    sqs: &aws_sdk_sqs::Client,
+    queue: &str,
+    runs: usize,
+) -> LambdaWorkerBuilder {
+    let mut wake = WakeSettings::new(queue);
+    wake.max_per_invocation = 10;
+    LambdaWorkerBuilder::new(api_url, TOKEN)
+        .provider(Arc::new(ClaudeCodeProvider::new()))
+        .register(samples::QuickShell)
+        .max_runs_per_invocation(runs)
+        .deadline_margin(Duration::from_millis(1500))
+        .min_claim_budget(Duration::from_millis(200))
+        .webhook_secret(SECRET)
+        .wake_ups(Waker::new(sqs.clone(), wake))
+}
+
+fn lambda_event(payload: Value) -> LambdaEvent<Value> {
+    let mut context = Context::default();
+    context.request_id = Uuid::new_v4().to_string();
+    let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap();
+    context.deadline = (now + Duration::from_secs(30)).as_millis() as u64;
+    LambdaEvent::new(payload, context)
+}
+
+/// A Function URL request posting `body`, signed with [`SECRET`].
+fn signed(body: &str) -> Value {
+    let secret = ironflow_lambda::WebhookSecret::new(SECRET);
+    json!({
+        "version": "2.0",
+        "rawPath": "/",
+        "rawQueryString": "",
+        "headers": {"x-signature-256": auth::sign(&secret, body.as_bytes())},
+        "queryStringParameters": {},
+        "requestContext": {"http": {"method": "POST", "path": "/"}, "timeEpoch": 0},
+        "body": body,
+        "isBase64Encoded": false,
+    })
+}
+
+fn created(workflow: &str) -> String {
+    json!({"type": "run_created", "run_id": Uuid::new_v4(), "workflow_name": workflow, "at": "2026-12-01T00:00:00Z"}).to_string()
+}
+
+/// The receiver's answer: status and JSON body.
+async fn post(worker: &LambdaWorker, event: Value) -> (u16, Value) {
+    let response = ironflow_lambda::handle_response(worker, lambda_event(event))
+        .await
+        .unwrap();
+    let Response::Webhook(answer) = &response else {
+        panic!("not a webhook answer: {response:?}");
+    };
+    (answer.status, answer.body.clone())
+}
+
+/// Wake-ups visible on the queue.
+async fn queued(sqs: &aws_sdk_sqs::Client, queue: &str) -> u64 {
+    let out = sqs
+        .get_queue_attributes()
+        .queue_url(queue)
+        .attribute_names(QueueAttributeName::ApproximateNumberOfMessages)
+        .send()
+        .await
+        .unwrap();
+    out.attributes()
+        .and_then(|a| a.get(&QueueAttributeName::ApproximateNumberOfMessages))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
+async fn create(api: &LocalApi, workflow: &str) -> Uuid {
+    api.store()
+        .create_run(new_run(workflow, 0))
+        .await
+        .unwrap()
+        .into_run()
+        .id
+}
+
+fn dynamodb_config() -> aws_sdk_dynamodb::Config {
+    aws_sdk_dynamodb::Config::builder()
+        .behavior_version(BehaviorVersion::latest())
+        .region(Region::new("us-east-1"))
+        .endpoint_url(moto_endpoint())
+        .credentials_provider(Credentials::new("testing", "testing", None, None, "tests"))
+        .build()
+}
+
+/// A poison-pill table of moto's with the schema of `src/poison/dynamodb/` (pk S): its name.
+async fn create_table() -> String {
+    let name = format!("poison-{}", Uuid::new_v4().simple());
+    aws_sdk_dynamodb::Client::from_conf(dynamodb_config())
+        .create_table()
+        .table_name(&name)
+        .attribute_definitions(
+            AttributeDefinition::builder()
+                .attribute_name(PARTITION_KEY)
+                .attribute_type(ScalarAttributeType::S)
+                .build()
+                .unwrap(),
+        )
+        .key_schema(
+            KeySchemaElement::builder()
+                .attribute_name(PARTITION_KEY)
+                .key_type(KeyType::Hash)
+                .build()
+                .unwrap(),
+        )
+        .billing_mode(BillingMode::PayPerRequest)
+        .send()
+        .await
+        .unwrap();
+    name
+}
+
+// --- item 3: coalescing across environments -----------------------------------------------
+
+/// What a child receiver is told, through its environment.
+const CHILD_DIR: &str = "WEBHOOK_FLEET_CHILD_DIR";
+const CHILD_API: &str = "WEBHOOK_FLEET_CHILD_API";
+const CHILD_QUEUE: &str = "WEBHOOK_FLEET_CHILD_QUEUE";
+const CHILD_TABLE: &str = "WEBHOOK_FLEET_CHILD_TABLE";
+const CHILD_NAMESPACE: &str = "WEBHOOK_FLEET_CHILD_NAMESPACE";
+const RECEIVERS: usize = 8;
+
+/// One receiver in an execution environment of its own: this test binary re-executed with
+/// `fleet_child` as its filter. It builds its worker (cold start), says it is ready, waits for
+/// the go, receives one `run_created` and prints its answer.
+#[tokio::test]
+#[ignore = "a child process of receivers_in_separate_processes_queue_what_the_backlog_needs_once"]
+async fn fleet_child() {
+    let Ok(dir) = std::env::var(CHILD_DIR) else {
+        return;
+    };
+    let var = |name: &str| std::env::var(name).unwrap();
+    let sqs = sqs_client();
+    let table = DynamoPoisonTable::connect_with(
+        dynamodb_config(),
+        &var(CHILD_TABLE),
+        &var(CHILD_NAMESPACE),
+        PoisonPolicy::default(),
+    )
+    .await
+    .unwrap();
+    let worker = builder(&var(CHILD_API), &sqs, &var(CHILD_QUEUE), 4)
+        .dynamo_poison_table(table)
+        .build()
+        .unwrap();
+    let dir = PathBuf::from(dir);
+    std::fs::write(dir.join(format!("ready-{}", std::process::id())), "").unwrap();
+    let go = dir.join("go");
+    let end = tokio::time::Instant::now() + LONG;
+    while !go.exists() {
+        assert!(tokio::time::Instant::now() < end, "no go from the test");
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    let (status, body) = post(&worker, signed(&created("quick-shell"))).await;
+    println!("\nANSWER {}", json!({"status": status, "body": body}));
+}
+
+fn ready_children(dir: &Path) -> usize {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .filter(|e| {
+            e.as_ref()
+                .is_ok_and(|e| e.file_name().to_string_lossy().starts_with("ready-"))
+        })
+        .count()
+}
+
+/// Each child's answer, from its output.
+fn answers(output: &std::process::Output) -> Vec<Value> {
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "a child receiver failed: {stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    stdout
+        .lines()
+        .filter_map(|l| l.split_once("ANSWER ").map(|(_, answer)| answer))
+        .map(|a| serde_json::from_str(a).unwrap())
+        .collect()
+}
+
+/// 20 runs, N = 4: the backlog needs 5 wake-ups. Eight receivers in eight processes (eight
+/// execution environments), each receiving its event at once, queue those 5, not 5 each.
+#[tokio::test]
+async fn receivers_in_separate_processes_queue_what_the_backlog_needs_once() {
+    let api = LocalApi::start(TOKEN).await.unwrap();
+    for _ in 0..20 {
+        create(&api, "quick-shell").await;
+    }
+    let sqs = sqs_client();
+    let queue = new_queue(&sqs).await;
+    let table = create_table().await;
+    let dir = tempfile::tempdir().unwrap();
+    let children: Vec<_> = (0..RECEIVERS)
+        .map(|_| {
+            tokio::process::Command::new(std::env::current_exe().unwrap())
+                .args([
+                    "fleet_child",
+                    "--exact",
+                    "--ignored",
+                    "--nocapture",
+                    "--test-threads=1",
+                ])
+                .env(CHILD_DIR, dir.path())
+                .env(CHILD_API, api.url())
+                .env(CHILD_QUEUE, &queue)
+                .env(CHILD_TABLE, &table)
+                .env(CHILD_NAMESPACE, "fleet-test")
+                .kill_on_drop(true)
+                .output()
+        })
+        .collect();
+    let outputs = tokio::spawn(futures_util::future::join_all(children));
+    wait_until("every child receiver is ready", LONG, || async {
+        ready_children(dir.path()) == RECEIVERS
+    })
+    .await;
+    std::fs::write(dir.path().join("go"), "").unwrap();
+    let outputs = outputs.await.unwrap();
+
+    let mut sent = 0;
+    for output in outputs {
+        let output = output.unwrap();
+        let answers = answers(&output);
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        assert_eq!(answers.len(), 1, "one answer per child: {stdout}");
+        let answer = &answers[0];
+        assert_eq!(answer["status"], 202, "{answer}");
+        let errors = &answer["body"]["wake_ups"]["errors"];
+        assert!(errors.as_array().is_none_or(Vec::is_empty), "{answer}");
+        sent += answer["body"]["wake_ups"]["sent"].as_u64().unwrap_or(0);
+    }
+    assert_eq!(
+        queued(&sqs, &queue).await,
+        5,
+        "ceil(20 / 4), not 5 per environment"
+    );
+    assert_eq!(sent, 5);
+}
+
+/// The mark costs one conditional write per decision that sends, none when the queue already
+/// holds what the backlog needs.
+#[tokio::test]
+async fn the_mark_costs_one_write_per_decision_that_sends() {
+    let api = LocalApi::start(TOKEN).await.unwrap();
+    for _ in 0..20 {
+        create(&api, "quick-shell").await;
+    }
+    let sqs = sqs_client();
+    let queue = new_queue(&sqs).await;
+    let name = create_table().await;
+    let table = DynamoPoisonTable::new(
+        dynamodb_config(),
+        &name,
+        "fleet-test",
+        PoisonPolicy::default(),
+    );
+    let calls = table.calls().clone();
+    let worker = builder(&api.url(), &sqs, &queue, 4)
+        .dynamo_poison_table(table)
+        .build()
+        .unwrap();
+    for _ in 0..3 {
+        let (status, answer) = post(&worker, signed(&created("quick-shell"))).await;
+        assert_eq!(status, 202, "{answer}");
+    }
+    assert_eq!(queued(&sqs, &queue).await, 5);
+    assert_eq!(calls.get("UpdateItem"), 1, "{:?}", calls.snapshot());
+    assert_eq!(calls.total(), 1, "{:?}", calls.snapshot());
+}
+
+/// An unreachable table costs no push: the decision falls back to this environment's own, and
+/// says so in the answer.
+#[tokio::test]
+async fn a_table_error_falls_back_to_the_environment_s_own_decision() {
+    let api = LocalApi::start(TOKEN).await.unwrap();
+    create(&api, "quick-shell").await;
+    let sqs = sqs_client();
+    let queue = new_queue(&sqs).await;
+    // A table that does not exist: every write fails.
+    let table = DynamoPoisonTable::new(
+        dynamodb_config(),
+        "no-such-table",
+        "fleet-test",
+        PoisonPolicy::default(),
+    );
+    let worker = builder(&api.url(), &sqs, &queue, 4)
+        .dynamo_poison_table(table)
+        .build()
+        .unwrap();
+    let (status, answer) = post(&worker, signed(&created("quick-shell"))).await;
+    assert_eq!((status, &answer["woke"]), (202, &json!(true)), "{answer}");
+    let errors = answer["wake_ups"]["errors"].to_string();
+    assert!(errors.contains("no-such-table"), "{answer}");
+    assert_eq!(queued(&sqs, &queue).await, 1);
+}
+
+// --- item 5: wake-ups nobody can use -------------------------------------------------------
+
+/// In defer mode, a workflow the poison pill blocks is left out of the claims: its new runs
+/// queue no wake-up; another workflow's still do.
+#[tokio::test]
+async fn a_blocked_workflow_s_new_runs_queue_no_wake_up_in_defer_mode() {
+    let api = LocalApi::start(TOKEN).await.unwrap();
+    let sqs = sqs_client();
+    let queue = new_queue(&sqs).await;
+    let policy = PoisonPolicy::default();
+    let table = Arc::new(MemoryPoisonTable::new(policy));
+    for _ in 0..policy.threshold {
+        let id = format!("{}/0", Uuid::new_v4());
+        table
+            .record_failure("always-fails", &id, now_ms())
+            .await
+            .unwrap();
+    }
+    let worker = builder(&api.url(), &sqs, &queue, 4)
+        .register(samples::AlwaysFails)
+        .poison_mode(PoisonMode::Defer)
+        .poison_table(table)
+        .build()
+        .unwrap();
+
+    create(&api, "always-fails").await;
+    let (status, answer) = post(&worker, signed(&created("always-fails"))).await;
+    assert_eq!((status, &answer["woke"]), (202, &json!(false)), "{answer}");
+    assert_eq!(
+        queued(&sqs, &queue).await,
+        0,
+        "a blocked workflow's run wakes nobody"
+    );
+
+    create(&api, "quick-shell").await;
+    let (status, answer) = post(&worker, signed(&created("quick-shell"))).await;
+    assert_eq!((status, &answer["woke"]), (202, &json!(true)), "{answer}");
+    assert_eq!(
+        answer["wake_ups"]["pending_runs"], 1,
+        "the blocked run is not counted: {answer}"
+    );
+    assert_eq!(queued(&sqs, &queue).await, 1);
+}
+
+// --- item 6: events that should wake -------------------------------------------------------
+
+/// Asks a human for an answer, then ends.
+struct AsksAHuman;
+
+impl WorkflowHandler for AsksAHuman {
+    fn name(&self) -> &str {
+        "asks-a-human"
+    }
+
+    fn execute<'a>(&'a self, ctx: &'a mut WorkflowContext) -> HandlerFuture<'a> {
+        Box::pin(async move {
+            let config = HumanInputConfig::new("Anything to add?");
+            let _answer: Value = ctx.human_input("answer", config).await?;
+            Ok(())
+        })
+    }
+}
+
+/// The answers the receiver gave, by event type.
+type Answers = Arc<Mutex<Vec<(String, Value)>>>;
+
+/// The Function URL stand-in in front of `worker` (once set), recording each answer.
+async fn front_door(
+    worker: Arc<std::sync::OnceLock<Arc<LambdaWorker>>>,
+    answers: Answers,
+) -> FunctionUrl {
+    let handler: UrlHandler = Arc::new(move |event: Value| {
+        let (worker, answers) = (worker.get().cloned(), answers.clone());
+        Box::pin(async move {
+            let Some(worker) = worker else {
+                return json!({"statusCode": 503, "body": "{}"});
+            };
+            let kind = event["body"]
+                .as_str()
+                .and_then(|b| serde_json::from_str::<Value>(b).ok())
+                .and_then(|b| b["type"].as_str().map(str::to_string))
+                .unwrap_or_default();
+            let answer = ironflow_lambda::handle(&worker, lambda_event(event))
+                .await
+                .unwrap();
+            answers.lock().unwrap().push((kind, answer.clone()));
+            answer
+        })
+    });
+    FunctionUrl::start(handler).await.unwrap()
+}
+
+/// A human input rejected through the API's route sends its run back to Pending and publishes
+/// `approval_rejected`: the receiver wakes the fleet for it.
+#[tokio::test]
+async fn a_rejected_human_input_wakes_the_fleet() {
+    let serving: Arc<std::sync::OnceLock<Arc<LambdaWorker>>> = Arc::default();
+    let answers: Answers = Arc::default();
+    let front = front_door(serving.clone(), answers.clone()).await;
+    let webhook = Webhook {
+        url: front.url(),
+        signing_secret: Some(SECRET.to_string()),
+    };
+    let api = LocalApi::start_with_webhook(TOKEN, &Backend::Memory, webhook)
+        .await
+        .unwrap();
+    let sqs = sqs_client();
+    let queue = new_queue(&sqs).await;
+    let worker = builder(&api.url(), &sqs, &queue, 4)
+        .register(AsksAHuman)
+        .build()
+        .unwrap();
+    let worker = Arc::new(worker);
+    assert!(serving.set(worker.clone()).is_ok());
+
+    // The run waits for its human.
+    let run = create(&api, "asks-a-human").await;
+    let summary = ironflow_lambda::handle_summary(&worker, lambda_event(json!({})))
+        .await
+        .unwrap();
+    assert_eq!(summary.claimed, 1, "{summary:?}");
+    let steps = api.store().list_steps(run).await.unwrap();
+    let step = steps
+        .iter()
+        .find(|s| s.kind == StepKind::HumanInput && s.status.state == StepStatus::AwaitingApproval)
+        .unwrap_or_else(|| panic!("no human input awaited: {steps:?}"));
+
+    assert_eq!(
+        queued(&sqs, &queue).await,
+        0,
+        "nothing wakes while the run waits"
+    );
+
+    // Rejected through the API's route, as an operator does.
+    let rejected = reqwest::Client::new()
+        .post(format!(
+            "{}/api/v1/runs/{run}/steps/{}/reject",
+            api.url(),
+            step.id
+        ))
+        .header("authorization", api.admin_bearer().await.unwrap())
+        .json(&json!({"reason": "not now"}))
+        .send()
+        .await
+        .unwrap();
+    assert!(
+        rejected.status().is_success(),
+        "{}",
+        rejected.text().await.unwrap()
+    );
+    let state = api
+        .store()
+        .get_run(run)
+        .await
+        .unwrap()
+        .unwrap()
+        .status
+        .state;
+    assert_eq!(state, RunStatus::Pending);
+
+    wait_until("the receiver answered approval_rejected", LONG, || async {
+        answers
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|(kind, _)| kind == "approval_rejected")
+    })
+    .await;
+    let answer = answers
+        .lock()
+        .unwrap()
+        .iter()
+        .find(|(kind, _)| kind == "approval_rejected")
+        .map(|(_, a)| a.clone())
+        .unwrap();
+    assert_eq!(answer["statusCode"], 202, "{answer}");
+    let body: Value = serde_json::from_str(answer["body"].as_str().unwrap()).unwrap();
+    assert_eq!(body["woke"], true, "{body}");
+    assert_eq!(queued(&sqs, &queue).await, 1);
+}
+
+/// A step that times out: a failure the engine retries.
+struct StepTimesOut;
+
+impl WorkflowHandler for StepTimesOut {
+    fn name(&self) -> &str {
+        "step-times-out"
+    }
+
+    fn execute<'a>(&'a self, ctx: &'a mut WorkflowContext) -> HandlerFuture<'a> {
+        Box::pin(async move {
+            let slow = ironflow_engine::config::ShellConfig::new("sleep 30").timeout_secs(1);
+            ctx.shell("slow", slow).await?;
+            Ok(())
+        })
+    }
+}
+
+/// The retry of a run whose failure blocked its workflow in defer mode: its timer wake-up comes
+/// when the block ends (claims leave the workflow out until then), not when its backoff ends.
+#[tokio::test]
+async fn a_blocked_workflow_s_retry_is_woken_when_its_block_ends() {
+    let api = LocalApi::start(TOKEN).await.unwrap();
+    let sqs = sqs_client();
+    let queue = new_queue(&sqs).await;
+    let cooldown = Duration::from_secs(600);
+    let worker = builder(&api.url(), &sqs, &queue, 4)
+        .register(StepTimesOut)
+        .poison_mode(PoisonMode::Defer)
+        .poison_threshold(1)
+        .poison_cooldown(cooldown)
+        .build()
+        .unwrap();
+    // One retry left: the engine schedules it after its backoff (30 s ± 20 %).
+    let run = api
+        .store()
+        .create_run(new_run("step-times-out", 1))
+        .await
+        .unwrap()
+        .into_run()
+        .id;
+    let summary = ironflow_lambda::handle_summary(&worker, lambda_event(json!({})))
+        .await
+        .unwrap();
+    let report = summary.runs.iter().find(|r| r.run_id == run).unwrap();
+    let due = report
+        .due
+        .unwrap_or_else(|| panic!("no retry due: {report:?}"));
+    assert_eq!(due.status, RunStatus::Retrying, "{report:?}");
+    let timers = &summary.wake_ups.as_ref().unwrap().timers;
+    assert_eq!(timers.len(), 1, "{timers:?}");
+    // The block ends 600 s after the failure; the backoff, within 36 s.
+    let delay = timers[0].delay_secs;
+    assert!(delay >= cooldown.as_secs() - 30, "{timers:?}");
+}
