@@ -155,8 +155,15 @@ pub async fn handle_response(
             } else {
                 WEBHOOK_TIME.min(left.saturating_sub(webhook::RESPONSE_RESERVE))
             };
-            let until = Instant::now() + time;
-            let answer = webhook::receive(worker, &request, &context.request_id, until).await;
+            // Counted in flight until answered: a retiring process does not end under it
+            // (crate::layers::ExitWhenStuck).
+            let _held = worker.admission.hold_request();
+            let invocation = webhook::Invocation {
+                request_id: &context.request_id,
+                trace_id: context.xray_trace_id.as_deref(),
+                until: Instant::now() + time,
+            };
+            let answer = webhook::receive(worker, &request, invocation).await;
             Ok(Response::Webhook(answer))
         }
         Trigger::Schedule(tick) => {

@@ -26,11 +26,13 @@ use crate::poison::seen::SeenCounters;
 use crate::poison::{PoisonMode, PoisonTable};
 use crate::pool::PoolWarden;
 use crate::runtime::{self, ExecutionRuntime, StuckExecutions};
-use crate::secrets::TokenSecret;
-use crate::settings::Settings;
+use crate::secrets::{TokenSecret, WebhookSecretSource};
+use crate::settings::{Settings, WebhookSecret};
 use crate::store::GuardedStore;
 use crate::store::fault::FaultLog;
 use crate::wake::Waker;
+use crate::webhook::Receiver;
+use crate::webhook::replay_table::ReplayTable;
 
 /// The worker built once per cold start ([`LambdaWorkerBuilder::build`](crate::LambdaWorkerBuilder::build))
 /// and shared by every invocation of the instance: the settings, the engine and the workflows,
@@ -71,6 +73,8 @@ pub struct LambdaWorker {
     pub(crate) admission: Admission,
     /// Held by the webhook receiver's wake-up decision ([`crate::webhook`]).
     pub(crate) push_turn: tokio::sync::Mutex<()>,
+    /// The webhook receiver's secrets and the events it took ([`crate::webhook`]).
+    pub(crate) receiver: Receiver,
 }
 
 /// What a builder hands over once its settings are valid.
@@ -83,6 +87,8 @@ pub(crate) struct Parts {
     pub poison_table: Arc<dyn PoisonTable>,
     pub waker: Option<Waker>,
     pub token_secret: Option<TokenSecret>,
+    pub webhook_source: Option<(WebhookSecretSource, Option<WebhookSecret>)>,
+    pub replay_table: Option<ReplayTable>,
     pub idle_probe_after: Duration,
 }
 
@@ -165,6 +171,11 @@ impl LambdaWorker {
             wake: parts.waker,
             admission: Admission::new(s.concurrent_invocations),
             push_turn: tokio::sync::Mutex::new(()),
+            receiver: Receiver::new(
+                s.webhook_secret.clone(),
+                parts.webhook_source,
+                parts.replay_table,
+            ),
             settings: s,
         })
     }
