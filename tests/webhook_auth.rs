@@ -302,6 +302,11 @@ fn version(c: char) -> String {
 
 #[tokio::test]
 async fn a_warm_receiver_takes_a_rotated_secret_and_its_previous_version_and_no_older_one() {
+    let capture = ironflow_lambda::logging::CaptureWriter::default();
+    assert!(ironflow_lambda::logging::init(
+        tracing_subscriber::EnvFilter::new("trace"),
+        capture.clone()
+    ));
     let aws = moto_config().await;
     let secrets = aws_sdk_secretsmanager::Client::new(&aws);
     let created = secrets
@@ -369,6 +374,14 @@ async fn a_warm_receiver_takes_a_rotated_secret_and_its_previous_version_and_no_
     rotate(version('d')).await;
     assert_eq!(status('d', false).await, 401, "re-reads are rate-limited");
     assert_eq!(status('c', false).await, 202);
+    let logs = capture.contents();
+    assert!(logs.contains("the webhook secret was rotated"), "{logs}");
+    for c in ['a', 'b', 'c', 'd'] {
+        assert!(
+            !logs.contains(&version(c)),
+            "a version of the webhook secret is in the logs"
+        );
+    }
 }
 
 /// A DynamoDB poison-pill table of moto's (the schema of `src/poison/dynamodb/`): its name.
