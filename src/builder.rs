@@ -411,9 +411,10 @@ impl LambdaWorkerBuilder {
     /// poison-pill namespace, with the AWS configuration set by
     /// [`LambdaWorkerBuilder::aws_config`] (else the one from the environment), and check
     /// that it exists (`DescribeTable`). With the AWS configuration set, the webhook receiver
-    /// also records there the bodies it took (docs/push.md, "Replays"). Does nothing when no table is configured or one was
-    /// set with [`LambdaWorkerBuilder::poison_table`]. Call it once per cold start, after the
-    /// poison threshold and cooldown are final (the table applies the cooldown).
+    /// also records there the bodies it took (docs/push.md, "Replays"). Does nothing when no
+    /// table is configured or one was set with [`LambdaWorkerBuilder::poison_table`]. Call it
+    /// once per cold start, after the poison threshold and cooldown are final (the table
+    /// applies the cooldown).
     ///
     /// # Errors
     ///
