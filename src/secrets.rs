@@ -188,9 +188,17 @@ impl WebhookSecretSource {
     ///
     /// # Errors
     ///
-    /// [`SecretError::Fetch`] when a call fails, [`SecretError::NotAString`] and
+    /// [`SecretError::Fetch`] when a call fails (the previous version's included: a re-read
+    /// keeps the versions held then), [`SecretError::NotAString`] and
     /// [`SecretError::Unusable`] when the current version cannot serve.
     pub async fn read(&self) -> Result<WebhookVersions, SecretError> {
+        let current = self.read_current().await?;
+        let previous = self.read_previous().await?;
+        Ok(self.versions(current, previous))
+    }
+
+    /// The `AWSCURRENT` version.
+    async fn read_current(&self) -> Result<WebhookSecret, SecretError> {
         let value = fetch_string(
             &self.client,
             WEBHOOK_SECRET_ARN_VAR,
@@ -206,15 +214,19 @@ impl WebhookSecretSource {
                 expected: WEBHOOK_EXPECTED,
             });
         }
-        let previous = self.read_previous().await?.map(WebhookSecret::new);
-        let previous = match previous {
+        Ok(current)
+    }
+
+    /// `current` with `previous` when it can serve (one that cannot is logged, not shown).
+    fn versions(&self, current: WebhookSecret, previous: Option<String>) -> WebhookVersions {
+        let previous = match previous.map(WebhookSecret::new) {
             Some(p) if !p.is_usable() => {
                 tracing::warn!(secret_arn = %self.arn, "the webhook secret's AWSPREVIOUS version cannot serve ({WEBHOOK_EXPECTED}; not shown): only AWSCURRENT is accepted");
                 None
             }
             p => p.filter(|p| *p != current),
         };
-        Ok(WebhookVersions { current, previous })
+        WebhookVersions { current, previous }
     }
 
     /// The `AWSPREVIOUS` version's value, `None` when the secret has none.
@@ -242,7 +254,8 @@ impl WebhookSecretSource {
 }
 
 /// The webhook receiver's secret from `IRONFLOW_WEBHOOK_SECRET_ARN` (its current and previous
-/// versions, [`WebhookSecretSource::read`], bounded as for the worker token), read with
+/// versions, as [`WebhookSecretSource::read`] reads them, except that a previous version that
+/// cannot be read is logged and left out; bounded as for the worker token), read with
 /// `lookup` and `aws` as [`worker_token_from_lookup`] does, and the secret they came from.
 /// `Ok(None)` without any AWS call when `IRONFLOW_WEBHOOK_SECRET` is set (it wins) or when
 /// neither is set (the receiver is off).
@@ -261,7 +274,14 @@ pub async fn webhook_secret_from_lookup(
         client: bounded_client(aws),
         arn: secret_arn,
     };
-    let versions = source.read().await?;
+    // At cold start only the current version is required: a previous one that cannot be read
+    // is logged and left out (the receiver then takes the current one only).
+    let current = source.read_current().await?;
+    let previous = source.read_previous().await.unwrap_or_else(|e| {
+        tracing::warn!(error = %e, "the webhook secret's AWSPREVIOUS version could not be read: only AWSCURRENT is accepted");
+        None
+    });
+    let versions = source.versions(current, previous);
     Ok(Some((versions, source)))
 }
 
