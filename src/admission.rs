@@ -13,6 +13,11 @@
 //! flight have answered. The retirement and the count of those in flight are one step under one
 //! lock, so no invocation is admitted between them.
 //!
+//! A webhook request ([`crate::webhook`]) takes no slot (it runs no batch and answers within
+//! milliseconds) but holds the process all the same: [`Admission::hold_request`] counts it
+//! among those in flight until it is answered, retiring or not, so the last one to answer ends
+//! the process and none is cut off unanswered.
+//!
 //! [`Settings::concurrent_invocations`]: crate::Settings::concurrent_invocations
 
 use std::sync::{Mutex, MutexGuard, PoisonError};
@@ -30,6 +35,8 @@ pub(crate) struct Admission {
 #[derive(Debug, Default)]
 struct State {
     in_flight: usize,
+    /// Webhook requests in flight (not in `in_flight`, which counts batches).
+    requests: usize,
     retiring: bool,
 }
 
@@ -47,6 +54,12 @@ pub(crate) enum Refused {
 pub(crate) struct Admitted<'a> {
     admission: &'a Admission,
     _slot: SemaphorePermit<'a>,
+}
+
+/// A webhook request in flight: it holds the process until dropped.
+#[derive(Debug)]
+pub(crate) struct HeldRequest<'a> {
+    admission: &'a Admission,
 }
 
 impl Admission {
@@ -82,17 +95,32 @@ impl Admission {
         })
     }
 
-    /// Invocations in flight now.
+    /// Count a webhook request in flight until the guard is dropped: no slot, admitted even
+    /// when retiring (it claims nothing), and the process does not end under it.
+    pub(crate) fn hold_request(&self) -> HeldRequest<'_> {
+        self.state().requests += 1;
+        HeldRequest { admission: self }
+    }
+
+    /// Invocations in flight now (batches; webhook requests are not counted).
     pub(crate) fn in_flight(&self) -> usize {
         self.state().in_flight
     }
 
     /// Retire the process: from now on it admits no invocation. Returns the invocations still
-    /// in flight (read in the same step: none can be admitted in between).
+    /// in flight, webhook requests included (read in the same step: none can be admitted in
+    /// between).
     pub(crate) fn retire(&self) -> usize {
         let mut state = self.state();
         state.retiring = true;
-        state.in_flight
+        state.in_flight.saturating_add(state.requests)
+    }
+}
+
+impl Drop for HeldRequest<'_> {
+    fn drop(&mut self) {
+        let mut state = self.admission.state();
+        state.requests = state.requests.saturating_sub(1);
     }
 }
 
@@ -139,5 +167,23 @@ mod tests {
         drop(a);
         assert_eq!(admission.retire(), 0, "the last one has answered");
         assert_eq!(admission.in_flight(), 0);
+    }
+
+    #[tokio::test]
+    async fn a_webhook_request_in_flight_holds_a_retiring_process_without_taking_a_slot() {
+        let admission = Admission::new(1);
+        let batch = admission.enter(soon()).await.unwrap();
+        let request = admission.hold_request();
+        assert_eq!(admission.in_flight(), 1, "a request is not a batch");
+        drop(batch);
+        assert_eq!(
+            admission.retire(),
+            1,
+            "the request still in flight holds the process"
+        );
+        let late = admission.hold_request();
+        assert_eq!(admission.retire(), 2);
+        drop((request, late));
+        assert_eq!(admission.retire(), 0, "the last one has answered");
     }
 }

@@ -19,10 +19,11 @@ use crate::build_error::BuildError;
 use crate::poison::dynamodb::DynamoPoisonTable;
 use crate::poison::{PoisonMode, PoisonTable};
 use crate::pool::DEFAULT_IDLE_PROBE_AFTER;
-use crate::secrets::{self, TokenSecret};
-use crate::settings::{Settings, WorkerToken};
+use crate::secrets::{self, TokenSecret, WebhookSecretSource};
+use crate::settings::{Settings, WebhookSecret, WorkerToken};
 use crate::wake::Waker;
 use crate::wake::fleet::FleetMark;
+use crate::webhook::replay_table::ReplayTable;
 use crate::worker::{self, LambdaWorker, Parts};
 
 /// Builder for a [`LambdaWorker`]. Each setter names the environment variable of the same
@@ -62,6 +63,10 @@ pub struct LambdaWorkerBuilder {
     fleet: Option<FleetMark>,
     /// The secret the token came from, to re-read it when the API refuses the token.
     token_secret: Option<TokenSecret>,
+    /// The secret the webhook secret came from, and its previous version read at cold start.
+    webhook_source: Option<(WebhookSecretSource, Option<WebhookSecret>)>,
+    /// The fleet-wide record of the webhook bodies taken, in the DynamoDB poison-pill table.
+    replay_table: Option<ReplayTable>,
 }
 
 impl LambdaWorkerBuilder {
@@ -112,11 +117,13 @@ impl LambdaWorkerBuilder {
         };
         let webhook = secrets::webhook_secret_from_lookup(&lookup, aws).await?;
         let mut settings = Settings::from_lookup_with_token(lookup, token)?;
-        if webhook.is_some() {
-            settings.webhook_secret = webhook;
-        }
+        let webhook_source = webhook.map(|(versions, source)| {
+            settings.webhook_secret = Some(versions.current);
+            (source, versions.previous)
+        });
         let mut builder = Self::from_settings(settings).aws_config(aws.clone());
         builder.token_secret = secret;
+        builder.webhook_source = webhook_source;
         Ok(builder)
     }
 
@@ -134,6 +141,8 @@ impl LambdaWorkerBuilder {
             idle_probe_after: DEFAULT_IDLE_PROBE_AFTER,
             waker: None,
             token_secret: None,
+            webhook_source: None,
+            replay_table: None,
         }
     }
 
@@ -215,13 +224,32 @@ impl LambdaWorkerBuilder {
     /// `X-Signature-256` HMAC, or the `token` query parameter of the URL the API posts to
     /// (docs/push.md). At least 32 characters. Default: off (a Function URL event is answered
     /// 503). Needs a wake queue ([`wake_ups`](Self::wake_ups) or `IRONFLOW_WAKE_QUEUE_URL`).
+    /// A secret set here is never re-read: it replaces one read from
+    /// `IRONFLOW_WEBHOOK_SECRET_ARN` (whose current and previous versions are accepted, and
+    /// re-read after a rotation).
     ///
     /// ```no_run
     /// # let builder = ironflow_lambda::LambdaWorkerBuilder::new("https://ironflow.example.com", "t");
     /// let builder = builder.webhook_secret("a-long-random-secret-of-32-chars-or-more");
     /// ```
     pub fn webhook_secret(mut self, secret: &str) -> Self {
-        self.settings.webhook_secret = Some(crate::settings::WebhookSecret::new(secret));
+        self.settings.webhook_secret = Some(WebhookSecret::new(secret));
+        self.webhook_source = None;
+        self
+    }
+
+    /// How far an event's `at` may be from now, either way, for the webhook receiver to take
+    /// it (`IRONFLOW_WEBHOOK_REPLAY_WINDOW_SECS`, whole seconds): an event outside it is refused
+    /// (401), and an event taken is not taken again within it (docs/push.md, "Replays").
+    /// Default 5 minutes; 1 s to 1 hour.
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    /// # let builder = ironflow_lambda::LambdaWorkerBuilder::new("https://ironflow.example.com", "t");
+    /// let builder = builder.webhook_replay_window(Duration::from_secs(120));
+    /// ```
+    pub fn webhook_replay_window(mut self, window: Duration) -> Self {
+        self.settings.webhook_replay_window = window;
         self
     }
 
@@ -403,9 +431,11 @@ impl LambdaWorkerBuilder {
     /// Connect the DynamoDB poison-pill table named by `IRONFLOW_POISON_TABLE` under the
     /// poison-pill namespace, with the AWS configuration set by
     /// [`LambdaWorkerBuilder::aws_config`] (else the one from the environment), and check
-    /// that it exists (`DescribeTable`). Does nothing when no table is configured or one was
-    /// set with [`LambdaWorkerBuilder::poison_table`]. Call it once per cold start, after the
-    /// poison threshold and cooldown are final (the table applies the cooldown).
+    /// that it exists (`DescribeTable`). With the AWS configuration set, the webhook receiver
+    /// also records there the bodies it took (docs/push.md, "Replays"). Does nothing when no
+    /// table is configured or one was set with [`LambdaWorkerBuilder::poison_table`]. Call it
+    /// once per cold start, after the poison threshold and cooldown are final (the table
+    /// applies the cooldown).
     ///
     /// # Errors
     ///
@@ -420,6 +450,8 @@ impl LambdaWorkerBuilder {
             let table = match &self.aws {
                 Some(aws) => {
                     let config = aws_sdk_dynamodb::config::Builder::from(aws).build();
+                    // The webhook receiver records the bodies it took in the same table.
+                    self.replay_table = Some(ReplayTable::new(config.clone(), &name, namespace));
                     DynamoPoisonTable::connect_with(config, &name, namespace, policy).await?
                 }
                 None => DynamoPoisonTable::connect(&name, namespace, policy).await?,
@@ -538,6 +570,8 @@ impl LambdaWorkerBuilder {
             waker,
             fleet: self.fleet,
             token_secret: self.token_secret,
+            webhook_source: self.webhook_source,
+            replay_table: self.replay_table,
             idle_probe_after: self.idle_probe_after,
         })
     }

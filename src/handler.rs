@@ -155,8 +155,15 @@ pub async fn handle_response(
             } else {
                 WEBHOOK_TIME.min(left.saturating_sub(webhook::RESPONSE_RESERVE))
             };
-            let until = Instant::now() + time;
-            let answer = webhook::receive(worker, &request, &context.request_id, until).await;
+            // Counted in flight until answered: a retiring process does not end under it
+            // (crate::layers::ExitWhenStuck).
+            let _held = worker.admission.hold_request();
+            let invocation = webhook::Invocation {
+                request_id: &context.request_id,
+                trace_id: context.xray_trace_id.as_deref(),
+                until: Instant::now() + time,
+            };
+            let answer = webhook::receive(worker, &request, invocation).await;
             Ok(Response::Webhook(answer))
         }
         Trigger::Schedule(tick) => {
@@ -326,5 +333,71 @@ pub fn could_not_run(summary: &InvocationSummary) -> Option<String> {
                 .to_string(),
         ),
         StopReason::MaxRuns | StopReason::NoPendingRun => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::task::Poll;
+
+    use ironflow_core::providers::claude::ClaudeCodeProvider;
+    use serde_json::json;
+
+    use super::*;
+    use crate::settings::{WakeSettings, WebhookSecret};
+    use crate::wake::{LocalWakeQueue, Waker};
+
+    const SECRET: &str = "a-webhook-secret-of-at-least-32-characters";
+
+    /// A webhook request whose pending count hangs (an API that takes connections and never
+    /// answers) is in flight: a process retiring meanwhile counts it, and ends only once it is
+    /// answered (`crate::layers::ExitWhenStuck`).
+    #[tokio::test]
+    async fn a_webhook_request_in_flight_holds_a_retiring_process() {
+        let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let api_url = format!("http://{}", silent.local_addr().unwrap());
+        let worker = crate::LambdaWorkerBuilder::new(&api_url, "token")
+            .provider(Arc::new(ClaudeCodeProvider::new()))
+            .register(crate::samples::QuickShell)
+            .webhook_secret(SECRET)
+            .wake_ups(Waker::to_queue(
+                Arc::new(LocalWakeQueue::new()),
+                WakeSettings::new("local"),
+            ))
+            .build()
+            .unwrap();
+        let body = json!({"type": "run_created", "workflow_name": "quick-shell", "at": chrono::Utc::now()})
+            .to_string();
+        let signature = crate::webhook::auth::sign(&WebhookSecret::new(SECRET), body.as_bytes());
+        let request = json!({
+            "version": "2.0", "rawPath": "/", "rawQueryString": "",
+            "headers": {"x-signature-256": signature}, "queryStringParameters": {},
+            "requestContext": {"http": {"method": "POST", "path": "/"}, "timeEpoch": 0},
+            "body": body, "isBase64Encoded": false,
+        });
+        let mut context = Context::default();
+        context.deadline = u64::MAX;
+        let mut answering = Box::pin(handle_response(&worker, LambdaEvent::new(request, context)));
+        // One poll: the request is under way, waiting for the API.
+        std::future::poll_fn(|cx| {
+            assert!(
+                answering.as_mut().poll(cx).is_pending(),
+                "the API never answers"
+            );
+            Poll::Ready(())
+        })
+        .await;
+        assert_eq!(
+            worker.admission.retire(),
+            1,
+            "the request holds the process"
+        );
+        drop(answering);
+        assert_eq!(
+            worker.admission.retire(),
+            0,
+            "answered (or dropped): none left"
+        );
     }
 }

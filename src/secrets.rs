@@ -151,10 +151,114 @@ pub async fn fetch_worker_token(
         .map(WorkerToken::new)
 }
 
-/// The webhook receiver's secret from `IRONFLOW_WEBHOOK_SECRET_ARN` (one bounded
-/// `GetSecretValue`, as for the worker token), read with `lookup` and `aws` as
-/// [`worker_token_from_lookup`] does. `Ok(None)` without any AWS call when
-/// `IRONFLOW_WEBHOOK_SECRET` is set (it wins) or when neither is set (the receiver is off).
+/// The keys a key/value webhook secret may hold it under.
+const WEBHOOK_KEYS: &[&str] = &["secret", "webhook_secret", WEBHOOK_SECRET_VAR];
+/// What the webhook secret's value must be.
+const WEBHOOK_EXPECTED: &str = "at least 32 visible ASCII characters without spaces";
+
+/// The webhook secret's versions the receiver accepts: Secrets Manager's `AWSCURRENT` and,
+/// during a rotation, `AWSPREVIOUS` (docs/push.md, "Rotating the secret"). `Debug` shows
+/// neither.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WebhookVersions {
+    /// The `AWSCURRENT` version.
+    pub current: WebhookSecret,
+    /// The `AWSPREVIOUS` version, when the secret has one that can serve.
+    pub previous: Option<WebhookSecret>,
+}
+
+/// The Secrets Manager secret that holds the webhook secret, with a client to read it: read at
+/// cold start, and again (rate-limited) when a request matches none of the versions held
+/// ([`crate::webhook`]): the secret may have been rotated.
+#[derive(Clone, Debug)]
+pub struct WebhookSecretSource {
+    client: aws_sdk_secretsmanager::Client,
+    arn: String,
+}
+
+impl WebhookSecretSource {
+    /// The secret's ARN.
+    pub fn arn(&self) -> &str {
+        &self.arn
+    }
+
+    /// Read the `AWSCURRENT` and `AWSPREVIOUS` versions now (two bounded `GetSecretValue`
+    /// calls). A previous version that does not exist, or cannot serve (too short), is `None`
+    /// (the latter logged without its value).
+    ///
+    /// # Errors
+    ///
+    /// [`SecretError::Fetch`] when a call fails (the previous version's included: a re-read
+    /// keeps the versions held then), [`SecretError::NotAString`] and
+    /// [`SecretError::Unusable`] when the current version cannot serve.
+    pub async fn read(&self) -> Result<WebhookVersions, SecretError> {
+        let current = self.read_current().await?;
+        let previous = self.read_previous().await?;
+        Ok(self.versions(current, previous))
+    }
+
+    /// The `AWSCURRENT` version.
+    async fn read_current(&self) -> Result<WebhookSecret, SecretError> {
+        let value = fetch_string(
+            &self.client,
+            WEBHOOK_SECRET_ARN_VAR,
+            &self.arn,
+            WEBHOOK_KEYS,
+        )
+        .await?;
+        let current = WebhookSecret::new(value);
+        if !current.is_usable() {
+            return Err(SecretError::Unusable {
+                variable: WEBHOOK_SECRET_ARN_VAR,
+                secret_arn: self.arn.clone(),
+                expected: WEBHOOK_EXPECTED,
+            });
+        }
+        Ok(current)
+    }
+
+    /// `current` with `previous` when it can serve (one that cannot is logged, not shown).
+    fn versions(&self, current: WebhookSecret, previous: Option<String>) -> WebhookVersions {
+        let previous = match previous.map(WebhookSecret::new) {
+            Some(p) if !p.is_usable() => {
+                tracing::warn!(secret_arn = %self.arn, "the webhook secret's AWSPREVIOUS version cannot serve ({WEBHOOK_EXPECTED}; not shown): only AWSCURRENT is accepted");
+                None
+            }
+            p => p.filter(|p| *p != current),
+        };
+        WebhookVersions { current, previous }
+    }
+
+    /// The `AWSPREVIOUS` version's value, `None` when the secret has none.
+    async fn read_previous(&self) -> Result<Option<String>, SecretError> {
+        let answer = self
+            .client
+            .get_secret_value()
+            .secret_id(&self.arn)
+            .version_stage("AWSPREVIOUS")
+            .send()
+            .await;
+        match answer {
+            Ok(output) => Ok(output
+                .secret_string()
+                .map(|s| token_from_secret_string(s, WEBHOOK_KEYS))
+                .filter(|v| !v.is_empty())),
+            Err(SdkError::ServiceError(e)) if e.err().is_resource_not_found_exception() => Ok(None),
+            Err(err) => Err(SecretError::Fetch {
+                variable: WEBHOOK_SECRET_ARN_VAR,
+                secret_arn: self.arn.clone(),
+                reason: describe(&err),
+            }),
+        }
+    }
+}
+
+/// The webhook receiver's secret from `IRONFLOW_WEBHOOK_SECRET_ARN` (its current and previous
+/// versions, as [`WebhookSecretSource::read`] reads them, except that a previous version that
+/// cannot be read is logged and left out; bounded as for the worker token), read with
+/// `lookup` and `aws` as [`worker_token_from_lookup`] does, and the secret they came from.
+/// `Ok(None)` without any AWS call when `IRONFLOW_WEBHOOK_SECRET` is set (it wins) or when
+/// neither is set (the receiver is off).
 ///
 /// # Errors
 ///
@@ -162,27 +266,23 @@ pub async fn fetch_worker_token(
 pub async fn webhook_secret_from_lookup(
     lookup: impl Fn(&str) -> Option<String>,
     aws: &SdkConfig,
-) -> Result<Option<WebhookSecret>, SecretError> {
+) -> Result<Option<(WebhookVersions, WebhookSecretSource)>, SecretError> {
     let Some(secret_arn) = arn_to_read(&lookup, WEBHOOK_SECRET_VAR, WEBHOOK_SECRET_ARN_VAR)? else {
         return Ok(None);
     };
-    let keys = &["secret", "webhook_secret", WEBHOOK_SECRET_VAR];
-    let value = fetch_string(
-        &bounded_client(aws),
-        WEBHOOK_SECRET_ARN_VAR,
-        &secret_arn,
-        keys,
-    )
-    .await?;
-    let secret = WebhookSecret::new(value);
-    if !secret.is_usable() {
-        return Err(SecretError::Unusable {
-            variable: WEBHOOK_SECRET_ARN_VAR,
-            secret_arn,
-            expected: "at least 32 visible ASCII characters without spaces",
-        });
-    }
-    Ok(Some(secret))
+    let source = WebhookSecretSource {
+        client: bounded_client(aws),
+        arn: secret_arn,
+    };
+    // At cold start only the current version is required: a previous one that cannot be read
+    // is logged and left out (the receiver then takes the current one only).
+    let current = source.read_current().await?;
+    let previous = source.read_previous().await.unwrap_or_else(|e| {
+        tracing::warn!(error = %e, "the webhook secret's AWSPREVIOUS version could not be read: only AWSCURRENT is accepted");
+        None
+    });
+    let versions = source.versions(current, previous);
+    Ok(Some((versions, source)))
 }
 
 /// The ARN in `arn_var` to read a value from, unless `value_var` holds the value itself (it

@@ -26,12 +26,14 @@ use crate::poison::seen::SeenCounters;
 use crate::poison::{PoisonMode, PoisonTable};
 use crate::pool::PoolWarden;
 use crate::runtime::{self, ExecutionRuntime, StuckExecutions};
-use crate::secrets::TokenSecret;
-use crate::settings::Settings;
+use crate::secrets::{TokenSecret, WebhookSecretSource};
+use crate::settings::{Settings, WebhookSecret};
 use crate::store::GuardedStore;
 use crate::store::fault::FaultLog;
 use crate::wake::Waker;
 use crate::wake::fleet::FleetMark;
+use crate::webhook::Receiver;
+use crate::webhook::replay_table::ReplayTable;
 
 /// The worker built once per cold start ([`LambdaWorkerBuilder::build`](crate::LambdaWorkerBuilder::build))
 /// and shared by every invocation of the instance: the settings, the engine and the workflows,
@@ -74,6 +76,8 @@ pub struct LambdaWorker {
     pub(crate) push_turn: tokio::sync::Mutex<()>,
     /// The receivers' wake-up mark shared by every environment (a DynamoDB poison-pill table).
     pub(crate) fleet: Option<FleetMark>,
+    /// The webhook receiver's secrets and the events it took ([`crate::webhook`]).
+    pub(crate) receiver: Receiver,
 }
 
 /// What a builder hands over once its settings are valid.
@@ -87,6 +91,8 @@ pub(crate) struct Parts {
     pub waker: Option<Waker>,
     pub fleet: Option<FleetMark>,
     pub token_secret: Option<TokenSecret>,
+    pub webhook_source: Option<(WebhookSecretSource, Option<WebhookSecret>)>,
+    pub replay_table: Option<ReplayTable>,
     pub idle_probe_after: Duration,
 }
 
@@ -170,6 +176,11 @@ impl LambdaWorker {
             admission: Admission::new(s.concurrent_invocations),
             push_turn: tokio::sync::Mutex::new(()),
             fleet: parts.fleet,
+            receiver: Receiver::new(
+                s.webhook_secret.clone(),
+                parts.webhook_source,
+                parts.replay_table,
+            ),
             settings: s,
         })
     }

@@ -105,7 +105,7 @@ fn signed(body: &str) -> Value {
 }
 
 fn created(workflow: &str) -> String {
-    json!({"type": "run_created", "run_id": Uuid::new_v4(), "workflow_name": workflow, "at": "2026-12-01T00:00:00Z"}).to_string()
+    json!({"type": "run_created", "run_id": Uuid::new_v4(), "workflow_name": workflow, "at": chrono::Utc::now()}).to_string()
 }
 
 /// The receiver's answer: status and JSON body.
@@ -207,13 +207,19 @@ async fn only_a_valid_signature_or_token_wakes_and_bad_requests_get_their_answer
     assert_eq!((status, &answer["woke"]), (202, &json!(true)), "{answer}");
     assert_eq!(answer["wake_ups"]["trigger"], "pushed");
     assert_eq!(queued(&s).await, 1);
-    let mut encoded = signed(&body);
+    // (Each a body of its own: the same body again is a replay, taken once.)
+    let other = created("quick-shell");
+    let mut encoded = signed(&other);
     encoded["isBase64Encoded"] = json!(true);
-    encoded["body"] = json!(base64::engine::general_purpose::STANDARD.encode(&body));
+    encoded["body"] = json!(base64::engine::general_purpose::STANDARD.encode(&other));
     let (status, answer) = post(&s.worker, encoded).await;
     assert_eq!(status, 202, "{answer}");
     assert_eq!(answer["wake_ups"]["queued"], 1, "already queued: {answer}");
-    let by_token = request(&body, json!({}), &format!("token={SECRET}"));
+    let by_token = request(
+        &created("quick-shell"),
+        json!({}),
+        &format!("token={SECRET}"),
+    );
     assert_eq!(post(&s.worker, by_token).await.0, 202);
     assert_eq!(
         queued(&s).await,
@@ -228,9 +234,9 @@ async fn events_that_make_no_pending_run_here_are_acknowledged_and_ignored() {
     create(&s.api, "quick-shell").await;
     for body in [
         created("not-registered-here"),
-        json!({"type": "run_status_changed", "workflow_name": "quick-shell", "from": "running", "to": "completed"}).to_string(),
-        json!({"type": "step_completed", "workflow_name": "quick-shell"}).to_string(),
-        json!({"type": "user_signed_in", "user_id": 1}).to_string(),
+        json!({"type": "run_status_changed", "workflow_name": "quick-shell", "from": "running", "to": "completed", "at": chrono::Utc::now()}).to_string(),
+        json!({"type": "step_completed", "workflow_name": "quick-shell", "at": chrono::Utc::now()}).to_string(),
+        json!({"type": "user_signed_in", "user_id": 1, "at": chrono::Utc::now()}).to_string(),
     ] {
         let (status, answer) = post(&s.worker, signed(&body)).await;
         assert_eq!(status, 202, "{body}: {answer}");
@@ -238,7 +244,7 @@ async fn events_that_make_no_pending_run_here_are_acknowledged_and_ignored() {
         assert!(answer["ignored"].is_string(), "{answer}");
     }
     assert_eq!(queued(&s).await, 0);
-    let requeued = json!({"type": "run_status_changed", "workflow_name": "quick-shell", "from": "running", "to": "pending"}).to_string();
+    let requeued = json!({"type": "run_status_changed", "workflow_name": "quick-shell", "from": "running", "to": "pending", "at": chrono::Utc::now()}).to_string();
     assert_eq!(post(&s.worker, signed(&requeued)).await.1["woke"], true);
 }
 

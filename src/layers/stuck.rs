@@ -21,7 +21,8 @@ use crate::worker::LambdaWorker;
 /// worker retires at once (`src/admission.rs`: an event that arrives meanwhile claims nothing
 /// and is answered with an error, for Lambda to retry elsewhere), the stuck step goes on, fenced
 /// (nothing it sends reaches the API), and the last invocation in flight to answer ends the
-/// process.
+/// process. A webhook request in flight counts as one ([`crate::webhook`] requests take no
+/// batch slot, but hold the process until answered), so none is cut off unanswered.
 #[derive(Clone)]
 pub struct ExitWhenStuckLayer {
     worker: Arc<LambdaWorker>,

@@ -111,6 +111,11 @@ pub const WEBHOOK_SECRET_VAR: &str = "IRONFLOW_WEBHOOK_SECRET";
 pub const WEBHOOK_SECRET_ARN_VAR: &str = "IRONFLOW_WEBHOOK_SECRET_ARN";
 /// The shortest webhook secret accepted: 32 characters (it may travel in the URL).
 pub const MIN_WEBHOOK_SECRET_LEN: usize = 32;
+/// How far an event's `at` may be from now, either way, for the webhook receiver to take it
+/// (`IRONFLOW_WEBHOOK_REPLAY_WINDOW_SECS`): 5 minutes (docs/push.md, "Replays").
+pub const DEFAULT_WEBHOOK_REPLAY_WINDOW: Duration = Duration::from_secs(300);
+/// The longest replay window accepted: 1 hour.
+pub const MAX_WEBHOOK_REPLAY_WINDOW: Duration = Duration::from_secs(3600);
 
 /// The secret the ironflow API's webhook proves itself with ([`crate::webhook`]): the key of
 /// its `X-Signature-256` HMAC, or the token in the URL it is configured with. Its `Debug` and
@@ -245,6 +250,8 @@ pub struct Settings {
     pub metrics_namespace: String,
     /// The webhook receiver's secret; `None`: the receiver is off. Never logged.
     pub webhook_secret: Option<WebhookSecret>,
+    /// How far an event's `at` may be from now, either way (`IRONFLOW_WEBHOOK_REPLAY_WINDOW_SECS`).
+    pub webhook_replay_window: Duration,
 }
 
 impl Settings {
@@ -282,6 +289,7 @@ impl Settings {
             wake_delay: DEFAULT_WAKE_DELAY,
             metrics_namespace: DEFAULT_METRICS_NAMESPACE.to_string(),
             webhook_secret: None,
+            webhook_replay_window: DEFAULT_WEBHOOK_REPLAY_WINDOW,
         }
     }
 

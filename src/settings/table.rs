@@ -481,6 +481,21 @@ pub static VARIABLES: &[Variable] = &[
         apply: |_, _| Ok(()),
     },
     Variable {
+        name: "IRONFLOW_WEBHOOK_REPLAY_WINDOW_SECS",
+        setter: "webhook_replay_window",
+        meaning: "[webhook](docs/push.md#replays) events' replay window (1 to 3600)",
+        default: "300",
+        apply: |s, raw| {
+            s.webhook_replay_window = raw
+                .parse::<u64>()
+                .ok()
+                .map(Duration::from_secs)
+                .filter(|d| !d.is_zero() && *d <= super::MAX_WEBHOOK_REPLAY_WINDOW)
+                .ok_or_else(|| invalid("a whole number of seconds from 1 to 3600"))?;
+            Ok(())
+        },
+    },
+    Variable {
         name: "IRONFLOW_METRICS_NAMESPACE",
         setter: "metrics_namespace",
         meaning: "CloudWatch namespace of the function's EMF metrics",

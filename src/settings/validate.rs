@@ -218,6 +218,13 @@ fn wake(s: &Settings, p: &mut Problems) {
              secret)",
         );
     }
+    let window = s.webhook_replay_window;
+    if window < std::time::Duration::from_secs(1) || window > super::MAX_WEBHOOK_REPLAY_WINDOW {
+        p.add(
+            "IRONFLOW_WEBHOOK_REPLAY_WINDOW_SECS",
+            "must be from 1 s to 3600 s",
+        );
+    }
     let defaults = (DEFAULT_MAX_WAKEUPS_PER_INVOCATION, DEFAULT_WAKE_DELAY);
     if s.wake_queue_url.is_none() && (s.max_wakeups_per_invocation, s.wake_delay) != defaults {
         p.add(

@@ -359,12 +359,14 @@ pub(crate) struct Delivery {
 }
 
 /// Wake the fleet for a pushed notice that runs are or will be Pending (the webhook receiver,
-/// [`crate::webhook`]): what the backlog needs beyond what is queued, before `until`.
+/// [`crate::webhook`]): what the backlog needs beyond what is queued, before `until`, sent
+/// with the request's invocation's `trace_id` as a batch's wake-ups are ([`BatchEnd::trace_id`]).
 pub(crate) async fn for_push(
     waker: &Waker,
     api: &ApiClient,
     need: Need<'_>,
     request_id: &str,
+    trace_id: Option<&str>,
     until: Instant,
 ) -> (WakeReport, Delivery) {
     let mut report = WakeReport {
@@ -373,7 +375,7 @@ pub(crate) async fn for_push(
     };
     let sender = Sender {
         request_id,
-        trace_id: None,
+        trace_id,
     };
     let delivery = wake_for(waker, api, need, sender, until, &mut report).await;
     (report, delivery)

@@ -7,21 +7,29 @@
 //! 2. a `POST`, else 405;
 //! 3. the body is at most [`MAX_BODY_BYTES`], else 413 (decoded from base64 when Lambda
 //!    encoded it; undecodable: 400);
-//! 4. the sender proves itself ([`auth`]), else 401;
+//! 4. the sender proves itself ([`auth`], with the secret's current or previous version,
+//!    [`keys`]), else 401;
 //! 5. the body is an event ([`notice`]), else 400;
-//! 6. an event that means no Pending run of a registered workflow is answered 202 and ignored;
-//! 7. the wake-ups the backlog needs beyond what is queued go to the wake queue
+//! 6. the event is fresh: its `at` within the replay window of now ([`replay`]), else 401;
+//! 7. an event that means no Pending run of a registered workflow is answered 202 and ignored;
+//! 8. a body already taken within the window is answered 202 and not taken again;
+//! 9. the wake-ups the backlog needs beyond what is queued go to the wake queue
 //!    (`src/wake/`: a burst of events costs the wake-ups its backlog needs, not one per
 //!    event; one decision at a time per process, and across environments through the
 //!    DynamoDB poison-pill table's wake-up mark, `src/wake/fleet.rs`; the backlog counted with
-//!    what a claim would ask for, blocked workflows left out in defer mode), 202; 503 when
-//!    some were needed and none surely reached the queue, for the API's webhook to retry.
+//!    what a claim would ask for, blocked workflows left out in defer mode), 202, and the body
+//!    is recorded as taken; 503 when some were needed and none surely reached the queue, for
+//!    the API's webhook to retry (not recorded: the retry is served).
 //!
-//! Every answer is logged with its status and reason, never with the secret, the signature, the
-//! token or the body's payload (only the event's type and workflow name).
+//! A 401 says only that the request is not authenticated; why goes to the log. Every answer is
+//! logged with its status and reason, never with the secret, the signature, the token or the
+//! body's payload (only the event's type and workflow name).
 
 pub mod auth;
+pub mod keys;
 pub mod notice;
+pub mod replay;
+pub mod replay_table;
 
 use aws_lambda_events::event::lambda_function_urls::{
     LambdaFunctionUrlRequest, LambdaFunctionUrlResponse,
@@ -31,9 +39,14 @@ use serde_json::json;
 use tokio::time::{Instant, timeout_at};
 use tracing::{error, info, warn};
 
+use self::keys::{Keys, Presented};
 use self::notice::{Notice, Verdict};
+use self::replay::{BodyDigest, Seen};
+use self::replay_table::ReplayTable;
 use crate::poison::gate::PoisonGate;
 use crate::report::WakeTrigger;
+use crate::secrets::WebhookSecretSource;
+use crate::settings::WebhookSecret;
 use crate::wake::{self, Need};
 use crate::worker::LambdaWorker;
 
@@ -42,6 +55,9 @@ pub const RESPONSE_RESERVE: std::time::Duration = std::time::Duration::from_mill
 
 /// The largest event body accepted: 64 KiB (ironflow's events are well under 2 KiB).
 pub const MAX_BODY_BYTES: usize = 64 * 1024;
+
+/// The body of every 401: it says only that the request is not authenticated.
+pub const NOT_AUTHENTICATED: &str = "not authenticated";
 
 /// The answer to one webhook request: its HTTP status and JSON body.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -62,6 +78,12 @@ impl Answer {
         Self::new(status, json!({ "error": reason }))
     }
 
+    /// A 401: `reason` (which never holds a secret) goes to the log only.
+    fn unauthenticated(reason: &str) -> Self {
+        warn!(status = 401, reason, "webhook request refused");
+        Self::new(401, json!({ "error": NOT_AUTHENTICATED }))
+    }
+
     /// The Function URL response (`statusCode`, JSON `body`).
     pub fn to_response(&self) -> LambdaFunctionUrlResponse {
         let mut response = LambdaFunctionUrlResponse::default();
@@ -75,15 +97,91 @@ impl Answer {
     }
 }
 
-/// Answer one webhook request (see the module docs), every call bounded by `until`.
+/// The receiver's state, built once per cold start: the secret's versions (`None`: the
+/// receiver is off) and the bodies taken (this process's, and the fleet's when the poison-pill
+/// table is in DynamoDB).
+#[derive(Debug)]
+pub(crate) struct Receiver {
+    keys: Option<Keys>,
+    seen: Seen,
+    table: Option<ReplayTable>,
+}
+
+impl Receiver {
+    /// The receiver for `secret` (the current version), with the previous version and the
+    /// secret they came from when read from Secrets Manager, recording the bodies taken in
+    /// `table` too when given.
+    pub(crate) fn new(
+        secret: Option<WebhookSecret>,
+        source: Option<(WebhookSecretSource, Option<WebhookSecret>)>,
+        table: Option<ReplayTable>,
+    ) -> Self {
+        let keys = secret.map(|current| match source {
+            Some((source, previous)) => Keys::new(current, previous, Some(source)),
+            None => Keys::new(current, None, None),
+        });
+        Self {
+            keys,
+            seen: Seen::default(),
+            table,
+        }
+    }
+
+    /// Whether `taken`'s body was taken already, here or (with the table) anywhere in the fleet.
+    async fn already_taken(&self, taken: &Taken, until: Instant) -> bool {
+        let now_ms = chrono::Utc::now().timestamp_millis();
+        if self.seen.contains(&taken.digest, now_ms) {
+            return true;
+        }
+        let Some(table) = &self.table else {
+            return false;
+        };
+        let found = table.contains(&taken.digest, now_ms, until).await;
+        if found {
+            self.seen.record(taken.digest, taken.fresh_until_ms, now_ms);
+        }
+        found
+    }
+
+    /// Record `taken`'s body as taken, here and (with the table) for the fleet.
+    async fn record(&self, taken: &Taken, until: Instant) {
+        let now_ms = chrono::Utc::now().timestamp_millis();
+        self.seen.record(taken.digest, taken.fresh_until_ms, now_ms);
+        if let Some(table) = &self.table {
+            table
+                .record(&taken.digest, taken.fresh_until_ms, now_ms, until)
+                .await;
+        }
+    }
+}
+
+/// The invocation a webhook request came in.
+#[derive(Debug, Clone, Copy)]
+pub struct Invocation<'a> {
+    /// Lambda's request id, written into the wake-ups (`sent_by`).
+    pub request_id: &'a str,
+    /// The invocation's X-Ray trace header (`Context.xray_trace_id`), sent with the wake-ups
+    /// as `X-Amzn-Trace-Id`, as a batch's are.
+    pub trace_id: Option<&'a str>,
+    /// The end of the request's time: every call is bounded by it.
+    pub until: Instant,
+}
+
+/// A fresh event, to be taken once.
+struct Taken {
+    digest: BodyDigest,
+    /// When the window refuses it anyway (epoch ms): the end of its record.
+    fresh_until_ms: i64,
+}
+
+/// Answer one webhook request (see the module docs), every call bounded by `invocation.until`.
 pub async fn receive(
     worker: &LambdaWorker,
     request: &LambdaFunctionUrlRequest,
-    request_id: &str,
-    until: Instant,
+    invocation: Invocation<'_>,
 ) -> Answer {
     // 1. On: a secret is configured.
-    let Some(secret) = worker.settings.webhook_secret.as_ref() else {
+    let Some(keys) = worker.receiver.keys.as_ref() else {
         error!(
             "a webhook request came, and the receiver is off: set IRONFLOW_WEBHOOK_SECRET_ARN \
              (or IRONFLOW_WEBHOOK_SECRET)"
@@ -104,53 +202,79 @@ pub async fn receive(
         Err(answer) => return answer,
     };
     // 4. The sender.
-    let signature = header(request, auth::SIGNATURE_HEADER);
-    let token = request
-        .query_string_parameters
-        .get(auth::TOKEN_PARAMETER)
-        .map(String::as_str);
-    let proof = match auth::check(secret, signature, token, &body) {
+    let presented = Presented {
+        signature: header(request, auth::SIGNATURE_HEADER),
+        token: request
+            .query_string_parameters
+            .get(auth::TOKEN_PARAMETER)
+            .map(String::as_str),
+        body: &body,
+    };
+    let proof = match keys.check(presented, invocation.until).await {
         Ok(proof) => proof,
-        Err(refusal) => return Answer::refused(401, &refusal.to_string()),
+        Err(refusal) => return Answer::unauthenticated(&refusal.to_string()),
     };
     // 5. An event.
-    let notice = match Notice::parse(&body) {
-        Ok(notice) => notice,
-        Err(_) => {
-            return Answer::refused(400, "the body is not a JSON event with a string \"type\"");
-        }
+    let Ok(notice) = Notice::parse(&body) else {
+        return Answer::refused(
+            400,
+            "the body is not a JSON event with a string \"type\" (and an RFC 3339 \"at\")",
+        );
     };
-    // 6. Work for this deployment.
+    // 6. Fresh.
+    let window = worker.settings.webhook_replay_window;
+    let taken = match replay::fresh_until(notice.at, chrono::Utc::now(), window) {
+        Ok(fresh_until_ms) => Taken {
+            digest: replay::digest(&body),
+            fresh_until_ms,
+        },
+        Err(stale) => return Answer::unauthenticated(&stale.to_string()),
+    };
+    // 7. Work for this deployment.
     let registered = worker.capabilities.workflows.as_deref();
     let workflow = notice.workflow_name.as_deref().unwrap_or("");
     if let Verdict::Ignore(reason) = notice.verdict(registered) {
         info!(event = %notice.kind, workflow, ?proof, reason, "webhook event ignored");
         return Answer::new(202, json!({ "woke": false, "ignored": reason }));
     }
-    // 7. The wake-ups.
-    wake_fleet(worker, &notice, request_id, until).await
+    // 8. and 9. Not taken yet, then the wake-ups.
+    wake_fleet(worker, &notice, &taken, invocation).await
 }
 
-/// Step 7: the wake-ups the backlog needs, through the wake queue.
+/// Steps 8 and 9: a body not taken yet, and the wake-ups the backlog needs, through the wake
+/// queue.
 async fn wake_fleet(
     worker: &LambdaWorker,
     notice: &Notice,
-    request_id: &str,
-    until: Instant,
+    taken: &Taken,
+    invocation: Invocation<'_>,
 ) -> Answer {
     let workflow = notice.workflow_name.as_deref().unwrap_or("");
     // The builder refuses a secret without a wake queue.
     let Some(waker) = worker.wake.as_ref() else {
         return Answer::refused(503, "no wake queue (IRONFLOW_WAKE_QUEUE_URL)");
     };
+    // One wake-up decision at a time in this process: events arriving together (the API's
+    // publisher posts each in a task of its own) each see what the one before queued. One that
+    // waits past its time is answered at once: the decision under way counts its run too (the
+    // API published the event after the run was created).
+    let Ok(_turn) = timeout_at(invocation.until, worker.push_turn.lock()).await else {
+        info!(event = %notice.kind, workflow, "webhook event: coalesced with the wake-ups being decided");
+        return Answer::new(202, json!({ "woke": false, "coalesced": true }));
+    };
+    // Under the turn: a replay arriving with its original waits for the original's record.
+    if worker.receiver.already_taken(taken, invocation.until).await {
+        info!(event = %notice.kind, workflow, "webhook event already taken (a replay, or a re-send of an answered one): ignored");
+        return Answer::new(202, json!({ "woke": false, "duplicate": true }));
+    }
     // The backlog a claim could take: in defer mode, the poison-pill table's blocked
     // workflows are left out, as the claim leaves them out (their runs wake nobody).
     let mut gate = PoisonGate::new(
         worker.poison_table.clone(),
         worker.settings.poison,
         worker.poison_mode,
-        until,
-        request_id,
+        invocation.until,
+        invocation.request_id,
     )
     .sharing(worker.poison_seen.clone());
     let capabilities = gate.capabilities_for_claim(&worker.capabilities).await;
@@ -160,17 +284,21 @@ async fn wake_fleet(
         runs_per_invocation: worker.settings.max_runs_per_invocation,
         fleet: worker.fleet.as_ref(),
     };
-    // One wake-up decision at a time in this process: events arriving together (the API's
-    // publisher posts each in a task of its own) each see what the one before queued. One that
-    // waits past its time is answered at once: the decision under way counts its run too (the
-    // API published the event after the run was created).
-    let Ok(_turn) = timeout_at(until, worker.push_turn.lock()).await else {
-        info!(event = %notice.kind, workflow, "webhook event: coalesced with the wake-ups being decided");
-        return Answer::new(202, json!({ "woke": false, "coalesced": true }));
-    };
-    let (report, delivery) = wake::for_push(waker, &worker.api, need, request_id, until).await;
+    let (report, delivery) = wake::for_push(
+        waker,
+        &worker.api,
+        need,
+        invocation.request_id,
+        invocation.trace_id,
+        invocation.until,
+    )
+    .await;
     info!(event = %notice.kind, workflow, sent = report.sent, pending_runs = report.pending_runs,
         queued = report.queued, "webhook event: wake-ups");
+    // Taken once its wake-ups reached the queue, or none was needed.
+    if delivery.needed == 0 || report.sent > 0 {
+        worker.receiver.record(taken, invocation.until).await;
+    }
     // 503 (the API's webhook retries) only when wake-ups were needed and none surely reached
     // the queue: not when none was needed, nor when the send's answer came too late.
     let status = if delivery.needed > 0 && report.sent == 0 && !delivery.unknown {

@@ -35,6 +35,9 @@ pub struct Notice {
     /// A status change's new status (`pending`, ...).
     #[serde(default)]
     pub to: Option<String>,
+    /// When the API built the event (every ironflow event has it; [`super::replay`]).
+    #[serde(default)]
+    pub at: Option<chrono::DateTime<chrono::Utc>>,
 }
 
 /// What the receiver does with a notice.
@@ -51,7 +54,8 @@ impl Notice {
     ///
     /// # Errors
     ///
-    /// The JSON error when the body is not a JSON object with a string `type`.
+    /// The JSON error when the body is not a JSON object with a string `type` (and an RFC 3339
+    /// `at` where present).
     pub fn parse(body: &[u8]) -> Result<Self, serde_json::Error> {
         serde_json::from_slice(body)
     }
@@ -86,7 +90,7 @@ mod tests {
 
     #[test]
     fn runs_that_are_or_will_be_pending_for_registered_workflows_wake() {
-        let created = r#"{"type":"run_created","run_id":"01a2","workflow_name":"deploy","at":"x"}"#;
+        let created = r#"{"type":"run_created","run_id":"01a2","workflow_name":"deploy","at":"2026-12-01T10:00:00.123456Z"}"#;
         assert_eq!(verdict(created), Verdict::Wake);
         let requeued = r#"{"type":"run_status_changed","workflow_name":"build","from":"running","to":"pending","extra":1}"#;
         assert_eq!(verdict(requeued), Verdict::Wake);
@@ -125,7 +129,14 @@ mod tests {
 
     #[test]
     fn a_body_without_a_string_type_is_malformed() {
-        for body in ["", "[]", "{}", r#"{"type":3}"#, "not json"] {
+        for body in [
+            "",
+            "[]",
+            "{}",
+            r#"{"type":3}"#,
+            "not json",
+            r#"{"type":"run_created","at":"yesterday"}"#,
+        ] {
             assert!(Notice::parse(body.as_bytes()).is_err(), "{body:?}");
         }
     }
