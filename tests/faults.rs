@@ -189,6 +189,22 @@ fn a_variable_that_is_not_utf8_fails_the_cold_start_naming_it() {
 }
 
 #[test]
+fn a_misspelt_variable_fails_the_cold_start_naming_the_one_meant() {
+    // Ignored, the table would silently be the in-memory one.
+    let (ok, output) = cold_start(&[
+        ("IRONFLOW_API_URL", "http://127.0.0.1:9"),
+        ("IRONFLOW_WORKER_TOKEN", SECRET),
+        ("IRONFLOW_POISON_TABEL", "ironflow-poison"),
+    ]);
+    assert!(!ok, "the cold start must fail: {output}");
+    assert!(
+        output.contains("IRONFLOW_POISON_TABEL") && output.contains("IRONFLOW_POISON_TABLE"),
+        "{output}"
+    );
+    assert!(!output.contains(SECRET), "the token leaked: {output}");
+}
+
+#[test]
 fn several_bad_variables_are_all_named_in_one_cold_start() {
     let (ok, output) = cold_start(&[
         ("IRONFLOW_WORKER_TOKEN", SECRET),

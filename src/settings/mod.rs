@@ -477,8 +477,70 @@ fn missing(s: &Settings, errors: &mut Vec<ConfigError>) {
 ///
 /// [`ConfigError`] naming each variable set to something that is not valid UTF-8 (read as
 /// unset, it would silently become its default: a poison table name the in-memory table).
+///
+/// A variable whose name is a near miss of one of them (`IRONFLOW_POISON_TABEL`) is refused
+/// too, naming the one it misspells: ignored, its setting would silently keep its default.
 pub fn environment() -> Result<impl Fn(&str) -> Option<String> + Clone, ConfigError> {
-    os_lookup(|name| std::env::var_os(name))
+    let names: Vec<String> = std::env::vars_os()
+        .filter_map(|(name, _)| name.into_string().ok())
+        .collect();
+    let mut errors = misspelt(&names);
+    let lookup = match os_lookup(|name| std::env::var_os(name)) {
+        Ok(lookup) if errors.is_empty() => return Ok(lookup),
+        Ok(_) => None,
+        Err(ConfigError::Several(more)) => Some(more),
+        Err(one) => Some(vec![one]),
+    };
+    errors.extend(lookup.unwrap_or_default());
+    order(&mut errors);
+    match errors.len() {
+        1 => Err(errors.remove(0)),
+        _ => Err(ConfigError::Several(errors)),
+    }
+}
+
+/// The errors of the `IRONFLOW_*` names in `names` that are no variable of [`VARIABLES`] but
+/// within two edits of one (a misspelling): each names the variable it is closest to.
+pub fn misspelt(names: &[String]) -> Vec<ConfigError> {
+    let mut errors = Vec::new();
+    for name in names.iter().filter(|n| n.starts_with("IRONFLOW_")) {
+        if VARIABLES.iter().any(|v| v.variable() == name) {
+            continue;
+        }
+        let closest = VARIABLES
+            .iter()
+            .map(|v| (edits(name, v.variable()), v.variable()))
+            .min();
+        if let Some((distance, variable)) = closest.filter(|(d, _)| *d <= 2) {
+            errors.push(ConfigError::Unusable {
+                variable,
+                reason: format!(
+                    "{name} is set, and this worker reads no such variable: a misspelling of \
+                     {variable} ({distance} letter(s) apart)? Rename it, or {variable} keeps its \
+                     default"
+                ),
+            });
+        }
+    }
+    errors
+}
+
+/// The edit distance between `a` and `b` (insertions, deletions, substitutions of bytes).
+fn edits(a: &str, b: &str) -> usize {
+    let b = b.as_bytes();
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.bytes().enumerate() {
+        let mut diagonal = row[0];
+        row[0] = i + 1;
+        for (j, cb) in b.iter().enumerate() {
+            let next = (diagonal + usize::from(ca != *cb))
+                .min(row[j] + 1)
+                .min(row[j + 1] + 1);
+            diagonal = row[j + 1];
+            row[j + 1] = next;
+        }
+    }
+    row[b.len()]
 }
 
 /// [`environment`] over any lookup of raw values.
@@ -1173,6 +1235,32 @@ pub(crate) mod tests {
             s.validate().first().map(|p| p.setter),
             Some("worker_id_prefix")
         );
+    }
+
+    #[test]
+    fn a_misspelt_variable_is_refused_naming_the_one_it_misspells() {
+        let names = [
+            "IRONFLOW_POISON_TABEL",
+            "IRONFLOW_CONCURENCY",
+            "IRONFLOW_POISON_TABLE",
+            "IRONFLOW_TEST_MOTO_ENDPOINT",
+            "IRONFLOW_CHAOS_RUNS",
+            "PATH",
+        ]
+        .map(String::from);
+        let errors = misspelt(&names);
+        let text: Vec<String> = errors.iter().map(ToString::to_string).collect();
+        assert_eq!(errors.len(), 2, "{text:?}");
+        assert!(
+            text[0].contains("IRONFLOW_POISON_TABEL") && text[0].contains("IRONFLOW_POISON_TABLE"),
+            "{text:?}"
+        );
+        assert!(
+            text[1].contains("IRONFLOW_CONCURENCY") && text[1].contains("IRONFLOW_CONCURRENCY"),
+            "{text:?}"
+        );
+        assert_eq!(edits("kitten", "sitting"), 3);
+        assert_eq!(edits("", "ab"), 2);
     }
 
     #[test]
