@@ -34,7 +34,12 @@
 //!    prints.
 //! 5. A check across settings goes to `validate.rs`, naming the row (`p.add(&ROW, reason)`).
 //!
-//! A new type of value implements [`Value`] (`value.rs`).
+//! A new type of value implements [`Value`] (`value.rs`). A row written in the former style
+//! (`Variable { name, setter, meaning, default, apply }`) ports field by field: `name` is
+//! `variable`; the `default` string becomes the typed `default` (or `default_doc` when it is not
+//! a value, e.g. `none: receiver off`); what `apply` parsed is the [`Value`] type and [`Unit`];
+//! the checks `apply` and `validate.rs` made on one value become `min`/`max` or the `rule`; the
+//! builder method's prose loses its default and bounds, which the row's doc line now states.
 
 mod row;
 mod rules;
@@ -71,22 +76,22 @@ pub const DEFAULT_MAX_RUNS_PER_INVOCATION: usize = table::MAX_RUNS_PER_INVOCATIO
 pub const DEFAULT_CONCURRENCY: usize = table::CONCURRENCY.default;
 /// Most runs one process may execute at once, M × C: 4096 (each has an execution thread).
 pub const MAX_RUNS_PER_PROCESS: usize = 4096;
-/// Default run timeout, as the reference worker: 30 minutes ([`table::RUN_TIMEOUT`]).
+/// Default run timeout, as the reference worker's ([`table::RUN_TIMEOUT`]).
 pub const DEFAULT_RUN_TIMEOUT: Duration = table::RUN_TIMEOUT.default;
-/// Default margin before the invocation deadline: 10 s, time to hand runs back with retries
-/// when the API fails ([`table::DEADLINE_MARGIN`]).
+/// Default margin before the invocation deadline, time to hand runs back with retries when
+/// the API fails ([`table::DEADLINE_MARGIN`]).
 pub const DEFAULT_DEADLINE_MARGIN: Duration = table::DEADLINE_MARGIN.default;
-/// Default minimum time before the cutoff for a claim: 2 s ([`table::MIN_CLAIM_BUDGET`]).
+/// Default minimum time before the cutoff for a claim ([`table::MIN_CLAIM_BUDGET`]).
 pub const DEFAULT_MIN_CLAIM_BUDGET: Duration = table::MIN_CLAIM_BUDGET.default;
-/// Default threshold of claim-ahead: a claim's round trip at least 20 % of a run's execution
-/// time ([`table::CLAIM_AHEAD_PERCENT`]).
+/// Default threshold of claim-ahead, in % of a run's execution time
+/// ([`table::CLAIM_AHEAD_PERCENT`]).
 pub const DEFAULT_CLAIM_AHEAD_PERCENT: u32 = table::CLAIM_AHEAD_PERCENT.default;
-/// Default function timeout assumed when none is configured: Lambda's maximum, 900 s
+/// Default function timeout assumed when none is configured: Lambda's maximum
 /// ([`table::FUNCTION_TIMEOUT`]).
 pub const DEFAULT_FUNCTION_TIMEOUT: Duration = table::FUNCTION_TIMEOUT.default;
-/// Default lease TTL, as the reference worker: 90 s ([`table::LEASE_TTL`]).
+/// Default lease TTL, as the reference worker's ([`table::LEASE_TTL`]).
 pub const DEFAULT_LEASE_TTL: Duration = table::LEASE_TTL.default;
-/// Default lease refresh interval, as the reference worker: 30 s
+/// Default lease refresh interval, as the reference worker's
 /// ([`table::LEASE_REFRESH_INTERVAL`]).
 pub const DEFAULT_LEASE_REFRESH_INTERVAL: Duration = table::LEASE_REFRESH_INTERVAL.default;
 /// Default prefix of worker ids ([`table::WORKER_ID_PREFIX`]).
