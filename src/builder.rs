@@ -70,9 +70,9 @@ pub struct LambdaWorkerBuilder {
 }
 
 impl LambdaWorkerBuilder {
-    /// A builder for the API at `api_url` (`IRONFLOW_API_URL`: `https://`, or `http://` to a
-    /// loopback host) with its worker token (`IRONFLOW_WORKER_TOKEN`), every other setting at
-    /// its default.
+    /// A builder for the API at `api_url` (`https://`, or `http://` to a loopback host) with its
+    /// worker token, every other setting at its default. Variable `IRONFLOW_API_URL`; default
+    /// required. Variable `IRONFLOW_WORKER_TOKEN`; default required, or its `_SECRET_ARN`.
     pub fn new(api_url: &str, worker_token: &str) -> Self {
         Self::from_settings(Settings::new(api_url, WorkerToken::new(worker_token)))
     }
@@ -86,19 +86,21 @@ impl LambdaWorkerBuilder {
         Ok(Self::from_settings(Settings::from_env()?))
     }
 
-    /// A builder from the environment, as [`LambdaWorkerBuilder::from_env`], with the worker
-    /// token read from Secrets Manager when `IRONFLOW_WORKER_TOKEN` is unset and
+    /// A builder from the environment, as [`LambdaWorkerBuilder::from_env`], with the worker token
+    /// read from Secrets Manager when `IRONFLOW_WORKER_TOKEN` is unset and
     /// `IRONFLOW_WORKER_TOKEN_SECRET_ARN` is set (once at cold start, and again when the API
-    /// refuses the token: it was rotated). `aws` is the AWS configuration loaded at cold start
-    /// (`aws_config::load_defaults`), kept for the poison-pill table and the wake-ups. This is
-    /// what [`crate::run`] calls.
+    /// refuses the token: it was rotated), and the webhook secret likewise. `aws` is the AWS
+    /// configuration loaded at cold start (`aws_config::load_defaults`), kept for the poison-pill
+    /// table and the wake-ups. This is what [`crate::run`] calls. Variable
+    /// `IRONFLOW_WORKER_TOKEN_SECRET_ARN`; default none. Variable `IRONFLOW_WEBHOOK_SECRET_ARN`;
+    /// default none.
     ///
     /// # Errors
     ///
     /// [`BuildError::Secret`] naming the variable and the secret's ARN when the secret cannot
     /// be read, [`BuildError::Config`] naming the variables that are wrong.
     pub async fn from_env_and_secrets(aws: &SdkConfig) -> Result<Self, BuildError> {
-        Self::from_lookup_and_secrets(|name| std::env::var(name).ok(), aws).await
+        Self::from_lookup_and_secrets(crate::settings::environment()?, aws).await
     }
 
     /// [`LambdaWorkerBuilder::from_env_and_secrets`] with variables from any lookup (a map in
@@ -185,29 +187,29 @@ impl LambdaWorkerBuilder {
         self
     }
 
-    /// Accept a plain `http://` API URL to a host that is not loopback (an API inside the VPC):
-    /// the worker token then crosses the network in clear text (`IRONFLOW_ALLOW_INSECURE_HTTP`).
-    /// Default `false`: such a URL is refused at build time. `https://` URLs and `http://` to a
-    /// loopback host need nothing.
+    /// Accept a plain `http://` URL (the API's, the heartbeat's) to a host that is not loopback (an
+    /// API inside the VPC): the worker token then crosses the network in clear text. Off, such a
+    /// URL is refused at build time; `https://` URLs and `http://` to a loopback host need nothing.
+    /// Variable `IRONFLOW_ALLOW_INSECURE_HTTP`; default `false`.
     pub fn allow_insecure_http(mut self, allow: bool) -> Self {
         self.settings.allow_insecure_http = allow;
         self
     }
 
-    /// Runs executing at once in one invocation, C (`IRONFLOW_CONCURRENCY`). Default 2; at
-    /// least 1. The execution runtime has M × C + 1 threads (M:
-    /// [`concurrent_invocations`](Self::concurrent_invocations)).
+    /// Runs executing at once in one invocation, C. The execution runtime has M × C + 1 threads (M:
+    /// [`concurrent_invocations`](Self::concurrent_invocations)). Variable `IRONFLOW_CONCURRENCY`;
+    /// default 2; ≥ 1.
     pub fn concurrency(mut self, n: usize) -> Self {
         self.settings.concurrency = n;
         self
     }
 
-    /// Invocations one process serves at once, M (`AWS_LAMBDA_MAX_CONCURRENCY`, which Lambda
-    /// Managed Instances set from the function's `PerExecutionEnvironmentMaxConcurrency`).
-    /// Default 1: one invocation at a time, as on-demand Lambda sends them; a second call of
-    /// [`crate::handle`] waits for the first to return. Above 1, that many invocations run at
-    /// once, each with its own C runs, lease, handbacks, step logs and summary; the execution
-    /// runtime has M × C + 1 threads; M × C is at most 4096.
+    /// Invocations one process serves at once, M (Lambda Managed Instances set the variable from
+    /// the function's `PerExecutionEnvironmentMaxConcurrency`). At 1, one invocation at a time, as
+    /// on-demand Lambda sends them; a second call of [`crate::handle`] waits for the first to
+    /// return. Above 1, that many invocations run at once, each with its own C runs, lease,
+    /// handbacks, step logs and summary; the execution runtime has M × C + 1 threads; M × C is at
+    /// most 4096. Variable `AWS_LAMBDA_MAX_CONCURRENCY`; default 1; ≥ 1.
     ///
     /// ```no_run
     /// # let builder = ironflow_lambda::LambdaWorkerBuilder::new("https://ironflow.example.com", "t");
@@ -219,14 +221,14 @@ impl LambdaWorkerBuilder {
         self
     }
 
-    /// Turn the webhook receiver on with its secret (`IRONFLOW_WEBHOOK_SECRET`, or the Secrets
-    /// Manager secret `IRONFLOW_WEBHOOK_SECRET_ARN` names): the key of the API's
-    /// `X-Signature-256` HMAC, or the `token` query parameter of the URL the API posts to
-    /// (docs/push.md). At least 32 characters. Default: off (a Function URL event is answered
-    /// 503). Needs a wake queue ([`wake_ups`](Self::wake_ups) or `IRONFLOW_WAKE_QUEUE_URL`).
-    /// A secret set here is never re-read: it replaces one read from
-    /// `IRONFLOW_WEBHOOK_SECRET_ARN` (whose current and previous versions are accepted, and
-    /// re-read after a rotation).
+    /// Turn the webhook receiver on with its secret (or the Secrets Manager secret
+    /// `IRONFLOW_WEBHOOK_SECRET_ARN` names): the key of the API's `X-Signature-256` HMAC, or the
+    /// `token` query parameter of the URL the API posts to (docs/push.md); at least 32 visible
+    /// ASCII characters. Off, a Function URL event is answered 503. Needs a wake queue
+    /// ([`wake_ups`](Self::wake_ups) or `IRONFLOW_WAKE_QUEUE_URL`). A secret set here is never
+    /// re-read: it replaces one read from `IRONFLOW_WEBHOOK_SECRET_ARN` (whose current and
+    /// previous versions are accepted, and re-read after a rotation). Variable
+    /// `IRONFLOW_WEBHOOK_SECRET`; default none: receiver off.
     ///
     /// ```no_run
     /// # let builder = ironflow_lambda::LambdaWorkerBuilder::new("https://ironflow.example.com", "t");
@@ -239,9 +241,9 @@ impl LambdaWorkerBuilder {
     }
 
     /// How far an event's `at` may be from now, either way, for the webhook receiver to take
-    /// it (`IRONFLOW_WEBHOOK_REPLAY_WINDOW_SECS`, whole seconds): an event outside it is refused
+    /// it, in whole seconds: an event outside it is refused
     /// (401), and an event taken is not taken again within it (docs/push.md, "Replays").
-    /// Default 5 minutes; 1 s to 1 hour.
+    /// Variable `IRONFLOW_WEBHOOK_REPLAY_WINDOW_SECS` (seconds); default 300; 1 s to 3600 s.
     ///
     /// ```no_run
     /// use std::time::Duration;
@@ -253,18 +255,18 @@ impl LambdaWorkerBuilder {
         self
     }
 
-    /// Runs one invocation claims at most, N (`IRONFLOW_MAX_RUNS_PER_INVOCATION`). Default 8;
-    /// at least 1. A larger N makes invocation boundaries rarer, and lets more runs meet the
-    /// cutoff and be handed back.
+    /// Runs one invocation claims at most, N. A larger N makes invocation boundaries rarer, and
+    /// lets more runs meet the cutoff and be handed back. Variable
+    /// `IRONFLOW_MAX_RUNS_PER_INVOCATION`; default 8; ≥ 1.
     pub fn max_runs_per_invocation(mut self, n: usize) -> Self {
         self.settings.max_runs_per_invocation = n;
         self
     }
 
-    /// A run attempt's limit on executed time, summed across the invocations that ran it
-    /// (`IRONFLOW_RUN_TIMEOUT_SECS`, seconds): time it slept or waited for a signal, an approval
-    /// or a human input does not count (read from the attempt's steps at each claim; what counts
-    /// is defined in `docs/design.md`). Default 30 minutes; above zero, at most 100 years.
+    /// A run attempt's limit on executed time, summed across the invocations that ran it: time
+    /// it slept or waited for a signal, an approval or a human input does not count (read from
+    /// the attempt's steps at each claim; what counts is defined in `docs/design.md`); more than
+    /// zero. Variable `IRONFLOW_RUN_TIMEOUT_SECS` (seconds); default 1800.
     ///
     /// ```no_run
     /// use std::time::Duration;
@@ -276,42 +278,42 @@ impl LambdaWorkerBuilder {
         self
     }
 
-    /// Time kept free before the invocation deadline to hand runs back and answer: the cutoff
-    /// is `deadline − margin` (`IRONFLOW_DEADLINE_MARGIN_MS`, milliseconds). Default 10 s; at
-    /// least 500 ms and below the function timeout. The handback's writes are retried within
-    /// it when the API fails, so a larger margin rides out a longer API blip.
+    /// Time kept free before the invocation deadline to hand runs back and answer: the cutoff is
+    /// `deadline − margin`; below the function timeout. The handback's writes are retried within it
+    /// when the API fails, so a larger margin rides out a longer API blip. Variable
+    /// `IRONFLOW_DEADLINE_MARGIN_MS` (milliseconds); default 10000; ≥ 500 ms.
     pub fn deadline_margin(mut self, margin: Duration) -> Self {
         self.settings.deadline_margin = margin;
         self
     }
 
-    /// No run is claimed once less than this is left before the cutoff
-    /// (`IRONFLOW_MIN_CLAIM_BUDGET_MS`, milliseconds). Default 2 s; at least 100 ms.
+    /// No run is claimed once less than this is left before the cutoff. Variable
+    /// `IRONFLOW_MIN_CLAIM_BUDGET_MS` (milliseconds); default 2000; ≥ 100 ms.
     pub fn min_claim_budget(mut self, budget: Duration) -> Self {
         self.settings.min_claim_budget = budget;
         self
     }
 
-    /// Claim one run ahead of a free slot while, on this instance, a claim's round trip is at
-    /// least `percent` % of a run's execution time (`IRONFLOW_CLAIM_AHEAD_PERCENT`). Default
-    /// 20; 0 claims as the reference worker: one claim at a time, each into a free slot.
+    /// Claim one run ahead of a free slot while, on this instance, a claim's round trip is at least
+    /// `percent` % of a run's execution time; 0 claims as the reference worker: one claim at a
+    /// time, each into a free slot. Variable `IRONFLOW_CLAIM_AHEAD_PERCENT`; default 20.
     pub fn claim_ahead_percent(mut self, percent: u32) -> Self {
         self.settings.claim_ahead_percent = percent;
         self
     }
 
-    /// The function's configured timeout, the template's `Timeout`
-    /// (`IRONFLOW_FUNCTION_TIMEOUT_SECS`, seconds). Default 900 s. The margin must be below it;
-    /// the loop guard's stall rule counts half of it.
+    /// The function's configured timeout, the template's `Timeout`; more than zero. The margin must
+    /// be below it; the loop guard's stall rule counts half of it. Variable
+    /// `IRONFLOW_FUNCTION_TIMEOUT_SECS` (seconds); default 900.
     pub fn function_timeout(mut self, timeout: Duration) -> Self {
         self.settings.function_timeout = timeout;
         self
     }
 
-    /// Lease TTL requested on claim and refresh (`IRONFLOW_LEASE_TTL_SECS`, whole seconds).
-    /// Default 90 s; 1 to 3600 s, the range the API accepts. Once a lease expires, the API's
-    /// reaper takes the run back: it requeues it, or fails it once its lease expired more times
-    /// than the run's `max_retries`.
+    /// Lease TTL requested on claim and refresh, in whole seconds, the range the API accepts. Once
+    /// a lease expires, the API's reaper takes the run back: it requeues it, or fails it once its
+    /// lease expired more times than the run's `max_retries`. Variable `IRONFLOW_LEASE_TTL_SECS`
+    /// (seconds); default 90; 1 s to 3600 s.
     ///
     /// ```no_run
     /// use std::time::Duration;
@@ -326,17 +328,17 @@ impl LambdaWorkerBuilder {
         self
     }
 
-    /// Lease refresh interval (`IRONFLOW_LEASE_REFRESH_INTERVAL_SECS`, seconds). Default 30 s;
-    /// above zero and below the lease TTL (keep the TTL at least twice the interval: what is
-    /// left of it is the time failed refreshes are retried in).
+    /// Lease refresh interval, more than zero and below the lease TTL (keep the TTL at least twice
+    /// the interval: what is left of it is the time failed refreshes are retried in). Variable
+    /// `IRONFLOW_LEASE_REFRESH_INTERVAL_SECS` (seconds); default 30.
     pub fn lease_refresh_interval(mut self, interval: Duration) -> Self {
         self.settings.lease_refresh_interval = interval;
         self
     }
 
-    /// Add worker tags sent with each claim (`IRONFLOW_WORKER_TAGS`, comma-separated). Each tag
-    /// is 1 to 64 bytes of ASCII letters, digits and `- _ . : / =`, at most 32 tags; surrounding
-    /// whitespace and duplicates are dropped. Default none.
+    /// Add worker tags sent with each claim (the variable is comma-separated). Each tag is 1 to 64
+    /// bytes of ASCII letters, digits and `- _ . : / =`, at most 32 tags; surrounding whitespace
+    /// and duplicates are dropped. Variable `IRONFLOW_WORKER_TAGS`; default none.
     ///
     /// ```no_run
     /// # let builder = ironflow_lambda::LambdaWorkerBuilder::new("https://ironflow.example.com", "t");
@@ -351,31 +353,31 @@ impl LambdaWorkerBuilder {
         self
     }
 
-    /// Prefix of the worker id (`IRONFLOW_WORKER_ID_PREFIX`). Each invocation claims under its
-    /// own id, `<prefix>-<request id>-<8 hex>`, so a lease tells which invocation holds it.
-    /// Default `lambda`.
+    /// Prefix of the worker id. Each invocation claims under its own id, `<prefix>-<request id>-<8
+    /// hex>`, so a lease tells which invocation holds it; no leading space (the API trims ids) and
+    /// no control character. Variable `IRONFLOW_WORKER_ID_PREFIX`; default `lambda`.
     pub fn worker_id_prefix(mut self, prefix: &str) -> Self {
         self.settings.worker_id_prefix = prefix.to_string();
         self
     }
 
-    /// Consecutive failures that block a workflow as a poison pill
-    /// (`IRONFLOW_POISON_THRESHOLD`). Default 3; at least 1.
+    /// Consecutive failures that block a workflow as a poison pill. Variable
+    /// `IRONFLOW_POISON_THRESHOLD`; default 3; ≥ 1.
     pub fn poison_threshold(mut self, n: u32) -> Self {
         self.settings.poison.threshold = n;
         self
     }
 
-    /// How long a blocked workflow stays blocked after its last failure
-    /// (`IRONFLOW_POISON_COOLDOWN_SECS`, seconds). Default 5 minutes.
+    /// How long a blocked workflow stays blocked after its last failure. Variable
+    /// `IRONFLOW_POISON_COOLDOWN_SECS` (seconds); default 300.
     pub fn poison_cooldown(mut self, cooldown: Duration) -> Self {
         self.settings.poison.cooldown = cooldown;
         self
     }
 
-    /// Prefix of every key in the poison-pill table, so several functions can share one table
-    /// (`IRONFLOW_POISON_NAMESPACE`). Default the function's name (`AWS_LAMBDA_FUNCTION_NAME`),
-    /// else `ironflow`; 1 to 200 bytes, no `#`.
+    /// Prefix of every key in the poison-pill table, so several functions can share one table: 1 to
+    /// 200 bytes, no `#`. Variable `IRONFLOW_POISON_NAMESPACE`; default `AWS_LAMBDA_FUNCTION_NAME`,
+    /// else `ironflow`.
     pub fn poison_namespace(mut self, namespace: &str) -> Self {
         self.settings.poison_namespace = namespace.to_string();
         self
@@ -404,11 +406,10 @@ impl LambdaWorkerBuilder {
         self
     }
 
-    /// What happens to the runs of a blocked workflow (`IRONFLOW_POISON_MODE`): `Fail`
-    /// (default) fails a claimed run; `Defer` leaves blocked workflows out of the claim so
-    /// their runs stay Pending until the cooldown ends. Defer needs the registered workflow
-    /// list on claims: with a comma in a workflow name it falls back to `Fail` (with a
-    /// warning at build time).
+    /// What happens to the runs of a blocked workflow: `Fail` fails a claimed run; `Defer` leaves
+    /// blocked workflows out of the claim so their runs stay Pending until the cooldown ends. Defer
+    /// needs the registered workflow list on claims: with a comma in a workflow name it falls back
+    /// to `Fail` (with a warning at build time). Variable `IRONFLOW_POISON_MODE`; default `fail`.
     ///
     /// ```no_run
     /// use ironflow_lambda::PoisonMode;
@@ -429,13 +430,13 @@ impl LambdaWorkerBuilder {
     }
 
     /// Connect the DynamoDB poison-pill table named by `IRONFLOW_POISON_TABLE` under the
-    /// poison-pill namespace, with the AWS configuration set by
-    /// [`LambdaWorkerBuilder::aws_config`] (else the one from the environment), and check
-    /// that it exists (`DescribeTable`). With the AWS configuration set, the webhook receiver
-    /// also records there the bodies it took (docs/push.md, "Replays"). Does nothing when no
-    /// table is configured or one was set with [`LambdaWorkerBuilder::poison_table`]. Call it
-    /// once per cold start, after the poison threshold and cooldown are final (the table
-    /// applies the cooldown).
+    /// poison-pill namespace, with the AWS configuration set by [`LambdaWorkerBuilder::aws_config`]
+    /// (else the one from the environment), and check that it exists (`DescribeTable`). With the
+    /// AWS configuration set, the webhook receiver also records there the bodies it took
+    /// (docs/push.md, "Replays"). Does nothing when no table is configured or one was set with
+    /// [`LambdaWorkerBuilder::poison_table`]. Call it once per cold start, after the poison
+    /// threshold and cooldown are final (the table applies the cooldown). Variable
+    /// `IRONFLOW_POISON_TABLE`; default none: in-memory table.
     ///
     /// # Errors
     ///
@@ -462,48 +463,51 @@ impl LambdaWorkerBuilder {
     }
 
     /// Dead man's switch URL pinged with `HEAD` once per invocation that completed its batch
-    /// (`IRONFLOW_HEARTBEAT_URL`; Healthchecks.io, Cronitor, Better Stack...). Default none.
-    /// Never logged: such URLs usually embed a secret.
+    /// (Healthchecks.io, Cronitor, Better Stack...): `https://`, or `http://` as for the API's URL.
+    /// Never logged: such URLs usually embed a secret. Variable `IRONFLOW_HEARTBEAT_URL`; default
+    /// none.
     pub fn heartbeat_url(mut self, url: &str) -> Self {
         self.settings.heartbeat_url = Some(url.to_string());
         self
     }
 
     /// Invocation length used when `Context.deadline` has already passed, as under an emulator
-    /// (`IRONFLOW_EMULATED_INVOCATION_SECS`, seconds; `cargo lambda watch` sends a deadline in
-    /// 1970). Default none: a past deadline claims nothing. Lambda always sends a future
-    /// deadline, so this never applies there.
+    /// (`cargo lambda watch` sends a deadline in 1970); more than zero. Unset, a past deadline
+    /// claims nothing. Lambda always sends a future deadline, so this never applies there. Variable
+    /// `IRONFLOW_EMULATED_INVOCATION_SECS` (seconds); default none.
     pub fn emulated_invocation(mut self, length: Duration) -> Self {
         self.settings.emulated_invocation = Some(length);
         self
     }
 
-    /// Send wake-ups after a batch that handed runs back or left a backlog, through `waker`
-    /// (its queue and limits: `IRONFLOW_WAKE_QUEUE_URL`, `IRONFLOW_MAX_WAKEUPS_PER_INVOCATION`,
-    /// `IRONFLOW_WAKE_DELAY_SECS`). Default: the queue of the settings, if any, over the AWS
-    /// configuration ([`LambdaWorkerBuilder::aws_config`]); none without a queue.
+    /// Send wake-ups after a batch that handed runs back or left a backlog, through `waker` (its
+    /// queue, a standard SQS queue, and limits). Default: the queue of the settings, if any, over
+    /// the AWS configuration ([`LambdaWorkerBuilder::aws_config`]); none without a queue. Variable
+    /// `IRONFLOW_WAKE_QUEUE_URL`; default none. Variable `IRONFLOW_MAX_WAKEUPS_PER_INVOCATION`;
+    /// default 3; 1 to 10. Variable `IRONFLOW_WAKE_DELAY_SECS` (seconds); default 5; 0 s to 900 s.
     pub fn wake_ups(mut self, waker: Waker) -> Self {
         self.waker = Some(waker);
         self
     }
 
-    /// Handbacks in a row without a completed step before a run is failed by the loop guard
-    /// (`IRONFLOW_MAX_HANDBACKS_WITHOUT_PROGRESS`). Default 3; at least 1.
+    /// Handbacks in a row without a completed step before a run is failed by the loop guard.
+    /// Variable `IRONFLOW_MAX_HANDBACKS_WITHOUT_PROGRESS`; default 3; ≥ 1.
     pub fn max_handbacks_without_progress(mut self, n: u32) -> Self {
         self.settings.max_handbacks_without_progress = n;
         self
     }
 
-    /// How long an agent step may wait for provider-account capacity
-    /// (`IRONFLOW_MAX_CAPACITY_WAIT_SECS`, seconds). Default 6 hours, in practice bounded by
-    /// the run timeout and the invocation cutoff.
+    /// How long an agent step may wait for provider-account capacity, in practice bounded by the
+    /// run timeout and the invocation cutoff. Variable `IRONFLOW_MAX_CAPACITY_WAIT_SECS` (seconds);
+    /// default 21600.
     pub fn max_capacity_wait(mut self, wait: Duration) -> Self {
         self.settings.max_capacity_wait = wait;
         self
     }
 
-    /// CloudWatch namespace of the EMF metrics (`IRONFLOW_METRICS_NAMESPACE`). Default
-    /// `ironflow-lambda`; at most 255 characters, no `:`, not starting with `AWS/`.
+    /// CloudWatch namespace of the EMF metrics: 1 to 255 of ASCII letters, digits, `. - _ / # :`
+    /// and space, not starting with `:` or `AWS/` (CloudWatch drops the metrics of any other).
+    /// Variable `IRONFLOW_METRICS_NAMESPACE`; default `ironflow-lambda`.
     pub fn metrics_namespace(mut self, namespace: &str) -> Self {
         self.settings.metrics_namespace = namespace.to_string();
         self
@@ -686,7 +690,7 @@ mod tests {
         assert!(err.to_string().contains("connect_poison_table"), "{err}");
 
         let mut settings = Settings::new("http://127.0.0.1:1", WorkerToken::new("t"));
-        settings.wake_queue_url = Some("https://sqs.example/q".into());
+        settings.wake_queue_url = Some("https://sqs.example/123456789012/q".into());
         let err = LambdaWorkerBuilder::from_settings(settings)
             .provider(Arc::new(ClaudeCodeProvider::new()))
             .build()

@@ -27,6 +27,7 @@ use tracing::error;
 use crate::build_error::BuildError;
 use crate::builder::LambdaWorkerBuilder;
 use crate::layers::{ExitWhenStuckLayer, MetricsLayer};
+use crate::settings::table;
 use crate::worker::LambdaWorker;
 use crate::{handler, logging, metrics, orphans};
 
@@ -38,10 +39,10 @@ ironflow-lambda-local` in the ironflow-lambda repository.";
 /// The variables that need the AWS configuration (and only they load it: outside AWS without a
 /// region, loading it asks the EC2 instance metadata service, and warns at length).
 const AWS_VARIABLES: [&str; 4] = [
-    "IRONFLOW_WORKER_TOKEN_SECRET_ARN",
-    "IRONFLOW_WEBHOOK_SECRET_ARN",
-    "IRONFLOW_POISON_TABLE",
-    "IRONFLOW_WAKE_QUEUE_URL",
+    table::WORKER_TOKEN_SECRET_ARN.variable,
+    table::WEBHOOK_SECRET_ARN.variable,
+    table::POISON_TABLE.variable,
+    table::WAKE_QUEUE_URL.variable,
 ];
 
 /// Run the Lambda function: build the worker from the environment, let `configure` add the

@@ -20,8 +20,8 @@ use aws_sdk_secretsmanager::error::{DisplayErrorContext, ProvideErrorMetadata, S
 use aws_sdk_secretsmanager::operation::get_secret_value::GetSecretValueError;
 
 use crate::settings::{
-    WEBHOOK_SECRET_ARN_VAR, WEBHOOK_SECRET_VAR, WORKER_TOKEN_SECRET_ARN_VAR, WORKER_TOKEN_VAR,
-    WebhookSecret, WorkerToken,
+    SECRET_ARN_EXPECTED, WEBHOOK_SECRET_ARN_VAR, WEBHOOK_SECRET_VAR, WORKER_TOKEN_SECRET_ARN_VAR,
+    WORKER_TOKEN_VAR, WebhookSecret, WorkerToken, is_secret_arn, is_token,
 };
 
 /// Bounds of the cold start's `GetSecretValue` (with the SDK's standard retries): a stuck call
@@ -34,16 +34,14 @@ const OPERATION_TIMEOUT: Duration = Duration::from_secs(6);
 /// The worker token could not be read from Secrets Manager.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum SecretError {
-    /// `IRONFLOW_WORKER_TOKEN_SECRET_ARN` is set to something that is not a Secrets Manager ARN.
+    /// A `*_SECRET_ARN` variable is set to something that is not a Secrets Manager ARN. The
+    /// value is never shown: a secret pasted there by mistake would be in the log.
     #[error(
-        "environment variable {variable} is invalid: expected a Secrets Manager secret ARN \
-         (arn:aws:secretsmanager:REGION:ACCOUNT:secret:NAME-SUFFIX), found {found:?}"
+        "environment variable {variable} is invalid: expected {SECRET_ARN_EXPECTED} (not shown: it may be a secret pasted by mistake)"
     )]
     InvalidArn {
         /// The variable's name.
         variable: &'static str,
-        /// The value found (an ARN, not a secret).
-        found: String,
     },
     /// `GetSecretValue` failed: missing permission, unknown secret, KMS key refused, network.
     #[error("could not read secret {secret_arn} ({variable}): {reason}")]
@@ -141,14 +139,22 @@ pub async fn worker_token_from_lookup(
 /// # Errors
 ///
 /// [`SecretError::Fetch`] when the call fails, [`SecretError::NotAString`] when the secret
-/// has no non-blank `SecretString`.
+/// has no non-blank `SecretString`, [`SecretError::Unusable`] when its value is not what
+/// `IRONFLOW_WORKER_TOKEN` accepts (a space, a line break or a control character inside: every
+/// request would fail).
 pub async fn fetch_worker_token(
     client: &aws_sdk_secretsmanager::Client,
     secret_arn: &str,
 ) -> Result<WorkerToken, SecretError> {
-    fetch_string(client, WORKER_TOKEN_SECRET_ARN_VAR, secret_arn, TOKEN_KEYS)
-        .await
-        .map(WorkerToken::new)
+    let value = fetch_string(client, WORKER_TOKEN_SECRET_ARN_VAR, secret_arn, TOKEN_KEYS).await?;
+    if !is_token(&value) {
+        return Err(SecretError::Unusable {
+            variable: WORKER_TOKEN_SECRET_ARN_VAR,
+            secret_arn: secret_arn.to_string(),
+            expected: "visible ASCII without spaces or line breaks (it is sent as a bearer token)",
+        });
+    }
+    Ok(WorkerToken::new(value))
 }
 
 /// The keys a key/value webhook secret may hold it under.
@@ -305,10 +311,7 @@ fn arn_to_read(
         return Ok(None);
     }
     match get(arn_var) {
-        Some(arn) if !is_secret_arn(&arn) => Err(SecretError::InvalidArn {
-            variable: arn_var,
-            found: arn,
-        }),
+        Some(arn) if !is_secret_arn(&arn) => Err(SecretError::InvalidArn { variable: arn_var }),
         arn => Ok(arn),
     }
 }
@@ -416,20 +419,6 @@ fn describe(err: &SdkError<GetSecretValueError>) -> String {
         ),
         other => DisplayErrorContext(other).to_string(),
     }
-}
-
-/// `arn:<partition>:secretsmanager:<region>:<account>:secret:<name>`.
-fn is_secret_arn(value: &str) -> bool {
-    let parts: Vec<&str> = value.splitn(7, ':').collect();
-    matches!(
-        parts.as_slice(),
-        ["arn", partition, "secretsmanager", region, account, "secret", name]
-            if partition.starts_with("aws")
-                && !region.is_empty()
-                && account.len() == 12
-                && account.bytes().all(|b| b.is_ascii_digit())
-                && !name.is_empty()
-    )
 }
 
 #[cfg(test)]

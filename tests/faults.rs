@@ -160,6 +160,51 @@ fn an_incomplete_lambda_runtime_environment_is_named_not_a_panic() {
 }
 
 #[test]
+fn a_variable_that_is_not_utf8_fails_the_cold_start_naming_it() {
+    use std::os::unix::ffi::OsStrExt;
+    // Read as unset, this poison table name would silently become the in-memory table.
+    let out = Command::new(BIN)
+        .env_clear()
+        .env("PATH", std::env::var("PATH").unwrap_or_default())
+        .env("IRONFLOW_API_URL", "http://127.0.0.1:9")
+        .env("IRONFLOW_WORKER_TOKEN", SECRET)
+        .env("AWS_REGION", "us-east-1")
+        .env(
+            "IRONFLOW_POISON_TABLE",
+            std::ffi::OsStr::from_bytes(b"ironflow-\xff-poison"),
+        )
+        .output()
+        .expect("run the function binary");
+    let output = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!out.status.success(), "the cold start must fail: {output}");
+    assert!(
+        output.contains("IRONFLOW_POISON_TABLE") && output.contains("UTF-8"),
+        "{output}"
+    );
+    assert!(!output.contains(SECRET), "the token leaked: {output}");
+}
+
+#[test]
+fn a_misspelt_variable_fails_the_cold_start_naming_the_one_meant() {
+    // Ignored, the table would silently be the in-memory one.
+    let (ok, output) = cold_start(&[
+        ("IRONFLOW_API_URL", "http://127.0.0.1:9"),
+        ("IRONFLOW_WORKER_TOKEN", SECRET),
+        ("IRONFLOW_POISON_TABEL", "ironflow-poison"),
+    ]);
+    assert!(!ok, "the cold start must fail: {output}");
+    assert!(
+        output.contains("IRONFLOW_POISON_TABEL") && output.contains("IRONFLOW_POISON_TABLE"),
+        "{output}"
+    );
+    assert!(!output.contains(SECRET), "the token leaked: {output}");
+}
+
+#[test]
 fn several_bad_variables_are_all_named_in_one_cold_start() {
     let (ok, output) = cold_start(&[
         ("IRONFLOW_WORKER_TOKEN", SECRET),

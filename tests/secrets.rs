@@ -157,6 +157,62 @@ async fn a_binary_or_blank_secret_is_refused_without_its_value() {
 }
 
 #[tokio::test]
+async fn a_token_secret_the_variable_would_refuse_is_refused_without_its_value() {
+    let aws = moto_config().await;
+    for value in [
+        "tok-with space-x1",
+        "tok-line\nbreak-x2",
+        "tok-bell\u{7}-x3",
+        "tok-tab\tx4",
+    ] {
+        let arn = create_secret(&aws, Some(value), None).await;
+        let err = build(
+            &[
+                ("IRONFLOW_API_URL", "http://127.0.0.1:3000"),
+                (WORKER_TOKEN_SECRET_ARN_VAR, &arn),
+            ],
+            &aws,
+        )
+        .await
+        .err()
+        .unwrap();
+        assert!(
+            matches!(&err, BuildError::Secret(SecretError::Unusable { secret_arn, .. }) if *secret_arn == arn),
+            "{value:?}: {err:?}"
+        );
+        let message = format!("{err} {err:?}");
+        assert!(message.contains("visible ASCII"), "{message}");
+        for part in value.split(|c: char| !c.is_ascii_graphic()) {
+            assert!(!message.contains(part), "the value leaked: {message}");
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_secret_pasted_into_an_arn_variable_is_never_echoed() {
+    let aws = moto_config().await;
+    for variable in [WORKER_TOKEN_SECRET_ARN_VAR, "IRONFLOW_WEBHOOK_SECRET_ARN"] {
+        let err = build(
+            &[
+                ("IRONFLOW_API_URL", "http://127.0.0.1:3000"),
+                ("IRONFLOW_WORKER_TOKEN", "t"),
+                (variable, "tok-PASTED-by-mistake-77"),
+            ],
+            &aws,
+        )
+        .await
+        .err()
+        .unwrap();
+        let message = format!("{err} {err:?}");
+        assert!(
+            message.contains(variable) && message.contains("ARN"),
+            "{message}"
+        );
+        assert!(!message.contains("PASTED"), "the value leaked: {message}");
+    }
+}
+
+#[tokio::test]
 async fn neither_token_nor_arn_names_both_variables() {
     let aws = SdkConfig::builder().build();
     let err = build(&[("IRONFLOW_API_URL", "http://127.0.0.1:3000")], &aws)

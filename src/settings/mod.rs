@@ -1,63 +1,115 @@
 //! Every tunable of the worker, each defined once.
 //!
-//! [`VARIABLES`] (the environment variable, the builder method it mirrors, its meaning, its
-//! default and its parser) drives the parsing of the environment ([`Settings::from_lookup`]) and
-//! the README's configuration table (a test checks that they agree, row for row).
-//! [`Settings::validate`] checks what no single value can (a refresh interval below the lease
-//! TTL, a margin below the function timeout...), for the environment and the builder alike.
-//! Every error names the variable, what was expected and (except for secrets) what was found;
-//! the worker token never appears in an error, a log line or a `Debug` rendering.
+//! A setting is one row of [`table`]: a [`Setting`] naming its environment variable, the
+//! [`LambdaWorkerBuilder`](crate::LambdaWorkerBuilder) method it mirrors, its meaning, its
+//! default as a typed value, its bounds and any rule beyond them. The rows drive everything
+//! else:
+//! - the parsing of the environment ([`Settings::from_lookup`]), and the check of every value,
+//!   from the environment or a builder method alike ([`Settings::validate`]): out of bounds or
+//!   against its rule, a value is refused, named with what was expected;
+//! - the defaults of [`Settings::new`] (and the `DEFAULT_*` constants);
+//! - the README's configuration table (a test checks it equals [`VARIABLES`], row for row);
+//! - the line each builder method's documentation carries
+//!   ([`Entry::doc_line`], e.g. ``Variable `IRONFLOW_CONCURRENCY`; default 2; ≥ 1.``;
+//!   a test checks each method carries the lines of its rows).
+//!
+//! [`Settings::validate`] also checks what no single value can (a refresh interval below the
+//! lease TTL, a margin below the function timeout...). Every error names the variable, what was
+//! expected and (except for secrets) what was found; the worker token never appears in an
+//! error, a log line or a `Debug` rendering. A variable set to something that is not UTF-8 is
+//! refused ([`Settings::from_env`]), never read as unset.
+//!
+//! # Adding a setting
+//!
+//! 1. Add the field to [`Settings`] and its default to [`Settings::new`] as
+//!    `ROW.default_value()`.
+//! 2. Add its row to `table.rs`, a `pub const` [`Setting`] (copy a row of the same type:
+//!    `usize`/`u32` counts, [`Duration`] in seconds or milliseconds ([`Unit`]), `String`,
+//!    `Option<String>`...), with `min`/`max` for its bounds and a `rule` (in `rules.rs` or
+//!    `url.rs`) for anything else a single value must be; `shown: Shown::Hidden(..)` for a
+//!    secret. Put it in [`VARIABLES`] where the README's table should show it.
+//! 3. Add the builder method, its documentation ending with the row's [`Entry::doc_line`]
+//!    (the failing test `every_setter_documents_its_rows` prints it).
+//! 4. Paste the README row the failing test `the_readme_s_configuration_table_is_the_table_of_variables`
+//!    prints.
+//! 5. A check across settings goes to `validate.rs`, naming the row (`p.add(&ROW, reason)`).
+//!
+//! A new type of value implements [`Value`] (`value.rs`). A row written in the former style
+//! (`Variable { name, setter, meaning, default, apply }`) ports field by field: `name` is
+//! `variable`; the `default` string becomes the typed `default` (or `default_doc` when it is not
+//! a value, e.g. `none: receiver off`); what `apply` parsed is the [`Value`] type and [`Unit`];
+//! the checks `apply` and `validate.rs` made on one value become `min`/`max` or the `rule`; the
+//! builder method's prose loses its default and bounds, which the row's doc line now states.
 
-mod table;
+mod row;
+mod rules;
+pub mod table;
 mod url;
 mod validate;
+mod value;
 mod wake;
 
+use std::borrow::Cow;
+use std::collections::HashMap;
+use std::ffi::OsString;
 use std::fmt;
 use std::time::Duration;
 
-pub use table::{VARIABLES, Variable, is_namespace, is_table_name_or_arn};
+pub use row::{Entry, Rule, Setting, Shown};
+pub use rules::{
+    SECRET_ARN_EXPECTED, is_metrics_namespace, is_namespace, is_secret_arn, is_table_name_or_arn,
+    is_token,
+};
+pub use table::{VARIABLES, Variable};
 pub use url::api_url_problem;
-use url::without_userinfo;
+pub use value::{Unit, Unparsed, Value};
 pub use wake::{
     DEFAULT_MAX_WAKEUPS_PER_INVOCATION, DEFAULT_WAKE_DELAY, MAX_WAKE_DELAY,
     MAX_WAKEUPS_PER_INVOCATION_LIMIT, WakeSettings,
 };
 
-use crate::poison::{DEFAULT_COOLDOWN, DEFAULT_THRESHOLD, PoisonMode, PoisonPolicy};
+use crate::poison::{PoisonMode, PoisonPolicy};
 
-/// Default runs claimed per invocation (N).
-pub const DEFAULT_MAX_RUNS_PER_INVOCATION: usize = 8;
-/// Default number of runs executing at once, as the reference worker.
-pub const DEFAULT_CONCURRENCY: usize = 2;
+/// Default runs claimed per invocation (N), of [`table::MAX_RUNS_PER_INVOCATION`].
+pub const DEFAULT_MAX_RUNS_PER_INVOCATION: usize = table::MAX_RUNS_PER_INVOCATION.default;
+/// Default number of runs executing at once, as the reference worker ([`table::CONCURRENCY`]).
+pub const DEFAULT_CONCURRENCY: usize = table::CONCURRENCY.default;
 /// Most runs one process may execute at once, M × C: 4096 (each has an execution thread).
 pub const MAX_RUNS_PER_PROCESS: usize = 4096;
-/// Default run timeout, as the reference worker: 30 minutes.
-pub const DEFAULT_RUN_TIMEOUT: Duration = Duration::from_secs(30 * 60);
-/// Default margin before the invocation deadline: 10 s, time to hand runs back with retries
-/// when the API fails.
-pub const DEFAULT_DEADLINE_MARGIN: Duration = Duration::from_secs(10);
-/// Default minimum time before the cutoff for a claim: 2 s.
-pub const DEFAULT_MIN_CLAIM_BUDGET: Duration = Duration::from_secs(2);
-/// Default threshold of claim-ahead: a claim's round trip at least 20 % of a run's execution
-/// time.
-pub const DEFAULT_CLAIM_AHEAD_PERCENT: u32 = 20;
-/// Default function timeout assumed when none is configured: Lambda's maximum, 900 s.
-pub const DEFAULT_FUNCTION_TIMEOUT: Duration = Duration::from_secs(900);
-/// Default lease TTL, as the reference worker: 90 s.
-pub const DEFAULT_LEASE_TTL: Duration = Duration::from_secs(90);
-/// Default lease refresh interval, as the reference worker: 30 s.
-pub const DEFAULT_LEASE_REFRESH_INTERVAL: Duration = Duration::from_secs(30);
-/// Default prefix of worker ids.
-pub const DEFAULT_WORKER_ID_PREFIX: &str = "lambda";
-/// Default namespace of the poison-pill table's keys when `AWS_LAMBDA_FUNCTION_NAME` is unset.
-pub const DEFAULT_POISON_NAMESPACE: &str = "ironflow";
+/// Default run timeout, as the reference worker's ([`table::RUN_TIMEOUT`]).
+pub const DEFAULT_RUN_TIMEOUT: Duration = table::RUN_TIMEOUT.default;
+/// Default margin before the invocation deadline, time to hand runs back with retries when
+/// the API fails ([`table::DEADLINE_MARGIN`]).
+pub const DEFAULT_DEADLINE_MARGIN: Duration = table::DEADLINE_MARGIN.default;
+/// Default minimum time before the cutoff for a claim ([`table::MIN_CLAIM_BUDGET`]).
+pub const DEFAULT_MIN_CLAIM_BUDGET: Duration = table::MIN_CLAIM_BUDGET.default;
+/// Default threshold of claim-ahead, in % of a run's execution time
+/// ([`table::CLAIM_AHEAD_PERCENT`]).
+pub const DEFAULT_CLAIM_AHEAD_PERCENT: u32 = table::CLAIM_AHEAD_PERCENT.default;
+/// Default function timeout assumed when none is configured: Lambda's maximum
+/// ([`table::FUNCTION_TIMEOUT`]).
+pub const DEFAULT_FUNCTION_TIMEOUT: Duration = table::FUNCTION_TIMEOUT.default;
+/// Default lease TTL, as the reference worker's ([`table::LEASE_TTL`]).
+pub const DEFAULT_LEASE_TTL: Duration = table::LEASE_TTL.default;
+/// Default lease refresh interval, as the reference worker's
+/// ([`table::LEASE_REFRESH_INTERVAL`]).
+pub const DEFAULT_LEASE_REFRESH_INTERVAL: Duration = table::LEASE_REFRESH_INTERVAL.default;
+/// Default prefix of worker ids ([`table::WORKER_ID_PREFIX`]).
+pub const DEFAULT_WORKER_ID_PREFIX: &str = table::WORKER_ID_PREFIX.default;
+/// Default namespace of the poison-pill table's keys when `AWS_LAMBDA_FUNCTION_NAME` is unset
+/// ([`table::POISON_NAMESPACE`]).
+pub const DEFAULT_POISON_NAMESPACE: &str = table::POISON_NAMESPACE.default;
 /// Longest accepted poison-pill namespace, in bytes.
 pub const MAX_POISON_NAMESPACE_LEN: usize = 200;
-/// Default number of handbacks in a row without a completed step before a run is failed.
-pub const DEFAULT_MAX_HANDBACKS_WITHOUT_PROGRESS: u32 = 3;
-/// Default CloudWatch namespace of the EMF metrics.
-pub const DEFAULT_METRICS_NAMESPACE: &str = "ironflow-lambda";
+/// Default number of handbacks in a row without a completed step before a run is failed
+/// ([`table::MAX_HANDBACKS_WITHOUT_PROGRESS`]).
+pub const DEFAULT_MAX_HANDBACKS_WITHOUT_PROGRESS: u32 =
+    table::MAX_HANDBACKS_WITHOUT_PROGRESS.default;
+/// Default CloudWatch namespace of the EMF metrics ([`table::METRICS_NAMESPACE`]).
+pub const DEFAULT_METRICS_NAMESPACE: &str = table::METRICS_NAMESPACE.default;
+/// How far an event's `at` may be from now, either way, for the webhook receiver to take it
+/// (`IRONFLOW_WEBHOOK_REPLAY_WINDOW_SECS`): 5 minutes (docs/push.md, "Replays").
+pub const DEFAULT_WEBHOOK_REPLAY_WINDOW: Duration = table::WEBHOOK_REPLAY_WINDOW.default;
 
 /// The longest duration any setting takes: 100 years, so that
 /// every deadline computed from a setting is an instant this crate can hold.
@@ -73,10 +125,9 @@ pub const MIN_CLAIM_BUDGET: Duration = Duration::from_millis(100);
 
 /// The environment variable naming the secret that holds the worker token: the secret's ARN
 /// (`arn:aws:secretsmanager:REGION:ACCOUNT:secret:NAME-SUFFIX`). Its `SecretString` is the token.
-pub const WORKER_TOKEN_SECRET_ARN_VAR: &str = "IRONFLOW_WORKER_TOKEN_SECRET_ARN";
+pub const WORKER_TOKEN_SECRET_ARN_VAR: &str = table::WORKER_TOKEN_SECRET_ARN.variable;
 /// The environment variable holding the worker token itself.
-pub const WORKER_TOKEN_VAR: &str = "IRONFLOW_WORKER_TOKEN";
-
+pub const WORKER_TOKEN_VAR: &str = table::WORKER_TOKEN.variable;
 /// The API's worker token. Its `Debug` and `Display` print `***`.
 #[derive(Clone, PartialEq, Eq)]
 pub struct WorkerToken(String);
@@ -106,16 +157,11 @@ impl fmt::Display for WorkerToken {
 }
 
 /// The variable holding the webhook receiver's secret itself.
-pub const WEBHOOK_SECRET_VAR: &str = "IRONFLOW_WEBHOOK_SECRET";
+pub const WEBHOOK_SECRET_VAR: &str = table::WEBHOOK_SECRET.variable;
 /// The variable naming the Secrets Manager secret that holds it.
-pub const WEBHOOK_SECRET_ARN_VAR: &str = "IRONFLOW_WEBHOOK_SECRET_ARN";
+pub const WEBHOOK_SECRET_ARN_VAR: &str = table::WEBHOOK_SECRET_ARN.variable;
 /// The shortest webhook secret accepted: 32 characters (it may travel in the URL).
 pub const MIN_WEBHOOK_SECRET_LEN: usize = 32;
-/// How far an event's `at` may be from now, either way, for the webhook receiver to take it
-/// (`IRONFLOW_WEBHOOK_REPLAY_WINDOW_SECS`): 5 minutes (docs/push.md, "Replays").
-pub const DEFAULT_WEBHOOK_REPLAY_WINDOW: Duration = Duration::from_secs(300);
-/// The longest replay window accepted: 1 hour.
-pub const MAX_WEBHOOK_REPLAY_WINDOW: Duration = Duration::from_secs(3600);
 
 /// The secret the ironflow API's webhook proves itself with ([`crate::webhook`]): the key of
 /// its `X-Signature-256` HMAC, or the token in the URL it is configured with. Its `Debug` and
@@ -165,13 +211,14 @@ pub enum ConfigError {
         /// The expected form.
         expected: &'static str,
     },
-    /// A variable is set to something this crate cannot parse.
+    /// A variable is set to something this crate cannot parse, or to a value that cannot
+    /// work (out of its bounds, against its rule).
     #[error("environment variable {variable} is invalid: expected {expected}, found {found:?}")]
     Invalid {
         /// The variable's name.
         variable: &'static str,
-        /// The expected form.
-        expected: &'static str,
+        /// What was expected: the form, the bounds.
+        expected: Cow<'static, str>,
         /// The value found (never the value of a secret).
         found: String,
     },
@@ -210,7 +257,8 @@ pub struct Problem {
 }
 
 /// Every tunable of the worker, with the reference worker's defaults where it has one. The
-/// fields are described by [`VARIABLES`] (one variable each, the builder method named there).
+/// fields are described by [`VARIABLES`] (one row each: its variable, the builder method named
+/// there, its default and bounds).
 ///
 /// Built by [`Settings::from_env`] or [`Settings::new`]; handed to
 /// [`LambdaWorkerBuilder::from_settings`](crate::LambdaWorkerBuilder::from_settings).
@@ -250,46 +298,54 @@ pub struct Settings {
     pub metrics_namespace: String,
     /// The webhook receiver's secret; `None`: the receiver is off. Never logged.
     pub webhook_secret: Option<WebhookSecret>,
+    /// The ARN the worker token was read from (`IRONFLOW_WORKER_TOKEN_SECRET_ARN`), if any.
+    pub worker_token_secret_arn: Option<String>,
+    /// The ARN the webhook secret was read from (`IRONFLOW_WEBHOOK_SECRET_ARN`), if any.
+    pub webhook_secret_arn: Option<String>,
     /// How far an event's `at` may be from now, either way (`IRONFLOW_WEBHOOK_REPLAY_WINDOW_SECS`).
     pub webhook_replay_window: Duration,
 }
 
 impl Settings {
-    /// Settings with every default, for `api_url` and `worker_token`.
+    /// Settings with every default (each row's [`Setting::default_value`]), for `api_url` and
+    /// `worker_token`.
     pub fn new(api_url: &str, worker_token: WorkerToken) -> Self {
+        use table::*;
         Self {
             api_url: api_url.to_string(),
-            allow_insecure_http: false,
+            allow_insecure_http: ALLOW_INSECURE_HTTP.default_value(),
             worker_token,
-            max_runs_per_invocation: DEFAULT_MAX_RUNS_PER_INVOCATION,
-            concurrency: DEFAULT_CONCURRENCY,
-            concurrent_invocations: 1,
-            run_timeout: DEFAULT_RUN_TIMEOUT,
-            deadline_margin: DEFAULT_DEADLINE_MARGIN,
-            min_claim_budget: DEFAULT_MIN_CLAIM_BUDGET,
-            claim_ahead_percent: DEFAULT_CLAIM_AHEAD_PERCENT,
-            function_timeout: DEFAULT_FUNCTION_TIMEOUT,
-            lease_ttl: DEFAULT_LEASE_TTL,
-            lease_refresh_interval: DEFAULT_LEASE_REFRESH_INTERVAL,
-            tags: Vec::new(),
-            worker_id_prefix: DEFAULT_WORKER_ID_PREFIX.to_string(),
+            max_runs_per_invocation: MAX_RUNS_PER_INVOCATION.default_value(),
+            concurrency: CONCURRENCY.default_value(),
+            concurrent_invocations: CONCURRENT_INVOCATIONS.default_value(),
+            run_timeout: RUN_TIMEOUT.default_value(),
+            deadline_margin: DEADLINE_MARGIN.default_value(),
+            min_claim_budget: table::MIN_CLAIM_BUDGET.default_value(),
+            claim_ahead_percent: CLAIM_AHEAD_PERCENT.default_value(),
+            function_timeout: FUNCTION_TIMEOUT.default_value(),
+            lease_ttl: LEASE_TTL.default_value(),
+            lease_refresh_interval: LEASE_REFRESH_INTERVAL.default_value(),
+            tags: TAGS.default_value(),
+            worker_id_prefix: WORKER_ID_PREFIX.default_value(),
             poison: PoisonPolicy {
-                threshold: DEFAULT_THRESHOLD,
-                cooldown: DEFAULT_COOLDOWN,
+                threshold: POISON_THRESHOLD.default_value(),
+                cooldown: POISON_COOLDOWN.default_value(),
             },
-            poison_table: None,
-            poison_namespace: DEFAULT_POISON_NAMESPACE.to_string(),
-            poison_mode: PoisonMode::Fail,
-            max_handbacks_without_progress: DEFAULT_MAX_HANDBACKS_WITHOUT_PROGRESS,
-            max_capacity_wait: ironflow_engine::accounts::DEFAULT_MAX_CAPACITY_WAIT,
-            heartbeat_url: None,
-            emulated_invocation: None,
-            wake_queue_url: None,
-            max_wakeups_per_invocation: DEFAULT_MAX_WAKEUPS_PER_INVOCATION,
-            wake_delay: DEFAULT_WAKE_DELAY,
-            metrics_namespace: DEFAULT_METRICS_NAMESPACE.to_string(),
-            webhook_secret: None,
-            webhook_replay_window: DEFAULT_WEBHOOK_REPLAY_WINDOW,
+            poison_table: POISON_TABLE.default_value(),
+            poison_namespace: POISON_NAMESPACE.default_value(),
+            poison_mode: POISON_MODE.default_value(),
+            max_handbacks_without_progress: MAX_HANDBACKS_WITHOUT_PROGRESS.default_value(),
+            max_capacity_wait: MAX_CAPACITY_WAIT.default_value(),
+            heartbeat_url: HEARTBEAT_URL.default_value(),
+            emulated_invocation: EMULATED_INVOCATION.default_value(),
+            wake_queue_url: WAKE_QUEUE_URL.default_value(),
+            max_wakeups_per_invocation: MAX_WAKEUPS_PER_INVOCATION.default_value(),
+            wake_delay: WAKE_DELAY.default_value(),
+            metrics_namespace: METRICS_NAMESPACE.default_value(),
+            webhook_secret: WEBHOOK_SECRET.default_value(),
+            worker_token_secret_arn: WORKER_TOKEN_SECRET_ARN.default_value(),
+            webhook_secret_arn: WEBHOOK_SECRET_ARN.default_value(),
+            webhook_replay_window: WEBHOOK_REPLAY_WINDOW.default_value(),
         }
     }
 
@@ -307,10 +363,10 @@ impl Settings {
     ///
     /// # Errors
     ///
-    /// [`ConfigError`] naming the variable that is missing, malformed or cannot work
-    /// ([`ConfigError::Several`] listing each of them when there are more).
+    /// [`ConfigError`] naming the variable that is missing, malformed, not UTF-8 or cannot
+    /// work ([`ConfigError::Several`] listing each of them when there are more).
     pub fn from_env() -> Result<Self, ConfigError> {
-        Self::from_lookup(|name| std::env::var(name).ok())
+        Self::from_lookup(environment()?)
     }
 
     /// Settings from any variable lookup (the environment, a map in tests).
@@ -337,57 +393,38 @@ impl Settings {
                 .map(|v| v.trim().to_string())
                 .filter(|v| !v.is_empty())
         };
-        let mut s = Self::new("", worker_token.unwrap_or_else(|| WorkerToken::new("")));
-        if let Some(function) = get("AWS_LAMBDA_FUNCTION_NAME")
-            && get("IRONFLOW_POISON_NAMESPACE").is_none()
-        {
+        let mut s = Self::new("", WorkerToken::new(""));
+        let namespace_set = get(table::POISON_NAMESPACE.variable).is_some();
+        if let Some(function) = get(FUNCTION_NAME_VAR).filter(|_| !namespace_set) {
             s.poison_namespace = function;
         }
         // Every variable is checked, and every problem reported at once: a cold start that fails
-        // on a bad environment names all of them in one log line.
+        // on a bad environment names all of them in one log line. First each value is parsed,
+        // then checked (a rule may depend on a variable further down the table).
         let mut errors = Vec::new();
-        for v in VARIABLES {
-            let Some(raw) = get(v.name) else { continue };
-            if let Err(bad) = (v.apply)(&mut s, &raw) {
-                let found = match bad.found {
-                    table::Found::Raw if v.name == "IRONFLOW_API_URL" => without_userinfo(&raw),
-                    table::Found::Raw => raw,
-                    table::Found::Hidden(note) => note.to_string(),
-                };
-                errors.push(ConfigError::Invalid {
-                    variable: v.name,
-                    expected: bad.expected,
-                    found,
-                });
+        let mut parsed = Vec::new();
+        for v in VARIABLES.iter().copied() {
+            let Some(raw) = get(v.variable()) else {
+                continue;
+            };
+            match v.parse_into(&mut s, &raw) {
+                Ok(()) => parsed.push((v, raw)),
+                Err(expected) => errors.push(invalid(v, expected, &raw)),
             }
         }
-        if s.api_url.is_empty() {
-            errors.insert(
-                0,
-                ConfigError::Missing {
-                    variable: "IRONFLOW_API_URL",
-                    expected: "the ironflow API's base URL, e.g. https://ironflow.example.com",
-                },
-            );
-        } else if let Some(expected) = api_url_problem(&s.api_url, s.allow_insecure_http) {
-            errors.push(ConfigError::Invalid {
-                variable: "IRONFLOW_API_URL",
-                expected,
-                found: without_userinfo(&s.api_url),
-            });
+        if let Some(token) = worker_token {
+            s.worker_token = token;
         }
-        if s.worker_token.expose().is_empty() && !errors_name(&errors, WORKER_TOKEN_VAR) {
-            errors.push(ConfigError::Missing {
-                variable: WORKER_TOKEN_VAR,
-                expected: "the ironflow API's worker token (WORKER_TOKEN on the API), or \
-                           IRONFLOW_WORKER_TOKEN_SECRET_ARN naming a Secrets Manager secret \
-                           that holds it",
-            });
+        for (v, raw) in parsed {
+            if let Err(expected) = v.check(&s) {
+                errors.push(invalid(v, expected, &raw));
+            }
         }
-        if get("IRONFLOW_POISON_NAMESPACE").is_none() && !is_namespace(&s.poison_namespace) {
+        missing(&s, &mut errors);
+        if !namespace_set && !is_namespace(&s.poison_namespace) {
             errors.push(ConfigError::Invalid {
                 variable: "AWS_LAMBDA_FUNCTION_NAME (default of IRONFLOW_POISON_NAMESPACE)",
-                expected: "1 to 200 bytes without '#' or control characters",
+                expected: rules::NAMESPACE_EXPECTED.into(),
                 found: s.poison_namespace.clone(),
             });
         }
@@ -416,6 +453,141 @@ impl Settings {
     }
 }
 
+/// The variable Lambda names the function in (the default of `IRONFLOW_POISON_NAMESPACE`).
+const FUNCTION_NAME_VAR: &str = "AWS_LAMBDA_FUNCTION_NAME";
+
+/// The error of `v` set to `raw`, which is not what `expected` says.
+fn invalid(v: &Variable, expected: Cow<'static, str>, raw: &str) -> ConfigError {
+    ConfigError::Invalid {
+        variable: v.variable(),
+        expected,
+        found: v.found(raw),
+    }
+}
+
+/// The errors of the required variables that are not set.
+fn missing(s: &Settings, errors: &mut Vec<ConfigError>) {
+    if s.api_url.is_empty() {
+        errors.push(ConfigError::Missing {
+            variable: table::API_URL.variable,
+            expected: "the ironflow API's base URL, e.g. https://ironflow.example.com",
+        });
+    }
+    if s.worker_token.expose().is_empty() && !errors_name(errors, WORKER_TOKEN_VAR) {
+        errors.push(ConfigError::Missing {
+            variable: WORKER_TOKEN_VAR,
+            expected: "the ironflow API's worker token (WORKER_TOKEN on the API), or                        IRONFLOW_WORKER_TOKEN_SECRET_ARN naming a Secrets Manager secret that                        holds it",
+        });
+    }
+}
+
+/// The process environment's variables of this crate ([`VARIABLES`] and
+/// `AWS_LAMBDA_FUNCTION_NAME`), as a lookup for [`Settings::from_lookup`] and the secrets.
+///
+/// # Errors
+///
+/// [`ConfigError`] naming each variable set to something that is not valid UTF-8 (read as
+/// unset, it would silently become its default: a poison table name the in-memory table).
+///
+/// A variable whose name is a near miss of one of them (`IRONFLOW_POISON_TABEL`) is refused
+/// too, naming the one it misspells: ignored, its setting would silently keep its default.
+pub fn environment() -> Result<impl Fn(&str) -> Option<String> + Clone, ConfigError> {
+    let names: Vec<String> = std::env::vars_os()
+        .filter_map(|(name, _)| name.into_string().ok())
+        .collect();
+    let mut errors = misspelt(&names);
+    let lookup = match os_lookup(|name| std::env::var_os(name)) {
+        Ok(lookup) if errors.is_empty() => return Ok(lookup),
+        Ok(_) => None,
+        Err(ConfigError::Several(more)) => Some(more),
+        Err(one) => Some(vec![one]),
+    };
+    errors.extend(lookup.unwrap_or_default());
+    order(&mut errors);
+    match errors.len() {
+        1 => Err(errors.remove(0)),
+        _ => Err(ConfigError::Several(errors)),
+    }
+}
+
+/// The errors of the `IRONFLOW_*` names in `names` that are no variable of [`VARIABLES`] but
+/// within two edits of one (a misspelling): each names the variable it is closest to.
+pub fn misspelt(names: &[String]) -> Vec<ConfigError> {
+    let mut errors = Vec::new();
+    for name in names.iter().filter(|n| n.starts_with("IRONFLOW_")) {
+        if VARIABLES.iter().any(|v| v.variable() == name) {
+            continue;
+        }
+        let closest = VARIABLES
+            .iter()
+            .map(|v| (edits(name, v.variable()), v.variable()))
+            .min();
+        if let Some((distance, variable)) = closest.filter(|(d, _)| *d <= 2) {
+            errors.push(ConfigError::Unusable {
+                variable,
+                reason: format!(
+                    "{name} is set, and this worker reads no such variable: a misspelling of \
+                     {variable} ({distance} letter(s) apart)? Rename it, or {variable} keeps its \
+                     default"
+                ),
+            });
+        }
+    }
+    errors
+}
+
+/// The edit distance between `a` and `b` (insertions, deletions, substitutions of bytes).
+fn edits(a: &str, b: &str) -> usize {
+    let b = b.as_bytes();
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.bytes().enumerate() {
+        let mut diagonal = row[0];
+        row[0] = i + 1;
+        for (j, cb) in b.iter().enumerate() {
+            let next = (diagonal + usize::from(ca != *cb))
+                .min(row[j] + 1)
+                .min(row[j + 1] + 1);
+            diagonal = row[j + 1];
+            row[j + 1] = next;
+        }
+    }
+    row[b.len()]
+}
+
+/// [`environment`] over any lookup of raw values.
+///
+/// # Errors
+///
+/// As [`environment`].
+pub fn os_lookup(
+    lookup: impl Fn(&str) -> Option<OsString>,
+) -> Result<impl Fn(&str) -> Option<String> + Clone, ConfigError> {
+    let mut values = HashMap::new();
+    let mut errors = Vec::new();
+    let names = VARIABLES.iter().map(|v| (v.variable(), Some(*v)));
+    for (name, row) in names.chain([(FUNCTION_NAME_VAR, None)]) {
+        match lookup(name).map(OsString::into_string) {
+            None => {}
+            Some(Ok(value)) => {
+                values.insert(name, value);
+            }
+            Some(Err(raw)) => {
+                let lossy = raw.to_string_lossy();
+                errors.push(ConfigError::Invalid {
+                    variable: name,
+                    expected: "valid UTF-8 text".into(),
+                    found: row.map_or_else(|| lossy.to_string(), |v| v.found(&lossy)),
+                });
+            }
+        }
+    }
+    match errors.len() {
+        0 => Ok(move |name: &str| values.get(name).cloned()),
+        1 => Err(errors.remove(0)),
+        _ => Err(ConfigError::Several(errors)),
+    }
+}
+
 /// Whether an error in `errors` concerns `variable`.
 fn errors_name(errors: &[ConfigError], variable: &str) -> bool {
     errors.iter().any(|e| match e {
@@ -430,7 +602,7 @@ fn errors_name(errors: &[ConfigError], variable: &str) -> bool {
 fn position(variable: &str) -> usize {
     VARIABLES
         .iter()
-        .position(|v| v.name == variable || variable.contains(v.name))
+        .position(|v| v.variable() == variable || variable.contains(v.variable()))
         .unwrap_or(usize::MAX)
 }
 
@@ -491,8 +663,11 @@ pub(crate) mod tests {
         let expected: Vec<(String, String, String)> = VARIABLES
             .iter()
             .map(|v| {
-                let meaning = v.meaning.split_whitespace().collect::<Vec<_>>().join(" ");
-                (v.name.to_string(), meaning, v.default.to_string())
+                (
+                    v.variable().to_string(),
+                    v.readme_meaning(),
+                    v.default_text(),
+                )
             })
             .collect();
         let rows = readme_table();
@@ -532,7 +707,7 @@ pub(crate) mod tests {
             err,
             ConfigError::Invalid {
                 variable: "IRONFLOW_MAX_RUNS_PER_INVOCATION",
-                expected: "a whole number greater than 0",
+                expected: "a whole number greater than 0".into(),
                 found: "eight".into()
             }
         );
@@ -574,7 +749,7 @@ pub(crate) mod tests {
             err,
             ConfigError::Invalid {
                 variable: "IRONFLOW_CLAIM_AHEAD_PERCENT",
-                expected: "a smaller whole number (it is out of range)",
+                expected: "a smaller whole number (it is out of range)".into(),
                 found: "99999999999".into()
             }
         );
@@ -686,7 +861,7 @@ pub(crate) mod tests {
         let mut vars = BASE.to_vec();
         vars.push((
             "IRONFLOW_WAKE_QUEUE_URL",
-            "https://sqs.eu-west-1.amazonaws.com/1/q",
+            "https://sqs.eu-west-1.amazonaws.com/123456789012/q",
         ));
         vars.push(("IRONFLOW_MAX_WAKEUPS_PER_INVOCATION", "7"));
         vars.push(("IRONFLOW_WAKE_DELAY_SECS", "0"));
@@ -840,6 +1015,263 @@ pub(crate) mod tests {
                 ..
             })
         ));
+    }
+
+    /// The settings of `BASE` and `pairs`, or the error's text.
+    fn with(pairs: &[(&str, &str)]) -> Result<Settings, String> {
+        let mut vars = BASE.to_vec();
+        vars.extend_from_slice(pairs);
+        Settings::from_lookup(lookup(&vars)).map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn names_are_unique_and_every_row_s_default_is_settings_new_s_and_accepted() {
+        let mut names: Vec<&str> = VARIABLES.iter().map(|v| v.variable()).collect();
+        names.sort_unstable();
+        names.dedup();
+        assert_eq!(names.len(), VARIABLES.len());
+        let s = Settings::new("https://api.example.com", WorkerToken::new("t"));
+        for v in VARIABLES {
+            assert!(
+                v.check(&s).is_ok(),
+                "{}: its default is refused",
+                v.variable()
+            );
+        }
+        assert!(s.validate().is_empty(), "{:?}", s.validate());
+        assert_eq!(
+            s.max_runs_per_invocation,
+            table::MAX_RUNS_PER_INVOCATION.default
+        );
+        assert_eq!(s.lease_ttl, DEFAULT_LEASE_TTL);
+    }
+
+    /// The documentation of each public method of the builder, its `///` lines joined.
+    fn setter_docs() -> HashMap<String, String> {
+        let builder = include_str!("../builder.rs");
+        let mut docs = HashMap::new();
+        let mut doc = Vec::new();
+        for line in builder.lines().map(str::trim) {
+            if let Some(text) = line.strip_prefix("///") {
+                doc.push(text.trim());
+                continue;
+            }
+            let name = ["pub fn ", "pub async fn "]
+                .iter()
+                .find_map(|f| line.strip_prefix(f))
+                .and_then(|rest| rest.split(['(', '<']).next());
+            if let Some(name) = name {
+                docs.insert(name.to_string(), doc.join(" "));
+            }
+            if !line.starts_with("#[") {
+                doc.clear();
+            }
+        }
+        docs
+    }
+
+    #[test]
+    fn every_setter_documents_its_rows() {
+        let docs = setter_docs();
+        let mut wrong = Vec::new();
+        for v in VARIABLES {
+            let line = v.doc_line();
+            match docs.get(v.setter()) {
+                None => wrong.push(format!(
+                    "{}: no builder method {}",
+                    v.variable(),
+                    v.setter()
+                )),
+                Some(doc) if !doc.contains(&line) => {
+                    wrong.push(format!(
+                        "{}: end its documentation with: {line}",
+                        v.setter()
+                    ));
+                }
+                Some(_) => {}
+            }
+        }
+        assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+    }
+
+    #[test]
+    fn a_variable_that_is_not_utf8_is_refused_and_named_never_read_as_unset() {
+        use std::os::unix::ffi::OsStringExt;
+        let bad = || OsString::from_vec(b"ironflow-\xff-poison".to_vec());
+        let token = || OsString::from_vec(b"s3cr3t-\xfe".to_vec());
+        let err = os_lookup(|name| match name {
+            "IRONFLOW_POISON_TABLE" => Some(bad()),
+            "IRONFLOW_WORKER_TOKEN" => Some(token()),
+            "IRONFLOW_API_URL" => Some("https://api.example.com".into()),
+            _ => None,
+        })
+        .err()
+        .expect("refused");
+        let text = err.to_string();
+        assert!(text.contains("IRONFLOW_POISON_TABLE"), "{text}");
+        assert!(text.contains("IRONFLOW_WORKER_TOKEN"), "{text}");
+        assert!(text.contains("UTF-8"), "{text}");
+        assert!(!text.contains("s3cr3t"), "the token leaked: {text}");
+        let ok = os_lookup(|name| (name == "IRONFLOW_CONCURRENCY").then(|| "3".into())).unwrap();
+        assert_eq!(ok("IRONFLOW_CONCURRENCY").as_deref(), Some("3"));
+    }
+
+    #[test]
+    fn port_0_is_refused_in_every_url() {
+        for (variable, value) in [
+            ("IRONFLOW_API_URL", "https://api.example.com:0"),
+            ("IRONFLOW_HEARTBEAT_URL", "https://hc-ping.com:0/abc"),
+            (
+                "IRONFLOW_WAKE_QUEUE_URL",
+                "https://sqs.eu-west-1.amazonaws.com:0/123456789012/q",
+            ),
+        ] {
+            let err = with(&[(variable, value)]).expect_err(value);
+            assert!(err.contains(variable) && err.contains("port"), "{err}");
+        }
+        assert!(with(&[("IRONFLOW_API_URL", "https://api.example.com:8443")]).is_ok());
+    }
+
+    #[test]
+    fn a_queue_url_must_be_one() {
+        for good in [
+            "https://sqs.eu-west-1.amazonaws.com/123456789012/ironflow-wake",
+            "http://127.0.0.1:5055/123456789012/wake-0a1b",
+            "https://localhost:4566/000000000000/q_1",
+        ] {
+            assert!(with(&[("IRONFLOW_WAKE_QUEUE_URL", good)]).is_ok(), "{good}");
+        }
+        for bad in [
+            "https://sqs.eu-west-1.amazonaws.com/",
+            "https://sqs.eu-west-1.amazonaws.com/ironflow-wake",
+            "https://sqs.eu-west-1.amazonaws.com/1234/q",
+            "https://sqs.eu-west-1.amazonaws.com/123456789012/q/extra",
+            "https://sqs.eu-west-1.amazonaws.com/123456789012/bad%20name",
+            "https://sqs.eu-west-1.amazonaws.com/123456789012/q?x=1",
+            "arn:aws:sqs:eu-west-1:123456789012:q",
+            "ftp://sqs.eu-west-1.amazonaws.com/123456789012/q",
+        ] {
+            let err = with(&[("IRONFLOW_WAKE_QUEUE_URL", bad)]).expect_err(bad);
+            assert!(
+                err.contains("IRONFLOW_WAKE_QUEUE_URL") && err.contains("SQS queue URL"),
+                "{err}"
+            );
+        }
+        let fifo = "https://sqs.eu-west-1.amazonaws.com/123456789012/wake.fifo";
+        let err = with(&[("IRONFLOW_WAKE_QUEUE_URL", fifo)]).unwrap_err();
+        assert!(
+            err.contains("FIFO") && err.contains("DelaySeconds"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn a_metrics_namespace_cloudwatch_would_drop_is_refused() {
+        for good in ["ironflow-lambda", "Team/App #1", "a:b", "x.y_z"] {
+            let s = with(&[("IRONFLOW_METRICS_NAMESPACE", good)]).unwrap();
+            assert_eq!(s.metrics_namespace, good);
+        }
+        let long = "n".repeat(256);
+        for bad in [
+            "ironflow-météo",
+            "AWS/Lambda",
+            ":x",
+            "a\tb",
+            "a,b",
+            long.as_str(),
+        ] {
+            let err = with(&[("IRONFLOW_METRICS_NAMESPACE", bad)]).expect_err(bad);
+            assert!(
+                err.contains("IRONFLOW_METRICS_NAMESPACE") && err.contains("CloudWatch"),
+                "{err}"
+            );
+        }
+        // The builder's value is checked by the same row.
+        let mut s = Settings::new("https://api.example.com", WorkerToken::new("t"));
+        s.metrics_namespace = "ironflow-météo".into();
+        let problems = s.validate();
+        assert_eq!(
+            problems.first().map(|p| p.setter),
+            Some("metrics_namespace")
+        );
+    }
+
+    #[test]
+    fn a_heartbeat_url_follows_the_api_url_s_rule_on_plain_http_and_is_never_shown() {
+        let remote = "http://hc.example.com/ping/hb-s3cret";
+        let err = with(&[("IRONFLOW_HEARTBEAT_URL", remote)]).unwrap_err();
+        assert!(
+            err.contains("IRONFLOW_HEARTBEAT_URL") && err.contains("https://"),
+            "{err}"
+        );
+        assert!(
+            !err.contains("hb-s3cret"),
+            "the heartbeat URL leaked: {err}"
+        );
+        let opted = with(&[
+            ("IRONFLOW_HEARTBEAT_URL", remote),
+            ("IRONFLOW_ALLOW_INSECURE_HTTP", "true"),
+        ]);
+        assert_eq!(opted.unwrap().heartbeat_url.as_deref(), Some(remote));
+        for ok in ["http://127.0.0.1:9/x", "https://hc-ping.com/abc"] {
+            assert!(with(&[("IRONFLOW_HEARTBEAT_URL", ok)]).is_ok(), "{ok}");
+        }
+        let err = with(&[("IRONFLOW_HEARTBEAT_URL", "https:// hc-s3cret")]).unwrap_err();
+        assert!(!err.contains("hc-s3cret"), "{err}");
+    }
+
+    #[test]
+    fn a_secret_pasted_into_an_arn_variable_is_never_shown() {
+        for variable in [
+            "IRONFLOW_WORKER_TOKEN_SECRET_ARN",
+            "IRONFLOW_WEBHOOK_SECRET_ARN",
+        ] {
+            let err = with(&[(variable, "pasted-s3cret-value")]).unwrap_err();
+            assert!(err.contains(variable) && err.contains("ARN"), "{err}");
+            assert!(!err.contains("pasted-s3cret"), "the value leaked: {err}");
+        }
+        let arn = "arn:aws:secretsmanager:eu-west-1:123456789012:secret:t-AbC123";
+        let s = with(&[("IRONFLOW_WEBHOOK_SECRET_ARN", arn)]).unwrap();
+        assert_eq!(s.webhook_secret_arn.as_deref(), Some(arn));
+    }
+
+    #[test]
+    fn a_worker_id_prefix_the_api_would_trim_is_refused() {
+        let mut s = Settings::new("https://api.example.com", WorkerToken::new("t"));
+        s.worker_id_prefix = " lambda".into();
+        let problems = s.validate();
+        assert_eq!(problems.first().map(|p| p.setter), Some("worker_id_prefix"));
+        s.worker_id_prefix = "lam\nbda".into();
+        assert_eq!(
+            s.validate().first().map(|p| p.setter),
+            Some("worker_id_prefix")
+        );
+    }
+
+    #[test]
+    fn a_misspelt_variable_is_refused_naming_the_one_it_misspells() {
+        let names = [
+            "IRONFLOW_POISON_TABEL",
+            "IRONFLOW_CONCURENCY",
+            "IRONFLOW_POISON_TABLE",
+            "IRONFLOW_TEST_MOTO_ENDPOINT",
+            "IRONFLOW_CHAOS_RUNS",
+            "PATH",
+        ]
+        .map(String::from);
+        let errors = misspelt(&names);
+        let text: Vec<String> = errors.iter().map(ToString::to_string).collect();
+        assert_eq!(errors.len(), 2, "{text:?}");
+        assert!(
+            text[0].contains("IRONFLOW_POISON_TABEL") && text[0].contains("IRONFLOW_POISON_TABLE"),
+            "{text:?}"
+        );
+        assert!(
+            text[1].contains("IRONFLOW_CONCURENCY") && text[1].contains("IRONFLOW_CONCURRENCY"),
+            "{text:?}"
+        );
+        assert_eq!(edits("kitten", "sitting"), 3);
+        assert_eq!(edits("", "ab"), 2);
     }
 
     #[test]

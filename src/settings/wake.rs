@@ -2,14 +2,16 @@
 
 use std::time::Duration;
 
-/// Default of `IRONFLOW_MAX_WAKEUPS_PER_INVOCATION`: 3. Each wake-up starts a batch of up to N
+use super::table::{MAX_WAKEUPS_PER_INVOCATION, WAKE_DELAY};
+
+/// Default of `IRONFLOW_MAX_WAKEUPS_PER_INVOCATION`. Each wake-up starts a batch of up to N
 /// runs, so a backlog's draining can triple from one hop to the next, and never grows beyond
 /// what the backlog needs.
-pub const DEFAULT_MAX_WAKEUPS_PER_INVOCATION: usize = 3;
+pub const DEFAULT_MAX_WAKEUPS_PER_INVOCATION: usize = MAX_WAKEUPS_PER_INVOCATION.default;
 /// Upper bound of `IRONFLOW_MAX_WAKEUPS_PER_INVOCATION`: 10, what one `SendMessageBatch` holds.
 pub const MAX_WAKEUPS_PER_INVOCATION_LIMIT: usize = 10;
-/// Default of `IRONFLOW_WAKE_DELAY_SECS`: 5 s.
-pub const DEFAULT_WAKE_DELAY: Duration = Duration::from_secs(5);
+/// Default of `IRONFLOW_WAKE_DELAY_SECS`.
+pub const DEFAULT_WAKE_DELAY: Duration = WAKE_DELAY.default;
 /// SQS's largest `DelaySeconds`: 900 s.
 pub const MAX_WAKE_DELAY: Duration = Duration::from_secs(900);
 /// Where and how many wake-ups to send.

@@ -100,7 +100,7 @@ mod tests {
             Verdict::Wake
         );
         // A rejected human input sends its run back to Pending.
-        let rejected = r#"{"type":"approval_rejected","run_id":"01a2","step_id":"01a3","rejected_by":"ops","reason":"no","at":"x"}"#;
+        let rejected = r#"{"type":"approval_rejected","run_id":"01a2","step_id":"01a3","rejected_by":"ops","reason":"no","at":"2026-12-01T10:00:00Z"}"#;
         assert_eq!(verdict(rejected), Verdict::Wake);
     }
 
