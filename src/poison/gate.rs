@@ -18,10 +18,11 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use ironflow_store::entities::{Run, WorkerCapabilities};
+use ironflow_store::entities::{Run, Step, WorkerCapabilities};
 use tokio::time::{Instant, timeout_at};
 use tracing::{error, info, warn};
 
+use super::recovery::holder_started_a_step;
 use super::seen::SeenCounters;
 use super::{FailureCounter, PoisonError, PoisonMode, PoisonPolicy, PoisonTable, now_ms};
 use crate::report::{Outcome, RunReport};
@@ -309,13 +310,16 @@ impl PoisonGate {
     }
 
     /// Called with every claimed run, before [`PoisonGate::blocked_reason`]: a run whose
-    /// `lease_recoveries` is above what this function last saw for it was held by an
-    /// invocation that died (function timeout, out of memory) before handing it back, and
-    /// that counts as one failure of its workflow, once per claiming invocation (id
-    /// `lease-recovery/<this invocation's worker id>`): the runs one dead invocation held come
-    /// back together, and count as one death, not one per run. A run never recovered costs
+    /// `lease_recoveries` is above what this function last saw for it was recovered by the
+    /// API's reaper. When its `steps` (read only then: `None` when they could not be read)
+    /// show that the holder had started a step ([`super::recovery`]), that holder was an
+    /// invocation that died executing it (function timeout, out of memory), and that counts as
+    /// one failure of its workflow, once per claiming invocation (id `lease-recovery/<this
+    /// invocation's worker id>`): the runs one dead invocation held come back together, and
+    /// count as one death, not one per run. A recovery of a claim whose answer was lost, or of
+    /// steps unreadable (an infrastructure error), does not count. A run never recovered costs
     /// nothing.
-    pub async fn on_claim(&mut self, run: &Run) {
+    pub async fn on_claim(&mut self, run: &Run, steps: impl Future<Output = Option<Vec<Step>>>) {
         let recoveries = run.lease_recoveries;
         if recoveries == 0 || !self.table_usable() {
             return;
@@ -324,14 +328,23 @@ impl PoisonGate {
         let table = self.table.clone();
         let observed = table.observe_lease_recoveries(run.id, recoveries, now_ms());
         match self.bounded("observe lease recoveries", observed).await {
+            Ok(true) if !steps.await.is_some_and(|s| holder_started_a_step(&s)) => {
+                info!(
+                    run_id = %run.id,
+                    workflow,
+                    lease_recoveries = recoveries,
+                    "run recovered after its lease expired, its holder had started no step (a \
+                     lost claim, a lease taken over, or steps unreadable): not counted"
+                );
+            }
             Ok(true) => {
                 self.lease_recoveries = self.lease_recoveries.saturating_add(1);
                 warn!(
                     run_id = %run.id,
                     workflow,
                     lease_recoveries = recoveries,
-                    "run recovered after its lease expired: the invocation that held it died; \
-                     counting a failure of its workflow"
+                    "run recovered after its lease expired: the invocation that held it died \
+                     executing a step; counting a failure of its workflow"
                 );
                 let failure_id = format!("lease-recovery/{}", self.invocation);
                 self.record_failure(workflow, &failure_id).await;

@@ -142,11 +142,18 @@ impl<'a> Attempts<'a> {
             // A write that meets a fault is read back before anything else: keep time for it.
             bound = bound.min(later(start, (end - start).mul_f64(0.75)));
         }
-        let fault = match timeout_at(bound, call).await {
-            Ok(Ok(answer)) => return Some(Ok(Ok(answer))),
+        let answer = timeout_at(bound, call).await;
+        let fault = match answer {
+            Ok(Ok(answer)) => {
+                self.scope.answered(start.elapsed());
+                return Some(Ok(Ok(answer)));
+            }
             Ok(Err(e)) => match classify(self.route, &e) {
                 Some(fault) => fault,
-                None => return Some(Err(e)),
+                None => {
+                    self.scope.answered(start.elapsed());
+                    return Some(Err(e));
+                }
             },
             Err(_) => ApiFault::timeout(self.route, start.elapsed()),
         };
