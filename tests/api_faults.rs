@@ -40,14 +40,20 @@ fn requests(proxy: &FaultProxy, route: &str) -> u64 {
 async fn a_lost_answer_to_a_write_is_read_back_and_the_write_never_sent_again(backend: Backend) {
     let h = Harness::start_on(backend).await;
     let proxy = FaultProxy::start(&h.api.url(), 11).await;
-    let worker = through(&h, &proxy).register(stuck()).build().unwrap();
+    // 5 s between the cutoff and the deadline: time for `ApiRunStore`'s own resend (1 s
+    // after a lost answer) within the handback's first attempt, were it made through it.
+    let worker = through(&h, &proxy)
+        .deadline_margin(Duration::from_secs(5))
+        .register(stuck())
+        .build()
+        .unwrap();
     let id = h.create("stuck", 0).await;
     // The step's Running and the handback's Pending both land, and their answers are lost:
     // `ApiRunStore`'s put_json would send each again a second later, by itself.
     proxy.next("PUT /steps/{id}", Fault::LostAnswer);
     proxy.next("PUT /runs/{id}", Fault::LostAnswer);
 
-    let summary = h.invoke(&worker, Duration::from_secs(6)).await;
+    let summary = h.invoke(&worker, Duration::from_secs(8)).await;
 
     assert_eq!(summary.count(Outcome::HandedBack), 1, "{summary:?}");
     let report = &summary.runs[0];
