@@ -13,7 +13,7 @@ use common::{Backend, Harness, ShellWorkflow, wait_until};
 use ironflow_core::providers::claude::ClaudeCodeProvider;
 use ironflow_lambda::{LambdaWorkerBuilder, Outcome};
 use ironflow_store::entities::{
-    LeaseRequest, NewStep, RunStatus, StepKind, StepStatus, StepUpdate,
+    LeaseRequest, LeaseUpdate, NewStep, RunStatus, RunUpdate, StepKind, StepStatus, StepUpdate,
 };
 use ironflow_store::store::RunStore;
 use ironflow_worker::ApiRunStore;
@@ -149,6 +149,53 @@ async fn a_holder_that_died_mid_step_is_a_death(backend: Backend) {
     assert_eq!(next.count(Outcome::PoisonBlocked), 1, "{next:?}");
 }
 
+async fn a_lease_taken_over_mid_step_and_left_to_expire_is_not_a_death(backend: Backend) {
+    let h = Arc::new(Harness::start_on(backend).await);
+    let proxy = FaultProxy::start(&h.api.url(), 15).await;
+    let worker = Arc::new(
+        through(&h, &proxy)
+            .poison_threshold(1)
+            .register(stuck())
+            .build()
+            .unwrap(),
+    );
+    let id = h.create("stuck", 3).await;
+    let invocation = {
+        let (h, worker) = (h.clone(), worker.clone());
+        tokio::spawn(async move { h.invoke(&worker, Duration::from_secs(30)).await })
+    };
+    wait_until("the step runs", Duration::from_secs(20), || async {
+        h.steps(id)
+            .await
+            .iter()
+            .any(|s| s.status.state == StepStatus::Running)
+    })
+    .await;
+    // Another worker takes the lease over, and lets it expire: the step this invocation left
+    // Running is interrupted by the reaper, as a dead holder's would be.
+    let taken = RunUpdate {
+        lease: Some(LeaseUpdate::Set {
+            worker_id: "taker".into(),
+            expires_at: chrono::Utc::now() + chrono::TimeDelta::seconds(1),
+        }),
+        ..RunUpdate::default()
+    };
+    h.api.store().update_run(id, taken).await.unwrap();
+    let lost = invocation.await.unwrap();
+    assert_eq!(lost.count(Outcome::LeaseLost), 1, "{lost:?}");
+    wait_until("the API reaps the run", Duration::from_secs(20), || async {
+        h.api.reap().await;
+        let run = h.run(id).await;
+        run.status.state == RunStatus::Pending && run.lease_recoveries == 1
+    })
+    .await;
+
+    let next = h.invoke(&worker, Duration::from_secs(4)).await;
+    assert_eq!(next.lease_recoveries, 0, "not a death: {next:?}");
+    assert_eq!(next.count(Outcome::PoisonBlocked), 0, "{next:?}");
+    assert_eq!(next.count(Outcome::HandedBack), 1, "{next:?}");
+}
+
 /// The stuck run, through `proxy` with `fault` queued on `route`, in a worker whose loop guard
 /// fails a run at its first counted handback without progress: the outcome.
 async fn stuck_run_under(backend: Backend, route: &str, fault: Fault) -> (Outcome, RunStatus) {
@@ -192,6 +239,7 @@ on_both_stores!(
     a_lost_answer_to_a_write_is_read_back_and_the_write_never_sent_again,
     a_lost_claim_recovered_by_the_reaper_is_not_a_death,
     a_holder_that_died_mid_step_is_a_death,
+    a_lease_taken_over_mid_step_and_left_to_expire_is_not_a_death,
     a_slow_api_answer_is_not_a_handback_without_progress,
     a_retried_server_error_is_not_a_handback_without_progress,
     without_api_trouble_the_loop_guard_still_fails_the_stuck_run,

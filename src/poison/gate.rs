@@ -217,12 +217,15 @@ impl PoisonGate {
     /// Count a finished run's outcome: failures increment; a success resets, as does a run
     /// suspended by its handler (it ran without failing, as the reference worker counts any
     /// handler that returned) or handed back cleanly at the cutoff (it executed without
-    /// failing, for as long as the invocation lasted). A run this invocation left to the API's reaper is noted as
+    /// failing, for as long as the invocation lasted). A run this invocation left to the API's
+    /// reaper, or whose lease it lost (expired unconfirmed, or taken over by another worker, which
+    /// may leave a step of this invocation Running for the reaper to interrupt), is noted as
     /// expected to come back with one more lease recovery, which then does not count as a dead
-    /// invocation: the invocation returned, only its write to the API failed.
+    /// invocation: this invocation returned, only its lease or its write to the API failed.
     pub async fn record(&mut self, report: &RunReport) {
         let workflow = report.workflow.as_str();
-        if report.left_to_reaper && self.table_usable() {
+        let recovery_expected = report.left_to_reaper || report.outcome == Outcome::LeaseLost;
+        if recovery_expected && self.table_usable() {
             let expected = report.lease_recoveries.saturating_add(1);
             let table = self.table.clone();
             let note = table.observe_lease_recoveries(report.run_id, expected, now_ms());

@@ -9,11 +9,11 @@
 //! interrupted (`Failed`, `STEP_INTERRUPTED_ERROR`), without the mark every handback of this
 //! worker writes ([`crate::handback::INTERRUPTION_KEY`]), and nobody has executed the run since.
 //!
-//! What the records cannot tell (neither `Run` nor `Step` names the holder, and the claim resets
-//! the run's `started_at`), said in docs/faults.md: a holder that died between two steps is not
-//! counted; a step a live holder left Running when its lease was taken over, and the taker let
-//! its lease expire, looks like the taker's; a claim lost right after a recovery that counted
-//! finds the same interrupted step newest and counts again.
+//! A step a live holder left Running when its lease was taken over looks like the taker's: the
+//! holder that lost the lease notes the next recovery as expected instead
+//! ([`super::gate::PoisonGate::record`]). What the records cannot tell (neither `Run` nor `Step`
+//! names the holder, and the claim resets the run's `started_at`) is in docs/faults.md ("The
+//! reaper").
 
 use ironflow_store::entities::{Step, StepStatus};
 use ironflow_store::store::STEP_INTERRUPTED_ERROR;
