@@ -315,7 +315,7 @@ impl PoisonGate {
     /// Called with every claimed run, before [`PoisonGate::blocked_reason`]: a run whose
     /// `lease_recoveries` is above what this function last saw for it was recovered by the
     /// API's reaper. When its `steps` (read only then: `None` when they could not be read)
-    /// show that the holder had started a step ([`super::recovery`]), that holder was an
+    /// show that the holder had started a step (`src/poison/recovery.rs`), that holder was an
     /// invocation that died executing it (function timeout, out of memory), and that counts as
     /// one failure of its workflow, once per claiming invocation (id `lease-recovery/<this
     /// invocation's worker id>`): the runs one dead invocation held come back together, and
