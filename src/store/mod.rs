@@ -722,7 +722,8 @@ mod tests {
             input: None,
             is_error_handler: false,
         };
-        let create = Arc::new(scope).run(store.create_step(step.clone()));
+        let scope = Arc::new(scope);
+        let create = scope.clone().run(store.create_step(step.clone()));
         tokio::pin!(create);
         let short = tokio::time::timeout(Duration::from_millis(200), &mut create).await;
         assert!(short.is_err(), "held back with 0.5 s of lease left");
@@ -733,6 +734,7 @@ mod tests {
             .expect("started once a refresh confirmed the lease further")
             .unwrap();
         assert_eq!(created.run_id, run.id);
+        assert!(scope.lost_time_to_api(), "held back: time lost to the API");
 
         // No refresh confirms it: the lease runs out, the scope stops, the step never starts.
         let clock = Arc::new(LeaseClock::new(Instant::now(), Duration::from_millis(300)));

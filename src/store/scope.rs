@@ -86,7 +86,8 @@ pub struct CallScope {
     faults: Arc<FaultLog>,
     fenced: AtomicBool,
     saw_fault: AtomicBool,
-    /// Time spent waiting on answers that took [`SLOW_ANSWER`] or longer, in milliseconds.
+    /// Time spent waiting on answers that took [`SLOW_ANSWER`] or longer, and on lease
+    /// refreshes before a step could start, in milliseconds.
     slow_ms: AtomicU64,
     stop: CancellationToken,
     stopped: Mutex<Option<ScopeStop>>,
@@ -199,12 +200,18 @@ impl CallScope {
     pub async fn start_margin_left(&self) {
         /// How often the lease's validity is looked at again while it is short.
         const RECHECK: Duration = Duration::from_millis(20);
+        let (began, mut held_back) = (Instant::now(), false);
         loop {
             let Some((valid_until, margin)) = self.step_start() else {
                 return;
             };
             let left = valid_until.saturating_duration_since(Instant::now());
             if left >= margin {
+                if held_back {
+                    // Held back until the API confirmed a refresh: time lost to the API.
+                    let ms = u64::try_from(began.elapsed().as_millis()).unwrap_or(u64::MAX);
+                    self.slow_ms.fetch_add(ms.max(1), Ordering::Relaxed);
+                }
                 return;
             }
             if left.is_zero() {
@@ -217,6 +224,7 @@ impl CallScope {
                 }));
                 std::future::pending::<()>().await;
             }
+            held_back = true;
             tokio::time::sleep(RECHECK.min(left)).await;
         }
     }
@@ -242,8 +250,9 @@ impl CallScope {
     }
 
     /// Whether the API cost this scope's work time: a call met an infrastructure fault (every
-    /// attempt is one request, so a retry is always seen), or an answer took [`SLOW_ANSWER`] or
-    /// more. The loop guard does not count a handback whose execution lost time so
+    /// attempt is one request, so a retry is always seen), an answer took [`SLOW_ANSWER`] or
+    /// more, or a step was held back until a lease refresh was confirmed
+    /// ([`CallScope::start_margin_left`]). The loop guard does not count a handback whose execution lost time so
     /// ([`crate::handback`]).
     pub fn lost_time_to_api(&self) -> bool {
         self.saw_fault() || self.slow_ms.load(Ordering::Relaxed) > 0
