@@ -41,6 +41,8 @@ pub(crate) struct Claimed {
 pub(crate) struct StepsAhead {
     sent: Instant,
     read: AbortOnDropHandle<Result<Vec<Step>, StoreError>>,
+    /// The read's scope: the time it lost to the API is the execution's.
+    scope: Arc<CallScope>,
 }
 
 impl StepsAhead {
@@ -56,14 +58,18 @@ impl StepsAhead {
         let read = async move { store.list_steps(run_id).await };
         Self {
             sent: Instant::now(),
-            read: AbortOnDropHandle::new(tokio::spawn(scope.run(read).in_current_span())),
+            read: AbortOnDropHandle::new(tokio::spawn(scope.clone().run(read).in_current_span())),
+            scope,
         }
     }
 
     /// The steps and when their request was sent, once the read is done, if it succeeded
-    /// (else the engine reads them itself).
+    /// (else the engine reads them itself). Awaited in the execution's scope, which takes the
+    /// time the read lost to the API ([`CallScope::absorb_lost_time`]).
     pub(crate) async fn ready(self) -> Option<(Vec<Step>, Instant)> {
-        match self.read.await {
+        let read = self.read.await;
+        CallScope::current().absorb_lost_time(&self.scope);
+        match read {
             Ok(Ok(steps)) => Some((steps, self.sent)),
             _ => None,
         }

@@ -371,7 +371,7 @@ async fn decide(
             timing.claimed_at,
             executed,
             why,
-            scope.saw_fault(),
+            scope.lost_time_to_api(),
         )
     };
     match stop {

@@ -13,13 +13,18 @@
 //!    completed in this invocation) for the `max_handbacks_without_progress`-th time in a row
 //!    is failed instead, and so is a run that spent a long stretch without starting or
 //!    finishing any step (outside steps, a replay redoes the same work, so it could never
-//!    finish). A cutoff counts only when the execution had a fair chance: it met no API fault
-//!    and executed for at least half an invocation's window ([`HandbackPolicy::fair_share`]).
+//!    finish). A cutoff counts only when the execution had a fair chance: the API cost it no
+//!    time (no call met a fault, every attempt being one request so that no retry is hidden,
+//!    and no answer took [`SLOW_ANSWER`] or more: [`CallScope::lost_time_to_api`]) and it
+//!    executed for at least half an invocation's window ([`HandbackPolicy::fair_share`]).
 //!    Handbacks after an API fault or an expired lease never count: an infrastructure error is
 //!    never a workflow failure, and a run claimed late in an invocation is not a slow step;
-//! 3. mark the steps left Running as interrupted (as `Engine::interrupt_running_steps` does; an
-//!    interruption that does not count is marked as such in the step's debug messages,
-//!    [`INTERRUPTION_KEY`], so that later handbacks do not count it either);
+//! 3. mark the steps left Running as interrupted (as `Engine::interrupt_running_steps` does),
+//!    with this handback's mark in the step's debug messages ([`INTERRUPTION_KEY`]): `cutoff`
+//!    for one the loop guard counts, another word for one it does not (so that later handbacks
+//!    do not count it either). An interruption without the mark is the API's reaper's: the
+//!    poison pill tells by it that a recovered run's dead holder had started a step
+//!    ([`crate::poison::recovery`]);
 //! 4. write Pending, adding this invocation's time to the run's `duration_ms`.
 //!
 //! A step the execution left Running that cannot be marked interrupted keeps the run from
@@ -47,6 +52,8 @@ use crate::calls::Calls;
 use crate::report::{Fate, Outcome};
 use crate::store::fault::ApiFault;
 use crate::store::scope::RunKey;
+#[cfg(doc)]
+use crate::store::scope::{CallScope, SLOW_ANSWER};
 
 /// The loop guard's settings.
 #[derive(Debug, Clone, Copy)]
@@ -91,26 +98,30 @@ pub(crate) enum Why {
     LeaseExpired(String),
 }
 
-/// The key of the debug message that marks an interruption the loop guard does not count
-/// (`{"ironflow_lambda_interruption": "api_fault" | "lease_expired" | "short_cutoff"}`).
+/// The key of the debug message that marks an interruption written by a handback
+/// (`{"ironflow_lambda_interruption": "cutoff" | "api_fault" | "lease_expired" |
+/// "short_cutoff"}`): [`COUNTED_MARK`] for one the loop guard counts.
 pub const INTERRUPTION_KEY: &str = "ironflow_lambda_interruption";
 
+/// The interruption mark of a cutoff the loop guard counts.
+pub const COUNTED_MARK: &str = "cutoff";
+
 impl Why {
-    /// The interruption mark of the steps this handback interrupts: `None` for a cutoff that
-    /// counts for the loop guard (`counted`).
-    fn mark(&self, counted: bool) -> Option<&'static str> {
+    /// The interruption mark of the steps this handback interrupts: [`COUNTED_MARK`] for a
+    /// cutoff that counts for the loop guard (`counted`).
+    fn mark(&self, counted: bool) -> &'static str {
         match self {
-            Self::Cutoff if counted => None,
-            Self::Cutoff => Some("short_cutoff"),
-            Self::ApiFault(_) => Some("api_fault"),
-            Self::LeaseExpired(_) => Some("lease_expired"),
+            Self::Cutoff if counted => COUNTED_MARK,
+            Self::Cutoff => "short_cutoff",
+            Self::ApiFault(_) => "api_fault",
+            Self::LeaseExpired(_) => "lease_expired",
         }
     }
 
-    /// Whether this handback counts for the loop guard: a cutoff after an execution that met
-    /// no API fault and executed at least [`HandbackPolicy::fair_share`].
-    fn counts(&self, policy: &HandbackPolicy, executed: Duration, saw_fault: bool) -> bool {
-        matches!(self, Self::Cutoff) && !saw_fault && executed >= policy.fair_share
+    /// Whether this handback counts for the loop guard: a cutoff after an execution that lost
+    /// no time to the API (`lost_time`) and executed at least [`HandbackPolicy::fair_share`].
+    fn counts(&self, policy: &HandbackPolicy, executed: Duration, lost_time: bool) -> bool {
+        matches!(self, Self::Cutoff) && !lost_time && executed >= policy.fair_share
     }
 
     /// Why, for the report's error (`None` at the cutoff: a clean handback).
@@ -125,7 +136,8 @@ impl Why {
 
 /// Hand `run` back (see the module docs). `target` is the run whose lease is held (the run
 /// itself, or the root of its sub-workflow chain); `claimed_at` is when this invocation took
-/// it up and `executed` how long it ran here; `saw_fault`: its execution met API faults.
+/// it up and `executed` how long it ran here; `lost_time`: the API cost its execution time
+/// (faults, slow answers: [`CallScope::lost_time_to_api`]).
 pub(crate) async fn hand_back(
     p: HandbackContext<'_>,
     run: &Run,
@@ -133,10 +145,10 @@ pub(crate) async fn hand_back(
     claimed_at: DateTime<Utc>,
     executed: Duration,
     why: Why,
-    saw_fault: bool,
+    lost_time: bool,
 ) -> Fate {
     let key = p.key(target);
-    let steps = hand_back_steps(p, run, target, claimed_at, executed, &why, saw_fault);
+    let steps = hand_back_steps(p, run, target, claimed_at, executed, &why, lost_time);
     p.calls.within(p.last_write, Some(key), steps).await
 }
 
@@ -147,7 +159,7 @@ async fn hand_back_steps(
     claimed_at: DateTime<Utc>,
     executed: Duration,
     why: &Why,
-    saw_fault: bool,
+    lost_time: bool,
 ) -> Fate {
     let store = &p.calls.store;
     // 1. The lease.
@@ -181,7 +193,7 @@ async fn hand_back_steps(
             ));
         }
     };
-    let counted = why.counts(&p.policy, executed, saw_fault);
+    let counted = why.counts(&p.policy, executed, lost_time);
     let failed_instead = counted
         .then(|| loop_guard(&p.policy, &run, &steps, claimed_at, executed))
         .flatten();
@@ -274,11 +286,11 @@ async fn confirm_lease(calls: &Calls, run_id: Uuid, lease: &LeaseRequest) -> Res
 
 /// Mark the Running steps among `steps` Failed with `STEP_INTERRUPTED_ERROR`, so that the
 /// replay executes them again, each write retried within the caller's scope, and with the
-/// interruption `mark` in their debug messages when it was not the cutoff.
+/// interruption `mark` in their debug messages.
 async fn interrupt_running_steps(
     calls: &Calls,
     steps: &[Step],
-    mark: Option<&str>,
+    mark: &str,
 ) -> Result<(), StoreError> {
     let now = Utc::now();
     for step in steps
@@ -289,7 +301,7 @@ async fn interrupt_running_steps(
             status: Some(StepStatus::Failed),
             error: Some(STEP_INTERRUPTED_ERROR.to_string()),
             completed_at: Some(now),
-            debug_messages: mark.map(|m| json!([{ INTERRUPTION_KEY: m }])),
+            debug_messages: Some(json!([{ INTERRUPTION_KEY: mark }])),
             ..StepUpdate::default()
         };
         calls.store.update_step(step.id, update).await?;
@@ -357,16 +369,21 @@ pub(crate) async fn write_back_unexecuted(
     calls.within(until, Some(key), write).await
 }
 
+/// The interruption mark a handback wrote in `step`'s debug messages, if any.
+pub(crate) fn interruption_mark(step: &Step) -> Option<&str> {
+    step.debug_messages
+        .as_ref()
+        .and_then(|m| m.as_array())
+        .and_then(|m| m.iter().find_map(|e| e.get(INTERRUPTION_KEY)?.as_str()))
+}
+
 /// Whether `step` was interrupted (by a handback or the reaper) and it counts for the loop
-/// guard: not when it was marked as an interruption by an API fault or an expired lease.
+/// guard: not when a handback marked it as an interruption that does not count (an API fault,
+/// an expired lease, a short cutoff).
 fn counted_interruption(step: &Step) -> bool {
     step.status.state == StepStatus::Failed
         && step.error.as_deref() == Some(STEP_INTERRUPTED_ERROR)
-        && !step
-            .debug_messages
-            .as_ref()
-            .and_then(|m| m.as_array())
-            .is_some_and(|m| m.iter().any(|e| e.get(INTERRUPTION_KEY).is_some()))
+        && interruption_mark(step).is_none_or(|m| m == COUNTED_MARK)
 }
 
 /// Why the run must be failed rather than handed back, if it must.
@@ -448,12 +465,9 @@ mod tests {
         // The mark is the one `interrupt_running_steps` writes.
         let marked = interrupted_step(Some("api_fault"));
         assert!(marked["debug_messages"][0].get(INTERRUPTION_KEY).is_some());
-        assert!(Why::Cutoff.mark(true).is_none());
-        assert_eq!(Why::Cutoff.mark(false), Some("short_cutoff"));
-        assert_eq!(
-            Why::LeaseExpired(String::new()).mark(true),
-            Some("lease_expired")
-        );
+        assert_eq!(Why::Cutoff.mark(true), COUNTED_MARK);
+        assert_eq!(Why::Cutoff.mark(false), "short_cutoff");
+        assert_eq!(Why::LeaseExpired(String::new()).mark(true), "lease_expired");
         let policy = HandbackPolicy {
             max_without_progress: 3,
             stall_window: Duration::from_secs(10),
@@ -462,7 +476,10 @@ mod tests {
         let (long, short) = (Duration::from_secs(10), Duration::from_secs(9));
         assert!(Why::Cutoff.counts(&policy, long, false));
         assert!(!Why::Cutoff.counts(&policy, short, false), "claimed late");
-        assert!(!Why::Cutoff.counts(&policy, long, true), "met an API fault");
+        assert!(
+            !Why::Cutoff.counts(&policy, long, true),
+            "lost time to the API"
+        );
         assert!(!Why::LeaseExpired(String::new()).counts(&policy, long, false));
         assert!(Why::Cutoff.note().is_none());
         let fault = ApiFault::timeout("PUT /runs/{id}", Duration::from_millis(5));

@@ -105,7 +105,12 @@ impl LambdaWorker {
         let credentials = Arc::new(Credentials::new(s.worker_token.clone(), parts.token_secret));
         // Two stores, two HTTP clients: one for the engine, polled on the execution runtime,
         // one for the invocation's own calls, on the caller's (crate::runtime, crate::calls).
-        let engine_store = Arc::new(GuardedStore::api(&s.api_url, credentials.clone()));
+        let engine_writes = ApiClient::new(&s.api_url, credentials.clone())?;
+        let engine_store = Arc::new(GuardedStore::api(
+            &s.api_url,
+            credentials.clone(),
+            engine_writes,
+        ));
         let store: Arc<dyn Store> = engine_store.clone();
         let strategy = parts
             .account_strategy
@@ -143,7 +148,8 @@ impl LambdaWorker {
         let threads = runtime::threads_for(s.concurrent_invocations.saturating_mul(s.concurrency));
         let execution_runtime = ExecutionRuntime::new(threads)
             .map_err(|source| BuildError::Runtime { threads, source })?;
-        let calls_store = Arc::new(GuardedStore::api(&s.api_url, credentials));
+        let calls_writes = ApiClient::new(&s.api_url, credentials.clone())?;
+        let calls_store = Arc::new(GuardedStore::api(&s.api_url, credentials, calls_writes));
         let calls_engine = Engine::new(calls_store.clone(), provider);
 
         let poison_mode = if s.poison_mode == PoisonMode::Defer && capabilities.workflows.is_none()

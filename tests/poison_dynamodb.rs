@@ -32,7 +32,9 @@ use ironflow_lambda::settings::Settings;
 use ironflow_lambda::{BuildError, LambdaWorker, LambdaWorkerBuilder};
 use ironflow_lambda::{InvocationSummary, StopReason};
 use ironflow_local_api::{LocalApi, new_run};
-use ironflow_store::entities::{LeaseRequest, RunStatus};
+use ironflow_store::entities::{
+    LeaseRequest, NewStep, RunStatus, StepKind, StepStatus, StepUpdate,
+};
 use ironflow_store::store::RunStore;
 use ironflow_worker::ApiRunStore;
 use uuid::Uuid;
@@ -896,8 +898,9 @@ async fn a_run_recovered_from_a_dead_invocation_counts_as_a_failure() {
     );
 }
 
-/// Make `victim` look like the run of an invocation that died: claim it under a 1 s lease that
-/// nobody refreshes, then let the API's reaper (its tick, called directly) requeue it.
+/// Make `victim` look like the run of an invocation that died executing it: claim it under a
+/// 1 s lease that nobody refreshes, start a step, then let the API's reaper (its tick, called
+/// directly) requeue it. (A holder that started no step, a lost claim, is no death.)
 async fn kill_holding_invocation(api: &LocalApi, victim: Uuid) {
     let dead = ApiRunStore::new(&api.url(), api.token());
     let claimed = dead
@@ -912,6 +915,24 @@ async fn kill_holding_invocation(api: &LocalApi, victim: Uuid) {
         .unwrap()
         .unwrap();
     assert_eq!(claimed.id, victim);
+    let step = dead
+        .create_step(NewStep {
+            run_id: victim,
+            trace_id: Uuid::new_v4(),
+            name: "step".into(),
+            kind: StepKind::Shell,
+            position: 0,
+            input: None,
+            is_error_handler: false,
+        })
+        .await
+        .unwrap();
+    let running = StepUpdate {
+        status: Some(StepStatus::Running),
+        started_at: Some(chrono::Utc::now()),
+        ..StepUpdate::default()
+    };
+    dead.update_step(step.id, running).await.unwrap();
     let store = api.store().clone();
     wait_for(
         Duration::from_secs(30),

@@ -119,8 +119,8 @@ async fn a_status_write_whose_answer_was_lost_is_read_back_not_failed() {
     let proxy = proxy_for(&h).await;
     let worker = through(&h, &proxy).register(NoOp).build().unwrap();
     let id = h.create("noop", 0).await;
-    // The final Completed write lands, its answer is lost; ApiRunStore's own retry then meets
-    // the API's illegal-transition 500 (Completed → Completed).
+    // The final Completed write lands, its answer is lost: read back, not sent again (it would
+    // meet the API's illegal-transition 500, Completed → Completed).
     proxy.next("PUT /runs/{id}", Fault::LostAnswer);
 
     let summary = h.invoke(&worker, Duration::from_secs(30)).await;
@@ -142,8 +142,8 @@ async fn a_handback_whose_answer_was_lost_meets_the_illegal_transition_and_is_re
         .build()
         .unwrap();
     let id = h.create("slow", 0).await;
-    // The handback's Pending lands, its answer is lost; ApiRunStore's own retry then meets the
-    // API's illegal-transition 500 (Pending → Pending) and keeps retrying.
+    // The handback's Pending lands, its answer is lost: read back, not sent again (it would
+    // meet the API's illegal-transition 500, Pending → Pending; tests/api_faults.rs counts).
     proxy.next("PUT /runs/{id}", Fault::LostAnswer);
 
     let summary = h.invoke(&worker, Duration::from_secs(6)).await;

@@ -24,6 +24,7 @@ use std::time::Duration;
 use futures_util::future::join_all;
 use ironflow_engine::engine::chain_root;
 use ironflow_store::entities::LeaseRequest;
+use ironflow_store::store::RunStore;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::task::{JoinError, JoinSet};
 use tokio::time::{Instant, sleep_until};
@@ -447,7 +448,25 @@ impl<'w> Batch<'w> {
                 self.calls.faults.clone(),
             ));
         }
-        self.poison.on_claim(&claimed.run).await;
+        // Read only for a run the reaper recovered (see PoisonGate::on_claim).
+        let (calls, run_id) = (&self.calls, claimed.run.id);
+        let key = self.params.key(run_id);
+        let until = claimed
+            .refresher
+            .clock()
+            .valid_until()
+            .min(self.params.cutoff);
+        let steps = async move {
+            calls
+                .within(
+                    until,
+                    Some(key),
+                    RunStore::list_steps(calls.store.as_ref(), run_id),
+                )
+                .await
+                .ok()
+        };
+        self.poison.on_claim(&claimed.run, steps).await;
         Taken::Run(Box::new(claimed))
     }
 

@@ -19,10 +19,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use ironflow_store::entities::{Run, WorkerCapabilities};
+use ironflow_store::entities::{Run, Step, WorkerCapabilities};
 use tokio::time::{Instant, timeout_at};
 use tracing::{error, info, warn};
 
+use super::recovery::holder_started_a_step;
 use super::seen::SeenCounters;
 use super::{FailureCounter, PoisonError, PoisonMode, PoisonPolicy, PoisonTable, now_ms};
 use crate::report::{Outcome, RunReport};
@@ -217,12 +218,15 @@ impl PoisonGate {
     /// Count a finished run's outcome: failures increment; a success resets, as does a run
     /// suspended by its handler (it ran without failing, as the reference worker counts any
     /// handler that returned) or handed back cleanly at the cutoff (it executed without
-    /// failing, for as long as the invocation lasted). A run this invocation left to the API's reaper is noted as
+    /// failing, for as long as the invocation lasted). A run this invocation left to the API's
+    /// reaper, or whose lease it lost (expired unconfirmed, or taken over by another worker, which
+    /// may leave a step of this invocation Running for the reaper to interrupt), is noted as
     /// expected to come back with one more lease recovery, which then does not count as a dead
-    /// invocation: the invocation returned, only its write to the API failed.
+    /// invocation: this invocation returned, only its lease or its write to the API failed.
     pub async fn record(&mut self, report: &RunReport) {
         let workflow = report.workflow.as_str();
-        if report.left_to_reaper && self.table_usable() {
+        let recovery_expected = report.left_to_reaper || report.outcome == Outcome::LeaseLost;
+        if recovery_expected && self.table_usable() {
             let expected = report.lease_recoveries.saturating_add(1);
             let table = self.table.clone();
             let note = table.observe_lease_recoveries(report.run_id, expected, now_ms());
@@ -335,13 +339,16 @@ impl PoisonGate {
     }
 
     /// Called with every claimed run, before [`PoisonGate::blocked_reason`]: a run whose
-    /// `lease_recoveries` is above what this function last saw for it was held by an
-    /// invocation that died (function timeout, out of memory) before handing it back, and
-    /// that counts as one failure of its workflow, once per claiming invocation (id
-    /// `lease-recovery/<this invocation's worker id>`): the runs one dead invocation held come
-    /// back together, and count as one death, not one per run. A run never recovered costs
+    /// `lease_recoveries` is above what this function last saw for it was recovered by the
+    /// API's reaper. When its `steps` (read only then: `None` when they could not be read)
+    /// show that the holder had started a step (`src/poison/recovery.rs`), that holder was an
+    /// invocation that died executing it (function timeout, out of memory), and that counts as
+    /// one failure of its workflow, once per claiming invocation (id `lease-recovery/<this
+    /// invocation's worker id>`): the runs one dead invocation held come back together, and
+    /// count as one death, not one per run. A recovery of a claim whose answer was lost, or of
+    /// steps unreadable (an infrastructure error), does not count. A run never recovered costs
     /// nothing.
-    pub async fn on_claim(&mut self, run: &Run) {
+    pub async fn on_claim(&mut self, run: &Run, steps: impl Future<Output = Option<Vec<Step>>>) {
         let recoveries = run.lease_recoveries;
         if recoveries == 0 || !self.table_usable() {
             return;
@@ -350,14 +357,23 @@ impl PoisonGate {
         let table = self.table.clone();
         let observed = table.observe_lease_recoveries(run.id, recoveries, now_ms());
         match self.bounded("observe lease recoveries", observed).await {
+            Ok(true) if !steps.await.is_some_and(|s| holder_started_a_step(&s)) => {
+                info!(
+                    run_id = %run.id,
+                    workflow,
+                    lease_recoveries = recoveries,
+                    "run recovered after its lease expired, its holder had started no step (a \
+                     lost claim, a lease taken over, or steps unreadable): not counted"
+                );
+            }
             Ok(true) => {
                 self.lease_recoveries = self.lease_recoveries.saturating_add(1);
                 warn!(
                     run_id = %run.id,
                     workflow,
                     lease_recoveries = recoveries,
-                    "run recovered after its lease expired: the invocation that held it died; \
-                     counting a failure of its workflow"
+                    "run recovered after its lease expired: the invocation that held it died \
+                     executing a step; counting a failure of its workflow"
                 );
                 let failure_id = format!("lease-recovery/{}", self.invocation);
                 self.record_failure(workflow, &failure_id).await;

@@ -6,9 +6,10 @@
 //! cooldown has passed counts as absent, and the next failure starts counting afresh.
 //!
 //! New in the serverless form: a run claimed with a `lease_recoveries` above what this function
-//! last saw for it means the invocation that held it died (function timeout, out of memory)
-//! without handing it back; that counts as a failure of its workflow too (see
-//! [`PoisonTable::observe_lease_recoveries`] and [`gate::PoisonGate::on_claim`]).
+//! last saw for it, whose steps show that its holder had started one, means the invocation that
+//! held it died (function timeout, out of memory) executing it; that counts as a failure of its
+//! workflow too (see [`PoisonTable::observe_lease_recoveries`], [`gate::PoisonGate::on_claim`]
+//! and docs/faults.md). A recovery of a claim whose answer was lost does not.
 //!
 //! Lambda instances do not persist between calls, so the production table is shared
 //! ([`dynamodb::DynamoPoisonTable`], selected by `IRONFLOW_POISON_TABLE`);
@@ -17,6 +18,7 @@
 pub mod dynamodb;
 pub mod gate;
 pub mod memory;
+mod recovery;
 pub mod seen;
 
 use std::collections::HashMap;

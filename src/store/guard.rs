@@ -38,8 +38,8 @@ use super::scope::{CallScope, OnFault, ScopeStop};
 use crate::credentials::Credentials;
 use crate::deadline::later;
 
-/// Limit of a call's first attempt: 2 s. A healthy API answers in milliseconds; a write that
-/// meets `ApiRunStore`'s own retry (1 s, then 2 s) is dropped after its second attempt.
+/// Limit of a call's first attempt: 2 s. A healthy API answers in milliseconds (an answer of
+/// [`super::scope::SLOW_ANSWER`] or more is time lost to the API already).
 pub const FIRST_ATTEMPT_TIMEOUT: Duration = Duration::from_secs(2);
 /// The per-attempt limit doubles up to 8 s, so that an API that is slow (not dead) is still
 /// waited for.
@@ -142,11 +142,18 @@ impl<'a> Attempts<'a> {
             // A write that meets a fault is read back before anything else: keep time for it.
             bound = bound.min(later(start, (end - start).mul_f64(0.75)));
         }
-        let fault = match timeout_at(bound, call).await {
-            Ok(Ok(answer)) => return Some(Ok(Ok(answer))),
+        let answer = timeout_at(bound, call).await;
+        let fault = match answer {
+            Ok(Ok(answer)) => {
+                self.scope.answered(start.elapsed());
+                return Some(Ok(Ok(answer)));
+            }
             Ok(Err(e)) => match classify(self.route, &e) {
                 Some(fault) => fault,
-                None => return Some(Err(e)),
+                None => {
+                    self.scope.answered(start.elapsed());
+                    return Some(Err(e));
+                }
             },
             Err(_) => ApiFault::timeout(self.route, start.elapsed()),
         };
@@ -433,6 +440,29 @@ mod tests {
         assert_eq!(calls.load(Ordering::SeqCst), 3);
         let counts = faults.snapshot();
         assert_eq!(counts.len(), 2, "{counts:?}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_slow_answer_is_time_lost_to_the_api_and_a_quick_one_is_not() {
+        let scope = returning(Duration::from_secs(10));
+        let quick = scope
+            .clone()
+            .run(read("GET /runs/{id}", None, Retries::UNTIL_END, || async {
+                Ok::<_, StoreError>(1)
+            }))
+            .await;
+        assert_eq!(quick.unwrap(), 1);
+        assert!(!scope.lost_time_to_api());
+        let slow = scope
+            .clone()
+            .run(read("GET /runs/{id}", None, Retries::UNTIL_END, || async {
+                tokio::time::sleep(Duration::from_millis(1200)).await;
+                Ok::<_, StoreError>(2)
+            }))
+            .await;
+        assert_eq!(slow.unwrap(), 2);
+        assert!(scope.lost_time_to_api(), "an answer of 1.2 s");
+        assert!(!scope.saw_fault(), "slow, not a fault");
     }
 
     #[tokio::test]

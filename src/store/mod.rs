@@ -3,7 +3,10 @@
 //! call to the API, and hands each claimed run to the engine's first read of it.
 //!
 //! **Bounded and retried** ([`guard`]). `ApiRunStore`'s timeouts are fixed (30 s per request, 5 s
-//! to connect) and its `PUT`s retry a 5xx after 1, 2 and 4 s. Each call here is bounded by the
+//! to connect) and its `PUT`s retry a transport error or a 5xx after 1, 2 and 4 s, blindly: so
+//! the `PUT`s do not go through it but make one attempt each (`store/put.rs`), and only the
+//! guard sends a write again, after reading back what the lost attempt did (docs/faults.md,
+//! "Writes under a lease"). Each call here is bounded by the
 //! [scope](scope) of the work it belongs to (an execution's cutoff and lease, the invocation's
 //! last write) and by a per-attempt limit, and its future is dropped at the bound: a reads is
 //! retried until the bound, a write is read back before it is sent again (a write retried after
@@ -40,6 +43,7 @@
 
 pub mod fault;
 pub mod guard;
+mod put;
 mod readback;
 pub mod scope;
 mod view;
@@ -60,6 +64,7 @@ use uuid::Uuid;
 use self::fault::Route;
 use self::scope::CallScope;
 use self::view::{Taken, Views};
+use crate::api::ApiClient;
 use crate::credentials::Credentials;
 
 /// Attempts of a claim (`GET /runs/next`) that meets faults: 3. A claim the API refuses for a
@@ -101,6 +106,8 @@ enum Source {
 struct ApiSource {
     url: String,
     credentials: Arc<Credentials>,
+    /// The `PUT`s, one attempt each ([`put`]), never `ApiRunStore`'s retrying `put_json`.
+    writes: ApiClient,
     /// The token generation the store was built with, and the store.
     current: RwLock<(u64, Arc<ApiRunStore>)>,
 }
@@ -136,8 +143,9 @@ pub struct GuardedStore {
 }
 
 impl GuardedStore {
-    /// The API at `url`, with the token of `credentials`.
-    pub fn api(url: &str, credentials: Arc<Credentials>) -> Self {
+    /// The API at `url`, with the token of `credentials`; its `PUT`s go through `writes` (a
+    /// client of the same API and credentials), one attempt each.
+    pub fn api(url: &str, credentials: Arc<Credentials>, writes: ApiClient) -> Self {
         let generation = credentials.generation();
         let store = Arc::new(ApiRunStore::new(url, credentials.token().expose()));
         Self {
@@ -145,6 +153,7 @@ impl GuardedStore {
             source: Source::Api(ApiSource {
                 url: url.to_string(),
                 credentials,
+                writes,
                 current: RwLock::new((generation, store)),
             }),
             views: Views::default(),
@@ -225,10 +234,7 @@ impl GuardedStore {
         guard::write(
             "PUT /runs/{id}",
             self.credentials(),
-            || {
-                let (s, update) = (self.inner(), update.clone());
-                async move { s.update_run(id, update).await }
-            },
+            || self.put_run(id, update.clone()),
             || self.run_write_landed(id, target),
         )
         .await?;
@@ -236,6 +242,36 @@ impl GuardedStore {
             CallScope::current().wrote_due(id, status, scheduled_at);
         }
         Ok(taken)
+    }
+
+    /// One attempt of `PUT /runs/{id}` ([`put`]: never re-sent by the HTTP client itself).
+    async fn put_run(&self, id: Uuid, update: RunUpdate) -> Result<(), StoreError> {
+        match &self.source {
+            Source::Api(api) => put::put_once(&api.writes, &format!("/runs/{id}"), &update).await,
+            #[cfg(test)]
+            Source::Fixed(store) => store.update_run(id, update).await,
+        }
+    }
+
+    /// One attempt of `PUT /runs/{id}/status`, with `ApiRunStore`'s body.
+    async fn put_run_status(&self, id: Uuid, status: RunStatus) -> Result<(), StoreError> {
+        match &self.source {
+            Source::Api(api) => {
+                let body = serde_json::json!({ "status": status });
+                put::put_once(&api.writes, &format!("/runs/{id}/status"), &body).await
+            }
+            #[cfg(test)]
+            Source::Fixed(store) => store.update_run_status(id, status).await,
+        }
+    }
+
+    /// One attempt of `PUT /steps/{id}`.
+    async fn put_step(&self, id: Uuid, update: StepUpdate) -> Result<(), StoreError> {
+        match &self.source {
+            Source::Api(api) => put::put_once(&api.writes, &format!("/steps/{id}"), &update).await,
+            #[cfg(test)]
+            Source::Fixed(store) => store.update_step(id, update).await,
+        }
     }
 
     /// The store the next attempt goes to.
@@ -334,10 +370,7 @@ impl RunStore for GuardedStore {
             guard::write(
                 "PUT /runs/{id}/status",
                 self.credentials(),
-                move || {
-                    let s = self.inner();
-                    async move { s.update_run_status(id, new_status).await }
-                },
+                move || self.put_run_status(id, new_status),
                 move || self.run_write_landed(id, Some(new_status)),
             )
             .await?;
@@ -431,10 +464,7 @@ impl RunStore for GuardedStore {
         Box::pin(guard::write(
             "PUT /steps/{id}",
             self.credentials(),
-            move || {
-                let (s, update) = (self.inner(), update.clone());
-                async move { s.update_step(id, update).await }
-            },
+            move || self.put_step(id, update.clone()),
             move || self.step_write_landed(id, target),
         ))
     }
@@ -692,7 +722,8 @@ mod tests {
             input: None,
             is_error_handler: false,
         };
-        let create = Arc::new(scope).run(store.create_step(step.clone()));
+        let scope = Arc::new(scope);
+        let create = scope.clone().run(store.create_step(step.clone()));
         tokio::pin!(create);
         let short = tokio::time::timeout(Duration::from_millis(200), &mut create).await;
         assert!(short.is_err(), "held back with 0.5 s of lease left");
@@ -703,6 +734,7 @@ mod tests {
             .expect("started once a refresh confirmed the lease further")
             .unwrap();
         assert_eq!(created.run_id, run.id);
+        assert!(scope.lost_time_to_api(), "held back: time lost to the API");
 
         // No refresh confirms it: the lease runs out, the scope stops, the step never starts.
         let clock = Arc::new(LeaseClock::new(Instant::now(), Duration::from_millis(300)));

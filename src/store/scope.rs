@@ -15,7 +15,7 @@
 //! through the cutoff and carries on afterwards, is held back and never reaches the API.
 
 use std::collections::HashSet;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -32,6 +32,10 @@ use crate::deadline::later;
 tokio::task_local! {
     static SCOPE: Arc<CallScope>;
 }
+
+/// An answer that took at least this long, 1 s, cost its work time the API owes it: a healthy
+/// API answers in milliseconds (see [`CallScope::lost_time_to_api`]).
+pub const SLOW_ANSWER: Duration = Duration::from_secs(1);
 
 /// Bound of a call made outside any scope (a tool or test calling the store directly): 30 s,
 /// the HTTP client's own timeout.
@@ -82,6 +86,9 @@ pub struct CallScope {
     faults: Arc<FaultLog>,
     fenced: AtomicBool,
     saw_fault: AtomicBool,
+    /// Time spent waiting on answers that took [`SLOW_ANSWER`] or longer, and on lease
+    /// refreshes before a step could start, in milliseconds.
+    slow_ms: AtomicU64,
     stop: CancellationToken,
     stopped: Mutex<Option<ScopeStop>>,
     /// Steps this scope's calls have read or created (a lost creation's read-back tells its
@@ -107,6 +114,7 @@ impl CallScope {
             faults,
             fenced: AtomicBool::new(false),
             saw_fault: AtomicBool::new(false),
+            slow_ms: AtomicU64::new(0),
             stop: CancellationToken::new(),
             stopped: Mutex::new(None),
             seen_steps: Mutex::new(HashSet::new()),
@@ -192,12 +200,18 @@ impl CallScope {
     pub async fn start_margin_left(&self) {
         /// How often the lease's validity is looked at again while it is short.
         const RECHECK: Duration = Duration::from_millis(20);
+        let (began, mut held_back) = (Instant::now(), false);
         loop {
             let Some((valid_until, margin)) = self.step_start() else {
                 return;
             };
             let left = valid_until.saturating_duration_since(Instant::now());
             if left >= margin {
+                if held_back {
+                    // Held back until the API confirmed a refresh: time lost to the API.
+                    let ms = u64::try_from(began.elapsed().as_millis()).unwrap_or(u64::MAX);
+                    self.slow_ms.fetch_add(ms.max(1), Ordering::Relaxed);
+                }
                 return;
             }
             if left.is_zero() {
@@ -210,6 +224,7 @@ impl CallScope {
                 }));
                 std::future::pending::<()>().await;
             }
+            held_back = true;
             tokio::time::sleep(RECHECK.min(left)).await;
         }
     }
@@ -223,6 +238,39 @@ impl CallScope {
     /// Whether any call of this scope met an infrastructure fault (retried or not).
     pub fn saw_fault(&self) -> bool {
         self.saw_fault.load(Ordering::Relaxed)
+    }
+
+    /// A call of this scope was answered (with a result or the API's own refusal) `took` after
+    /// its attempt was sent: counted as time lost to the API when it is [`SLOW_ANSWER`] or more.
+    pub fn answered(&self, took: Duration) {
+        if took >= SLOW_ANSWER {
+            let ms = u64::try_from(took.as_millis()).unwrap_or(u64::MAX);
+            self.slow_ms.fetch_add(ms, Ordering::Relaxed);
+        }
+    }
+
+    /// Whether the API cost this scope's work time: a call met an infrastructure fault (every
+    /// attempt is one request, so a retry is always seen), an answer took [`SLOW_ANSWER`] or
+    /// more, or a step was held back until a lease refresh was confirmed
+    /// ([`CallScope::start_margin_left`]). The loop guard does not count a handback whose execution lost time so
+    /// ([`crate::handback`]).
+    pub fn lost_time_to_api(&self) -> bool {
+        self.saw_fault() || self.slow_ms.load(Ordering::Relaxed) > 0
+    }
+
+    /// Milliseconds spent waiting on answers that took [`SLOW_ANSWER`] or more.
+    pub fn slow_answer_ms(&self) -> u64 {
+        self.slow_ms.load(Ordering::Relaxed)
+    }
+
+    /// Count in this scope the time `other` (a read made for this scope's work in a scope of
+    /// its own, such as a run's steps read while it waited for a slot) lost to the API.
+    pub fn absorb_lost_time(&self, other: &CallScope) {
+        if other.saw_fault() {
+            self.saw_fault.store(true, Ordering::Relaxed);
+        }
+        self.slow_ms
+            .fetch_add(other.slow_answer_ms(), Ordering::Relaxed);
     }
 
     /// Remember steps a call of this scope read or created.

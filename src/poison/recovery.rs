@@ -1,0 +1,121 @@
+//! Whether a run the API's reaper recovered was held by an invocation that died executing it.
+//!
+//! The reaper recovers a run whose lease expired unrefreshed, whatever the reason: an
+//! invocation that died mid-step (a function timeout, out of memory: what the poison pill is
+//! for), but also a claim whose answer was lost (the run leased to a worker that never heard of
+//! it) or a lease taken over by a worker that then let it expire. Only the first says anything
+//! about the workflow, so a recovery counts as a death only when the run's steps show that its
+//! last holder had started a step: the reaper's cleanup marks the steps left Running as
+//! interrupted (`Failed`, `STEP_INTERRUPTED_ERROR`), without the mark every handback of this
+//! worker writes ([`crate::handback::INTERRUPTION_KEY`]), and nobody has executed the run since.
+//!
+//! A step a live holder left Running when its lease was taken over looks like the taker's: the
+//! holder that lost the lease notes the next recovery as expected instead
+//! ([`super::gate::PoisonGate::record`]). What the records cannot tell (neither `Run` nor `Step`
+//! names the holder, and the claim resets the run's `started_at`) is in docs/faults.md ("The
+//! reaper").
+
+use ironflow_store::entities::{Step, StepStatus};
+use ironflow_store::store::STEP_INTERRUPTED_ERROR;
+
+use crate::handback::interruption_mark;
+
+/// Whether `steps` (all the run's) show that the holder whose lease the reaper recovered had
+/// started a step: one is still Running (the reaper's cleanup comes after the run went back to
+/// Pending), or the newest one is an interruption without a handback's mark (the reaper's).
+pub(crate) fn holder_started_a_step(steps: &[Step]) -> bool {
+    if steps.iter().any(|s| s.status.state == StepStatus::Running) {
+        return true;
+    }
+    let Some(newest) = steps.iter().max_by_key(|s| (s.created_at, s.id)) else {
+        return false;
+    };
+    newest.status.state == StepStatus::Failed
+        && newest.error.as_deref() == Some(STEP_INTERRUPTED_ERROR)
+        && interruption_mark(newest).is_none()
+}
+
+#[cfg(test)]
+mod tests {
+    use ironflow_store::entities::{NewStep, StepKind, StepUpdate};
+    use ironflow_store::memory::InMemoryStore;
+    use ironflow_store::store::RunStore;
+    use serde_json::json;
+    use uuid::Uuid;
+
+    use super::*;
+    use crate::handback::{COUNTED_MARK, INTERRUPTION_KEY};
+
+    /// A step of `run` at `position`, started, then ended with `end` (if any).
+    async fn step(store: &InMemoryStore, run: Uuid, position: u32, end: Option<StepUpdate>) {
+        let created = store
+            .create_step(NewStep {
+                run_id: run,
+                trace_id: Uuid::new_v4(),
+                name: format!("s{position}"),
+                kind: StepKind::Shell,
+                position,
+                input: None,
+                is_error_handler: false,
+            })
+            .await
+            .unwrap();
+        let running = StepUpdate {
+            status: Some(StepStatus::Running),
+            started_at: Some(chrono::Utc::now()),
+            ..StepUpdate::default()
+        };
+        store.update_step(created.id, running).await.unwrap();
+        if let Some(end) = end {
+            store.update_step(created.id, end).await.unwrap();
+        }
+    }
+
+    fn interrupted(mark: Option<&str>) -> StepUpdate {
+        StepUpdate {
+            status: Some(StepStatus::Failed),
+            error: Some(STEP_INTERRUPTED_ERROR.to_string()),
+            completed_at: Some(chrono::Utc::now()),
+            debug_messages: mark.map(|m| json!([{ INTERRUPTION_KEY: m }])),
+            ..StepUpdate::default()
+        }
+    }
+
+    fn completed() -> StepUpdate {
+        StepUpdate {
+            status: Some(StepStatus::Completed),
+            completed_at: Some(chrono::Utc::now()),
+            ..StepUpdate::default()
+        }
+    }
+
+    async fn run(store: &InMemoryStore) -> Uuid {
+        let new = ironflow_local_api::new_run("wf", 0);
+        store.create_run(new).await.unwrap();
+        store.pick_next_pending(None).await.unwrap().unwrap().id
+    }
+
+    #[tokio::test]
+    async fn a_step_left_running_or_interrupted_by_the_reaper_is_the_dead_holder_s() {
+        let store = InMemoryStore::new();
+        let id = run(&store).await;
+        assert!(!holder_started_a_step(&[]), "a claim that never executed");
+
+        step(&store, id, 0, Some(completed())).await;
+        let steps = store.list_steps(id).await.unwrap();
+        assert!(!holder_started_a_step(&steps), "died between steps");
+
+        step(&store, id, 1, Some(interrupted(Some(COUNTED_MARK)))).await;
+        let steps = store.list_steps(id).await.unwrap();
+        assert!(!holder_started_a_step(&steps), "handed back at the cutoff");
+
+        step(&store, id, 1, Some(interrupted(None))).await;
+        let steps = store.list_steps(id).await.unwrap();
+        assert!(holder_started_a_step(&steps), "interrupted by the reaper");
+
+        let other = run(&store).await;
+        step(&store, other, 0, None).await;
+        let steps = store.list_steps(other).await.unwrap();
+        assert!(holder_started_a_step(&steps), "left Running");
+    }
+}

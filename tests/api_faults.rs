@@ -1,0 +1,246 @@
+//! What the chaos run still found at 634c6dc, one fault at a time through the fault proxy
+//! (tests/common/fault_proxy.rs), on both stores: a write that gives a run up is sent once and a
+//! lost answer read back; a recovery of a run whose holder never started a step is not a death
+//! for the poison pill; time lost to the API is not a handback without progress.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::fault_proxy::{Fault, FaultProxy};
+use common::{Backend, Harness, ShellWorkflow, wait_until};
+use ironflow_core::providers::claude::ClaudeCodeProvider;
+use ironflow_lambda::{LambdaWorkerBuilder, Outcome};
+use ironflow_store::entities::{
+    LeaseRequest, LeaseUpdate, NewStep, RunStatus, RunUpdate, StepKind, StepStatus, StepUpdate,
+};
+use ironflow_store::store::RunStore;
+use ironflow_worker::ApiRunStore;
+
+/// A worker of the harness's API reached through `proxy`, with test-sized settings.
+fn through(h: &Harness, proxy: &FaultProxy) -> LambdaWorkerBuilder {
+    LambdaWorkerBuilder::new(&proxy.url(), h.api.token())
+        .provider(Arc::new(ClaudeCodeProvider::new()))
+        .lease_ttl(Duration::from_secs(10))
+        .lease_refresh_interval(Duration::from_millis(500))
+        .deadline_margin(Duration::from_millis(1500))
+        .min_claim_budget(Duration::from_millis(200))
+}
+
+/// One step that hangs until the cutoff.
+fn stuck() -> ShellWorkflow {
+    ShellWorkflow::one("stuck", "sleep 600")
+}
+
+fn requests(proxy: &FaultProxy, route: &str) -> u64 {
+    proxy.stats().requests.get(route).copied().unwrap_or(0)
+}
+
+async fn a_lost_answer_to_a_write_is_read_back_and_the_write_never_sent_again(backend: Backend) {
+    let h = Harness::start_on(backend).await;
+    let proxy = FaultProxy::start(&h.api.url(), 11).await;
+    // 5 s between the cutoff and the deadline: time for `ApiRunStore`'s own resend (1 s
+    // after a lost answer) within the handback's first attempt, were it made through it.
+    let worker = through(&h, &proxy)
+        .deadline_margin(Duration::from_secs(5))
+        .register(stuck())
+        .build()
+        .unwrap();
+    let id = h.create("stuck", 0).await;
+    // The step's Running and the handback's Pending both land, and their answers are lost:
+    // `ApiRunStore`'s put_json would send each again a second later, by itself.
+    proxy.next("PUT /steps/{id}", Fault::LostAnswer);
+    proxy.next("PUT /runs/{id}", Fault::LostAnswer);
+
+    let summary = h.invoke(&worker, Duration::from_secs(8)).await;
+
+    assert_eq!(summary.count(Outcome::HandedBack), 1, "{summary:?}");
+    let report = &summary.runs[0];
+    assert!(!report.left_to_reaper, "{report:?}");
+    assert_eq!(h.status(id).await, RunStatus::Pending);
+    assert_eq!(
+        requests(&proxy, "PUT /runs/{id}"),
+        1,
+        "the handback's Pending is sent once, its lost answer read back: {:?}",
+        proxy.stats()
+    );
+    assert_eq!(
+        requests(&proxy, "PUT /steps/{id}"),
+        2,
+        "the step's Running once (read back), its interruption once: {:?}",
+        proxy.stats()
+    );
+}
+
+async fn a_lost_claim_recovered_by_the_reaper_is_not_a_death(backend: Backend) {
+    let h = Harness::start_on(backend).await;
+    let proxy = FaultProxy::start(&h.api.url(), 12).await;
+    let worker = through(&h, &proxy)
+        .lease_ttl(Duration::from_secs(2))
+        .poison_threshold(1)
+        .register(ShellWorkflow::one("quick", "true"))
+        .build()
+        .unwrap();
+    // Retries left: the reaper fails a run recovered more times than its max_retries.
+    let id = h.create("quick", 3).await;
+    // The API leases the run to this worker, and the answer never arrives.
+    proxy.next("GET /runs/next", Fault::LostAnswer);
+
+    let lost = h.invoke(&worker, Duration::from_secs(4)).await;
+    assert!(lost.runs.is_empty(), "{lost:?}");
+    wait_until("the API reaps the run", Duration::from_secs(20), || async {
+        h.api.reap().await;
+        let run = h.run(id).await;
+        run.status.state == RunStatus::Pending && run.lease_recoveries == 1
+    })
+    .await;
+
+    // A threshold of 1: a counted recovery would block the workflow and fail the run.
+    let next = h.invoke(&worker, Duration::from_secs(6)).await;
+    assert_eq!(next.lease_recoveries, 0, "not a death: {next:?}");
+    assert_eq!(next.count(Outcome::Completed), 1, "{next:?}");
+    assert_eq!(h.status(id).await, RunStatus::Completed);
+}
+
+async fn a_holder_that_died_mid_step_is_a_death(backend: Backend) {
+    let h = Harness::start_on(backend).await;
+    let proxy = FaultProxy::start(&h.api.url(), 13).await;
+    let worker = through(&h, &proxy)
+        .poison_threshold(1)
+        .register(ShellWorkflow::one("quick", "true"))
+        .build()
+        .unwrap();
+    let id = h.create("quick", 3).await;
+    // An invocation claims the run under a 1 s lease, starts its step and dies.
+    let dead = ApiRunStore::new(&h.api.url(), h.api.token());
+    let lease = LeaseRequest {
+        worker_id: "lambda-dead-invocation".into(),
+        ttl: Duration::from_secs(1),
+    };
+    let claimed = dead.pick_next_pending_for(Some(lease), None).await.unwrap();
+    assert_eq!(claimed.map(|r| r.id), Some(id));
+    let step = dead
+        .create_step(NewStep {
+            run_id: id,
+            trace_id: uuid::Uuid::new_v4(),
+            name: "step".into(),
+            kind: StepKind::Shell,
+            position: 0,
+            input: None,
+            is_error_handler: false,
+        })
+        .await
+        .unwrap();
+    let running = StepUpdate {
+        status: Some(StepStatus::Running),
+        started_at: Some(chrono::Utc::now()),
+        ..StepUpdate::default()
+    };
+    dead.update_step(step.id, running).await.unwrap();
+    wait_until("the API reaps the run", Duration::from_secs(20), || async {
+        h.api.reap().await;
+        h.status(id).await == RunStatus::Pending
+    })
+    .await;
+
+    let next = h.invoke(&worker, Duration::from_secs(6)).await;
+    assert_eq!(next.lease_recoveries, 1, "a death: {next:?}");
+    assert_eq!(next.count(Outcome::PoisonBlocked), 1, "{next:?}");
+}
+
+async fn a_lease_taken_over_mid_step_and_left_to_expire_is_not_a_death(backend: Backend) {
+    let h = Arc::new(Harness::start_on(backend).await);
+    let proxy = FaultProxy::start(&h.api.url(), 15).await;
+    let worker = Arc::new(
+        through(&h, &proxy)
+            .poison_threshold(1)
+            .register(stuck())
+            .build()
+            .unwrap(),
+    );
+    let id = h.create("stuck", 3).await;
+    let invocation = {
+        let (h, worker) = (h.clone(), worker.clone());
+        tokio::spawn(async move { h.invoke(&worker, Duration::from_secs(30)).await })
+    };
+    wait_until("the step runs", Duration::from_secs(20), || async {
+        h.steps(id)
+            .await
+            .iter()
+            .any(|s| s.status.state == StepStatus::Running)
+    })
+    .await;
+    // Another worker takes the lease over, and lets it expire: the step this invocation left
+    // Running is interrupted by the reaper, as a dead holder's would be.
+    let taken = RunUpdate {
+        lease: Some(LeaseUpdate::Set {
+            worker_id: "taker".into(),
+            expires_at: chrono::Utc::now() + chrono::TimeDelta::seconds(1),
+        }),
+        ..RunUpdate::default()
+    };
+    h.api.store().update_run(id, taken).await.unwrap();
+    let lost = invocation.await.unwrap();
+    assert_eq!(lost.count(Outcome::LeaseLost), 1, "{lost:?}");
+    wait_until("the API reaps the run", Duration::from_secs(20), || async {
+        h.api.reap().await;
+        let run = h.run(id).await;
+        run.status.state == RunStatus::Pending && run.lease_recoveries == 1
+    })
+    .await;
+
+    let next = h.invoke(&worker, Duration::from_secs(4)).await;
+    assert_eq!(next.lease_recoveries, 0, "not a death: {next:?}");
+    assert_eq!(next.count(Outcome::PoisonBlocked), 0, "{next:?}");
+    assert_eq!(next.count(Outcome::HandedBack), 1, "{next:?}");
+}
+
+/// The stuck run, through `proxy` with `fault` queued on `route`, in a worker whose loop guard
+/// fails a run at its first counted handback without progress: the outcome.
+async fn stuck_run_under(backend: Backend, route: &str, fault: Fault) -> (Outcome, RunStatus) {
+    let h = Harness::start_on(backend).await;
+    let proxy = FaultProxy::start(&h.api.url(), 14).await;
+    let worker = through(&h, &proxy)
+        .max_handbacks_without_progress(1)
+        .register(stuck())
+        .build()
+        .unwrap();
+    let id = h.create("stuck", 0).await;
+    proxy.next(route, fault);
+    let summary = h.invoke(&worker, Duration::from_secs(6)).await;
+    assert_eq!(summary.runs.len(), 1, "{summary:?}");
+    assert_eq!(summary.runs[0].run_id, id);
+    (summary.runs[0].outcome, h.status(id).await)
+}
+
+async fn a_slow_api_answer_is_not_a_handback_without_progress(backend: Backend) {
+    // The engine's step list (`GET /runs/{id}`) answered 1.7 s late.
+    let late = Fault::Delay(Duration::from_millis(1700));
+    let (outcome, status) = stuck_run_under(backend, "GET /runs/{id}", late).await;
+    assert_eq!(outcome, Outcome::HandedBack, "not failed by the loop guard");
+    assert_eq!(status, RunStatus::Pending);
+}
+
+async fn a_retried_server_error_is_not_a_handback_without_progress(backend: Backend) {
+    // The step's Running write meets a 5xx and is sent again.
+    let (outcome, status) = stuck_run_under(backend, "PUT /steps/{id}", Fault::ServerError).await;
+    assert_eq!(outcome, Outcome::HandedBack, "not failed by the loop guard");
+    assert_eq!(status, RunStatus::Pending);
+}
+
+async fn without_api_trouble_the_loop_guard_still_fails_the_stuck_run(backend: Backend) {
+    let (outcome, status) = stuck_run_under(backend, "GET /nothing", Fault::Reset).await;
+    assert_eq!(outcome, Outcome::Failed, "the control: counted");
+    assert_eq!(status, RunStatus::Failed);
+}
+
+on_both_stores!(
+    a_lost_answer_to_a_write_is_read_back_and_the_write_never_sent_again,
+    a_lost_claim_recovered_by_the_reaper_is_not_a_death,
+    a_holder_that_died_mid_step_is_a_death,
+    a_lease_taken_over_mid_step_and_left_to_expire_is_not_a_death,
+    a_slow_api_answer_is_not_a_handback_without_progress,
+    a_retried_server_error_is_not_a_handback_without_progress,
+    without_api_trouble_the_loop_guard_still_fails_the_stuck_run,
+);
