@@ -27,6 +27,7 @@ use tracing::error;
 use crate::build_error::BuildError;
 use crate::builder::LambdaWorkerBuilder;
 use crate::layers::{ExitWhenStuckLayer, MetricsLayer};
+use crate::settings::{FUNCTION_ROLE_VAR, FunctionRole};
 use crate::worker::LambdaWorker;
 use crate::{handler, logging, metrics, orphans};
 
@@ -94,7 +95,11 @@ async fn serve<F>(configure: F) -> ExitCode
 where
     F: FnOnce(LambdaWorkerBuilder) -> LambdaWorkerBuilder,
 {
-    orphans::become_subreaper();
+    let role = role_from_env();
+    // The worker's child processes (shell steps) are reaped; the receiver starts none.
+    if role == FunctionRole::Worker {
+        orphans::become_subreaper();
+    }
     let worker = match build(configure).await {
         Ok(worker) => Arc::new(worker),
         Err(e) => {
@@ -161,7 +166,21 @@ where
     // the cold start with its name); unset: the in-memory table.
     // IRONFLOW_WAKE_QUEUE_URL set: the waker is built from the settings and the AWS
     // configuration by `build`.
+    // The receiver (IRONFLOW_FUNCTION_ROLE=webhook-receiver) does not check the table at cold
+    // start: its role may only read and write items (docs/push.md, "Denial of service").
+    if builder.role() == FunctionRole::WebhookReceiver {
+        return builder.connect_poison_table_unchecked().build();
+    }
     builder.connect_poison_table().await?.build()
+}
+
+/// The role `IRONFLOW_FUNCTION_ROLE` names, for what the cold start does before the settings
+/// are read (a bad value is refused with the other settings, by the builder).
+fn role_from_env() -> FunctionRole {
+    std::env::var(FUNCTION_ROLE_VAR)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_default()
 }
 
 /// The function's name for the metrics' `function` dimension: `AWS_LAMBDA_FUNCTION_NAME`, or

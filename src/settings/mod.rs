@@ -8,6 +8,7 @@
 //! Every error names the variable, what was expected and (except for secrets) what was found;
 //! the worker token never appears in an error, a log line or a `Debug` rendering.
 
+mod role;
 mod table;
 mod url;
 mod validate;
@@ -16,6 +17,7 @@ mod wake;
 use std::fmt;
 use std::time::Duration;
 
+pub use role::{FUNCTION_ROLE_VAR, FunctionRole, ParseFunctionRoleError};
 pub use table::{VARIABLES, Variable, is_namespace, is_table_name_or_arn};
 pub use url::api_url_problem;
 use url::without_userinfo;
@@ -82,9 +84,11 @@ pub const WORKER_TOKEN_VAR: &str = "IRONFLOW_WORKER_TOKEN";
 pub struct WorkerToken(String);
 
 impl WorkerToken {
-    /// Wrap a token.
+    /// Wrap a token; from now on it is redacted from every log line ([`crate::logging::redact`]).
     pub fn new(token: impl Into<String>) -> Self {
-        Self(token.into())
+        let token = token.into();
+        crate::logging::redact(&token);
+        Self(token)
     }
 
     /// The token itself, for the `Authorization` header only.
@@ -119,9 +123,12 @@ pub const MIN_WEBHOOK_SECRET_LEN: usize = 32;
 pub struct WebhookSecret(String);
 
 impl WebhookSecret {
-    /// Wrap a secret.
+    /// Wrap a secret; from now on it is redacted from every log line
+    /// ([`crate::logging::redact`]).
     pub fn new(secret: impl Into<String>) -> Self {
-        Self(secret.into())
+        let secret = secret.into();
+        crate::logging::redact(&secret);
+        Self(secret)
     }
 
     /// The secret itself, for the receiver's checks only.
@@ -245,6 +252,8 @@ pub struct Settings {
     pub metrics_namespace: String,
     /// The webhook receiver's secret; `None`: the receiver is off. Never logged.
     pub webhook_secret: Option<WebhookSecret>,
+    /// What the function serves (`IRONFLOW_FUNCTION_ROLE`): default [`FunctionRole::Worker`].
+    pub function_role: FunctionRole,
 }
 
 impl Settings {
@@ -282,6 +291,7 @@ impl Settings {
             wake_delay: DEFAULT_WAKE_DELAY,
             metrics_namespace: DEFAULT_METRICS_NAMESPACE.to_string(),
             webhook_secret: None,
+            function_role: FunctionRole::Worker,
         }
     }
 

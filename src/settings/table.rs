@@ -481,6 +481,19 @@ pub static VARIABLES: &[Variable] = &[
         apply: |_, _| Ok(()),
     },
     Variable {
+        name: super::FUNCTION_ROLE_VAR,
+        setter: "function_role",
+        meaning: "`worker`, or `webhook-receiver`: Function URL requests only \
+                  ([push.md](docs/push.md#denial-of-service))",
+        default: "`worker`",
+        apply: |s, raw| {
+            s.function_role = raw
+                .parse::<super::FunctionRole>()
+                .map_err(|_| invalid("worker or webhook-receiver"))?;
+            Ok(())
+        },
+    },
+    Variable {
         name: "IRONFLOW_METRICS_NAMESPACE",
         setter: "metrics_namespace",
         meaning: "CloudWatch namespace of the function's EMF metrics",
