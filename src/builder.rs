@@ -221,10 +221,12 @@ impl LambdaWorkerBuilder {
         self
     }
 
-    /// What the function serves (`IRONFLOW_FUNCTION_ROLE`): [`FunctionRole::Worker`] (the
-    /// default) runs batches, and answers Function URL requests too when a webhook secret is
-    /// set; [`FunctionRole::WebhookReceiver`] answers Function URL requests only and refuses
-    /// every other event with an error naming the role (docs/push.md, "Denial of service").
+    /// What the function serves (`IRONFLOW_FUNCTION_ROLE`):
+    /// [`FunctionRole::Worker`](crate::FunctionRole::Worker) (the default) runs batches, and
+    /// answers Function URL requests too when a webhook secret is set;
+    /// [`FunctionRole::WebhookReceiver`](crate::FunctionRole::WebhookReceiver) answers Function
+    /// URL requests only and refuses every other event with an error naming the role
+    /// (docs/push.md, "Denial of service").
     ///
     /// ```no_run
     /// # let builder = ironflow_lambda::LambdaWorkerBuilder::new("https://ironflow.example.com", "t");

@@ -5,8 +5,8 @@
 //! (`IRONFLOW_TEST_MOTO_ENDPOINT`). It serves every kind of event (a Function URL request with
 //! `?token=` and one with `X-Signature-256`, an SQS wake-up, a schedule tick, a direct
 //! invocation), with the worker token and the webhook secret given directly and read from
-//! Secrets Manager; then neither the secret, the token nor a signature is anywhere in what it
-//! wrote (stdout and stderr).
+//! Secrets Manager, in the worker's role and in the webhook receiver's; then neither the secret,
+//! the token nor a signature is anywhere in what it wrote (stdout and stderr).
 
 mod common;
 
@@ -246,21 +246,29 @@ fn assert_no_secret(output: &str, signature_digests: &[String]) {
     }
 }
 
-/// Every event was served and none refused (both webhook requests authenticated: 202), trace
-/// level was on, and nothing secret was printed.
-fn check(output: &str, answers: &[(String, String, Value)], signature: &str) {
+/// Every event was served and none refused (both webhook requests authenticated: 202), or, in
+/// the receiver's role, every event but the two Function URL requests refused with
+/// `NotForThisRole`; trace level was on, and nothing secret was printed.
+fn check(output: &str, answers: &[(String, String, Value)], signature: &str, receiver: bool) {
     for (id, kind, answer) in answers {
+        let url = id.starts_with("url-");
+        if receiver && !url {
+            assert_eq!(kind, "error", "{id} answered {kind}: {answer}");
+            assert_eq!(answer["errorType"], "NotForThisRole", "{id}: {answer}");
+            continue;
+        }
         assert_eq!(kind, "response", "{id} answered {kind}: {answer}\n{output}");
-        if id.starts_with("url-") {
+        if url {
             assert_eq!(answer["statusCode"], 202, "{id}: {answer}");
         }
     }
-    // Trace level was on: this crate's TRACE lines, one per event.
+    // Trace level was on: this crate's TRACE lines, one per event parsed (the receiver refuses
+    // the others before parsing them).
     let traced = output
         .lines()
         .filter(|l| l.contains("\"level\":\"TRACE\"") && l.contains("event parsed"))
         .count();
-    assert_eq!(traced, answers.len(), "{output}");
+    assert_eq!(traced, if receiver { 2 } else { answers.len() }, "{output}");
     assert!(output.contains("webhook event"), "{output}");
     let digest = signature.trim_start_matches("sha256=").to_string();
     assert_no_secret(output, &[digest]);
@@ -273,7 +281,7 @@ async fn no_secret_is_logged_at_trace_level_with_secrets_given_directly() {
         ("IRONFLOW_WEBHOOK_SECRET", SECRET.to_string()),
     ])
     .await;
-    check(&output, &answers, &signature);
+    check(&output, &answers, &signature, false);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -283,5 +291,18 @@ async fn no_secret_is_logged_at_trace_level_with_secrets_from_secrets_manager() 
         ("IRONFLOW_WEBHOOK_SECRET_ARN", moto_secret(SECRET).await),
     ])
     .await;
-    check(&output, &answers, &signature);
+    check(&output, &answers, &signature, false);
+}
+
+/// The same binary in the webhook receiver's role (as the template deploys it): its two
+/// Function URL requests are served, the other events refused, and nothing secret is printed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_secret_is_logged_at_trace_level_in_the_receivers_role() {
+    let (output, answers, signature) = serve_every_event(&[
+        ("IRONFLOW_FUNCTION_ROLE", "webhook-receiver".to_string()),
+        ("IRONFLOW_WORKER_TOKEN_SECRET_ARN", moto_secret(TOKEN).await),
+        ("IRONFLOW_WEBHOOK_SECRET_ARN", moto_secret(SECRET).await),
+    ])
+    .await;
+    check(&output, &answers, &signature, true);
 }
