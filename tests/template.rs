@@ -1811,6 +1811,7 @@ fn the_webhook_receiver_is_a_function_of_its_own_behind_the_public_url() {
             RECEIVER,
             "WebhookReceiverRole",
             "WebhookReceiverLogGroup",
+            "WebhookReceiverThrottlesAlarm",
         ] {
             resources.remove(id);
         }
@@ -1854,6 +1855,16 @@ fn the_receiver_is_bounded_on_demand_with_its_own_log_group(w: &Value, worker: &
     assert_ne!(
         resource(w, "WebhookReceiverLogGroup")["Properties"]["LogGroupName"],
         resource(w, "WorkerLogGroup")["Properties"]["LogGroupName"]
+    );
+    // A flood shows: any throttle of the receiver alarms.
+    let alarm = &resource(w, "WebhookReceiverThrottlesAlarm")["Properties"];
+    assert_eq!(
+        (
+            &alarm["MetricName"],
+            &alarm["Threshold"],
+            &alarm["Dimensions"][0]["Value"]
+        ),
+        (&json!("Throttles"), &json!(0), &json!({"Ref": RECEIVER}))
     );
     let env = &p["Environment"]["Variables"];
     assert_eq!(env["IRONFLOW_FUNCTION_ROLE"], "webhook-receiver");
