@@ -6,7 +6,9 @@
 //! the wake-up queue when configured, the EMF metrics, the checks of the Lambda runtime's own
 //! variables, and the runtime loop with its layers ([`crate::layers`]). Every error is one JSON
 //! log line (never the token) and exit status 1, which Lambda reports as an init or runtime
-//! failure.
+//! failure. In the webhook receiver's role (`IRONFLOW_FUNCTION_ROLE=webhook-receiver`) the cold
+//! start skips what only the worker needs: the child subreaper and the poison-pill table's
+//! `DescribeTable` check (docs/push.md, "Denial of service").
 //!
 //! The runtime loop, the claims, the lease refreshers and the handbacks run on a single-threaded
 //! runtime on the main thread; the worker executes the runs on a runtime of its own
