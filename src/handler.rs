@@ -8,7 +8,9 @@
 //!                    invalid                      ──▶ error, nothing claimed
 //! ```
 //!
-//! **When the handler returns an error.** An invalid event (nothing claimed), an SQS record
+//! **When the handler returns an error.** An invalid event (nothing claimed), an event the
+//! function's role does not serve ([`HandlerError::NotForThisRole`]: the webhook receiver,
+//! `IRONFLOW_FUNCTION_ROLE=webhook-receiver`, serves Function URL requests only), an SQS record
 //! without a message id (on purpose: it cannot be reported, so SQS retries the whole batch), and
 //! a schedule or direct invocation whose batch could not run at all: nothing was claimed because
 //! a claim failed (API unreachable, auth refused) or no time was left. Such an error shows in the
