@@ -255,6 +255,22 @@ impl LambdaWorkerBuilder {
         self
     }
 
+    /// What the function serves (`IRONFLOW_FUNCTION_ROLE`):
+    /// [`FunctionRole::Worker`](crate::FunctionRole::Worker) (the default) runs batches, and
+    /// answers Function URL requests too when a webhook secret is set;
+    /// [`FunctionRole::WebhookReceiver`](crate::FunctionRole::WebhookReceiver) answers Function
+    /// URL requests only and refuses every other event with an error naming the role
+    /// (docs/push.md, "Denial of service"). Variable `IRONFLOW_FUNCTION_ROLE`; default `worker`.
+    ///
+    /// ```no_run
+    /// # let builder = ironflow_lambda::LambdaWorkerBuilder::new("https://ironflow.example.com", "t");
+    /// let builder = builder.function_role(ironflow_lambda::FunctionRole::WebhookReceiver);
+    /// ```
+    pub fn function_role(mut self, role: crate::settings::FunctionRole) -> Self {
+        self.settings.function_role = role;
+        self
+    }
+
     /// Runs one invocation claims at most, N. A larger N makes invocation boundaries rarer, and
     /// lets more runs meet the cutoff and be handed back. Variable
     /// `IRONFLOW_MAX_RUNS_PER_INVOCATION`; default 8; ≥ 1.
@@ -460,6 +476,32 @@ impl LambdaWorkerBuilder {
             self = self.dynamo_poison_table(table);
         }
         Ok(self)
+    }
+
+    /// The role set so far (`IRONFLOW_FUNCTION_ROLE` or [`Self::function_role`]).
+    pub(crate) fn role(&self) -> crate::settings::FunctionRole {
+        self.settings.function_role
+    }
+
+    /// [`LambdaWorkerBuilder::connect_poison_table`] without the `DescribeTable` check: the
+    /// webhook receiver's cold start, whose role may only read and write the table's items. A
+    /// missing table shows on the first item read or write instead.
+    pub fn connect_poison_table_unchecked(mut self) -> Self {
+        if self.poison_table.is_some() {
+            return self;
+        }
+        if let Some(name) = self.settings.poison_table.clone() {
+            let (namespace, policy) = (&self.settings.poison_namespace, self.settings.poison);
+            let aws = self
+                .aws
+                .clone()
+                .unwrap_or_else(|| SdkConfig::builder().build());
+            let config = aws_sdk_dynamodb::config::Builder::from(&aws).build();
+            self.poison_table = Some(Arc::new(DynamoPoisonTable::new(
+                config, &name, namespace, policy,
+            )));
+        }
+        self
     }
 
     /// Dead man's switch URL pinged with `HEAD` once per invocation that completed its batch

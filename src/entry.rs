@@ -6,7 +6,9 @@
 //! the wake-up queue when configured, the EMF metrics, the checks of the Lambda runtime's own
 //! variables, and the runtime loop with its layers ([`crate::layers`]). Every error is one JSON
 //! log line (never the token) and exit status 1, which Lambda reports as an init or runtime
-//! failure.
+//! failure. In the webhook receiver's role (`IRONFLOW_FUNCTION_ROLE=webhook-receiver`) the cold
+//! start skips what only the worker needs: the child subreaper and the poison-pill table's
+//! `DescribeTable` check (docs/push.md, "Denial of service").
 //!
 //! The runtime loop, the claims, the lease refreshers and the handbacks run on a single-threaded
 //! runtime on the main thread; the worker executes the runs on a runtime of its own
@@ -28,6 +30,7 @@ use crate::build_error::BuildError;
 use crate::builder::LambdaWorkerBuilder;
 use crate::layers::{ExitWhenStuckLayer, MetricsLayer};
 use crate::settings::table;
+use crate::settings::{FUNCTION_ROLE_VAR, FunctionRole};
 use crate::worker::LambdaWorker;
 use crate::{handler, logging, metrics, orphans};
 
@@ -95,7 +98,11 @@ async fn serve<F>(configure: F) -> ExitCode
 where
     F: FnOnce(LambdaWorkerBuilder) -> LambdaWorkerBuilder,
 {
-    orphans::become_subreaper();
+    let role = role_from_env();
+    // The worker's child processes (shell steps) are reaped; the receiver starts none.
+    if role == FunctionRole::Worker {
+        orphans::become_subreaper();
+    }
     let worker = match build(configure).await {
         Ok(worker) => Arc::new(worker),
         Err(e) => {
@@ -162,7 +169,21 @@ where
     // the cold start with its name); unset: the in-memory table.
     // IRONFLOW_WAKE_QUEUE_URL set: the waker is built from the settings and the AWS
     // configuration by `build`.
+    // The receiver (IRONFLOW_FUNCTION_ROLE=webhook-receiver) does not check the table at cold
+    // start: its role may only read and write items (docs/push.md, "Denial of service").
+    if builder.role() == FunctionRole::WebhookReceiver {
+        return builder.connect_poison_table_unchecked().build();
+    }
     builder.connect_poison_table().await?.build()
+}
+
+/// The role `IRONFLOW_FUNCTION_ROLE` names, for what the cold start does before the settings
+/// are read (a bad value is refused with the other settings, by the builder).
+fn role_from_env() -> FunctionRole {
+    std::env::var(FUNCTION_ROLE_VAR)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_default()
 }
 
 /// The function's name for the metrics' `function` dimension: `AWS_LAMBDA_FUNCTION_NAME`, or

@@ -8,7 +8,9 @@
 //!                    invalid                      ──▶ error, nothing claimed
 //! ```
 //!
-//! **When the handler returns an error.** An invalid event (nothing claimed), an SQS record
+//! **When the handler returns an error.** An invalid event (nothing claimed), an event the
+//! function's role does not serve ([`HandlerError::NotForThisRole`]: the webhook receiver,
+//! `IRONFLOW_FUNCTION_ROLE=webhook-receiver`, serves Function URL requests only), an SQS record
 //! without a message id (on purpose: it cannot be reported, so SQS retries the whole batch), and
 //! a schedule or direct invocation whose batch could not run at all: nothing was claimed because
 //! a claim failed (API unreachable, auth refused) or no time was left. Such an error shows in the
@@ -23,13 +25,14 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use aws_lambda_events::event::sqs::SqsBatchResponse;
 use lambda_runtime::{Context, LambdaEvent};
 use serde_json::Value;
-use tracing::{info, warn};
+use tracing::{info, trace, warn};
 
 use tokio::time::Instant;
 
 use crate::deadline::Budget;
 use crate::invocation::{self, Invoked};
 use crate::report::{BatchRequest, InvocationSummary, StopReason};
+use crate::settings::FunctionRole;
 use crate::trigger::{self, Trigger, TriggerError};
 use crate::webhook::{self, Answer};
 use crate::worker::LambdaWorker;
@@ -89,6 +92,19 @@ pub enum HandlerError {
     /// The event cannot start a batch; nothing was claimed.
     #[error(transparent)]
     InvalidEvent(#[from] TriggerError),
+    /// An event this function's role does not serve: the webhook receiver
+    /// (`IRONFLOW_FUNCTION_ROLE=webhook-receiver`) answers Function URL requests only.
+    #[error(
+        "this function is the webhook receiver (IRONFLOW_FUNCTION_ROLE={role}): it answers \
+         Function URL requests only, and this event is {what}; schedule ticks, wake-ups and \
+         direct invocations go to the worker function"
+    )]
+    NotForThisRole {
+        /// The function's role.
+        role: FunctionRole,
+        /// What the event looks like.
+        what: &'static str,
+    },
     /// A schedule or direct invocation whose batch could not run at all.
     #[error("the batch could not run: {reason} (request {request_id}; its summary is in the log)")]
     BatchNotRun {
@@ -105,6 +121,10 @@ impl From<HandlerError> for lambda_runtime::Diagnostic {
     fn from(e: HandlerError) -> Self {
         match e {
             HandlerError::InvalidEvent(e) => e.into(),
+            e @ HandlerError::NotForThisRole { .. } => Self {
+                error_type: "NotForThisRole".to_string(),
+                error_message: e.to_string(),
+            },
             e @ HandlerError::BatchNotRun { .. } => Self {
                 error_type: "BatchNotRun".to_string(),
                 error_message: e.to_string(),
@@ -138,6 +158,11 @@ pub async fn handle_response(
     event: LambdaEvent<Value>,
 ) -> Result<Response, HandlerError> {
     let (payload, context) = event.into_parts();
+    refuse_outside_role(
+        worker.settings().function_role,
+        &payload,
+        &context.request_id,
+    )?;
     let trigger = match trigger::parse_event(&payload, worker.settings().max_runs_per_invocation) {
         Ok(trigger) => trigger,
         Err(e) => {
@@ -145,6 +170,14 @@ pub async fn handle_response(
             return Err(e.into());
         }
     };
+    let kind = match &trigger {
+        Trigger::Webhook(_) => "function_url",
+        Trigger::Schedule(_) => "schedule",
+        Trigger::Direct(_) => "direct",
+        Trigger::Sqs(_) => "sqs",
+    };
+    // Never the event itself: it may carry the webhook's token or signature.
+    trace!(request_id = %context.request_id, kind, "event parsed");
     match trigger {
         Trigger::Webhook(request) => {
             // Answered within milliseconds: its calls end well before the deadline (an
@@ -241,7 +274,31 @@ pub async fn handle_summary(
             }),
         Err(HandlerError::BatchNotRun { summary, .. }) => Ok(*summary),
         Err(HandlerError::InvalidEvent(e)) => Err(e),
+        Err(e @ HandlerError::NotForThisRole { .. }) => Err(TriggerError::Unsupported {
+            what: e.to_string(),
+        }),
     }
+}
+
+/// The webhook receiver's role serves Function URL requests only: anything else is refused
+/// here, before the event is parsed or any call is made.
+fn refuse_outside_role(
+    role: FunctionRole,
+    payload: &Value,
+    request_id: &str,
+) -> Result<(), HandlerError> {
+    if role != FunctionRole::WebhookReceiver || trigger::is_function_url_request(payload) {
+        return Ok(());
+    }
+    let what = match payload {
+        Value::Object(o) if o.contains_key("Records") => "an SQS event (wake-ups)",
+        Value::Object(o) if o.contains_key("detail-type") => "an EventBridge event (schedule)",
+        Value::Object(_) => "a direct invocation",
+        _ => "not a JSON object",
+    };
+    let e = HandlerError::NotForThisRole { role, what };
+    warn!(request_id, error = %e, "event refused: not for this function's role");
+    Err(e)
 }
 
 /// A schedule tick or direct invocation: the batch, and an error when it could not run.

@@ -87,7 +87,7 @@ pub use report::{
     RunReport, SleepWatch, StopReason, TimerWake, WakeReport, WakeTrigger, WatchReport,
 };
 pub use secrets::SecretError;
-pub use settings::{ConfigError, Settings, WakeSettings, WebhookSecret, WorkerToken};
+pub use settings::{ConfigError, FunctionRole, Settings, WakeSettings, WebhookSecret, WorkerToken};
 pub use trigger::TriggerError;
 pub use wake::{LocalWakeQueue, SqsWakeQueue, WakeQueue, Waker};
 pub use worker::LambdaWorker;

@@ -11,11 +11,145 @@
 //!  "target":"ironflow_lambda::handback","spans":[{"name":"invocation","request_id":"8f5c…","worker_id":"lambda-8f5c…-1a2b3c4d"},
 //!  {"name":"run","run_id":"01a22ab8-…","workflow":"multi-step"}]}
 //! ```
+//!
+//! **No secret in any line, at any level** (docs/push.md, "Secrets and logs"). Two rules, applied
+//! to every line whatever `RUST_LOG` says:
+//! 1. TRACE events and spans of other crates are never written: at that level libraries print
+//!    wire data. lambda_runtime prints each raw event (`lambda_runtime::layers::api_response`,
+//!    "raw JSON event received from Lambda": a Function URL request with its `?token=` and
+//!    `X-Signature-256`), the AWS SDK each request and response
+//!    (`aws_smithy_runtime::client::orchestrator`: the GetSecretValue answer, SigV4 headers).
+//!    This crate's own TRACE lines (`ironflow_lambda*`) pass.
+//! 2. The writer redacts, in whatever line reaches it: every secret value the process holds
+//!    ([`redact`]: each [`WorkerToken`](crate::WorkerToken) and
+//!    [`WebhookSecret`](crate::WebhookSecret) registers itself when it is made), as it is, as JSON
+//!    and `Debug` escape it and percent-encoded; the digest of any `sha256=<hex>` (a webhook
+//!    signature); what follows `Bearer ` (an `Authorization` header); and the value of a
+//!    `token=` parameter.
+//!
+//! What it cannot cover: a secret shorter than [`MIN_REDACTED_LEN`] (not registered: it would
+//! mangle every line that contains it by chance), a secret in an encoding other than those
+//! above, and anything written to stdout or stderr without `tracing`.
 
+use std::borrow::Cow;
 use std::io::Write;
+use std::sync::{PoisonError, RwLock};
 
+use tracing::{Level, Metadata};
 use tracing_subscriber::EnvFilter;
+use tracing_subscriber::filter::filter_fn;
 use tracing_subscriber::fmt::MakeWriter;
+use tracing_subscriber::prelude::*;
+
+/// The shortest secret [`redact`] registers: 8 characters.
+pub const MIN_REDACTED_LEN: usize = 8;
+
+/// What a redacted value becomes in a line.
+pub const REDACTED: &str = "[redacted]";
+
+/// The forms of the secrets this process holds, as they may appear in a line.
+static SECRETS: RwLock<Vec<String>> = RwLock::new(Vec::new());
+
+/// Redact `secret` from every log line written from now on (rule 2 of the module docs); a
+/// secret shorter than [`MIN_REDACTED_LEN`] is not registered. Idempotent.
+pub fn redact(secret: &str) {
+    if secret.chars().count() < MIN_REDACTED_LEN {
+        return;
+    }
+    let json = |s: &str| {
+        let quoted = serde_json::to_string(s).unwrap_or_default();
+        quoted[1..quoted.len().saturating_sub(1).max(1)].to_string()
+    };
+    let debug = format!("{secret:?}");
+    let forms = [
+        secret.to_string(),
+        json(secret),
+        json(&debug[1..debug.len() - 1]),
+        percent_encoded(secret),
+    ];
+    let mut secrets = SECRETS.write().unwrap_or_else(PoisonError::into_inner);
+    for form in forms {
+        if !form.is_empty() && !secrets.contains(&form) {
+            secrets.push(form);
+        }
+    }
+    // The longest first, so that a form containing another is redacted whole.
+    secrets.sort_by_key(|form| std::cmp::Reverse(form.len()));
+}
+
+/// Every byte but the unreserved ones of RFC 3986 as `%XX`.
+fn percent_encoded(s: &str) -> String {
+    s.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => {
+                char::from(b).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+/// `line` with every registered secret and every signature, bearer token and `token=` value
+/// replaced by [`REDACTED`] (rule 2 of the module docs).
+pub fn redacted(line: &str) -> Cow<'_, str> {
+    let mut out = Cow::Borrowed(line);
+    for secret in SECRETS
+        .read()
+        .unwrap_or_else(PoisonError::into_inner)
+        .iter()
+    {
+        if out.contains(secret.as_str()) {
+            out = Cow::Owned(out.replace(secret.as_str(), REDACTED));
+        }
+    }
+    for (prefix, is_value) in VALUE_PATTERNS {
+        if out.contains(prefix) {
+            out = Cow::Owned(redact_after(&out, prefix, *is_value));
+        }
+    }
+    out
+}
+
+/// A prefix whose value is redacted, and what the value's characters are.
+type ValuePattern = (&'static str, fn(char) -> bool);
+
+/// The values redacted whoever logs them (rule 2): a signature's digest, a bearer token, a
+/// `token` parameter.
+const VALUE_PATTERNS: &[ValuePattern] = &[
+    ("sha256=", |c| c.is_ascii_hexdigit()),
+    ("Bearer ", is_token_char),
+    ("bearer ", is_token_char),
+    ("token=", is_token_char),
+];
+
+/// A character of a token as it appears in a header or a URL (up to a quote, a separator, a
+/// space or an escape).
+fn is_token_char(c: char) -> bool {
+    !(c.is_whitespace() || c.is_control() || matches!(c, '"' | '\'' | '&' | '#' | '\\' | ',' | ';'))
+}
+
+/// `line` with the run of `is_value` characters after each `prefix` replaced by [`REDACTED`].
+fn redact_after(line: &str, prefix: &str, is_value: fn(char) -> bool) -> String {
+    let mut out = String::with_capacity(line.len());
+    let mut rest = line;
+    while let Some(at) = rest.find(prefix) {
+        let value_start = at + prefix.len();
+        out.push_str(&rest[..value_start]);
+        let tail = &rest[value_start..];
+        let value_len = tail.find(|c: char| !is_value(c)).unwrap_or(tail.len());
+        if value_len > 0 {
+            out.push_str(REDACTED);
+        }
+        rest = &tail[value_len..];
+    }
+    out.push_str(rest);
+    out
+}
+
+/// Rule 1 of the module docs: TRACE only from this crate.
+fn below_trace_or_own(metadata: &Metadata<'_>) -> bool {
+    *metadata.level() < Level::TRACE || metadata.target().starts_with("ironflow_lambda")
+}
 
 /// The filter from `RUST_LOG`, else `AWS_LAMBDA_LOG_LEVEL`, else `info`.
 pub fn filter() -> EnvFilter {
@@ -36,21 +170,51 @@ pub fn filter() -> EnvFilter {
     EnvFilter::new(level)
 }
 
-/// Install the JSON subscriber writing to `writer` (stdout on Lambda). Returns `false` when a
-/// global subscriber was already set.
+/// Install the JSON subscriber writing to `writer` (stdout on Lambda), under `filter` and the
+/// two rules of the module docs. Returns `false` when a global subscriber was already set.
 pub fn init<W>(filter: EnvFilter, writer: W) -> bool
 where
     W: for<'a> MakeWriter<'a> + Send + Sync + 'static,
 {
-    tracing_subscriber::fmt()
+    let lines = tracing_subscriber::fmt::layer()
         .json()
-        .with_env_filter(filter)
         .with_current_span(false)
         .with_span_list(true)
         .flatten_event(true)
-        .with_writer(writer)
+        .with_writer(Redacting(writer))
+        .with_filter(filter_fn(below_trace_or_own));
+    tracing_subscriber::registry()
+        .with(filter)
+        .with(lines)
         .try_init()
         .is_ok()
+}
+
+/// A `MakeWriter` whose writers redact each line ([`redacted`]) before `W`'s writer gets it.
+/// The formatter writes each line in one `write_all`, so no secret is split between two calls.
+struct Redacting<M>(M);
+
+impl<'a, M: MakeWriter<'a>> MakeWriter<'a> for Redacting<M> {
+    type Writer = RedactingWriter<M::Writer>;
+
+    fn make_writer(&'a self) -> Self::Writer {
+        RedactingWriter(self.0.make_writer())
+    }
+}
+
+/// The writer of [`Redacting`].
+struct RedactingWriter<W>(W);
+
+impl<W: Write> Write for RedactingWriter<W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let text = String::from_utf8_lossy(buf);
+        self.0.write_all(redacted(&text).as_bytes())?;
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.0.flush()
+    }
 }
 
 /// A `MakeWriter` that appends to a shared buffer, for tests that read the logs back.
@@ -89,5 +253,83 @@ impl<'a> MakeWriter<'a> for CaptureWriter {
 
     fn make_writer(&'a self) -> Self::Writer {
         self.clone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn secrets_in_every_form_signatures_bearer_tokens_and_token_parameters_are_redacted() {
+        let secret = "unit/secret \"quoted\" 0123456789";
+        redact(secret);
+        let line = serde_json::json!({
+            "message": format!("as it is: {secret}"),
+            "debug": format!("{secret:?}"),
+            "url": format!("https://h/?t={}", percent_encoded(secret)),
+        })
+        .to_string();
+        let out = redacted(&line);
+        assert!(
+            !out.contains("quoted") && !out.contains("0123456789"),
+            "{out}"
+        );
+        assert_eq!(out.matches(REDACTED).count(), 3, "{out}");
+
+        let digest = "ab".repeat(32);
+        for (line, hidden) in [
+            (
+                format!("{{\"x-signature-256\":\"sha256={digest}\"}}"),
+                digest.as_str(),
+            ),
+            ("authorization: Bearer abc.def-ghi".into(), "abc.def-ghi"),
+            ("{\"rawQueryString\":\"token=s3cr3t&x=1\"}".into(), "s3cr3t"),
+        ] {
+            let out = redacted(&line);
+            assert!(!out.contains(hidden) && out.contains(REDACTED), "{out}");
+        }
+        assert_eq!(redacted("token=&sha256= plain"), "token=&sha256= plain");
+    }
+
+    #[test]
+    fn short_values_are_not_registered() {
+        redact("short");
+        assert_eq!(redacted("a short line"), "a short line");
+    }
+
+    #[test]
+    fn only_this_crate_logs_at_trace() {
+        use tracing::callsite::Identifier;
+        use tracing::field::FieldSet;
+        use tracing::metadata::Kind;
+        struct Site;
+        impl tracing::Callsite for Site {
+            fn set_interest(&self, _: tracing::subscriber::Interest) {}
+            fn metadata(&self) -> &Metadata<'_> {
+                unreachable!()
+            }
+        }
+        static SITE: Site = Site;
+        let meta = |target: &'static str, level| {
+            let fields = FieldSet::new(&[], Identifier(&SITE));
+            Metadata::new("e", target, level, None, None, None, fields, Kind::EVENT)
+        };
+        assert!(!below_trace_or_own(&meta(
+            "lambda_runtime::layers::api_response",
+            Level::TRACE
+        )));
+        assert!(!below_trace_or_own(&meta(
+            "aws_smithy_runtime::client::orchestrator",
+            Level::TRACE
+        )));
+        assert!(below_trace_or_own(&meta(
+            "aws_smithy_runtime",
+            Level::DEBUG
+        )));
+        assert!(below_trace_or_own(&meta(
+            "ironflow_lambda::webhook",
+            Level::TRACE
+        )));
     }
 }

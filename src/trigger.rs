@@ -27,6 +27,7 @@ use aws_lambda_events::event::cloudwatch_events::CloudWatchEvent;
 use aws_lambda_events::event::lambda_function_urls::LambdaFunctionUrlRequest;
 use aws_lambda_events::event::sqs::SqsMessage;
 use chrono::{DateTime, Utc};
+use serde::Deserialize as _;
 use serde_json::{Map, Value};
 
 use crate::report::{BatchRequest, SleepWatch};
@@ -201,11 +202,9 @@ pub fn parse_event(event: &Value, max_runs_per_invocation: usize) -> Result<Trig
     if let Some(detail_type) = object.get("detail-type") {
         return parse_schedule(event, detail_type).map(Trigger::Schedule);
     }
-    let http_v2 = object
-        .get("requestContext")
-        .is_some_and(|c| c.get("http").is_some());
-    if http_v2 {
-        return serde_json::from_value(event.clone())
+    if is_function_url_request(event) {
+        // Deserialized from the borrowed event: the body is not copied twice.
+        return LambdaFunctionUrlRequest::deserialize(event)
             .map(|request| Trigger::Webhook(Box::new(request)))
             .map_err(|e| TriggerError::InvalidField {
                 field: "requestContext",
@@ -475,6 +474,14 @@ fn json_type(v: &Value) -> &'static str {
         Value::Array(_) => "an array",
         Value::Object(_) => "an object",
     }
+}
+
+/// Whether `event` is a Lambda Function URL request (payload format 2.0): an object whose
+/// `requestContext` has `http`.
+pub fn is_function_url_request(event: &Value) -> bool {
+    event
+        .get("requestContext")
+        .is_some_and(|c| c.get("http").is_some())
 }
 
 fn truncate(s: &str) -> String {

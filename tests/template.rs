@@ -541,13 +541,13 @@ fn the_environment_is_what_the_worker_reads_and_holds_no_token() {
         "IRONFLOW_MAX_WAKEUPS_PER_INVOCATION",
         "IRONFLOW_METRICS_NAMESPACE",
         "IRONFLOW_HEARTBEAT_URL",
-        // Only with WebhookReceiver enabled (see the webhook tests below).
-        ironflow_lambda::settings::WEBHOOK_SECRET_ARN_VAR,
     ]
     .into();
     assert_eq!(names, expected);
     assert!(!names.contains(ironflow_lambda::settings::WORKER_TOKEN_VAR));
     assert!(!names.contains(ironflow_lambda::settings::WEBHOOK_SECRET_VAR));
+    // The worker's role is the default one (the receiver is a function of its own).
+    assert!(!names.contains(ironflow_lambda::settings::FUNCTION_ROLE_VAR));
     assert_eq!(
         env["IRONFLOW_WORKER_TOKEN_SECRET_ARN"],
         json!({"Ref": "WorkerTokenSecretArn"})
@@ -954,7 +954,12 @@ fn outputs_give_an_operator_every_name_and_address() {
     for overrides in [&[][..], MANAGED] {
         let off = variant(&template(), overrides);
         let on = variant(&template(), &with_webhook(overrides));
-        for name in ["WebhookUrl", "WebhookApiSetting"] {
+        for name in [
+            "WebhookUrl",
+            "WebhookApiSetting",
+            "WebhookReceiverFunctionName",
+            "WebhookReceiverLogGroupName",
+        ] {
             assert!(
                 off["Outputs"].get(name).is_none(),
                 "{name} without the receiver"
@@ -1600,14 +1605,24 @@ fn function_id(overrides: &[(&str, &str)]) -> String {
     }
 }
 
-/// What a Function URL and its permissions name: the function on demand; on managed instances
-/// the alias `live` (a URL takes an alias or the unpublished $LATEST, and a capacity provider
-/// runs published versions only).
-fn url_target(overrides: &[(&str, &str)]) -> Value {
-    match function_id(overrides).as_str() {
-        "ManagedWorkerFunction" => json!({"Ref": "ManagedWorkerFunction.Alias"}),
-        worker => json!({"Ref": worker}),
-    }
+/// The receiver's function: on demand in both variants, behind the URL.
+const RECEIVER: &str = "WebhookReceiverFunction";
+
+/// What a Function URL and its permissions name: the receiver's function, in both variants.
+fn url_target() -> Value {
+    json!({ "Ref": RECEIVER })
+}
+
+/// The inline policy's statements of `role`, `!If [cond, statement, AWS::NoValue]` as a
+/// variant resolves it.
+fn statements_of(t: &Value, role: &str) -> Value {
+    let policies = &resource(t, role)["Properties"]["Policies"];
+    assert_eq!(
+        policies.as_array().unwrap().len(),
+        1,
+        "{role}: one inline policy"
+    );
+    policies[0]["PolicyDocument"]["Statement"].clone()
 }
 
 /// The resources the role lets the function read secrets from.
@@ -1668,6 +1683,7 @@ fn the_webhook_receiver_is_off_by_default() {
         for name in [
             "WebhookSecretArn",
             "WebhookFunctionUrl",
+            "WebhookReceiver",
             "ReadWebhookSecret",
         ] {
             assert!(!text.contains(name), "{name} without the receiver");
@@ -1718,14 +1734,18 @@ fn the_webhook_receiver_needs_its_secrets_full_arn() {
 }
 
 #[test]
-fn the_webhook_receiver_gives_the_function_a_public_url_and_its_secret() {
+fn the_webhook_receiver_is_a_function_of_its_own_behind_the_public_url() {
     let t = template();
     for overrides in [&[][..], MANAGED] {
         let w = variant(&t, &with_webhook(overrides));
         let worker = function_id(overrides);
-        let target = url_target(overrides);
+        let target = url_target();
+        assert_eq!(
+            of_type(&w, "AWS::Serverless::Function"),
+            BTreeSet::from([worker.clone(), RECEIVER.to_string()])
+        );
 
-        // The URL, public: the receiver authenticates each request itself.
+        // The URL, public, on the receiver: it authenticates each request itself.
         assert_eq!(
             of_type(&w, "AWS::Lambda::Url"),
             BTreeSet::from(["WebhookFunctionUrl".to_string()])
@@ -1734,7 +1754,7 @@ fn the_webhook_receiver_gives_the_function_a_public_url_and_its_secret() {
             resource(&w, "WebhookFunctionUrl")["Properties"],
             json!({"AuthType": "NONE", "TargetFunctionArn": target})
         );
-        // Anyone may invoke the function, through the URL only (both actions, as Lambda asks
+        // Anyone may invoke the receiver, through the URL only (both actions, as Lambda asks
         // of a new URL since October 2025).
         assert_eq!(
             of_type(&w, "AWS::Lambda::Permission"),
@@ -1761,34 +1781,26 @@ fn the_webhook_receiver_gives_the_function_a_public_url_and_its_secret() {
                 "InvokedViaFunctionUrl": true
             })
         );
+        the_receiver_is_bounded_on_demand_with_its_own_log_group(&w, &worker);
 
-        // The secret's ARN for the receiver, and GetSecretValue on that secret alone.
-        let f = &resource(&w, &worker)["Properties"];
-        assert_eq!(
-            f["Environment"]["Variables"]["IRONFLOW_WEBHOOK_SECRET_ARN"],
-            json!({"Ref": "WebhookSecretArn"})
+        // The worker has no URL, no webhook secret, and its role reads the worker token only:
+        // nothing of the worker differs from the variant without the receiver.
+        for id in [
+            "WebhookFunctionUrl",
+            "WebhookUrlPublicAccess",
+            "WebhookUrlInvokeAccess",
+        ] {
+            assert!(
+                !resource(&w, id).to_string().contains(&worker),
+                "{id} names {worker}"
+            );
+        }
+        assert!(
+            resource(&w, &worker)["Properties"]["Environment"]["Variables"]
+                .get("IRONFLOW_WEBHOOK_SECRET_ARN")
+                .is_none()
         );
-        assert_eq!(
-            secrets_read(&w),
-            secret_refs(&["WorkerTokenSecretArn", "WebhookSecretArn"])
-        );
-        let statements = role_statements(&w);
-        let webhook: Vec<&Value> = statements
-            .iter()
-            .filter(|s| s["Sid"] == "ReadWebhookSecret")
-            .collect();
-        assert_eq!(
-            webhook,
-            [&json!({
-                "Sid": "ReadWebhookSecret",
-                "Effect": "Allow",
-                "Action": "secretsmanager:GetSecretValue",
-                "Resource": {"Ref": "WebhookSecretArn"}
-            })]
-        );
-
-        // Nothing else differs from the variant without the receiver: the wake queue, the
-        // worker's API permissions and every other resource are the worker's own.
+        assert_eq!(secrets_read(&w), secret_refs(&["WorkerTokenSecretArn"]));
         let off = variant(&t, overrides);
         let mut rest = w["Resources"].clone();
         let resources = rest.as_object_mut().unwrap();
@@ -1796,24 +1808,179 @@ fn the_webhook_receiver_gives_the_function_a_public_url_and_its_secret() {
             "WebhookFunctionUrl",
             "WebhookUrlPublicAccess",
             "WebhookUrlInvokeAccess",
+            RECEIVER,
+            "WebhookReceiverRole",
+            "WebhookReceiverLogGroup",
+            "WebhookReceiverThrottlesAlarm",
         ] {
             resources.remove(id);
         }
-        resources[worker.as_str()]["Properties"]["Environment"]["Variables"]
-            .as_object_mut()
-            .unwrap()
-            .remove("IRONFLOW_WEBHOOK_SECRET_ARN");
-        resources["WorkerRole"]["Properties"]["Policies"][0]["PolicyDocument"]["Statement"]
-            .as_array_mut()
-            .unwrap()
-            .retain(|s| s["Sid"] != "ReadWebhookSecret");
         assert_eq!(rest, off["Resources"]);
     }
 }
 
+/// The receiver: the worker's build, on demand, its reserved concurrency, role and log group,
+/// in the webhook-receiver role, with no trigger but its URL.
+fn the_receiver_is_bounded_on_demand_with_its_own_log_group(w: &Value, worker: &str) {
+    let r = resource(w, RECEIVER);
+    assert_eq!(
+        r["Metadata"],
+        resource(w, worker)["Metadata"],
+        "the same build"
+    );
+    let p = &r["Properties"];
+    for property in MANAGED_ONLY {
+        assert!(
+            p.get(*property).is_none(),
+            "{property}: the receiver is on demand"
+        );
+    }
+    assert!(
+        p.get("Events").is_none(),
+        "the receiver has no schedule and no queue"
+    );
+    assert!(p.get("FunctionUrlConfig").is_none());
+    assert_eq!(
+        p["ReservedConcurrentExecutions"],
+        json!({"Ref": "WebhookReservedConcurrency"})
+    );
+    assert_eq!(
+        p["Role"],
+        json!({"Fn::GetAtt": ["WebhookReceiverRole", "Arn"]})
+    );
+    assert_eq!(
+        p["LoggingConfig"]["LogGroup"],
+        json!({"Ref": "WebhookReceiverLogGroup"})
+    );
+    assert_ne!(
+        resource(w, "WebhookReceiverLogGroup")["Properties"]["LogGroupName"],
+        resource(w, "WorkerLogGroup")["Properties"]["LogGroupName"]
+    );
+    // A flood shows: any throttle of the receiver alarms.
+    let alarm = &resource(w, "WebhookReceiverThrottlesAlarm")["Properties"];
+    assert_eq!(
+        (
+            &alarm["MetricName"],
+            &alarm["Threshold"],
+            &alarm["Dimensions"][0]["Value"]
+        ),
+        (&json!("Throttles"), &json!(0), &json!({"Ref": RECEIVER}))
+    );
+    let env = &p["Environment"]["Variables"];
+    assert_eq!(env["IRONFLOW_FUNCTION_ROLE"], "webhook-receiver");
+    assert_eq!(
+        env["IRONFLOW_WEBHOOK_SECRET_ARN"],
+        json!({"Ref": "WebhookSecretArn"})
+    );
+    assert_eq!(
+        env["IRONFLOW_WORKER_TOKEN_SECRET_ARN"],
+        json!({"Ref": "WorkerTokenSecretArn"})
+    );
+    let c = &w["Parameters"]["WebhookReservedConcurrency"];
+    assert_eq!(
+        (c["Default"].as_i64(), c["MinValue"].as_i64()),
+        (Some(2), Some(1))
+    );
+    assert!(c["Description"].as_str().unwrap().contains("flood"), "{c}");
+}
+
+/// The receiver's role, statement for statement: its logs, the two secrets, items of the
+/// poison-pill table, the wake queue; the worker token's KMS key only when there is one.
+#[test]
+fn the_webhook_receiver_role_is_least_privilege() {
+    let t = template();
+    let expected = |kms: bool| {
+        let mut statements = vec![
+            json!({"Sid": "WriteOwnLogs", "Effect": "Allow",
+                "Action": ["logs:CreateLogStream", "logs:PutLogEvents"],
+                "Resource": {"Fn::GetAtt": ["WebhookReceiverLogGroup", "Arn"]}}),
+            json!({"Sid": "ReadSecrets", "Effect": "Allow",
+                "Action": "secretsmanager:GetSecretValue",
+                "Resource": [{"Ref": "WebhookSecretArn"}, {"Ref": "WorkerTokenSecretArn"}]}),
+        ];
+        if kms {
+            statements.push(json!({"Sid": "DecryptWorkerTokenSecret", "Effect": "Allow",
+                "Action": "kms:Decrypt", "Resource": {"Ref": "WorkerTokenSecretKmsKeyArn"},
+                "Condition": {"StringEquals": {"kms:ViaService":
+                    {"Fn::Sub": "secretsmanager.${AWS::Region}.amazonaws.com"}}}}));
+        }
+        statements.push(json!({"Sid": "WakeUpRecords", "Effect": "Allow",
+            "Action": ["dynamodb:GetItem", "dynamodb:BatchGetItem", "dynamodb:UpdateItem"],
+            "Resource": {"Fn::GetAtt": ["PoisonTable", "Arn"]}}));
+        statements.push(json!({"Sid": "SendWakeUps", "Effect": "Allow",
+            "Action": ["sqs:SendMessage", "sqs:GetQueueAttributes"],
+            "Resource": {"Fn::GetAtt": ["WakeQueue", "Arn"]}}));
+        Value::Array(statements)
+    };
+    let key = (
+        "WorkerTokenSecretKmsKeyArn",
+        "arn:aws:kms:eu-west-1:123456789012:key/0a1b2c3d-aaaa-bbbb-cccc-0123456789ab",
+    );
+    for overrides in [&[][..], MANAGED] {
+        let w = variant(&t, &with_webhook(overrides));
+        assert_eq!(statements_of(&w, "WebhookReceiverRole"), expected(false));
+        let mut with_key = with_webhook(overrides);
+        with_key.push(key);
+        assert_eq!(
+            statements_of(&variant(&t, &with_key), "WebhookReceiverRole"),
+            expected(true)
+        );
+        let role = &resource(&w, "WebhookReceiverRole")["Properties"];
+        assert_eq!(
+            role["AssumeRolePolicyDocument"],
+            resource(&w, "WorkerRole")["Properties"]["AssumeRolePolicyDocument"]
+        );
+        assert!(role.get("ManagedPolicyArns").is_none());
+    }
+}
+
+/// The receiver's environment is settings the binary accepts, in the receiver's role.
+#[test]
+fn the_webhook_receivers_environment_is_valid_receiver_settings() {
+    let t = template();
+    let w = variant(&t, &with_webhook(&[]));
+    let env = resource(&w, RECEIVER)["Properties"]["Environment"]["Variables"].clone();
+    let lookup = |name: &str| -> Option<String> {
+        let value = env.get(name)?;
+        if let Some(text) = value.as_str() {
+            return Some(text.to_string());
+        }
+        let default = t["Parameters"]
+            .get(value.get("Ref")?.as_str()?)?
+            .get("Default")?;
+        Some(match default {
+            Value::String(s) => s.clone(),
+            other => other.to_string(),
+        })
+    };
+    let settings = ironflow_lambda::settings::Settings::from_lookup_with_token(
+        |name| match name {
+            "IRONFLOW_API_URL" => Some("https://ironflow.example.com".into()),
+            "IRONFLOW_WAKE_QUEUE_URL" => {
+                Some("https://sqs.eu-west-1.amazonaws.com/123456789012/wake".into())
+            }
+            "IRONFLOW_POISON_TABLE" => Some("ironflow-poison".into()),
+            _ => lookup(name),
+        },
+        Some(ironflow_lambda::settings::WorkerToken::new("t")),
+    )
+    .unwrap();
+    assert_eq!(
+        settings.function_role,
+        ironflow_lambda::FunctionRole::WebhookReceiver
+    );
+    assert!(settings.validate().is_empty(), "{:?}", settings.validate());
+    assert_eq!(
+        settings.function_timeout.as_secs(),
+        resource(&w, RECEIVER)["Properties"]["Timeout"]
+            .as_u64()
+            .unwrap()
+    );
+}
+
 /// The URL and its permissions are what SAM makes of a function's `FunctionUrlConfig: {AuthType:
-/// NONE}` (which cannot be conditional), in both variants: the same properties, the managed
-/// one's on the alias `live`.
+/// NONE}` (which cannot be conditional), in both variants: the same properties, on the
+/// receiver's function.
 #[test]
 fn the_webhook_url_is_what_sams_function_url_config_makes() {
     let ours = sam_translated();
@@ -1822,7 +1989,7 @@ fn the_webhook_url_is_what_sams_function_url_config_makes() {
         let overrides = with_webhook(overrides);
         let o = variant(&ours, &overrides);
         let s = variant(&sams, &overrides);
-        let worker = function_id(&overrides);
+        let worker = RECEIVER;
         for (mine, sam) in [
             ("WebhookFunctionUrl", format!("{worker}Url")),
             (
@@ -1837,12 +2004,6 @@ fn the_webhook_url_is_what_sams_function_url_config_makes() {
             let (mine, sam) = (resource(&o, mine), resource(&s, &sam));
             assert_eq!(mine["Type"], sam["Type"]);
             assert_eq!(mine["Properties"], sam["Properties"], "{sam}");
-        }
-        if worker == "ManagedWorkerFunction" {
-            assert_eq!(
-                resource(&o, "WebhookFunctionUrl")["Properties"]["TargetFunctionArn"],
-                json!({"Ref": "ManagedWorkerFunctionAliaslive"})
-            );
         }
     }
 }

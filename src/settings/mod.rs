@@ -41,6 +41,7 @@
 //! the checks `apply` and `validate.rs` made on one value become `min`/`max` or the `rule`; the
 //! builder method's prose loses its default and bounds, which the row's doc line now states.
 
+mod role;
 mod row;
 mod rules;
 pub mod table;
@@ -55,6 +56,7 @@ use std::ffi::OsString;
 use std::fmt;
 use std::time::Duration;
 
+pub use role::{FUNCTION_ROLE_VAR, FunctionRole, ParseFunctionRoleError};
 pub use row::{Entry, Rule, Setting, Shown};
 pub use rules::{
     SECRET_ARN_EXPECTED, is_metrics_namespace, is_namespace, is_secret_arn, is_table_name_or_arn,
@@ -133,9 +135,11 @@ pub const WORKER_TOKEN_VAR: &str = table::WORKER_TOKEN.variable;
 pub struct WorkerToken(String);
 
 impl WorkerToken {
-    /// Wrap a token.
+    /// Wrap a token; from now on it is redacted from every log line ([`crate::logging::redact`]).
     pub fn new(token: impl Into<String>) -> Self {
-        Self(token.into())
+        let token = token.into();
+        crate::logging::redact(&token);
+        Self(token)
     }
 
     /// The token itself, for the `Authorization` header only.
@@ -170,9 +174,12 @@ pub const MIN_WEBHOOK_SECRET_LEN: usize = 32;
 pub struct WebhookSecret(String);
 
 impl WebhookSecret {
-    /// Wrap a secret.
+    /// Wrap a secret; from now on it is redacted from every log line
+    /// ([`crate::logging::redact`]).
     pub fn new(secret: impl Into<String>) -> Self {
-        Self(secret.into())
+        let secret = secret.into();
+        crate::logging::redact(&secret);
+        Self(secret)
     }
 
     /// The secret itself, for the receiver's checks only.
@@ -304,6 +311,8 @@ pub struct Settings {
     pub webhook_secret_arn: Option<String>,
     /// How far an event's `at` may be from now, either way (`IRONFLOW_WEBHOOK_REPLAY_WINDOW_SECS`).
     pub webhook_replay_window: Duration,
+    /// What the function serves (`IRONFLOW_FUNCTION_ROLE`): default [`FunctionRole::Worker`].
+    pub function_role: FunctionRole,
 }
 
 impl Settings {
@@ -346,6 +355,7 @@ impl Settings {
             worker_token_secret_arn: WORKER_TOKEN_SECRET_ARN.default_value(),
             webhook_secret_arn: WEBHOOK_SECRET_ARN.default_value(),
             webhook_replay_window: WEBHOOK_REPLAY_WINDOW.default_value(),
+            function_role: FUNCTION_ROLE.default_value(),
         }
     }
 

@@ -483,6 +483,21 @@ pub const WEBHOOK_REPLAY_WINDOW: Setting<Duration> = Setting {
     access: field!(webhook_replay_window),
 };
 
+pub const FUNCTION_ROLE: Setting<super::FunctionRole> = Setting {
+    variable: super::FUNCTION_ROLE_VAR,
+    setter: "function_role",
+    meaning: "`worker`, or `webhook-receiver`: Function URL requests only \
+              ([push.md](docs/push.md#denial-of-service))",
+    unit: Unit::None,
+    default: super::FunctionRole::Worker,
+    default_doc: None,
+    min: None,
+    max: None,
+    rule: None,
+    shown: Shown::Raw,
+    access: field!(function_role),
+};
+
 pub const METRICS_NAMESPACE: Setting<String> = Setting {
     variable: "IRONFLOW_METRICS_NAMESPACE",
     setter: "metrics_namespace",
@@ -531,5 +546,6 @@ pub static VARIABLES: &[&Variable] = &[
     &WEBHOOK_SECRET,
     &WEBHOOK_SECRET_ARN,
     &WEBHOOK_REPLAY_WINDOW,
+    &FUNCTION_ROLE,
     &METRICS_NAMESPACE,
 ];

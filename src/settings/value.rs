@@ -287,6 +287,26 @@ impl Value for PoisonMode {
     }
 }
 
+impl Value for super::FunctionRole {
+    type Const = super::FunctionRole;
+    type Bound = ();
+    fn new(c: super::FunctionRole) -> Self {
+        c
+    }
+    fn parse(raw: &str, _unit: Unit) -> Result<Self, Unparsed> {
+        raw.parse().map_err(|_| Unparsed::Form)
+    }
+    fn form(_unit: Unit) -> &'static str {
+        "worker or webhook-receiver"
+    }
+    fn show(&self, _unit: Unit) -> String {
+        self.as_str().to_string()
+    }
+    fn doc(&self, _unit: Unit) -> String {
+        format!("`{self}`")
+    }
+}
+
 impl Value for WorkerToken {
     type Const = &'static str;
     type Bound = ();
