@@ -95,8 +95,8 @@ const QUEUE_URL: &str = "an SQS queue URL, https://sqs.REGION.amazonaws.com/ACCO
 /// `DelaySeconds`, which the wake-ups after a handback need.
 pub(super) fn queue_url(url: &Option<String>, _: &Settings) -> Checked {
     let Some(url) = url else { return Ok(()) };
-    // `Url::query(u)`, not the method form: tests/template.rs reads `.query()` in src/ as a
-    // DynamoDB call the role must allow.
+    // `Url::query(u)`, not the method form: tests/template.rs reads that form in src/ as a
+    // DynamoDB call (Query) the role must allow.
     let parsed = http_url(url)
         .filter(|u| u.username().is_empty() && u.password().is_none() && Url::query(u).is_none());
     let Some(parsed) = parsed else {
