@@ -67,6 +67,8 @@ pub struct FleetMark {
     client: Client,
     table: String,
     key: String,
+    /// How long a decision's wake-ups count as in flight ([`FLEET_WINDOW`] but in tests).
+    window: Duration,
     /// Decisions that fell back to their own environment's (the table failed), this process.
     errors: Arc<AtomicU64>,
 }
@@ -108,8 +110,16 @@ impl FleetMark {
             client,
             table: table.to_string(),
             key: mark_key(namespace),
+            window: FLEET_WINDOW,
             errors: Arc::default(),
         }
+    }
+
+    /// The same mark with a window other than [`FLEET_WINDOW`]: tests that need several
+    /// decisions within one window, whatever the machine's load. Every environment sharing the
+    /// mark must use the same window.
+    pub(crate) fn with_window(self, window: Duration) -> Self {
+        Self { window, ..self }
     }
 
     /// The table's name.
@@ -139,7 +149,7 @@ impl FleetMark {
     /// [`FleetError`] when DynamoDB refuses or does not answer (the SDK's timeouts bound it),
     /// or the item is malformed.
     pub async fn claim(&self, target: u64, count: usize, now_ms: u64) -> Result<Share, FleetError> {
-        let until_ms = now_ms.saturating_add(ms(FLEET_WINDOW));
+        let until_ms = now_ms.saturating_add(ms(self.window));
         let expires_at = until_ms.saturating_add(ms(MARK_TTL)).div_ceil(1000);
         let result = self
             .client
