@@ -52,6 +52,10 @@ pub const FLEET_WINDOW: Duration = Duration::from_secs(2);
 pub const COVERED: &str = "covered";
 /// The mark's item: until when they count as in flight, ms since the Unix epoch (N).
 pub const IN_FLIGHT_UNTIL_MS: &str = "in_flight_until_ms";
+/// The mark's item: the window (its `in_flight_until_ms`) whose tail wake-up is booked (N).
+pub const TAIL_FOR: &str = "tail_for";
+/// Longest delay SQS allows a message: 900 s (a tail's delay is at most the window).
+const MAX_DELAY_SECS: u64 = 900;
 /// The mark item's TTL after its window: 1 hour.
 const MARK_TTL: Duration = Duration::from_secs(3600);
 
@@ -85,10 +89,13 @@ pub enum Share {
         /// The window written, ms since the Unix epoch.
         until_ms: u64,
     },
-    /// Wake-ups in flight already cover a backlog at least this large: send none.
+    /// Wake-ups in flight already cover a backlog at least this large: send none now (the
+    /// window's tail, [`FleetMark::book_tail`], is for the runs they may miss).
     Covered {
         /// The mark found.
         covered: u64,
+        /// The end of its window, ms since the Unix epoch.
+        until_ms: u64,
     },
 }
 
@@ -187,11 +194,14 @@ impl FleetMark {
             }
             Err(e) => match e.as_service_error() {
                 Some(UpdateItemError::ConditionalCheckFailedException(cf)) => {
-                    let covered = cf.item().and_then(|old| number(old, COVERED));
-                    let covered = covered.ok_or_else(|| {
-                        self.error("the condition failed on an item without `covered`".into())
-                    })?;
-                    Ok(Share::Covered { covered })
+                    let old = |attribute| cf.item().and_then(|old| number(old, attribute));
+                    match (old(COVERED), old(IN_FLIGHT_UNTIL_MS)) {
+                        (Some(covered), Some(until_ms)) => Ok(Share::Covered { covered, until_ms }),
+                        _ => Err(self.error(
+                            "the condition failed on an item without `covered` or `in_flight_until_ms`"
+                                .into(),
+                        )),
+                    }
                 }
                 _ => Err(self.error(DisplayErrorContext(&e).to_string())),
             },
@@ -233,6 +243,80 @@ impl FleetMark {
             },
         }
     }
+
+    /// Book the one tail wake-up of the window ending at `window_end_ms` (a [`Share::Covered`]'s
+    /// `until_ms`), at `now_ms`: one conditional write, `SET tail_for = :window_end` if no
+    /// tail is booked or the one booked is for an earlier window. `Some(delay_secs)` when this
+    /// decision booked it: send one wake-up with that `DelaySeconds`, the window's time left
+    /// rounded up to whole seconds (at least 1, at most 900), so that it arrives once the
+    /// window is over; `None` when another decision booked it already.
+    ///
+    /// # Errors
+    ///
+    /// [`FleetError`] when DynamoDB refuses or does not answer.
+    pub async fn book_tail(
+        &self,
+        window_end_ms: u64,
+        now_ms: u64,
+    ) -> Result<Option<u64>, FleetError> {
+        let result = self
+            .client
+            .update_item()
+            .table_name(&self.table)
+            .key(PARTITION_KEY, AttributeValue::S(self.key.clone()))
+            .expression_attribute_names("#c", COVERED)
+            .expression_attribute_names("#tail", TAIL_FOR)
+            .expression_attribute_values(":end", n(window_end_ms))
+            .update_expression("SET #tail = :end")
+            .condition_expression(
+                "attribute_exists(#c) AND (attribute_not_exists(#tail) OR #tail < :end)",
+            )
+            .send()
+            .await;
+        match result {
+            Ok(_) => Ok(Some(tail_delay_secs(window_end_ms, now_ms))),
+            Err(e) => match e.as_service_error() {
+                Some(UpdateItemError::ConditionalCheckFailedException(_)) => Ok(None),
+                _ => Err(self.error(DisplayErrorContext(&e).to_string())),
+            },
+        }
+    }
+
+    /// Un-book the tail of the window ending at `window_end_ms`, which SQS refused, if it is
+    /// still the one booked: the window's next covered decision books it again.
+    ///
+    /// # Errors
+    ///
+    /// [`FleetError`] when DynamoDB refuses or does not answer.
+    pub async fn give_back_tail(&self, window_end_ms: u64) -> Result<(), FleetError> {
+        let result = self
+            .client
+            .update_item()
+            .table_name(&self.table)
+            .key(PARTITION_KEY, AttributeValue::S(self.key.clone()))
+            .expression_attribute_names("#tail", TAIL_FOR)
+            .expression_attribute_values(":end", n(window_end_ms))
+            .update_expression("REMOVE #tail")
+            .condition_expression("#tail = :end")
+            .send()
+            .await;
+        match result {
+            Ok(_) => Ok(()),
+            Err(e) => match e.as_service_error() {
+                Some(UpdateItemError::ConditionalCheckFailedException(_)) => Ok(()),
+                _ => Err(self.error(DisplayErrorContext(&e).to_string())),
+            },
+        }
+    }
+}
+
+/// A tail's `DelaySeconds`: the time left until `window_end_ms` at `now_ms`, rounded up to
+/// whole seconds, at least 1, at most 900 (SQS's limit).
+fn tail_delay_secs(window_end_ms: u64, now_ms: u64) -> u64 {
+    window_end_ms
+        .saturating_sub(now_ms)
+        .div_ceil(1000)
+        .clamp(1, MAX_DELAY_SECS)
 }
 
 fn n(v: u64) -> AttributeValue {
@@ -254,5 +338,16 @@ mod tests {
     #[test]
     fn the_mark_lives_under_the_function_s_namespace() {
         assert_eq!(mark_key("fn-a"), "fn-a#wake#pushed");
+    }
+
+    #[test]
+    fn a_tail_arrives_once_its_window_is_over() {
+        assert_eq!(tail_delay_secs(10_000, 8_000), 2);
+        assert_eq!(tail_delay_secs(10_000, 8_001), 2);
+        assert_eq!(tail_delay_secs(10_000, 9_000), 1);
+        assert_eq!(tail_delay_secs(10_000, 9_999), 1);
+        assert_eq!(tail_delay_secs(10_000, 10_000), 1, "at least 1 s");
+        assert_eq!(tail_delay_secs(10_000, 12_000), 1, "a clock ahead");
+        assert_eq!(tail_delay_secs(u64::MAX, 0), 900, "SQS's longest delay");
     }
 }
