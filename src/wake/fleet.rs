@@ -12,23 +12,40 @@
 //! |---|---|---|
 //! | `covered` | N | wake-ups the queue holds for the backlog once the last decision's are sent (at most `ceil(pending / N)`) |
 //! | `in_flight_until_ms` | N | until when they count as in flight, ms since the Unix epoch |
+//! | `tail_due_ms` | N | when the last tail wake-up booked becomes visible on the queue, ms since the Unix epoch; absent before the first |
 //! | `expires_at` | N | TTL, epoch seconds (an hour later: the item is never read after `in_flight_until_ms`) |
 //!
 //! A decision that read `queued` wake-ups on the queue and would send `count` writes
 //! `target = queued + count` (≤ `ceil(pending / N)`): `SET covered = :target,
 //! in_flight_until_ms = :now + FLEET_WINDOW` if the item is absent, its window has passed, or
 //! `covered < :target`; the old item is returned either way. A decision whose write succeeds
-//! sends at most `target − covered` of a live mark (all it needs when the window had passed);
-//! one whose write fails sends nothing: wake-ups sent less than [`FLEET_WINDOW`] ago already
-//! cover a backlog at least as large. The successful writes of a window raise `covered`
-//! strictly, each sending at most the rise, so a window's pushes queue at most the largest
-//! `target` written in it (≤ the largest `ceil(pending / N)` a receiver read), however many
-//! environments decide at once. A send SQS refused in part gives its share back
-//! ([`FleetMark::give_back`], a second write, only then).
+//! sends at most `target − covered` of a live mark (all it needs when the window had passed).
+//! The successful writes of a window raise `covered` strictly, each sending at most the rise,
+//! so they queue at most the largest `target` written in the window (≤ the largest
+//! `ceil(pending / N)` a receiver read), however many environments decide at once. A send SQS
+//! refused in part gives its share back ([`FleetMark::give_back`], a second write, only then).
 //!
-//! The mark cannot tell wake-ups still on their way from wake-ups whose invocations already
-//! claimed the backlog: for [`FLEET_WINDOW`] after a decision, a push for no larger a backlog
-//! sends nothing (what that leaves waiting: `docs/push.md#coalescing`).
+//! A decision whose write fails finds wake-ups sent less than [`FLEET_WINDOW`] ago covering a
+//! backlog at least as large; it sends nothing now. But the mark cannot tell wake-ups still on
+//! their way from wake-ups whose invocations already claimed the backlog: in a trickle (runs a
+//! second apart, fast claims) the window's wake-ups may have claimed every run they were sent
+//! for before this decision's run turned Pending. So the decision makes sure a *tail* wake-up
+//! comes after it ([`FleetMark::book_tail`]): a second conditional write, `SET tail_due_ms =
+//! :now + delay` if no tail was booked or the last one is due already (`tail_due_ms <= :now`),
+//! where the delay is the window's time left (the `in_flight_until_ms` the failed write
+//! returned), rounded up to whole seconds, at least 1: 1 or 2 s. The decision whose write
+//! succeeds sends one wake-up with that `DelaySeconds`; the others send nothing, a tail not
+//! yet due coming after them. A tail's invocation claims what the window's wake-ups left: every
+//! run whose push it covers was Pending before that push's decision, which came before the
+//! tail was due (a tail that fills its batch wakes more, as any batch). At most one tail is on
+//! its way at any time, fleet-wide, each at least 1 s after the one before; it is due at the
+//! end of the window it was booked in, and becomes visible then, so that decisions after the
+//! window count it in `queued`. So a window queues at most the largest `target` + 1, and a run
+//! whose push the mark covers is claimable by a woken invocation at most `FLEET_WINDOW` + 1 s
+//! after that push (the rounding), plus the event source mapping's pick-up and a cold start.
+//! A tail SQS refused is un-booked ([`FleetMark::give_back_tail`]) and its push answered 503,
+//! for the API to re-send it. A table error or no answer in time, on either write, falls back
+//! to the decision of this process alone (`docs/push.md#coalescing`).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -52,8 +69,9 @@ pub const FLEET_WINDOW: Duration = Duration::from_secs(2);
 pub const COVERED: &str = "covered";
 /// The mark's item: until when they count as in flight, ms since the Unix epoch (N).
 pub const IN_FLIGHT_UNTIL_MS: &str = "in_flight_until_ms";
-/// The mark's item: the window (its `in_flight_until_ms`) whose tail wake-up is booked (N).
-pub const TAIL_FOR: &str = "tail_for";
+/// The mark's item: when the tail wake-up booked last becomes visible on the queue, ms since
+/// the Unix epoch (N).
+pub const TAIL_DUE_MS: &str = "tail_due_ms";
 /// Longest delay SQS allows a message: 900 s (a tail's delay is at most the window).
 const MAX_DELAY_SECS: u64 = 900;
 /// The mark item's TTL after its window: 1 hour.
@@ -97,6 +115,15 @@ pub enum Share {
         /// The end of its window, ms since the Unix epoch.
         until_ms: u64,
     },
+}
+
+/// A tail wake-up this decision booked ([`FleetMark::book_tail`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Tail {
+    /// Its `DelaySeconds`: the window's time left, rounded up to whole seconds (1 to 900).
+    pub delay_secs: u64,
+    /// When it becomes visible on the queue, ms since the Unix epoch (`tail_due_ms`).
+    pub due_ms: u64,
 }
 
 /// The mark could not be read or written (the decision falls back to this process's own).
@@ -244,12 +271,12 @@ impl FleetMark {
         }
     }
 
-    /// Book the one tail wake-up of the window ending at `window_end_ms` (a [`Share::Covered`]'s
-    /// `until_ms`), at `now_ms`: one conditional write, `SET tail_for = :window_end` if no
-    /// tail is booked or the one booked is for an earlier window. `Some(delay_secs)` when this
-    /// decision booked it: send one wake-up with that `DelaySeconds`, the window's time left
-    /// rounded up to whole seconds (at least 1, at most 900), so that it arrives once the
-    /// window is over; `None` when another decision booked it already.
+    /// Book the tail wake-up for a decision the window ending at `window_end_ms` covers (a
+    /// [`Share::Covered`]'s `until_ms`), at `now_ms`: one conditional write, `SET tail_due_ms =
+    /// :due` if no tail was ever booked or the last one is due already (`tail_due_ms <= :now`),
+    /// where `:due` is `now_ms` plus the window's time left rounded up to whole seconds (at
+    /// least 1, at most 900). The [`Tail`] to send when this decision booked it; `None` when a
+    /// tail not yet due was booked already: it comes after this decision, and covers its run.
     ///
     /// # Errors
     ///
@@ -258,23 +285,26 @@ impl FleetMark {
         &self,
         window_end_ms: u64,
         now_ms: u64,
-    ) -> Result<Option<u64>, FleetError> {
+    ) -> Result<Option<Tail>, FleetError> {
+        let delay_secs = tail_delay_secs(window_end_ms, now_ms);
+        let due_ms = now_ms.saturating_add(delay_secs.saturating_mul(1000));
         let result = self
             .client
             .update_item()
             .table_name(&self.table)
             .key(PARTITION_KEY, AttributeValue::S(self.key.clone()))
             .expression_attribute_names("#c", COVERED)
-            .expression_attribute_names("#tail", TAIL_FOR)
-            .expression_attribute_values(":end", n(window_end_ms))
-            .update_expression("SET #tail = :end")
+            .expression_attribute_names("#tail", TAIL_DUE_MS)
+            .expression_attribute_values(":now", n(now_ms))
+            .expression_attribute_values(":due", n(due_ms))
+            .update_expression("SET #tail = :due")
             .condition_expression(
-                "attribute_exists(#c) AND (attribute_not_exists(#tail) OR #tail < :end)",
+                "attribute_exists(#c) AND (attribute_not_exists(#tail) OR #tail <= :now)",
             )
             .send()
             .await;
         match result {
-            Ok(_) => Ok(Some(tail_delay_secs(window_end_ms, now_ms))),
+            Ok(_) => Ok(Some(Tail { delay_secs, due_ms })),
             Err(e) => match e.as_service_error() {
                 Some(UpdateItemError::ConditionalCheckFailedException(_)) => Ok(None),
                 _ => Err(self.error(DisplayErrorContext(&e).to_string())),
@@ -282,22 +312,22 @@ impl FleetMark {
         }
     }
 
-    /// Un-book the tail of the window ending at `window_end_ms`, which SQS refused, if it is
-    /// still the one booked: the window's next covered decision books it again.
+    /// Un-book `tail`, which SQS refused, if it is still the one booked: the next decision the
+    /// mark covers books another.
     ///
     /// # Errors
     ///
     /// [`FleetError`] when DynamoDB refuses or does not answer.
-    pub async fn give_back_tail(&self, window_end_ms: u64) -> Result<(), FleetError> {
+    pub async fn give_back_tail(&self, tail: Tail) -> Result<(), FleetError> {
         let result = self
             .client
             .update_item()
             .table_name(&self.table)
             .key(PARTITION_KEY, AttributeValue::S(self.key.clone()))
-            .expression_attribute_names("#tail", TAIL_FOR)
-            .expression_attribute_values(":end", n(window_end_ms))
+            .expression_attribute_names("#tail", TAIL_DUE_MS)
+            .expression_attribute_values(":due", n(tail.due_ms))
             .update_expression("REMOVE #tail")
-            .condition_expression("#tail = :end")
+            .condition_expression("#tail = :due")
             .send()
             .await;
         match result {

@@ -331,10 +331,10 @@ fn fleet_failed(fleet: &FleetMark, error: String, report: &mut WakeReport) {
 }
 
 /// For a decision whose backlog the fleet's wake-ups in flight cover, until `window.1` (ms
-/// since the Unix epoch): book the window's one tail wake-up ([`FleetMark::book_tail`]) and,
-/// when this decision booked it, send it delayed to the window's end, so that a run those
-/// wake-ups' invocations miss (created after they claimed) is claimed then, not at the next
-/// schedule tick. A tail SQS refused is given back. `None` when the table failed or did not
+/// since the Unix epoch): book a tail wake-up unless one not yet due is booked
+/// ([`FleetMark::book_tail`]) and, when this decision booked it, send it delayed to the
+/// window's end, so that a run those wake-ups' invocations miss (created after they claimed)
+/// is claimed then, not at the next schedule tick. A tail SQS refused is given back. `None` when the table failed or did not
 /// answer before `until` (recorded): the decision falls back to this process's own.
 async fn cover_tail(
     waker: &Waker,
@@ -345,12 +345,12 @@ async fn cover_tail(
     report: &mut WakeReport,
 ) -> Option<Delivery> {
     let booking = timeout_at(until, fleet.book_tail(window_end_ms, now_ms())).await;
-    let delay_secs = match booking {
-        Ok(Ok(Some(delay_secs))) => delay_secs,
+    let tail = match booking {
+        Ok(Ok(Some(tail))) => tail,
         Ok(Ok(None)) => {
             info!(
                 trigger = trigger.as_str(),
-                window_end_ms, "the window's tail wake-up is booked already"
+                window_end_ms, "a tail wake-up not yet due is booked already"
             );
             return Some(Delivery::default());
         }
@@ -368,10 +368,10 @@ async fn cover_tail(
         }
     };
     report.tail = true;
-    report.delay_secs = delay_secs;
+    report.delay_secs = tail.delay_secs;
     let unknown = !send_wake_ups(waker, 1, trigger, sender, until, report).await;
     if !unknown && report.sent == 0 {
-        match timeout_at(until, fleet.give_back_tail(window_end_ms)).await {
+        match timeout_at(until, fleet.give_back_tail(tail)).await {
             Ok(Ok(())) => {}
             Ok(Err(e)) => {
                 fail::<()>(report, format!("{e}: giving back the unsent tail failed"));
@@ -387,7 +387,7 @@ async fn cover_tail(
     info!(
         trigger = trigger.as_str(),
         sent = report.sent,
-        delay_secs,
+        delay_secs = tail.delay_secs,
         window_end_ms,
         "tail wake-up booked for the window"
     );
