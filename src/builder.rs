@@ -383,7 +383,9 @@ impl LambdaWorkerBuilder {
     /// DynamoDB table's mark (`docs/push.md#coalescing`). Default and what a deployment uses:
     /// 2 s (`FLEET_WINDOW`, `src/wake/fleet.rs`); every receiver sharing the
     /// table must use the same. A longer one lets a test make several decisions within one
-    /// window whatever the machine's load. No environment variable sets it.
+    /// window whatever the machine's load. No environment variable sets it; without
+    /// [`LambdaWorkerBuilder::dynamo_poison_table`] (or `IRONFLOW_POISON_TABLE`) there is no
+    /// mark and it does nothing.
     pub fn wake_mark_window(mut self, window: Duration) -> Self {
         self.fleet_window = Some(window);
         self

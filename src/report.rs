@@ -415,8 +415,9 @@ pub struct WakeReport {
     /// Their `DelaySeconds`.
     pub delay_secs: u64,
     /// A webhook decision's tail wake-up: the shared mark's wake-ups covered the backlog, and
-    /// this decision booked the one wake-up their window sends, delayed to its end
-    /// (`docs/push.md#coalescing`); `sent` counts it. Present only when `true`.
+    /// this decision booked the one tail on its way fleet-wide, delayed (`delay_secs`) to
+    /// their window's end (`docs/push.md#coalescing`); `sent` counts it. Present only when
+    /// `true`.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub tail: bool,
     /// What went wrong (logged too); never fails the batch.

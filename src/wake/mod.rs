@@ -334,8 +334,9 @@ fn fleet_failed(fleet: &FleetMark, error: String, report: &mut WakeReport) {
 /// since the Unix epoch): book a tail wake-up unless one not yet due is booked
 /// ([`FleetMark::book_tail`]) and, when this decision booked it, send it delayed to the
 /// window's end, so that a run those wake-ups' invocations miss (created after they claimed)
-/// is claimed then, not at the next schedule tick. A tail SQS refused is given back. `None` when the table failed or did not
-/// answer before `until` (recorded): the decision falls back to this process's own.
+/// is claimed then, not at the next schedule tick. A tail SQS refused is given back. `None`
+/// when the table failed or did not answer before `until` (recorded): the decision falls back
+/// to this process's own.
 async fn cover_tail(
     waker: &Waker,
     (fleet, window_end_ms): (&FleetMark, u64),
