@@ -436,6 +436,49 @@ async fn the_tail_is_booked_once_per_window() {
     assert_eq!(queued(&sqs, &queue).await, 0);
 }
 
+/// A tail SQS refused is un-booked and its push answered 503, for the API to re-send it: the
+/// next decision the mark covers books it again.
+#[tokio::test]
+async fn a_tail_sqs_refused_is_booked_again_by_the_next_decision() {
+    let api = LocalApi::start(TOKEN).await.unwrap();
+    let sqs = sqs_client();
+    let queue = new_queue(&sqs).await;
+    let table = create_table().await;
+    let worker = fleet_worker(&api, &sqs, &queue, &table, LONG).await;
+    // An environment whose sends SQS refuses: its queue is gone.
+    let gone = new_queue(&sqs).await;
+    sqs.delete_queue().queue_url(&gone).send().await.unwrap();
+    let refused = fleet_worker(&api, &sqs, &gone, &table, LONG).await;
+
+    create(&api, "quick-shell").await;
+    let (status, answer) = post(&worker, signed(&created("quick-shell"))).await;
+    assert_eq!(
+        (status, &answer["wake_ups"]["sent"]),
+        (202, &json!(1)),
+        "{answer}"
+    );
+    assert_eq!(take_visible(&sqs, &queue).await.len(), 1);
+
+    let (status, answer) = post(&refused, signed(&created("quick-shell"))).await;
+    assert_eq!(status, 503, "for the API to re-send: {answer}");
+    let wake_ups = &answer["wake_ups"];
+    assert_eq!(
+        (&wake_ups["sent"], &wake_ups["tail"]),
+        (&json!(0), &json!(true)),
+        "{answer}"
+    );
+
+    let (status, answer) = post(&worker, signed(&created("quick-shell"))).await;
+    assert_eq!(status, 202, "{answer}");
+    let wake_ups = &answer["wake_ups"];
+    assert_eq!(
+        (&wake_ups["sent"], &wake_ups["tail"]),
+        (&json!(1), &json!(true)),
+        "{answer}"
+    );
+    assert_eq!(delayed(&sqs, &queue).await, 1);
+}
+
 /// The mark costs one conditional write per decision that sends, none when the queue already
 /// holds what the backlog needs.
 #[tokio::test]
