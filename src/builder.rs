@@ -61,6 +61,8 @@ pub struct LambdaWorkerBuilder {
     waker: Option<Waker>,
     /// The webhook receivers' shared wake-up mark, in the DynamoDB poison-pill table.
     fleet: Option<FleetMark>,
+    /// The mark's window, when not `FLEET_WINDOW` (tests).
+    fleet_window: Option<Duration>,
     /// The secret the token came from, to re-read it when the API refuses the token.
     token_secret: Option<TokenSecret>,
     /// The secret the webhook secret came from, and its previous version read at cold start.
@@ -139,6 +141,7 @@ impl LambdaWorkerBuilder {
             handlers: Vec::new(),
             poison_table: None,
             fleet: None,
+            fleet_window: None,
             aws: None,
             idle_probe_after: DEFAULT_IDLE_PROBE_AFTER,
             waker: None,
@@ -422,6 +425,18 @@ impl LambdaWorkerBuilder {
         self
     }
 
+    /// How long the wake-ups a push sent count as in flight for the receivers sharing the
+    /// DynamoDB table's mark (`docs/push.md#coalescing`). Default and what a deployment uses:
+    /// 2 s (`FLEET_WINDOW`, `src/wake/fleet.rs`); every receiver sharing the
+    /// table must use the same. A longer one lets a test make several decisions within one
+    /// window whatever the machine's load. No environment variable sets it; without
+    /// [`LambdaWorkerBuilder::dynamo_poison_table`] (or `IRONFLOW_POISON_TABLE`) there is no
+    /// mark and it does nothing.
+    pub fn wake_mark_window(mut self, window: Duration) -> Self {
+        self.fleet_window = Some(window);
+        self
+    }
+
     /// What happens to the runs of a blocked workflow: `Fail` fails a claimed run; `Defer` leaves
     /// blocked workflows out of the claim so their runs stay Pending until the cooldown ends. Defer
     /// needs the registered workflow list on claims: with a comma in a workflow name it falls back
@@ -614,7 +629,10 @@ impl LambdaWorkerBuilder {
             handlers: self.handlers,
             poison_table,
             waker,
-            fleet: self.fleet,
+            fleet: match self.fleet_window {
+                Some(window) => self.fleet.map(|mark| mark.with_window(window)),
+                None => self.fleet,
+            },
             token_secret: self.token_secret,
             webhook_source: self.webhook_source,
             replay_table: self.replay_table,

@@ -414,6 +414,12 @@ pub struct WakeReport {
     pub sent: usize,
     /// Their `DelaySeconds`.
     pub delay_secs: u64,
+    /// A webhook decision's tail wake-up: the shared mark's wake-ups covered the backlog, and
+    /// this decision booked the one tail on its way fleet-wide, delayed (`delay_secs`) to
+    /// their window's end (`docs/push.md#coalescing`); `sent` counts it. Present only when
+    /// `true`.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub tail: bool,
     /// What went wrong (logged too); never fails the batch.
     pub errors: Vec<String>,
     /// Timer wake-ups booked for runs the batch left due later ([`RunReport::due`]).

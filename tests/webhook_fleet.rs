@@ -31,7 +31,7 @@ use lambda_runtime::{Context, LambdaEvent};
 use serde_json::{Value, json};
 use uuid::Uuid;
 
-use common::moto::{moto_endpoint, new_queue, sqs_client};
+use common::moto::{moto_endpoint, new_queue, sqs_client, sqs_event, take_visible};
 use common::wait_until;
 
 const TOKEN: &str = "webhook-fleet-test-token";
@@ -84,7 +84,7 @@ fn signed(body: &str) -> Value {
 }
 
 fn created(workflow: &str) -> String {
-    json!({"type": "run_created", "run_id": Uuid::new_v4(), "workflow_name": workflow, "at": "2026-12-01T00:00:00Z"}).to_string()
+    json!({"type": "run_created", "run_id": Uuid::new_v4(), "workflow_name": workflow, "at": chrono::Utc::now().to_rfc3339()}).to_string()
 }
 
 /// The receiver's answer: status and JSON body.
@@ -100,15 +100,29 @@ async fn post(worker: &LambdaWorker, event: Value) -> (u16, Value) {
 
 /// Wake-ups visible on the queue.
 async fn queued(sqs: &aws_sdk_sqs::Client, queue: &str) -> u64 {
+    queue_count(sqs, queue, QueueAttributeName::ApproximateNumberOfMessages).await
+}
+
+/// Wake-ups on the queue with a delay still running.
+async fn delayed(sqs: &aws_sdk_sqs::Client, queue: &str) -> u64 {
+    queue_count(
+        sqs,
+        queue,
+        QueueAttributeName::ApproximateNumberOfMessagesDelayed,
+    )
+    .await
+}
+
+async fn queue_count(sqs: &aws_sdk_sqs::Client, queue: &str, count: QueueAttributeName) -> u64 {
     let out = sqs
         .get_queue_attributes()
         .queue_url(queue)
-        .attribute_names(QueueAttributeName::ApproximateNumberOfMessages)
+        .attribute_names(count.clone())
         .send()
         .await
         .unwrap();
     out.attributes()
-        .and_then(|a| a.get(&QueueAttributeName::ApproximateNumberOfMessages))
+        .and_then(|a| a.get(&count))
         .and_then(|v| v.parse().ok())
         .unwrap_or(0)
 }
@@ -229,7 +243,8 @@ fn answers(output: &std::process::Output) -> Vec<Value> {
 }
 
 /// 20 runs, N = 4: the backlog needs 5 wake-ups. Eight receivers in eight processes (eight
-/// execution environments), each receiving its event at once, queue those 5, not 5 each.
+/// execution environments), each receiving its event at once, queue those 5 and at most the
+/// window's one tail wake-up, not 5 each.
 #[tokio::test]
 async fn receivers_in_separate_processes_queue_what_the_backlog_needs_once() {
     let api = LocalApi::start(TOKEN).await.unwrap();
@@ -267,7 +282,7 @@ async fn receivers_in_separate_processes_queue_what_the_backlog_needs_once() {
     std::fs::write(dir.path().join("go"), "").unwrap();
     let outputs = outputs.await.unwrap();
 
-    let mut sent = 0;
+    let (mut sent, mut tails) = (0, 0);
     for output in outputs {
         let output = output.unwrap();
         let answers = answers(&output);
@@ -278,13 +293,190 @@ async fn receivers_in_separate_processes_queue_what_the_backlog_needs_once() {
         let errors = &answer["body"]["wake_ups"]["errors"];
         assert!(errors.as_array().is_none_or(Vec::is_empty), "{answer}");
         sent += answer["body"]["wake_ups"]["sent"].as_u64().unwrap_or(0);
+        tails += u64::from(answer["body"]["wake_ups"]["tail"] == true);
     }
-    assert_eq!(
-        queued(&sqs, &queue).await,
-        5,
-        "ceil(20 / 4), not 5 per environment"
+    // The tail wake-up (one for the window, delayed to its end) may be visible by now.
+    let on_queue = queued(&sqs, &queue).await + delayed(&sqs, &queue).await;
+    assert!(
+        (5..=6).contains(&on_queue),
+        "ceil(20 / 4) and at most one tail, not 5 per environment: {on_queue} queued"
     );
-    assert_eq!(sent, 5);
+    assert!(tails <= 1, "one tail per window: {tails}");
+    assert_eq!(sent, on_queue);
+    assert_eq!(sent, 5 + tails, "the backlog's 5 and the tails");
+}
+
+/// A worker like [`builder`]'s (N = 4) whose receiver shares the wake-up mark in the DynamoDB
+/// table `table` (namespace `fleet-test`), with a window of `window`: one execution
+/// environment of the fleet.
+async fn fleet_worker(
+    api: &LocalApi,
+    sqs: &aws_sdk_sqs::Client,
+    queue: &str,
+    table: &str,
+    window: Duration,
+) -> LambdaWorker {
+    let table = DynamoPoisonTable::connect_with(
+        dynamodb_config(),
+        table,
+        "fleet-test",
+        PoisonPolicy::default(),
+    )
+    .await
+    .unwrap();
+    builder(&api.url(), sqs, queue, 4)
+        .dynamo_poison_table(table)
+        .wake_mark_window(window)
+        .build()
+        .unwrap()
+}
+
+/// A trickle: a run's wake-up is taken and its run claimed, then, within the window of that
+/// decision, a second run is created. Its push finds the mark covering a backlog of 1 and the
+/// queue empty: it books the window's tail wake-up, delayed to the window's end (here the
+/// window is a minute long, so that the second push falls within it whatever the machine's
+/// load), instead of leaving the run to the schedule.
+#[tokio::test]
+async fn a_run_pushed_after_the_window_s_wake_ups_were_taken_gets_a_tail_wake_up() {
+    let api = LocalApi::start(TOKEN).await.unwrap();
+    let sqs = sqs_client();
+    let queue = new_queue(&sqs).await;
+    let table = create_table().await;
+    let worker = fleet_worker(&api, &sqs, &queue, &table, LONG).await;
+
+    let first = create(&api, "quick-shell").await;
+    let (status, answer) = post(&worker, signed(&created("quick-shell"))).await;
+    assert_eq!(status, 202, "{answer}");
+    assert_eq!(answer["wake_ups"]["sent"], 1, "{answer}");
+    // Its wake-up is taken off the queue, and its invocation claims the run.
+    let taken = take_visible(&sqs, &queue).await;
+    assert_eq!(taken.len(), 1, "{taken:?}");
+    let summary = ironflow_lambda::handle_summary(&worker, lambda_event(sqs_event(&taken)))
+        .await
+        .unwrap();
+    assert_eq!(summary.claimed, 1, "{summary:?}");
+    assert!(
+        summary.runs.iter().any(|r| r.run_id == first),
+        "{summary:?}"
+    );
+    assert_eq!(queued(&sqs, &queue).await + delayed(&sqs, &queue).await, 0);
+
+    // A second run, within the window.
+    create(&api, "quick-shell").await;
+    let (status, answer) = post(&worker, signed(&created("quick-shell"))).await;
+    assert_eq!(status, 202, "{answer}");
+    assert_eq!(
+        answer["woke"], true,
+        "the run must not wait for the schedule: {answer}"
+    );
+    let wake_ups = &answer["wake_ups"];
+    assert_eq!(
+        (&wake_ups["sent"], &wake_ups["tail"]),
+        (&json!(1), &json!(true)),
+        "{answer}"
+    );
+    let delay = wake_ups["delay_secs"].as_u64().unwrap();
+    assert!(
+        (1..=LONG.as_secs()).contains(&delay),
+        "to the window's end: {answer}"
+    );
+    assert_eq!(delayed(&sqs, &queue).await, 1, "the tail, delayed");
+    assert_eq!(queued(&sqs, &queue).await, 0);
+}
+
+/// However many decisions of one window find the mark covering their backlog, in however many
+/// environments, one of them books the window's tail.
+#[tokio::test]
+async fn the_tail_is_booked_once_per_window() {
+    let api = LocalApi::start(TOKEN).await.unwrap();
+    let sqs = sqs_client();
+    let queue = new_queue(&sqs).await;
+    let table = create_table().await;
+    let mut workers = Vec::new();
+    for _ in 0..4 {
+        workers.push(fleet_worker(&api, &sqs, &queue, &table, LONG).await);
+    }
+    create(&api, "quick-shell").await;
+    let (status, answer) = post(&workers[0], signed(&created("quick-shell"))).await;
+    assert_eq!(
+        (status, &answer["wake_ups"]["sent"]),
+        (202, &json!(1)),
+        "{answer}"
+    );
+    // Its wake-up is taken: the queue no longer shows it.
+    assert_eq!(take_visible(&sqs, &queue).await.len(), 1);
+
+    // Four environments decide at once for three more runs (a backlog still needing one).
+    for _ in 0..3 {
+        create(&api, "quick-shell").await;
+    }
+    let bodies: Vec<String> = (0..workers.len()).map(|_| created("quick-shell")).collect();
+    let pushes = workers
+        .iter()
+        .zip(&bodies)
+        .map(|(worker, body)| post(worker, signed(body)));
+    let mut answers = futures_util::future::join_all(pushes).await;
+    // And more decisions after them, in the same window.
+    for worker in &workers {
+        answers.push(post(worker, signed(&created("quick-shell"))).await);
+    }
+    let mut sent = 0;
+    for (status, answer) in &answers {
+        assert_eq!(*status, 202, "{answer}");
+        let errors = &answer["wake_ups"]["errors"];
+        assert!(errors.as_array().is_none_or(Vec::is_empty), "{answer}");
+        sent += answer["wake_ups"]["sent"].as_u64().unwrap_or(0);
+    }
+    let tails = answers
+        .iter()
+        .filter(|(_, answer)| answer["wake_ups"]["tail"] == true)
+        .count();
+    assert_eq!((sent, tails), (1, 1), "{answers:?}");
+    assert_eq!(delayed(&sqs, &queue).await, 1, "one tail for the window");
+    assert_eq!(queued(&sqs, &queue).await, 0);
+}
+
+/// A tail SQS refused is un-booked and its push answered 503, for the API to re-send it: the
+/// next decision the mark covers books it again.
+#[tokio::test]
+async fn a_tail_sqs_refused_is_booked_again_by_the_next_decision() {
+    let api = LocalApi::start(TOKEN).await.unwrap();
+    let sqs = sqs_client();
+    let queue = new_queue(&sqs).await;
+    let table = create_table().await;
+    let worker = fleet_worker(&api, &sqs, &queue, &table, LONG).await;
+    // An environment whose sends SQS refuses: its queue is gone.
+    let gone = new_queue(&sqs).await;
+    sqs.delete_queue().queue_url(&gone).send().await.unwrap();
+    let refused = fleet_worker(&api, &sqs, &gone, &table, LONG).await;
+
+    create(&api, "quick-shell").await;
+    let (status, answer) = post(&worker, signed(&created("quick-shell"))).await;
+    assert_eq!(
+        (status, &answer["wake_ups"]["sent"]),
+        (202, &json!(1)),
+        "{answer}"
+    );
+    assert_eq!(take_visible(&sqs, &queue).await.len(), 1);
+
+    let (status, answer) = post(&refused, signed(&created("quick-shell"))).await;
+    assert_eq!(status, 503, "for the API to re-send: {answer}");
+    let wake_ups = &answer["wake_ups"];
+    assert_eq!(
+        (&wake_ups["sent"], &wake_ups["tail"]),
+        (&json!(0), &json!(true)),
+        "{answer}"
+    );
+
+    let (status, answer) = post(&worker, signed(&created("quick-shell"))).await;
+    assert_eq!(status, 202, "{answer}");
+    let wake_ups = &answer["wake_ups"];
+    assert_eq!(
+        (&wake_ups["sent"], &wake_ups["tail"]),
+        (&json!(1), &json!(true)),
+        "{answer}"
+    );
+    assert_eq!(delayed(&sqs, &queue).await, 1);
 }
 
 /// The mark costs one conditional write per decision that sends, none when the queue already

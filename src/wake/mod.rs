@@ -254,20 +254,26 @@ async fn wake_for(
         return delivery;
     }
     let share = match need.fleet {
-        Some(fleet) => fleet_share(fleet, count, until, report).await,
+        Some(fleet) => fleet_share(fleet, count, until, report)
+            .await
+            .map(|share| (fleet, share)),
         None => None,
     };
     let count = match share {
-        Some(Share::Covered { covered }) => {
+        Some((fleet, Share::Covered { covered, until_ms })) => {
             info!(
                 trigger = trigger.as_str(),
                 pending_runs = report.pending_runs,
                 covered,
                 "wake-ups sent by another environment cover the backlog"
             );
-            return delivery;
+            let window = (fleet, until_ms);
+            match cover_tail(waker, window, trigger, sender, until, report).await {
+                Some(delivery) => return delivery,
+                None => count,
+            }
         }
-        Some(Share::Send { count, .. }) => count,
+        Some((_, Share::Send { count, .. })) => count,
         None => count,
     };
     delivery.needed = count;
@@ -276,7 +282,7 @@ async fn wake_for(
         WakeTrigger::Backlog | WakeTrigger::Pushed | WakeTrigger::Due => 0,
     };
     delivery.unknown = !send_wake_ups(waker, count, trigger, sender, until, report).await;
-    if let (Some(fleet), Some(share)) = (need.fleet, share)
+    if let Some((fleet, share)) = share
         && !delivery.unknown
         && report.sent < count
     {
@@ -312,11 +318,81 @@ async fn fleet_share(
             fleet.table()
         ),
     };
+    fleet_failed(fleet, error, report);
+    None
+}
+
+/// Log and record a failed write of the fleet's mark: the decision stays this process's own.
+fn fleet_failed(fleet: &FleetMark, error: String, report: &mut WakeReport) {
     let errors = fleet.count_error();
     error!(error = %error, fleet_errors = errors,
         "the shared wake-up mark failed: deciding in this environment alone");
     report.errors.push(error);
-    None
+}
+
+/// For a decision whose backlog the fleet's wake-ups in flight cover, until `window.1` (ms
+/// since the Unix epoch): book a tail wake-up unless one not yet due is booked
+/// ([`FleetMark::book_tail`]) and, when this decision booked it, send it delayed to the
+/// window's end, so that a run those wake-ups' invocations miss (created after they claimed)
+/// is claimed then, not at the next schedule tick. A tail SQS refused is given back. `None`
+/// when the table failed or did not answer before `until` (recorded): the decision falls back
+/// to this process's own.
+async fn cover_tail(
+    waker: &Waker,
+    (fleet, window_end_ms): (&FleetMark, u64),
+    trigger: WakeTrigger,
+    sender: Sender<'_>,
+    until: Instant,
+    report: &mut WakeReport,
+) -> Option<Delivery> {
+    let booking = timeout_at(until, fleet.book_tail(window_end_ms, now_ms())).await;
+    let tail = match booking {
+        Ok(Ok(Some(tail))) => tail,
+        Ok(Ok(None)) => {
+            info!(
+                trigger = trigger.as_str(),
+                window_end_ms, "a tail wake-up not yet due is booked already"
+            );
+            return Some(Delivery::default());
+        }
+        Ok(Err(e)) => {
+            fleet_failed(fleet, format!("{e}: booking the tail wake-up"), report);
+            return None;
+        }
+        Err(_) => {
+            let error = format!(
+                "wake-up mark: no answer before the request's deadline booking the tail ({})",
+                fleet.table()
+            );
+            fleet_failed(fleet, error, report);
+            return None;
+        }
+    };
+    report.tail = true;
+    report.delay_secs = tail.delay_secs;
+    let unknown = !send_wake_ups(waker, 1, trigger, sender, until, report).await;
+    if !unknown && report.sent == 0 {
+        match timeout_at(until, fleet.give_back_tail(tail)).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                fail::<()>(report, format!("{e}: giving back the unsent tail failed"));
+            }
+            Err(_) => {
+                fail::<()>(
+                    report,
+                    "giving back the unsent tail ran into the deadline".into(),
+                );
+            }
+        }
+    }
+    info!(
+        trigger = trigger.as_str(),
+        sent = report.sent,
+        delay_secs = tail.delay_secs,
+        window_end_ms,
+        "tail wake-up booked for the window"
+    );
+    Some(Delivery { needed: 1, unknown })
 }
 
 /// Lower the fleet's mark by the `unsent` wake-ups SQS refused of those `share` allowed,

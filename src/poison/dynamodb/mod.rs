@@ -23,7 +23,8 @@
 //!   `seen_by` (S, a token of the write that set it) and `expires_at` (now +
 //!   [`RUN_RETENTION`]). Runs that were never recovered have no item.
 //! - one item per function for the webhook receivers' wake-up mark,
-//!   `pk = "<namespace>#wake#pushed"`: `covered`, `in_flight_until_ms`, `expires_at`, written
+//!   `pk = "<namespace>#wake#pushed"`: `covered`, `in_flight_until_ms`, `tail_due_ms`,
+//!   `expires_at`, written
 //!   and documented by the wake-up code (`src/wake/fleet.rs`, `docs/push.md#coalescing`).
 //!
 //! The namespace (`IRONFLOW_POISON_NAMESPACE`, default the Lambda function's name) contains no
