@@ -115,6 +115,15 @@ impl LambdaWorkerBuilder {
         lookup: impl Fn(&str) -> Option<String>,
         aws: &SdkConfig,
     ) -> Result<Self, BuildError> {
+        // Every variable's own problems first, all in one error, before any secret is read: a
+        // secret that cannot be read does not hide the other variables' problems. The token read
+        // from its secret stands in as a placeholder here (short: never registered for redaction).
+        let reads_secret = |variable| crate::settings::is_set(&lookup, variable);
+        let token_from_secret = reads_secret(crate::settings::WORKER_TOKEN_SECRET_ARN_VAR);
+        if token_from_secret || reads_secret(crate::settings::WEBHOOK_SECRET_ARN_VAR) {
+            let placeholder = token_from_secret.then(|| WorkerToken::new("unread"));
+            Settings::from_lookup_with_token(&lookup, placeholder)?;
+        }
         let (token, secret) = match secrets::worker_token_from_lookup(&lookup, aws).await? {
             Some((token, secret)) => (Some(token), Some(secret)),
             None => (None, None),

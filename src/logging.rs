@@ -25,7 +25,8 @@
 //!    [`WebhookSecret`](crate::WebhookSecret) registers itself when it is made), as it is, as JSON
 //!    and `Debug` escape it and percent-encoded; the digest of any `sha256=<hex>` (a webhook
 //!    signature); what follows `Bearer ` (an `Authorization` header); and the value of a
-//!    `token=` parameter.
+//!    `token=` parameter; each of these only when it is at least [`MIN_REDACTED_LEN`] characters
+//!    long (a shorter run is a word of prose, not a credential).
 //!
 //! What it cannot cover: a secret shorter than [`MIN_REDACTED_LEN`] (not registered: it would
 //! mangle every line that contains it by chance), a secret in an encoding other than those
@@ -114,13 +115,20 @@ pub fn redacted(line: &str) -> Cow<'_, str> {
 type ValuePattern = (&'static str, fn(char) -> bool);
 
 /// The values redacted whoever logs them (rule 2): a signature's digest, a bearer token, a
-/// `token` parameter.
+/// `token` parameter. A value is a run of at least [`MIN_REDACTED_LEN`] of its characters, so
+/// that prose ("sent as a bearer token)") keeps its words.
 const VALUE_PATTERNS: &[ValuePattern] = &[
     ("sha256=", |c| c.is_ascii_hexdigit()),
-    ("Bearer ", is_token_char),
-    ("bearer ", is_token_char),
+    ("Bearer ", is_b64token_char),
+    ("bearer ", is_b64token_char),
     ("token=", is_token_char),
 ];
+
+/// A character of an RFC 6750 `b64token` (`A-Z a-z 0-9 - . _ ~ + / =`), what a bearer
+/// credential is made of.
+fn is_b64token_char(c: char) -> bool {
+    c.is_ascii_alphanumeric() || matches!(c, '-' | '.' | '_' | '~' | '+' | '/' | '=')
+}
 
 /// A character of a token as it appears in a header or a URL (up to a quote, a separator, a
 /// space or an escape).
@@ -137,10 +145,12 @@ fn redact_after(line: &str, prefix: &str, is_value: fn(char) -> bool) -> String 
         out.push_str(&rest[..value_start]);
         let tail = &rest[value_start..];
         let value_len = tail.find(|c: char| !is_value(c)).unwrap_or(tail.len());
-        if value_len > 0 {
+        if tail[..value_len].chars().count() >= MIN_REDACTED_LEN {
             out.push_str(REDACTED);
+            rest = &tail[value_len..];
+        } else {
+            rest = tail;
         }
-        rest = &tail[value_len..];
     }
     out.push_str(rest);
     out
@@ -284,12 +294,18 @@ mod tests {
                 digest.as_str(),
             ),
             ("authorization: Bearer abc.def-ghi".into(), "abc.def-ghi"),
-            ("{\"rawQueryString\":\"token=s3cr3t&x=1\"}".into(), "s3cr3t"),
+            (
+                "{\"rawQueryString\":\"token=s3cr3t-v4lue&x=1\"}".into(),
+                "s3cr3t-v4lue",
+            ),
         ] {
             let out = redacted(&line);
             assert!(!out.contains(hidden) && out.contains(REDACTED), "{out}");
         }
         assert_eq!(redacted("token=&sha256= plain"), "token=&sha256= plain");
+        // Prose keeps its words: a run shorter than MIN_REDACTED_LEN is not a credential.
+        let prose = "expected visible ASCII (it is sent as a bearer token), found a space";
+        assert_eq!(redacted(prose), prose);
     }
 
     #[test]

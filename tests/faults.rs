@@ -205,6 +205,29 @@ fn a_misspelt_variable_fails_the_cold_start_naming_the_one_meant() {
 }
 
 #[test]
+fn a_misspelt_variable_does_not_hide_the_other_variables_problems() {
+    let (ok, output) = cold_start(&[
+        ("IRONFLOW_API_URL", "http://127.0.0.1:0"),
+        ("IRONFLOW_WORKER_TOKEN", SECRET),
+        ("IRONFLOW_POISN_TABLE", "ironflow-poison"),
+        ("IRONFLOW_CONCURRENCY", "-1"),
+    ]);
+    assert!(!ok, "the cold start must fail: {output}");
+    assert!(
+        output.contains("3 environment variables are wrong"),
+        "{output}"
+    );
+    for named in [
+        "IRONFLOW_POISN_TABLE",
+        "IRONFLOW_API_URL",
+        "IRONFLOW_CONCURRENCY",
+    ] {
+        assert!(output.contains(named), "{named} not named in: {output}");
+    }
+    assert!(!output.contains(SECRET), "the token leaked: {output}");
+}
+
+#[test]
 fn several_bad_variables_are_all_named_in_one_cold_start() {
     let (ok, output) = cold_start(&[
         ("IRONFLOW_WORKER_TOKEN", SECRET),

@@ -213,6 +213,39 @@ async fn a_secret_pasted_into_an_arn_variable_is_never_echoed() {
 }
 
 #[tokio::test]
+async fn a_secret_arn_does_not_hide_the_other_variables_problems() {
+    let aws = moto_config().await;
+    let unknown = "arn:aws:secretsmanager:us-east-1:123456789012:secret:no-such-secret-AbCdEf";
+    for (variable, value) in [
+        // Malformed (a value pasted by mistake) or well formed but unreadable: either way the
+        // other variables' problems are named before any secret is read.
+        (WORKER_TOKEN_SECRET_ARN_VAR, "tok-PASTED-by-mistake-77"),
+        (WORKER_TOKEN_SECRET_ARN_VAR, unknown),
+        ("IRONFLOW_WEBHOOK_SECRET_ARN", "tok-PASTED-by-mistake-77"),
+        ("IRONFLOW_WEBHOOK_SECRET_ARN", unknown),
+    ] {
+        let mut vars = vec![
+            ("IRONFLOW_API_URL", "http://127.0.0.1:3000"),
+            ("IRONFLOW_CONCURRENCY", "0"),
+            ("IRONFLOW_POISON_MODE", "explode"),
+            (variable, value),
+        ];
+        if variable != WORKER_TOKEN_SECRET_ARN_VAR {
+            vars.push(("IRONFLOW_WORKER_TOKEN", "t"));
+        }
+        let err = build(&vars, &aws).await.err().unwrap();
+        let message = format!("{err}");
+        for named in ["IRONFLOW_CONCURRENCY", "IRONFLOW_POISON_MODE"] {
+            assert!(
+                message.contains(named),
+                "{variable}={value}: {named} not named in: {message}"
+            );
+        }
+        assert!(!message.contains("PASTED"), "the value leaked: {message}");
+    }
+}
+
+#[tokio::test]
 async fn neither_token_nor_arn_names_both_variables() {
     let aws = SdkConfig::builder().build();
     let err = build(&[("IRONFLOW_API_URL", "http://127.0.0.1:3000")], &aws)

@@ -1812,6 +1812,7 @@ fn the_webhook_receiver_is_a_function_of_its_own_behind_the_public_url() {
             "WebhookReceiverRole",
             "WebhookReceiverLogGroup",
             "WebhookReceiverThrottlesAlarm",
+            "WebhookReceiverErrorsAlarm",
         ] {
             resources.remove(id);
         }
@@ -1865,6 +1866,16 @@ fn the_receiver_is_bounded_on_demand_with_its_own_log_group(w: &Value, worker: &
             &alarm["Dimensions"][0]["Value"]
         ),
         (&json!("Throttles"), &json!(0), &json!({"Ref": RECEIVER}))
+    );
+    // A receiver that cannot start loses every push: any error of it alarms.
+    let alarm = &resource(w, "WebhookReceiverErrorsAlarm")["Properties"];
+    assert_eq!(
+        (
+            &alarm["MetricName"],
+            &alarm["Threshold"],
+            &alarm["Dimensions"][0]["Value"]
+        ),
+        (&json!("Errors"), &json!(0), &json!({"Ref": RECEIVER}))
     );
     let env = &p["Environment"]["Variables"];
     assert_eq!(env["IRONFLOW_FUNCTION_ROLE"], "webhook-receiver");

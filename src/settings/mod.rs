@@ -242,6 +242,26 @@ pub enum ConfigError {
     Several(Vec<ConfigError>),
 }
 
+impl ConfigError {
+    /// The variable it names (`""` for [`ConfigError::Several`]).
+    fn variable(&self) -> &'static str {
+        match self {
+            Self::Missing { variable, .. }
+            | Self::Invalid { variable, .. }
+            | Self::Unusable { variable, .. } => variable,
+            Self::Several(_) => "",
+        }
+    }
+
+    /// Each error it holds: itself, or the errors of [`ConfigError::Several`].
+    fn into_list(self) -> Vec<ConfigError> {
+        match self {
+            Self::Several(errors) => errors,
+            one => vec![one],
+        }
+    }
+}
+
 /// `1) <error>; 2) <error>...`
 fn list(errors: &[ConfigError]) -> String {
     errors
@@ -506,18 +526,31 @@ pub fn environment() -> Result<impl Fn(&str) -> Option<String> + Clone, ConfigEr
         .filter_map(|(name, _)| name.into_string().ok())
         .collect();
     let mut errors = misspelt(&names);
-    let lookup = match os_lookup(|name| std::env::var_os(name)) {
-        Ok(lookup) if errors.is_empty() => return Ok(lookup),
-        Ok(_) => None,
-        Err(ConfigError::Several(more)) => Some(more),
-        Err(one) => Some(vec![one]),
-    };
-    errors.extend(lookup.unwrap_or_default());
+    let (values, unreadable) = os_values(|name| std::env::var_os(name));
+    errors.extend(unreadable);
+    let lookup = move |name: &str| values.get(name).cloned();
+    if errors.is_empty() {
+        return Ok(lookup);
+    }
+    // One error names every problem: the values that did read are checked too.
+    // (A variable not read for want of UTF-8 is not reported again as missing.)
+    if let Err(more) = Settings::from_lookup(lookup.clone()) {
+        for e in more.into_list() {
+            if !errors_name(&errors, e.variable()) {
+                errors.push(e);
+            }
+        }
+    }
     order(&mut errors);
     match errors.len() {
         1 => Err(errors.remove(0)),
         _ => Err(ConfigError::Several(errors)),
     }
+}
+
+/// Whether `lookup` holds a non-blank value for `variable` (what the settings read as set).
+pub(crate) fn is_set(lookup: impl Fn(&str) -> Option<String>, variable: &str) -> bool {
+    lookup(variable).is_some_and(|v| !v.trim().is_empty())
 }
 
 /// The errors of the `IRONFLOW_*` names in `names` that are no variable of [`VARIABLES`] but
@@ -572,6 +605,19 @@ fn edits(a: &str, b: &str) -> usize {
 pub fn os_lookup(
     lookup: impl Fn(&str) -> Option<OsString>,
 ) -> Result<impl Fn(&str) -> Option<String> + Clone, ConfigError> {
+    let (values, mut errors) = os_values(lookup);
+    match errors.len() {
+        0 => Ok(move |name: &str| values.get(name).cloned()),
+        1 => Err(errors.remove(0)),
+        _ => Err(ConfigError::Several(errors)),
+    }
+}
+
+/// The variables of [`VARIABLES`] and `AWS_LAMBDA_FUNCTION_NAME` that `lookup` holds as UTF-8
+/// text, and an error naming each one it holds as anything else.
+fn os_values(
+    lookup: impl Fn(&str) -> Option<OsString>,
+) -> (HashMap<&'static str, String>, Vec<ConfigError>) {
     let mut values = HashMap::new();
     let mut errors = Vec::new();
     let names = VARIABLES.iter().map(|v| (v.variable(), Some(*v)));
@@ -591,11 +637,7 @@ pub fn os_lookup(
             }
         }
     }
-    match errors.len() {
-        0 => Ok(move |name: &str| values.get(name).cloned()),
-        1 => Err(errors.remove(0)),
-        _ => Err(ConfigError::Several(errors)),
-    }
+    (values, errors)
 }
 
 /// Whether an error in `errors` concerns `variable`.

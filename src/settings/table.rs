@@ -442,8 +442,8 @@ pub const WAKE_DELAY: Setting<Duration> = Setting {
 pub const WEBHOOK_SECRET: Setting<Option<super::WebhookSecret>> = Setting {
     variable: "IRONFLOW_WEBHOOK_SECRET",
     setter: "webhook_secret",
-    meaning: "secret of the [webhook receiver](docs/push.md), at least 32 characters; never \
-              logged",
+    meaning: "secret of the [webhook receiver](docs/push.md), at least 32 visible ASCII \
+              characters; never logged",
     unit: Unit::None,
     default: None,
     default_doc: Some("none: receiver off"),
