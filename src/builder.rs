@@ -471,9 +471,9 @@ impl LambdaWorkerBuilder {
 
     /// Connect the DynamoDB poison-pill table named by `IRONFLOW_POISON_TABLE` under the
     /// poison-pill namespace, with the AWS configuration set by [`LambdaWorkerBuilder::aws_config`]
-    /// (else the one from the environment), and check that it exists (`DescribeTable`). With the
-    /// AWS configuration set, the webhook receiver also records there the bodies it took
-    /// (docs/push.md, "Replays"). Does nothing when no table is configured or one was set with
+    /// (else the one from the environment), and check that it exists (`DescribeTable`). The same
+    /// table holds the fleet-wide wake-up mark (docs/push.md, "Coalescing") and the record of the
+    /// bodies the webhook receiver took (docs/push.md, "Replays"). Does nothing when no table is configured or one was set with
     /// [`LambdaWorkerBuilder::poison_table`]. Call it once per cold start, after the poison
     /// threshold and cooldown are final (the table applies the cooldown). Variable
     /// `IRONFLOW_POISON_TABLE`; default none: in-memory table.
@@ -482,24 +482,22 @@ impl LambdaWorkerBuilder {
     ///
     /// [`BuildError::PoisonTable`] naming the table when it does not exist, has another key
     /// schema, or cannot be described.
-    pub async fn connect_poison_table(mut self) -> Result<Self, BuildError> {
-        if self.poison_table.is_some() {
+    pub async fn connect_poison_table(self) -> Result<Self, BuildError> {
+        let Some(name) = self.unconnected_table() else {
             return Ok(self);
-        }
-        if let Some(name) = self.settings.poison_table.clone() {
-            let (namespace, policy) = (&self.settings.poison_namespace, self.settings.poison);
-            let table = match &self.aws {
-                Some(aws) => {
-                    let config = aws_sdk_dynamodb::config::Builder::from(aws).build();
-                    // The webhook receiver records the bodies it took in the same table.
-                    self.replay_table = Some(ReplayTable::new(config.clone(), &name, namespace));
-                    DynamoPoisonTable::connect_with(config, &name, namespace, policy).await?
-                }
-                None => DynamoPoisonTable::connect(&name, namespace, policy).await?,
-            };
-            self = self.dynamo_poison_table(table);
-        }
-        Ok(self)
+        };
+        let config = match &self.aws {
+            Some(aws) => aws_sdk_dynamodb::config::Builder::from(aws).build(),
+            None => {
+                let aws = aws_config::defaults(aws_config::BehaviorVersion::latest())
+                    .load()
+                    .await;
+                aws_sdk_dynamodb::config::Builder::from(&aws).build()
+            }
+        };
+        let (table, replay) = self.dynamo_parts(&name, config);
+        table.check_table().await?;
+        Ok(self.with_dynamo_parts(table, replay))
     }
 
     /// The role set so far (`IRONFLOW_FUNCTION_ROLE` or [`Self::function_role`]).
@@ -508,24 +506,54 @@ impl LambdaWorkerBuilder {
     }
 
     /// [`LambdaWorkerBuilder::connect_poison_table`] without the `DescribeTable` check: the
-    /// webhook receiver's cold start, whose role may only read and write the table's items. A
-    /// missing table shows on the first item read or write instead.
-    pub fn connect_poison_table_unchecked(mut self) -> Self {
-        if self.poison_table.is_some() {
+    /// webhook receiver's cold start, whose role may only read and write the table's items. It
+    /// sets the same parts (the poison-pill table, the fleet-wide wake-up mark and the record of
+    /// the webhook bodies taken), over the AWS configuration set by
+    /// [`LambdaWorkerBuilder::aws_config`] (else an empty one). A missing table shows on the
+    /// first item read or write instead.
+    pub fn connect_poison_table_unchecked(self) -> Self {
+        let Some(name) = self.unconnected_table() else {
             return self;
+        };
+        let aws = self
+            .aws
+            .clone()
+            .unwrap_or_else(|| SdkConfig::builder().build());
+        let config = aws_sdk_dynamodb::config::Builder::from(&aws).build();
+        let (table, replay) = self.dynamo_parts(&name, config);
+        self.with_dynamo_parts(table, replay)
+    }
+
+    /// The table `IRONFLOW_POISON_TABLE` names, when it is set and no table was set otherwise.
+    fn unconnected_table(&self) -> Option<String> {
+        match self.poison_table {
+            Some(_) => None,
+            None => self.settings.poison_table.clone(),
         }
-        if let Some(name) = self.settings.poison_table.clone() {
-            let (namespace, policy) = (&self.settings.poison_namespace, self.settings.poison);
-            let aws = self
-                .aws
-                .clone()
-                .unwrap_or_else(|| SdkConfig::builder().build());
-            let config = aws_sdk_dynamodb::config::Builder::from(&aws).build();
-            self.poison_table = Some(Arc::new(DynamoPoisonTable::new(
-                config, &name, namespace, policy,
-            )));
-        }
-        self
+    }
+
+    /// The DynamoDB-backed parts over `config` for the table `name` (the poison-pill table, not
+    /// yet checked, and the record of the webhook bodies taken), under the poison-pill
+    /// namespace: the one wiring both roles' cold starts use.
+    fn dynamo_parts(
+        &self,
+        name: &str,
+        config: aws_sdk_dynamodb::Config,
+    ) -> (DynamoPoisonTable, ReplayTable) {
+        let (namespace, policy) = (&self.settings.poison_namespace, self.settings.poison);
+        let replay = ReplayTable::new(config.clone(), name, namespace);
+        (
+            DynamoPoisonTable::new(config, name, namespace, policy),
+            replay,
+        )
+    }
+
+    /// Set the parts [`Self::dynamo_parts`] made: the table, the fleet-wide wake-up mark in it
+    /// ([`LambdaWorkerBuilder::dynamo_poison_table`]) and the record of the bodies taken.
+    fn with_dynamo_parts(self, table: DynamoPoisonTable, replay: ReplayTable) -> Self {
+        let mut builder = self.dynamo_poison_table(table);
+        builder.replay_table = Some(replay);
+        builder
     }
 
     /// Dead man's switch URL pinged with `HEAD` once per invocation that completed its batch

@@ -27,7 +27,7 @@ use serde_json::{Value, json};
 use tokio::sync::Notify;
 use uuid::Uuid;
 
-use common::moto::{moto_endpoint, new_queue, sqs_client};
+use common::moto::{moto_endpoint, new_queue, sqs_client, take_visible};
 
 const TOKEN: &str = "trace-test-worker-token-4f8a1c";
 const SECRET: &str = "trace-test-webhook-secret-0123456789-abcdef";
@@ -184,11 +184,28 @@ async fn serve_every_event(
         ),
         ("direct", json!({"reason": "trace test"})),
     ];
+    let events = events.map(|(id, e)| (id.to_string(), e));
+    let env: Vec<(&str, String)> = [
+        ("IRONFLOW_API_URL", api.url()),
+        ("IRONFLOW_WAKE_QUEUE_URL", queue),
+    ]
+    .into_iter()
+    .chain(secrets.iter().cloned())
+    .collect();
+    let (output, answers) = serve(events.into(), &env).await;
+    (output, answers, signature)
+}
+
+/// Serve `events` with the deployable binary at trace level under the Runtime API stand-in,
+/// with moto's endpoint and test credentials and the variables `env`: everything it wrote
+/// (stdout and stderr) and its answers, once every event is answered.
+async fn serve(
+    events: VecDeque<(String, Value)>,
+    env: &[(&str, String)],
+) -> (String, Vec<(String, String, Value)>) {
+    let count = events.len();
     let rt = Arc::new(Runtime::default());
-    rt.events
-        .lock()
-        .unwrap()
-        .extend(events.iter().map(|(id, e)| (id.to_string(), e.clone())));
+    *rt.events.lock().unwrap() = events;
     let address = start_runtime(rt.clone()).await;
     let (stdout, stderr) = (log_file("stdout"), log_file("stderr"));
     let mut command = Command::new(env!("CARGO_BIN_EXE_ironflow-lambda"));
@@ -204,9 +221,7 @@ async fn serve_every_event(
         .env("AWS_REGION", "us-east-1")
         .env("AWS_ACCESS_KEY_ID", "testing")
         .env("AWS_SECRET_ACCESS_KEY", "testing")
-        .env("IRONFLOW_API_URL", api.url())
-        .env("IRONFLOW_WAKE_QUEUE_URL", &queue)
-        .envs(secrets.iter().map(|(k, v)| (*k, v.as_str())))
+        .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
         .stdin(Stdio::null())
         .stdout(std::fs::File::create(&stdout).unwrap())
         .stderr(std::fs::File::create(&stderr).unwrap());
@@ -215,7 +230,7 @@ async fn serve_every_event(
         || std::fs::read_to_string(&stdout).unwrap() + &std::fs::read_to_string(&stderr).unwrap();
     // Every event answered (a condition, polled; the bound only stops a hung run).
     let give_up = tokio::time::Instant::now() + Duration::from_secs(300);
-    while rt.answers.lock().unwrap().len() < events.len() {
+    while rt.answers.lock().unwrap().len() < count {
         let waiting = rt.answered.notified();
         if let Ok(Some(status)) = function.0.try_wait() {
             panic!("the function exited ({status}):\n{}", read());
@@ -229,7 +244,7 @@ async fn serve_every_event(
     }
     drop(function);
     let answers = rt.answers.lock().unwrap().clone();
-    (read(), answers, signature)
+    (read(), answers)
 }
 
 /// What must never be printed: the secret, the token, the signature (and its digest alone).
@@ -305,4 +320,118 @@ async fn no_secret_is_logged_at_trace_level_in_the_receivers_role() {
     ])
     .await;
     check(&output, &answers, &signature, true);
+}
+
+/// A poison-pill table of moto's (pk S, the schema of `src/poison/dynamodb/`) and a client of it.
+async fn moto_table() -> (aws_sdk_dynamodb::Client, String) {
+    use aws_sdk_dynamodb::types::{
+        AttributeDefinition, BillingMode, KeySchemaElement, KeyType, ScalarAttributeType,
+    };
+    let config = aws_sdk_dynamodb::Config::builder()
+        .behavior_version(aws_sdk_dynamodb::config::BehaviorVersion::latest())
+        .region(aws_sdk_dynamodb::config::Region::new("us-east-1"))
+        .credentials_provider(aws_sdk_dynamodb::config::Credentials::new(
+            "testing", "testing", None, None, "test",
+        ))
+        .endpoint_url(moto_endpoint())
+        .build();
+    let client = aws_sdk_dynamodb::Client::from_conf(config);
+    let name = format!("trace-{}", Uuid::new_v4().simple());
+    let pk = ironflow_lambda::poison::dynamodb::PARTITION_KEY;
+    client
+        .create_table()
+        .table_name(&name)
+        .attribute_definitions(
+            AttributeDefinition::builder()
+                .attribute_name(pk)
+                .attribute_type(ScalarAttributeType::S)
+                .build()
+                .unwrap(),
+        )
+        .key_schema(
+            KeySchemaElement::builder()
+                .attribute_name(pk)
+                .key_type(KeyType::Hash)
+                .build()
+                .unwrap(),
+        )
+        .billing_mode(BillingMode::PayPerRequest)
+        .send()
+        .await
+        .unwrap();
+    (client, name)
+}
+
+/// The deployed receiver's cold start (`IRONFLOW_FUNCTION_ROLE=webhook-receiver` with
+/// `IRONFLOW_POISON_TABLE`) connects the table's fleet-wide parts: a signed `run_created` writes
+/// the wake-up mark (`<ns>#wake#pushed`, docs/push.md "Coalescing") and the body's record
+/// (`<ns>#webhook-body#...`, "Replays"), and the same body sent to a second environment (another
+/// process) is answered as a duplicate.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_receiver_binary_uses_the_fleet_wide_mark_and_replay_record() {
+    let api = LocalApi::start(TOKEN).await.unwrap();
+    let sqs = sqs_client();
+    let queue = new_queue(&sqs).await;
+    for _ in 0..20 {
+        api.store()
+            .create_run(new_run("quick-shell", 0))
+            .await
+            .unwrap();
+    }
+    let (dynamo, table) = moto_table().await;
+    let namespace = format!("rcv{}", Uuid::new_v4().simple());
+    let env = [
+        ("IRONFLOW_FUNCTION_ROLE", "webhook-receiver".to_string()),
+        ("IRONFLOW_API_URL", api.url()),
+        ("IRONFLOW_WORKER_TOKEN", TOKEN.to_string()),
+        ("IRONFLOW_WEBHOOK_SECRET", SECRET.to_string()),
+        ("IRONFLOW_WAKE_QUEUE_URL", queue.clone()),
+        ("IRONFLOW_POISON_TABLE", table.clone()),
+        ("IRONFLOW_POISON_NAMESPACE", namespace.clone()),
+    ];
+    let body = run_created();
+    let signature = auth::sign(&WebhookSecret::new(SECRET), body.as_bytes());
+    let push = || {
+        let event = url_request(&body, None, Some(&signature));
+        VecDeque::from([("push".to_string(), event)])
+    };
+    // The answer's JSON body, after checking it was a 202.
+    let answer_of = |output: &str, answers: &[(String, String, Value)]| -> Value {
+        let (_, kind, answer) = &answers[0];
+        assert_eq!(kind, "response", "{answer}\n{output}");
+        assert_eq!(answer["statusCode"], 202, "{answer}\n{output}");
+        serde_json::from_str(answer["body"].as_str().unwrap()).unwrap()
+    };
+    let (output, answers) = serve(push(), &env).await;
+    let first = answer_of(&output, &answers);
+    assert_eq!(first["woke"], true, "{first}\n{output}");
+    assert!(!take_visible(&sqs, &queue).await.is_empty(), "{first}");
+    let items = dynamo
+        .scan()
+        .table_name(&table)
+        .send()
+        .await
+        .unwrap()
+        .items()
+        .to_vec();
+    let keys: Vec<&str> = items
+        .iter()
+        .filter_map(|i| i.get(ironflow_lambda::poison::dynamodb::PARTITION_KEY))
+        .filter_map(|v| v.as_s().ok())
+        .map(String::as_str)
+        .collect();
+    assert!(
+        keys.contains(&format!("{namespace}#wake#pushed").as_str()),
+        "no fleet-wide wake-up mark in {keys:?}\n{output}"
+    );
+    assert!(
+        keys.iter()
+            .any(|k| k.starts_with(&format!("{namespace}#webhook-body#"))),
+        "no record of the body in {keys:?}\n{output}"
+    );
+    // Another environment (a second process) is sent the same body: the table's record
+    // answers it.
+    let (output, answers) = serve(push(), &env).await;
+    let second = answer_of(&output, &answers);
+    assert_eq!(second["duplicate"], true, "{second}\n{output}");
 }

@@ -3,11 +3,11 @@
 
 use super::table::{
     CONCURRENCY, CONCURRENT_INVOCATIONS, DEADLINE_MARGIN, EMULATED_INVOCATION,
-    LEASE_REFRESH_INTERVAL, MIN_CLAIM_BUDGET, VARIABLES, Variable, WAKE_QUEUE_URL,
+    LEASE_REFRESH_INTERVAL, MIN_CLAIM_BUDGET, VARIABLES, Variable, WAKE_QUEUE_URL, WEBHOOK_SECRET,
 };
 use super::{
-    DEFAULT_MAX_WAKEUPS_PER_INVOCATION, DEFAULT_WAKE_DELAY, MAX_DURATION, MAX_RUNS_PER_PROCESS,
-    Problem, Settings, position,
+    DEFAULT_MAX_WAKEUPS_PER_INVOCATION, DEFAULT_WAKE_DELAY, FunctionRole, MAX_DURATION,
+    MAX_RUNS_PER_PROCESS, Problem, Settings, position,
 };
 
 /// The problems found so far.
@@ -44,6 +44,7 @@ pub(super) fn problems(s: &Settings) -> Vec<Problem> {
     deadline(s, &mut p);
     lease(s, &mut p);
     wake(s, &mut p);
+    receiver(s, &mut p);
     p.0.sort_by_key(|problem| position(problem.variable));
     p.0
 }
@@ -134,5 +135,67 @@ fn wake(s: &Settings, p: &mut Problems) {
             "IRONFLOW_MAX_WAKEUPS_PER_INVOCATION or IRONFLOW_WAKE_DELAY_SECS is set, and they \
              apply only to a wake queue: set the queue's URL, or unset them to send no wake-ups",
         );
+    }
+}
+
+/// The webhook receiver only answers pushes, and answers each without a secret 503: it needs
+/// one (docs/push.md, "The webhook receiver").
+fn receiver(s: &Settings, p: &mut Problems) {
+    if s.function_role == FunctionRole::WebhookReceiver
+        && s.webhook_secret.is_none()
+        && s.webhook_secret_arn.is_none()
+    {
+        p.add(
+            &WEBHOOK_SECRET,
+            "IRONFLOW_FUNCTION_ROLE=webhook-receiver needs the webhook secret, and neither \
+             IRONFLOW_WEBHOOK_SECRET nor IRONFLOW_WEBHOOK_SECRET_ARN is set: without it every \
+             push is answered 503 and every other event refused; set one of them, or unset \
+             IRONFLOW_FUNCTION_ROLE to run the worker",
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::settings::Settings;
+    use crate::settings::tests::lookup;
+
+    fn from(extra: &[(&str, &str)]) -> Result<Settings, String> {
+        let mut vars = vec![
+            ("IRONFLOW_API_URL", "http://127.0.0.1:3000"),
+            ("IRONFLOW_WORKER_TOKEN", "s3cr3t-token"),
+            (
+                "IRONFLOW_WAKE_QUEUE_URL",
+                "https://sqs.eu-west-1.amazonaws.com/123456789012/q",
+            ),
+        ];
+        vars.extend_from_slice(extra);
+        Settings::from_lookup(lookup(&vars)).map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn the_receiver_without_a_webhook_secret_is_refused_naming_both_variables() {
+        let role = ("IRONFLOW_FUNCTION_ROLE", "webhook-receiver");
+        let err = from(&[role]).unwrap_err();
+        for named in [
+            "IRONFLOW_WEBHOOK_SECRET ",
+            "IRONFLOW_WEBHOOK_SECRET_ARN",
+            "webhook-receiver",
+        ] {
+            assert!(err.contains(named), "{named}: {err}");
+        }
+        // Either secret, or the worker's role, is accepted.
+        let secret = "a-receiver-secret-of-at-least-32-characters";
+        from(&[role, ("IRONFLOW_WEBHOOK_SECRET", secret)]).unwrap();
+        let arn = "arn:aws:secretsmanager:us-east-1:123456789012:secret:webhook-AbCdEf";
+        from(&[role, ("IRONFLOW_WEBHOOK_SECRET_ARN", arn)]).unwrap();
+        from(&[("IRONFLOW_FUNCTION_ROLE", "worker")]).unwrap();
+        from(&[]).unwrap();
+        // A builder's settings are checked by the same rule.
+        let mut s = from(&[]).unwrap();
+        s.function_role = crate::settings::FunctionRole::WebhookReceiver;
+        let problems = s.validate();
+        assert_eq!(problems.len(), 1, "{problems:?}");
+        assert_eq!(problems[0].variable, "IRONFLOW_WEBHOOK_SECRET");
     }
 }

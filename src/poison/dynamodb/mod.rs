@@ -264,7 +264,7 @@ impl DynamoPoisonTable {
     }
 
     /// `DescribeTable`: the table exists, keyed by `pk` (S) alone.
-    async fn check_table(&self) -> Result<(), DynamoSetupError> {
+    pub(crate) async fn check_table(&self) -> Result<(), DynamoSetupError> {
         let out = match self
             .client
             .describe_table()
