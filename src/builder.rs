@@ -636,6 +636,11 @@ impl LambdaWorkerBuilder {
                 reason: p.reason,
             });
         }
+        // The heartbeat URL is a credential of the dead man's switch (it is never logged): any
+        // line that would carry it is redacted, as a token's.
+        if let Some(url) = &s.heartbeat_url {
+            crate::logging::redact(url);
+        }
         let poison_table = match (self.poison_table, &s.poison_table) {
             (Some(table), _) => table,
             (None, Some(name)) => {
@@ -699,6 +704,16 @@ mod tests {
     fn builder() -> LambdaWorkerBuilder {
         LambdaWorkerBuilder::new("http://127.0.0.1:1", "token")
             .provider(Arc::new(ClaudeCodeProvider::new()))
+    }
+
+    #[test]
+    fn the_heartbeat_url_is_redacted_from_every_log_line_once_built() {
+        let url = "https://hc-ping.example.com/6f1c2a9e-secret-ping-id";
+        let line = format!("{{\"message\":\"settings\",\"heartbeat\":\"{url}\"}}");
+        assert!(crate::logging::redacted(&line).contains("secret-ping-id"));
+        let _worker = builder().heartbeat_url(url).build().unwrap();
+        let out = crate::logging::redacted(&line);
+        assert!(!out.contains("secret-ping-id"), "{out}");
     }
 
     #[test]
