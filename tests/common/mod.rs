@@ -5,6 +5,7 @@
 
 pub mod fault_proxy;
 pub mod moto;
+pub mod webhook;
 
 use std::future::Future;
 use std::path::{Path, PathBuf};
