@@ -31,14 +31,13 @@ use ironflow_lambda::settings::Settings;
 use ironflow_lambda::{BuildError, LambdaWorker, LambdaWorkerBuilder};
 use ironflow_lambda::{InvocationSummary, StopReason};
 use ironflow_local_api::{LocalApi, new_run};
-use ironflow_store::entities::{
-    LeaseRequest, NewStep, RunStatus, StepKind, StepStatus, StepUpdate,
-};
+use ironflow_store::entities::{LeaseRequest, RunStatus};
 use ironflow_store::store::RunStore;
 use ironflow_worker::ApiRunStore;
 use uuid::Uuid;
 
 use common::moto::{create_table_keyed, dynamodb_config, moto_endpoint, unique_table};
+use common::start_step;
 
 // --- helpers (local to this file) ---------------------------------------------------------
 
@@ -853,24 +852,7 @@ async fn kill_holding_invocation(api: &LocalApi, victim: Uuid) {
         .unwrap()
         .unwrap();
     assert_eq!(claimed.id, victim);
-    let step = dead
-        .create_step(NewStep {
-            run_id: victim,
-            trace_id: Uuid::new_v4(),
-            name: "step".into(),
-            kind: StepKind::Shell,
-            position: 0,
-            input: None,
-            is_error_handler: false,
-        })
-        .await
-        .unwrap();
-    let running = StepUpdate {
-        status: Some(StepStatus::Running),
-        started_at: Some(chrono::Utc::now()),
-        ..StepUpdate::default()
-    };
-    dead.update_step(step.id, running).await.unwrap();
+    start_step(&dead, victim).await;
     let store = api.store().clone();
     wait_for(
         Duration::from_secs(30),
