@@ -7,7 +7,6 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use aws_sdk_sqs::types::QueueAttributeName;
 use base64::Engine as _;
 use ironflow_core::providers::claude::ClaudeCodeProvider;
 use ironflow_lambda::webhook::auth;
@@ -16,10 +15,10 @@ use ironflow_local_api::{Backend, FunctionUrl, LocalApi, UrlHandler, Webhook, ne
 use ironflow_store::entities::RunStatus;
 use ironflow_store::store::RunStore;
 use serde_json::{Value, json};
-use uuid::Uuid;
 
-use common::moto::{new_queue, sqs_client, sqs_event, take_visible};
+use common::moto::{new_queue, queued, sqs_client, sqs_event, take_visible};
 use common::webhook::{by_token, created, lambda_event, post, request, signed};
+use common::{create_run, state_of};
 
 const TOKEN: &str = "webhook-test-token";
 const SECRET: &str = "a-webhook-secret-of-at-least-32-characters";
@@ -63,34 +62,10 @@ fn worker(
         .wake_ups(Waker::new(sqs.clone(), wake))
 }
 
-async fn queued(s: &Setup) -> u64 {
-    let out = s
-        .sqs
-        .get_queue_attributes()
-        .queue_url(&s.queue)
-        .attribute_names(QueueAttributeName::ApproximateNumberOfMessages)
-        .send()
-        .await
-        .unwrap();
-    out.attributes()
-        .and_then(|a| a.get(&QueueAttributeName::ApproximateNumberOfMessages))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0)
-}
-
-async fn create(api: &LocalApi, workflow: &str) -> Uuid {
-    api.store()
-        .create_run(new_run(workflow, 0))
-        .await
-        .unwrap()
-        .into_run()
-        .id
-}
-
 #[tokio::test]
 async fn only_a_valid_signature_or_token_wakes_and_bad_requests_get_their_answer() {
     let s = setup(LocalApi::start(TOKEN).await.unwrap(), 8).await;
-    create(&s.api, "quick-shell").await;
+    create_run(&s.api, "quick-shell").await;
     let body = created("quick-shell");
 
     // Refused, and nothing queued: missing, wrong secret, altered body, wrong token.
@@ -123,7 +98,11 @@ async fn only_a_valid_signature_or_token_wakes_and_bad_requests_get_their_answer
         assert_eq!(status, 401, "{what}: {answer}");
         assert!(!answer.to_string().contains(SECRET));
     }
-    assert_eq!(queued(&s).await, 0, "a refused request sends nothing");
+    assert_eq!(
+        queued(&s.sqs, &s.queue).await,
+        0,
+        "a refused request sends nothing"
+    );
 
     // Malformed JSON, an oversized body, a GET.
     let (status, _) = post(&s.worker, signed(SECRET, "{not json")).await;
@@ -140,13 +119,13 @@ async fn only_a_valid_signature_or_token_wakes_and_bad_requests_get_their_answer
     bad_base64["isBase64Encoded"] = json!(true);
     bad_base64["body"] = json!("%%%");
     assert_eq!(post(&s.worker, bad_base64).await.0, 400);
-    assert_eq!(queued(&s).await, 0);
+    assert_eq!(queued(&s.sqs, &s.queue).await, 0);
 
     // The signature, a base64-encoded body, and the token in the URL each wake.
     let (status, answer) = post(&s.worker, signed(SECRET, &body)).await;
     assert_eq!((status, &answer["woke"]), (202, &json!(true)), "{answer}");
     assert_eq!(answer["wake_ups"]["trigger"], "pushed");
-    assert_eq!(queued(&s).await, 1);
+    assert_eq!(queued(&s.sqs, &s.queue).await, 1);
     // (Each a body of its own: the same body again is a replay, taken once.)
     let other = created("quick-shell");
     let mut encoded = signed(SECRET, &other);
@@ -158,7 +137,7 @@ async fn only_a_valid_signature_or_token_wakes_and_bad_requests_get_their_answer
     let token = by_token(SECRET, &created("quick-shell"));
     assert_eq!(post(&s.worker, token).await.0, 202);
     assert_eq!(
-        queued(&s).await,
+        queued(&s.sqs, &s.queue).await,
         1,
         "one run needs one wake-up, whatever the events"
     );
@@ -167,7 +146,7 @@ async fn only_a_valid_signature_or_token_wakes_and_bad_requests_get_their_answer
 #[tokio::test]
 async fn events_that_make_no_pending_run_here_are_acknowledged_and_ignored() {
     let s = setup(LocalApi::start(TOKEN).await.unwrap(), 8).await;
-    create(&s.api, "quick-shell").await;
+    create_run(&s.api, "quick-shell").await;
     for body in [
         created("not-registered-here"),
         json!({"type": "run_status_changed", "workflow_name": "quick-shell", "from": "running", "to": "completed", "at": chrono::Utc::now()}).to_string(),
@@ -179,7 +158,7 @@ async fn events_that_make_no_pending_run_here_are_acknowledged_and_ignored() {
         assert_eq!(answer["woke"], false, "{answer}");
         assert!(answer["ignored"].is_string(), "{answer}");
     }
-    assert_eq!(queued(&s).await, 0);
+    assert_eq!(queued(&s.sqs, &s.queue).await, 0);
     let requeued = json!({"type": "run_status_changed", "workflow_name": "quick-shell", "from": "running", "to": "pending", "at": chrono::Utc::now()}).to_string();
     assert_eq!(
         post(&s.worker, signed(SECRET, &requeued)).await.1["woke"],
@@ -192,13 +171,13 @@ async fn a_burst_of_events_queues_what_the_backlog_needs_not_one_per_event() {
     // N = 4: 20 runs need 5 invocations.
     let s = setup(LocalApi::start(TOKEN).await.unwrap(), 4).await;
     for _ in 0..20 {
-        create(&s.api, "quick-shell").await;
+        create_run(&s.api, "quick-shell").await;
     }
     for _ in 0..20 {
         let (status, _) = post(&s.worker, signed(SECRET, &created("quick-shell"))).await;
         assert_eq!(status, 202);
     }
-    assert_eq!(queued(&s).await, 5);
+    assert_eq!(queued(&s.sqs, &s.queue).await, 5);
 }
 
 #[tokio::test]
@@ -213,11 +192,11 @@ async fn a_timer_wake_up_waiting_on_the_queue_holds_back_no_push() {
         .send()
         .await
         .unwrap();
-    create(&s.api, "quick-shell").await;
+    create_run(&s.api, "quick-shell").await;
     let (status, answer) = post(&s.worker, signed(SECRET, &created("quick-shell"))).await;
     assert_eq!((status, &answer["woke"]), (202, &json!(true)), "{answer}");
     assert_eq!(
-        queued(&s).await,
+        queued(&s.sqs, &s.queue).await,
         1,
         "a wake-up for now, beside the delayed one"
     );
@@ -228,7 +207,7 @@ async fn events_arriving_together_queue_what_the_backlog_needs_and_are_all_ackno
     // The API's publisher posts each event in a task of its own: a burst arrives at once.
     let s = setup(LocalApi::start(TOKEN).await.unwrap(), 4).await;
     for _ in 0..20 {
-        create(&s.api, "quick-shell").await;
+        create_run(&s.api, "quick-shell").await;
     }
     let bodies: Vec<String> = (0..40).map(|_| created("quick-shell")).collect();
     let answers = futures_util::future::join_all(
@@ -240,7 +219,11 @@ async fn events_arriving_together_queue_what_the_backlog_needs_and_are_all_ackno
     for (status, answer) in &answers {
         assert_eq!(*status, 202, "{answer}");
     }
-    assert_eq!(queued(&s).await, 5, "ceil(20 / 4), not one per event");
+    assert_eq!(
+        queued(&s.sqs, &s.queue).await,
+        5,
+        "ceil(20 / 4), not one per event"
+    );
 }
 
 #[tokio::test]
@@ -335,14 +318,6 @@ async fn a_run_created_while_idle_is_claimed_through_the_push_path() {
     let summary = response.summary().unwrap();
     assert_eq!(summary.runs.len(), 1, "{summary:?}");
     assert_eq!(summary.runs[0].run_id, run);
-    let state = s
-        .api
-        .store()
-        .get_run(run)
-        .await
-        .unwrap()
-        .unwrap()
-        .status
-        .state;
+    let state = state_of(&s.api, run).await;
     assert_eq!(state, RunStatus::Completed);
 }

@@ -9,15 +9,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use aws_config::{BehaviorVersion, Region, SdkConfig};
-use aws_sdk_sqs::types::QueueAttributeName;
 use ironflow_core::providers::claude::ClaudeCodeProvider;
 use ironflow_lambda::{LambdaWorkerBuilder, WakeSettings, Waker, samples};
-use ironflow_local_api::{LocalApi, new_run};
+use ironflow_local_api::LocalApi;
 use serde_json::json;
 use uuid::Uuid;
 
+use common::create_run;
 use common::moto::{
-    moto_endpoint, new_queue, poison_table, sqs_client, take_visible, traced_sqs_client,
+    moto_endpoint, new_queue, poison_table, queued, sqs_client, take_visible, traced_sqs_client,
 };
 use common::webhook::{by_token, created_at, post, post_traced, request, signed};
 
@@ -38,34 +38,13 @@ fn builder(api_url: &str, sqs: &aws_sdk_sqs::Client, queue: &str) -> LambdaWorke
         .wake_ups(Waker::new(sqs.clone(), WakeSettings::new(queue)))
 }
 
-async fn queued(sqs: &aws_sdk_sqs::Client, queue: &str) -> u64 {
-    let out = sqs
-        .get_queue_attributes()
-        .queue_url(queue)
-        .attribute_names(QueueAttributeName::ApproximateNumberOfMessages)
-        .send()
-        .await
-        .unwrap();
-    out.attributes()
-        .and_then(|a| a.get(&QueueAttributeName::ApproximateNumberOfMessages))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0)
-}
-
-async fn create_run(api: &LocalApi) {
-    api.store()
-        .create_run(new_run("quick-shell", 0))
-        .await
-        .unwrap();
-}
-
 #[tokio::test]
 async fn an_event_outside_the_replay_window_is_refused_in_both_modes() {
     let api = LocalApi::start(TOKEN).await.unwrap();
     let sqs = sqs_client();
     let queue = new_queue(&sqs).await;
     let worker = builder(&api.url(), &sqs, &queue).build().unwrap();
-    create_run(&api).await;
+    create_run(&api, "quick-shell").await;
     let no_at = json!({"type": "run_created", "workflow_name": "quick-shell"}).to_string();
     for (what, body) in [
         ("an hour old", created_at("quick-shell", -3600)),
@@ -101,7 +80,7 @@ async fn a_body_taken_once_is_not_taken_again_within_the_window_whatever_the_pro
     let sqs = sqs_client();
     let queue = new_queue(&sqs).await;
     let worker = builder(&api.url(), &sqs, &queue).build().unwrap();
-    create_run(&api).await;
+    create_run(&api, "quick-shell").await;
     let body = created_at("quick-shell", 0);
     let (status, answer) = post(&worker, signed(SECRET, &body)).await;
     assert_eq!((status, &answer["woke"]), (202, &json!(true)), "{answer}");
@@ -132,7 +111,7 @@ async fn a_re_send_of_a_body_answered_503_is_served() {
     let (prefix, _) = existing.rsplit_once('/').unwrap();
     let queue = format!("{prefix}/{name}");
     let worker = builder(&api.url(), &sqs, &queue).build().unwrap();
-    create_run(&api).await;
+    create_run(&api, "quick-shell").await;
     let body = created_at("quick-shell", 0);
     let (status, answer) = post(&worker, signed(SECRET, &body)).await;
     assert_eq!(status, 503, "{answer}");
@@ -175,7 +154,7 @@ async fn pushed_wake_ups_carry_the_invocation_s_trace_header() {
     let api = LocalApi::start(TOKEN).await.unwrap();
     let worker = builder(&api.url(), &sqs, &queue).build().unwrap();
     assert!(std::env::var_os("_X_AMZN_TRACE_ID").is_none());
-    create_run(&api).await;
+    create_run(&api, "quick-shell").await;
     let trace = "Root=1-67891233-abcdef012345678912345678;Parent=53995c3f42cd8ad8;Sampled=1";
     let (status, answer) = post_traced(
         &worker,
@@ -326,7 +305,7 @@ async fn a_body_taken_in_one_environment_is_not_taken_again_in_another_with_the_
             .unwrap()
     };
     let (first, second) = (environment().await, environment().await);
-    create_run(&api).await;
+    create_run(&api, "quick-shell").await;
     let body = created_at("quick-shell", 0);
     let (status, answer) = post(&first, signed(SECRET, &body)).await;
     assert_eq!((status, &answer["woke"]), (202, &json!(true)), "{answer}");

@@ -10,7 +10,6 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use aws_sdk_sqs::types::QueueAttributeName;
 use ironflow_core::providers::claude::ClaudeCodeProvider;
 use ironflow_engine::config::HumanInputConfig;
 use ironflow_engine::context::WorkflowContext;
@@ -26,10 +25,12 @@ use serde_json::{Value, json};
 use uuid::Uuid;
 
 use common::moto::{
-    dynamodb_config, moto_endpoint, new_queue, poison_table, sqs_client, sqs_event, take_visible,
+    delayed, dynamodb_config, moto_endpoint, new_queue, poison_table, queued, sqs_client,
+    sqs_event, take_visible,
 };
 use common::wait_until;
 use common::webhook::{created, lambda_event, post, signed};
+use common::{create_run, state_of};
 
 const TOKEN: &str = "webhook-fleet-test-token";
 const SECRET: &str = "a-webhook-secret-of-at-least-32-characters";
@@ -55,44 +56,6 @@ fn builder(
         .min_claim_budget(Duration::from_millis(200))
         .webhook_secret(SECRET)
         .wake_ups(Waker::new(sqs.clone(), wake))
-}
-
-/// Wake-ups visible on the queue.
-async fn queued(sqs: &aws_sdk_sqs::Client, queue: &str) -> u64 {
-    queue_count(sqs, queue, QueueAttributeName::ApproximateNumberOfMessages).await
-}
-
-/// Wake-ups on the queue with a delay still running.
-async fn delayed(sqs: &aws_sdk_sqs::Client, queue: &str) -> u64 {
-    queue_count(
-        sqs,
-        queue,
-        QueueAttributeName::ApproximateNumberOfMessagesDelayed,
-    )
-    .await
-}
-
-async fn queue_count(sqs: &aws_sdk_sqs::Client, queue: &str, count: QueueAttributeName) -> u64 {
-    let out = sqs
-        .get_queue_attributes()
-        .queue_url(queue)
-        .attribute_names(count.clone())
-        .send()
-        .await
-        .unwrap();
-    out.attributes()
-        .and_then(|a| a.get(&count))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0)
-}
-
-async fn create(api: &LocalApi, workflow: &str) -> Uuid {
-    api.store()
-        .create_run(new_run(workflow, 0))
-        .await
-        .unwrap()
-        .into_run()
-        .id
 }
 
 // --- item 3: coalescing across environments -----------------------------------------------
@@ -172,7 +135,7 @@ fn answers(output: &std::process::Output) -> Vec<Value> {
 async fn receivers_in_separate_processes_queue_what_the_backlog_needs_once() {
     let api = LocalApi::start(TOKEN).await.unwrap();
     for _ in 0..20 {
-        create(&api, "quick-shell").await;
+        create_run(&api, "quick-shell").await;
     }
     let sqs = sqs_client();
     let queue = new_queue(&sqs).await;
@@ -267,7 +230,7 @@ async fn a_run_pushed_after_the_window_s_wake_ups_were_taken_gets_a_tail_wake_up
     let table = poison_table().await;
     let worker = fleet_worker(&api, &sqs, &queue, &table, LONG).await;
 
-    let first = create(&api, "quick-shell").await;
+    let first = create_run(&api, "quick-shell").await;
     let (status, answer) = post(&worker, signed(SECRET, &created("quick-shell"))).await;
     assert_eq!(status, 202, "{answer}");
     assert_eq!(answer["wake_ups"]["sent"], 1, "{answer}");
@@ -285,7 +248,7 @@ async fn a_run_pushed_after_the_window_s_wake_ups_were_taken_gets_a_tail_wake_up
     assert_eq!(queued(&sqs, &queue).await + delayed(&sqs, &queue).await, 0);
 
     // A second run, within the window.
-    create(&api, "quick-shell").await;
+    create_run(&api, "quick-shell").await;
     let (status, answer) = post(&worker, signed(SECRET, &created("quick-shell"))).await;
     assert_eq!(status, 202, "{answer}");
     assert_eq!(
@@ -319,7 +282,7 @@ async fn the_tail_is_booked_once_per_window() {
     for _ in 0..4 {
         workers.push(fleet_worker(&api, &sqs, &queue, &table, LONG).await);
     }
-    create(&api, "quick-shell").await;
+    create_run(&api, "quick-shell").await;
     let (status, answer) = post(&workers[0], signed(SECRET, &created("quick-shell"))).await;
     assert_eq!(
         (status, &answer["wake_ups"]["sent"]),
@@ -331,7 +294,7 @@ async fn the_tail_is_booked_once_per_window() {
 
     // Four environments decide at once for three more runs (a backlog still needing one).
     for _ in 0..3 {
-        create(&api, "quick-shell").await;
+        create_run(&api, "quick-shell").await;
     }
     let bodies: Vec<String> = (0..workers.len()).map(|_| created("quick-shell")).collect();
     let pushes = workers
@@ -373,7 +336,7 @@ async fn a_tail_sqs_refused_is_booked_again_by_the_next_decision() {
     sqs.delete_queue().queue_url(&gone).send().await.unwrap();
     let refused = fleet_worker(&api, &sqs, &gone, &table, LONG).await;
 
-    create(&api, "quick-shell").await;
+    create_run(&api, "quick-shell").await;
     let (status, answer) = post(&worker, signed(SECRET, &created("quick-shell"))).await;
     assert_eq!(
         (status, &answer["wake_ups"]["sent"]),
@@ -408,7 +371,7 @@ async fn a_tail_sqs_refused_is_booked_again_by_the_next_decision() {
 async fn the_mark_costs_one_write_per_decision_that_sends() {
     let api = LocalApi::start(TOKEN).await.unwrap();
     for _ in 0..20 {
-        create(&api, "quick-shell").await;
+        create_run(&api, "quick-shell").await;
     }
     let sqs = sqs_client();
     let queue = new_queue(&sqs).await;
@@ -438,7 +401,7 @@ async fn the_mark_costs_one_write_per_decision_that_sends() {
 #[tokio::test]
 async fn a_table_error_falls_back_to_the_environment_s_own_decision() {
     let api = LocalApi::start(TOKEN).await.unwrap();
-    create(&api, "quick-shell").await;
+    create_run(&api, "quick-shell").await;
     let sqs = sqs_client();
     let queue = new_queue(&sqs).await;
     // A table that does not exist: every write fails.
@@ -484,7 +447,7 @@ async fn a_blocked_workflow_s_new_runs_queue_no_wake_up_in_defer_mode() {
         .build()
         .unwrap();
 
-    create(&api, "always-fails").await;
+    create_run(&api, "always-fails").await;
     let (status, answer) = post(&worker, signed(SECRET, &created("always-fails"))).await;
     assert_eq!((status, &answer["woke"]), (202, &json!(false)), "{answer}");
     assert_eq!(
@@ -493,7 +456,7 @@ async fn a_blocked_workflow_s_new_runs_queue_no_wake_up_in_defer_mode() {
         "a blocked workflow's run wakes nobody"
     );
 
-    create(&api, "quick-shell").await;
+    create_run(&api, "quick-shell").await;
     let (status, answer) = post(&worker, signed(SECRET, &created("quick-shell"))).await;
     assert_eq!((status, &answer["woke"]), (202, &json!(true)), "{answer}");
     assert_eq!(
@@ -575,7 +538,7 @@ async fn a_rejected_human_input_wakes_the_fleet() {
     assert!(serving.set(worker.clone()).is_ok());
 
     // The run waits for its human.
-    let run = create(&api, "asks-a-human").await;
+    let run = create_run(&api, "asks-a-human").await;
     let summary = ironflow_lambda::handle_summary(&worker, lambda_event(json!({})))
         .await
         .unwrap();
@@ -609,14 +572,7 @@ async fn a_rejected_human_input_wakes_the_fleet() {
         "{}",
         rejected.text().await.unwrap()
     );
-    let state = api
-        .store()
-        .get_run(run)
-        .await
-        .unwrap()
-        .unwrap()
-        .status
-        .state;
+    let state = state_of(&api, run).await;
     assert_eq!(state, RunStatus::Pending);
 
     wait_until("the receiver answered approval_rejected", LONG, || async {

@@ -13,12 +13,13 @@ use ironflow_lambda::{
     FunctionRole, HandlerError, LambdaWorker, LambdaWorkerBuilder, Response, WakeSettings, Waker,
     samples,
 };
-use ironflow_local_api::{LocalApi, new_run};
+use ironflow_local_api::LocalApi;
 use ironflow_store::entities::RunStatus;
 use serde_json::{Value, json};
 
 use common::moto::{new_queue, sqs_client, take_visible};
 use common::webhook::{event, lambda_event, request, signed};
+use common::{create_run, state_of};
 
 const TOKEN: &str = "receiver-role-test-token";
 const SECRET: &str = "a-receiver-role-secret-of-at-least-32-characters";
@@ -55,13 +56,7 @@ async fn the_receiver_refuses_every_event_but_a_function_url_request() {
     let api = LocalApi::start(TOKEN).await.unwrap();
     let queue = new_queue(&sqs_client()).await;
     let receiver = worker(&api, &queue, FunctionRole::WebhookReceiver).await;
-    let run = api
-        .store()
-        .create_run(new_run("quick-shell", 0))
-        .await
-        .unwrap()
-        .into_run()
-        .id;
+    let run = create_run(&api, "quick-shell").await;
     let before = api.requests();
     let schedule: Value = serde_json::from_str(include_str!("../events/schedule.json")).unwrap();
     let sqs = json!({"Records": [{"messageId": "m-1", "body": "{}", "eventSource": "aws:sqs"}]});
@@ -82,14 +77,7 @@ async fn the_receiver_refuses_every_event_but_a_function_url_request() {
         assert_eq!(diagnostic.error_type, "NotForThisRole");
     }
     assert_eq!(api.requests(), before, "a refused event makes no API call");
-    let status = api
-        .store()
-        .get_run(run)
-        .await
-        .unwrap()
-        .unwrap()
-        .status
-        .state;
+    let status = state_of(&api, run).await;
     assert_eq!(status, RunStatus::Pending, "nothing claimed");
     // Its own events it serves: an authenticated run_created wakes the fleet.
     assert_eq!(status_of(&receiver, signed(SECRET, &created())).await, 202);
@@ -104,10 +92,7 @@ async fn the_receiver_refuses_before_any_call() {
     let api = LocalApi::start(TOKEN).await.unwrap();
     let sqs = sqs_client();
     let queue = new_queue(&sqs).await;
-    api.store()
-        .create_run(new_run("quick-shell", 0))
-        .await
-        .unwrap();
+    create_run(&api, "quick-shell").await;
     let receiver = worker(&api, &queue, FunctionRole::WebhookReceiver).await;
     let body = created();
     let mut get = signed(SECRET, &body);
@@ -159,10 +144,7 @@ async fn the_receiver_refuses_before_any_call() {
 async fn the_worker_role_still_answers_function_url_requests() {
     let api = LocalApi::start(TOKEN).await.unwrap();
     let queue = new_queue(&sqs_client()).await;
-    api.store()
-        .create_run(new_run("quick-shell", 0))
-        .await
-        .unwrap();
+    create_run(&api, "quick-shell").await;
     let worker = worker(&api, &queue, FunctionRole::Worker).await;
     assert_eq!(status_of(&worker, signed(SECRET, &created())).await, 202);
     assert!(!take_visible(&sqs_client(), &queue).await.is_empty());

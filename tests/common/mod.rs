@@ -127,6 +127,27 @@ pub fn deadline_in(left: Duration) -> u64 {
     (now + left).as_millis() as u64
 }
 
+/// A new Pending run of `workflow` (no retries) in `api`'s store: its id.
+pub async fn create_run(api: &LocalApi, workflow: &str) -> Uuid {
+    api.store()
+        .create_run(new_run(workflow, 0))
+        .await
+        .unwrap()
+        .into_run()
+        .id
+}
+
+/// The state of run `run` in `api`'s store (panics if it does not exist).
+pub async fn state_of(api: &LocalApi, run: Uuid) -> RunStatus {
+    api.store()
+        .get_run(run)
+        .await
+        .unwrap()
+        .unwrap()
+        .status
+        .state
+}
+
 /// Start a step of run `run_id` through `store` (position 0, a shell step, now `Running`): what
 /// an invocation that dies mid-step leaves behind.
 pub async fn start_step(store: &impl RunStore, run_id: Uuid) {

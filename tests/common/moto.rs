@@ -3,6 +3,8 @@
 
 use std::sync::{Arc, Mutex};
 
+use aws_sdk_sqs::types::QueueAttributeName;
+
 /// moto's endpoint.
 pub fn moto_endpoint() -> String {
     std::env::var("IRONFLOW_TEST_MOTO_ENDPOINT").unwrap_or_else(|_| {
@@ -67,6 +69,35 @@ pub async fn new_queue(sqs: &aws_sdk_sqs::Client) -> String {
         .queue_url()
         .unwrap()
         .to_string()
+}
+
+/// The wake-ups visible on the queue at `url` (SQS's approximate count).
+pub async fn queued(sqs: &aws_sdk_sqs::Client, url: &str) -> u64 {
+    queue_count(sqs, url, QueueAttributeName::ApproximateNumberOfMessages).await
+}
+
+/// The wake-ups on the queue at `url` whose delay is still running (SQS's approximate count).
+pub async fn delayed(sqs: &aws_sdk_sqs::Client, url: &str) -> u64 {
+    queue_count(
+        sqs,
+        url,
+        QueueAttributeName::ApproximateNumberOfMessagesDelayed,
+    )
+    .await
+}
+
+async fn queue_count(sqs: &aws_sdk_sqs::Client, url: &str, count: QueueAttributeName) -> u64 {
+    let out = sqs
+        .get_queue_attributes()
+        .queue_url(url)
+        .attribute_names(count.clone())
+        .send()
+        .await
+        .unwrap();
+    out.attributes()
+        .and_then(|a| a.get(&count))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
 }
 
 /// Records the `X-Amzn-Trace-Id` of every `SendMessageBatch` an SQS client sends (the SDK's own
