@@ -9,12 +9,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::fault_proxy::{Fault, FaultProxy};
-use common::{Backend, Harness, ShellWorkflow, wait_until};
+use common::{Backend, Harness, ShellWorkflow, start_step, wait_until};
 use ironflow_core::providers::claude::ClaudeCodeProvider;
 use ironflow_lambda::{LambdaWorkerBuilder, Outcome};
-use ironflow_store::entities::{
-    LeaseRequest, LeaseUpdate, NewStep, RunStatus, RunUpdate, StepKind, StepStatus, StepUpdate,
-};
+use ironflow_store::entities::{LeaseRequest, LeaseUpdate, RunStatus, RunUpdate, StepStatus};
 use ironflow_store::store::RunStore;
 use ironflow_worker::ApiRunStore;
 
@@ -120,24 +118,7 @@ async fn a_holder_that_died_mid_step_is_a_death(backend: Backend) {
     };
     let claimed = dead.pick_next_pending_for(Some(lease), None).await.unwrap();
     assert_eq!(claimed.map(|r| r.id), Some(id));
-    let step = dead
-        .create_step(NewStep {
-            run_id: id,
-            trace_id: uuid::Uuid::new_v4(),
-            name: "step".into(),
-            kind: StepKind::Shell,
-            position: 0,
-            input: None,
-            is_error_handler: false,
-        })
-        .await
-        .unwrap();
-    let running = StepUpdate {
-        status: Some(StepStatus::Running),
-        started_at: Some(chrono::Utc::now()),
-        ..StepUpdate::default()
-    };
-    dead.update_step(step.id, running).await.unwrap();
+    start_step(&dead, id).await;
     wait_until("the API reaps the run", Duration::from_secs(20), || async {
         h.api.reap().await;
         h.status(id).await == RunStatus::Pending

@@ -5,6 +5,8 @@
 //! creates its own table with a unique name. The fail-open test starts (and kills) a second
 //! moto server of its own.
 
+mod common;
+
 use std::collections::HashSet;
 use std::io::Write;
 use std::net::TcpListener;
@@ -15,10 +17,7 @@ use std::time::Duration;
 
 use aws_sdk_dynamodb::Client;
 use aws_sdk_dynamodb::config::{BehaviorVersion, Credentials, Region};
-use aws_sdk_dynamodb::types::{
-    AttributeDefinition, AttributeValue, BillingMode, KeySchemaElement, KeyType,
-    ScalarAttributeType, TimeToLiveSpecification,
-};
+use aws_sdk_dynamodb::types::{AttributeValue, BillingMode, TimeToLiveSpecification};
 use ironflow_core::providers::claude::ClaudeCodeProvider;
 use ironflow_lambda::Outcome;
 use ironflow_lambda::poison::dynamodb::{
@@ -32,63 +31,21 @@ use ironflow_lambda::settings::Settings;
 use ironflow_lambda::{BuildError, LambdaWorker, LambdaWorkerBuilder};
 use ironflow_lambda::{InvocationSummary, StopReason};
 use ironflow_local_api::{LocalApi, new_run};
-use ironflow_store::entities::{
-    LeaseRequest, NewStep, RunStatus, StepKind, StepStatus, StepUpdate,
-};
+use ironflow_store::entities::{LeaseRequest, RunStatus};
 use ironflow_store::store::RunStore;
 use ironflow_worker::ApiRunStore;
 use uuid::Uuid;
 
+use common::moto::{create_table_keyed, dynamodb_config, moto_endpoint, unique_table};
+use common::start_step;
+
 // --- helpers (local to this file) ---------------------------------------------------------
-
-fn moto_endpoint() -> String {
-    std::env::var("IRONFLOW_TEST_MOTO_ENDPOINT").unwrap_or_else(|_| {
-        panic!(
-            "IRONFLOW_TEST_MOTO_ENDPOINT is not set: these tests need moto's server; run them \
-             with ./scripts/test, which starts it"
-        )
-    })
-}
-
-fn sdk_config(endpoint: &str) -> aws_sdk_dynamodb::Config {
-    aws_sdk_dynamodb::Config::builder()
-        .behavior_version(BehaviorVersion::latest())
-        .region(Region::new("us-east-1"))
-        .endpoint_url(endpoint)
-        .credentials_provider(Credentials::new("testing", "testing", None, None, "tests"))
-        .build()
-}
-
-fn unique_table() -> String {
-    format!("poison-{}", Uuid::new_v4().simple())
-}
 
 /// Create a table with the schema of `src/poison/dynamodb.rs` (pk S, on demand, TTL).
 async fn create_table(endpoint: &str) -> String {
     let name = unique_table();
-    let client = Client::from_conf(sdk_config(endpoint));
-    client
-        .create_table()
-        .table_name(&name)
-        .attribute_definitions(
-            AttributeDefinition::builder()
-                .attribute_name(PARTITION_KEY)
-                .attribute_type(ScalarAttributeType::S)
-                .build()
-                .unwrap(),
-        )
-        .key_schema(
-            KeySchemaElement::builder()
-                .attribute_name(PARTITION_KEY)
-                .key_type(KeyType::Hash)
-                .build()
-                .unwrap(),
-        )
-        .billing_mode(BillingMode::PayPerRequest)
-        .send()
-        .await
-        .unwrap();
-    client
+    create_table_keyed(endpoint, &name, PARTITION_KEY).await;
+    Client::from_conf(dynamodb_config(endpoint))
         .update_time_to_live()
         .table_name(&name)
         .time_to_live_specification(
@@ -113,7 +70,7 @@ fn policy(threshold: u32, cooldown: Duration) -> PoisonPolicy {
 
 /// A fresh table instance, as one Lambda instance would build it at cold start.
 async fn connect(endpoint: &str, table: &str, ns: &str, p: PoisonPolicy) -> DynamoPoisonTable {
-    DynamoPoisonTable::connect_with(sdk_config(endpoint), table, ns, p)
+    DynamoPoisonTable::connect_with(dynamodb_config(endpoint), table, ns, p)
         .await
         .unwrap()
 }
@@ -123,7 +80,7 @@ async fn raw_item(
     table: &str,
     key: &str,
 ) -> Option<std::collections::HashMap<String, AttributeValue>> {
-    Client::from_conf(sdk_config(endpoint))
+    Client::from_conf(dynamodb_config(endpoint))
         .get_item()
         .table_name(table)
         .key(PARTITION_KEY, AttributeValue::S(key.to_string()))
@@ -495,7 +452,7 @@ async fn a_missing_table_or_a_wrong_schema_is_a_clear_startup_error() {
     let ep = moto_endpoint();
     let missing = unique_table();
     let err = DynamoPoisonTable::connect_with(
-        sdk_config(&ep),
+        dynamodb_config(&ep),
         &missing,
         "ns",
         policy(3, Duration::from_secs(1)),
@@ -506,29 +463,9 @@ async fn a_missing_table_or_a_wrong_schema_is_a_clear_startup_error() {
     assert!(err.to_string().contains(&missing), "{err}");
 
     let wrong = unique_table();
-    Client::from_conf(sdk_config(&ep))
-        .create_table()
-        .table_name(&wrong)
-        .attribute_definitions(
-            AttributeDefinition::builder()
-                .attribute_name("id")
-                .attribute_type(ScalarAttributeType::S)
-                .build()
-                .unwrap(),
-        )
-        .key_schema(
-            KeySchemaElement::builder()
-                .attribute_name("id")
-                .key_type(KeyType::Hash)
-                .build()
-                .unwrap(),
-        )
-        .billing_mode(BillingMode::PayPerRequest)
-        .send()
-        .await
-        .unwrap();
+    create_table_keyed(&ep, &wrong, "id").await;
     let err = DynamoPoisonTable::connect_with(
-        sdk_config(&ep),
+        dynamodb_config(&ep),
         &wrong,
         "ns",
         policy(3, Duration::from_secs(1)),
@@ -915,24 +852,7 @@ async fn kill_holding_invocation(api: &LocalApi, victim: Uuid) {
         .unwrap()
         .unwrap();
     assert_eq!(claimed.id, victim);
-    let step = dead
-        .create_step(NewStep {
-            run_id: victim,
-            trace_id: Uuid::new_v4(),
-            name: "step".into(),
-            kind: StepKind::Shell,
-            position: 0,
-            input: None,
-            is_error_handler: false,
-        })
-        .await
-        .unwrap();
-    let running = StepUpdate {
-        status: Some(StepStatus::Running),
-        started_at: Some(chrono::Utc::now()),
-        ..StepUpdate::default()
-    };
-    dead.update_step(step.id, running).await.unwrap();
+    start_step(&dead, victim).await;
     let store = api.store().clone();
     wait_for(
         Duration::from_secs(30),

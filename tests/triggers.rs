@@ -23,7 +23,9 @@ use lambda_runtime::{Context, LambdaEvent};
 use serde_json::{Value, json};
 use uuid::Uuid;
 
-use common::moto::{moto_endpoint, new_queue, sqs_client, sqs_event, take_visible};
+use common::moto::{
+    moto_endpoint, new_queue, sqs_client, sqs_event, take_visible, traced_sqs_client,
+};
 
 const TOKEN: &str = "triggers-test-token";
 
@@ -549,44 +551,9 @@ async fn a_failed_send_is_reported_and_does_not_fail_the_batch() {
     );
 }
 
-/// Records the `X-Amzn-Trace-Id` of every `SendMessageBatch` the client sends (the SDK's own
-/// interceptor hook: the request as it goes on the wire).
-#[derive(Debug, Default, Clone)]
-struct TraceHeaders(Arc<std::sync::Mutex<Vec<Option<String>>>>);
-
-impl aws_sdk_sqs::config::Intercept for TraceHeaders {
-    fn name(&self) -> &'static str {
-        "TraceHeaders"
-    }
-
-    fn read_before_transmit(
-        &self,
-        context: &aws_sdk_sqs::config::interceptors::BeforeTransmitInterceptorContextRef<'_>,
-        _: &aws_sdk_sqs::config::RuntimeComponents,
-        _: &mut aws_sdk_sqs::config::ConfigBag,
-    ) -> Result<(), aws_sdk_sqs::error::BoxError> {
-        let headers = context.request().headers();
-        if headers
-            .get("x-amz-target")
-            .is_some_and(|t| t.ends_with("SendMessageBatch"))
-        {
-            let trace = headers.get("x-amzn-trace-id").map(str::to_string);
-            self.0.lock().unwrap().push(trace);
-        }
-        Ok(())
-    }
-}
-
 #[tokio::test]
 async fn concurrent_invocations_carry_their_own_trace_header_on_their_wake_ups() {
-    let recorded = TraceHeaders::default();
-    let sqs = aws_sdk_sqs::Client::from_conf(
-        sqs_client()
-            .config()
-            .to_builder()
-            .interceptor(recorded.clone())
-            .build(),
-    );
+    let (sqs, recorded) = traced_sqs_client();
     let url = new_queue(&sqs).await;
     let api = LocalApi::start(TOKEN).await.unwrap();
     // Two invocations at once in one worker, as on a managed instance, where lambda_runtime
@@ -624,7 +591,7 @@ async fn concurrent_invocations_carry_their_own_trace_header_on_their_wake_ups()
             .unwrap();
         assert!(wake.sent > 0, "{wake:?}");
     }
-    let mut seen = recorded.0.lock().unwrap().clone();
+    let mut seen = recorded.recorded();
     seen.sort();
     let mut expected = vec![Some(a.to_string()), Some(b.to_string())];
     expected.sort();

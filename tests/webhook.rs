@@ -5,21 +5,20 @@
 mod common;
 
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
-use aws_sdk_sqs::types::QueueAttributeName;
 use base64::Engine as _;
 use ironflow_core::providers::claude::ClaudeCodeProvider;
 use ironflow_lambda::webhook::auth;
-use ironflow_lambda::{LambdaWorker, LambdaWorkerBuilder, Response, WakeSettings, Waker, samples};
+use ironflow_lambda::{LambdaWorker, LambdaWorkerBuilder, WakeSettings, Waker, samples};
 use ironflow_local_api::{Backend, FunctionUrl, LocalApi, UrlHandler, Webhook, new_run};
 use ironflow_store::entities::RunStatus;
 use ironflow_store::store::RunStore;
-use lambda_runtime::{Context, LambdaEvent};
 use serde_json::{Value, json};
-use uuid::Uuid;
 
-use common::moto::{new_queue, sqs_client, sqs_event, take_visible};
+use common::moto::{new_queue, queued, sqs_client, sqs_event, take_visible};
+use common::webhook::{by_token, created, lambda_event, post, request, signed};
+use common::{create_run, state_of};
 
 const TOKEN: &str = "webhook-test-token";
 const SECRET: &str = "a-webhook-secret-of-at-least-32-characters";
@@ -63,94 +62,10 @@ fn worker(
         .wake_ups(Waker::new(sqs.clone(), wake))
 }
 
-fn epoch_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_millis() as u64
-}
-
-fn lambda_event(payload: Value) -> LambdaEvent<Value> {
-    let mut context = Context::default();
-    context.request_id = Uuid::new_v4().to_string();
-    context.deadline = epoch_ms() + 30_000;
-    LambdaEvent::new(payload, context)
-}
-
-/// A Function URL request posting `body`, with `headers` and the query string `query`.
-fn request(body: &str, headers: Value, query: &str) -> Value {
-    let parameters: serde_json::Map<String, Value> = query
-        .split('&')
-        .filter_map(|p| p.split_once('='))
-        .map(|(k, v)| (k.to_string(), json!(v)))
-        .collect();
-    json!({
-        "version": "2.0",
-        "rawPath": "/",
-        "rawQueryString": query,
-        "headers": headers,
-        "queryStringParameters": parameters,
-        "requestContext": {"http": {"method": "POST", "path": "/"}, "timeEpoch": 0},
-        "body": body,
-        "isBase64Encoded": false,
-    })
-}
-
-fn signed(body: &str) -> Value {
-    let signature = auth::sign(
-        &ironflow_lambda::WebhookSecret::new(SECRET),
-        body.as_bytes(),
-    );
-    request(body, json!({"x-signature-256": signature}), "")
-}
-
-fn created(workflow: &str) -> String {
-    json!({"type": "run_created", "run_id": Uuid::new_v4(), "workflow_name": workflow, "at": chrono::Utc::now()}).to_string()
-}
-
-/// The receiver's answer: status and JSON body.
-async fn post(worker: &LambdaWorker, event: Value) -> (u16, Value) {
-    let response = ironflow_lambda::handle_response(worker, lambda_event(event))
-        .await
-        .unwrap();
-    let Response::Webhook(answer) = &response else {
-        panic!("not a webhook answer: {response:?}");
-    };
-    let json = response.to_json();
-    assert_eq!(json["statusCode"], answer.status);
-    let body: Value = serde_json::from_str(json["body"].as_str().unwrap()).unwrap();
-    assert_eq!(body, answer.body);
-    (answer.status, body)
-}
-
-async fn queued(s: &Setup) -> u64 {
-    let out = s
-        .sqs
-        .get_queue_attributes()
-        .queue_url(&s.queue)
-        .attribute_names(QueueAttributeName::ApproximateNumberOfMessages)
-        .send()
-        .await
-        .unwrap();
-    out.attributes()
-        .and_then(|a| a.get(&QueueAttributeName::ApproximateNumberOfMessages))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0)
-}
-
-async fn create(api: &LocalApi, workflow: &str) -> Uuid {
-    api.store()
-        .create_run(new_run(workflow, 0))
-        .await
-        .unwrap()
-        .into_run()
-        .id
-}
-
 #[tokio::test]
 async fn only_a_valid_signature_or_token_wakes_and_bad_requests_get_their_answer() {
     let s = setup(LocalApi::start(TOKEN).await.unwrap(), 8).await;
-    create(&s.api, "quick-shell").await;
+    create_run(&s.api, "quick-shell").await;
     let body = created("quick-shell");
 
     // Refused, and nothing queued: missing, wrong secret, altered body, wrong token.
@@ -164,7 +79,7 @@ async fn only_a_valid_signature_or_token_wakes_and_bad_requests_get_their_answer
         )
     };
     let altered = {
-        let mut e = signed(&body);
+        let mut e = signed(SECRET, &body);
         e["body"] = json!(body.replace("quick-shell", "quick-shel1"));
         e
     };
@@ -183,46 +98,46 @@ async fn only_a_valid_signature_or_token_wakes_and_bad_requests_get_their_answer
         assert_eq!(status, 401, "{what}: {answer}");
         assert!(!answer.to_string().contains(SECRET));
     }
-    assert_eq!(queued(&s).await, 0, "a refused request sends nothing");
+    assert_eq!(
+        queued(&s.sqs, &s.queue).await,
+        0,
+        "a refused request sends nothing"
+    );
 
     // Malformed JSON, an oversized body, a GET.
-    let (status, _) = post(&s.worker, signed("{not json")).await;
+    let (status, _) = post(&s.worker, signed(SECRET, "{not json")).await;
     assert_eq!(status, 400);
     let huge = format!(
         "{{\"type\":\"run_created\",\"pad\":\"{}\"}}",
         "x".repeat(70_000)
     );
-    assert_eq!(post(&s.worker, signed(&huge)).await.0, 413);
-    let mut get = signed(&body);
+    assert_eq!(post(&s.worker, signed(SECRET, &huge)).await.0, 413);
+    let mut get = signed(SECRET, &body);
     get["requestContext"]["http"]["method"] = json!("GET");
     assert_eq!(post(&s.worker, get).await.0, 405);
-    let mut bad_base64 = signed(&body);
+    let mut bad_base64 = signed(SECRET, &body);
     bad_base64["isBase64Encoded"] = json!(true);
     bad_base64["body"] = json!("%%%");
     assert_eq!(post(&s.worker, bad_base64).await.0, 400);
-    assert_eq!(queued(&s).await, 0);
+    assert_eq!(queued(&s.sqs, &s.queue).await, 0);
 
     // The signature, a base64-encoded body, and the token in the URL each wake.
-    let (status, answer) = post(&s.worker, signed(&body)).await;
+    let (status, answer) = post(&s.worker, signed(SECRET, &body)).await;
     assert_eq!((status, &answer["woke"]), (202, &json!(true)), "{answer}");
     assert_eq!(answer["wake_ups"]["trigger"], "pushed");
-    assert_eq!(queued(&s).await, 1);
+    assert_eq!(queued(&s.sqs, &s.queue).await, 1);
     // (Each a body of its own: the same body again is a replay, taken once.)
     let other = created("quick-shell");
-    let mut encoded = signed(&other);
+    let mut encoded = signed(SECRET, &other);
     encoded["isBase64Encoded"] = json!(true);
     encoded["body"] = json!(base64::engine::general_purpose::STANDARD.encode(&other));
     let (status, answer) = post(&s.worker, encoded).await;
     assert_eq!(status, 202, "{answer}");
     assert_eq!(answer["wake_ups"]["queued"], 1, "already queued: {answer}");
-    let by_token = request(
-        &created("quick-shell"),
-        json!({}),
-        &format!("token={SECRET}"),
-    );
-    assert_eq!(post(&s.worker, by_token).await.0, 202);
+    let token = by_token(SECRET, &created("quick-shell"));
+    assert_eq!(post(&s.worker, token).await.0, 202);
     assert_eq!(
-        queued(&s).await,
+        queued(&s.sqs, &s.queue).await,
         1,
         "one run needs one wake-up, whatever the events"
     );
@@ -231,21 +146,24 @@ async fn only_a_valid_signature_or_token_wakes_and_bad_requests_get_their_answer
 #[tokio::test]
 async fn events_that_make_no_pending_run_here_are_acknowledged_and_ignored() {
     let s = setup(LocalApi::start(TOKEN).await.unwrap(), 8).await;
-    create(&s.api, "quick-shell").await;
+    create_run(&s.api, "quick-shell").await;
     for body in [
         created("not-registered-here"),
         json!({"type": "run_status_changed", "workflow_name": "quick-shell", "from": "running", "to": "completed", "at": chrono::Utc::now()}).to_string(),
         json!({"type": "step_completed", "workflow_name": "quick-shell", "at": chrono::Utc::now()}).to_string(),
         json!({"type": "user_signed_in", "user_id": 1, "at": chrono::Utc::now()}).to_string(),
     ] {
-        let (status, answer) = post(&s.worker, signed(&body)).await;
+        let (status, answer) = post(&s.worker, signed(SECRET, &body)).await;
         assert_eq!(status, 202, "{body}: {answer}");
         assert_eq!(answer["woke"], false, "{answer}");
         assert!(answer["ignored"].is_string(), "{answer}");
     }
-    assert_eq!(queued(&s).await, 0);
+    assert_eq!(queued(&s.sqs, &s.queue).await, 0);
     let requeued = json!({"type": "run_status_changed", "workflow_name": "quick-shell", "from": "running", "to": "pending", "at": chrono::Utc::now()}).to_string();
-    assert_eq!(post(&s.worker, signed(&requeued)).await.1["woke"], true);
+    assert_eq!(
+        post(&s.worker, signed(SECRET, &requeued)).await.1["woke"],
+        true
+    );
 }
 
 #[tokio::test]
@@ -253,13 +171,13 @@ async fn a_burst_of_events_queues_what_the_backlog_needs_not_one_per_event() {
     // N = 4: 20 runs need 5 invocations.
     let s = setup(LocalApi::start(TOKEN).await.unwrap(), 4).await;
     for _ in 0..20 {
-        create(&s.api, "quick-shell").await;
+        create_run(&s.api, "quick-shell").await;
     }
     for _ in 0..20 {
-        let (status, _) = post(&s.worker, signed(&created("quick-shell"))).await;
+        let (status, _) = post(&s.worker, signed(SECRET, &created("quick-shell"))).await;
         assert_eq!(status, 202);
     }
-    assert_eq!(queued(&s).await, 5);
+    assert_eq!(queued(&s.sqs, &s.queue).await, 5);
 }
 
 #[tokio::test]
@@ -274,11 +192,11 @@ async fn a_timer_wake_up_waiting_on_the_queue_holds_back_no_push() {
         .send()
         .await
         .unwrap();
-    create(&s.api, "quick-shell").await;
-    let (status, answer) = post(&s.worker, signed(&created("quick-shell"))).await;
+    create_run(&s.api, "quick-shell").await;
+    let (status, answer) = post(&s.worker, signed(SECRET, &created("quick-shell"))).await;
     assert_eq!((status, &answer["woke"]), (202, &json!(true)), "{answer}");
     assert_eq!(
-        queued(&s).await,
+        queued(&s.sqs, &s.queue).await,
         1,
         "a wake-up for now, beside the delayed one"
     );
@@ -289,16 +207,23 @@ async fn events_arriving_together_queue_what_the_backlog_needs_and_are_all_ackno
     // The API's publisher posts each event in a task of its own: a burst arrives at once.
     let s = setup(LocalApi::start(TOKEN).await.unwrap(), 4).await;
     for _ in 0..20 {
-        create(&s.api, "quick-shell").await;
+        create_run(&s.api, "quick-shell").await;
     }
     let bodies: Vec<String> = (0..40).map(|_| created("quick-shell")).collect();
-    let answers =
-        futures_util::future::join_all(bodies.iter().map(|body| post(&s.worker, signed(body))))
-            .await;
+    let answers = futures_util::future::join_all(
+        bodies
+            .iter()
+            .map(|body| post(&s.worker, signed(SECRET, body))),
+    )
+    .await;
     for (status, answer) in &answers {
         assert_eq!(*status, 202, "{answer}");
     }
-    assert_eq!(queued(&s).await, 5, "ceil(20 / 4), not one per event");
+    assert_eq!(
+        queued(&s.sqs, &s.queue).await,
+        5,
+        "ceil(20 / 4), not one per event"
+    );
 }
 
 #[tokio::test]
@@ -308,7 +233,7 @@ async fn a_receiver_without_its_secret_is_off_and_says_which_variable() {
     let worker = worker(&api, &sqs, "http://127.0.0.1:1/000000000000/none", 8)
         .build()
         .unwrap();
-    let (status, answer) = post(&worker, signed(&created("quick-shell"))).await;
+    let (status, answer) = post(&worker, signed(SECRET, &created("quick-shell"))).await;
     assert_eq!(status, 503);
     assert!(
         answer["error"]
@@ -393,14 +318,6 @@ async fn a_run_created_while_idle_is_claimed_through_the_push_path() {
     let summary = response.summary().unwrap();
     assert_eq!(summary.runs.len(), 1, "{summary:?}");
     assert_eq!(summary.runs[0].run_id, run);
-    let state = s
-        .api
-        .store()
-        .get_run(run)
-        .await
-        .unwrap()
-        .unwrap()
-        .status
-        .state;
+    let state = state_of(&s.api, run).await;
     assert_eq!(state, RunStatus::Completed);
 }

@@ -5,98 +5,29 @@
 
 mod common;
 
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::sync::Arc;
+use std::time::Duration;
 
 use aws_config::{BehaviorVersion, Region, SdkConfig};
-use aws_sdk_sqs::types::QueueAttributeName;
 use ironflow_core::providers::claude::ClaudeCodeProvider;
-use ironflow_lambda::webhook::auth;
-use ironflow_lambda::{
-    LambdaWorker, LambdaWorkerBuilder, Response, WakeSettings, Waker, WebhookSecret, samples,
-};
-use ironflow_local_api::{LocalApi, new_run};
-use lambda_runtime::{Context, LambdaEvent};
-use serde_json::{Value, json};
+use ironflow_lambda::{LambdaWorkerBuilder, WakeSettings, Waker, samples};
+use ironflow_local_api::LocalApi;
+use serde_json::json;
 use uuid::Uuid;
 
-use common::moto::{moto_endpoint, new_queue, sqs_client, take_visible};
+use common::create_run;
+use common::moto::{
+    moto_endpoint, new_queue, poison_table, queued, sqs_client, take_visible, traced_sqs_client,
+};
+use common::webhook::{by_token, created_at, post, post_traced, request, signed};
 
 const TOKEN: &str = "webhook-auth-test-token";
 const SECRET: &str = "a-webhook-secret-of-at-least-32-characters";
-
-fn epoch_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_millis() as u64
-}
-
-fn lambda_event(payload: Value, trace: Option<&str>) -> LambdaEvent<Value> {
-    let mut context = Context::default();
-    context.request_id = Uuid::new_v4().to_string();
-    context.deadline = epoch_ms() + 30_000;
-    context.xray_trace_id = trace.map(str::to_string);
-    LambdaEvent::new(payload, context)
-}
-
-/// A Function URL request posting `body` with `headers` and the query string `query`.
-fn request(body: &str, headers: Value, query: &str) -> Value {
-    let parameters: serde_json::Map<String, Value> = query
-        .split('&')
-        .filter_map(|p| p.split_once('='))
-        .map(|(k, v)| (k.to_string(), json!(v)))
-        .collect();
-    json!({
-        "version": "2.0",
-        "rawPath": "/",
-        "rawQueryString": query,
-        "headers": headers,
-        "queryStringParameters": parameters,
-        "requestContext": {"http": {"method": "POST", "path": "/"}, "timeEpoch": 0},
-        "body": body,
-        "isBase64Encoded": false,
-    })
-}
-
-fn signed_with(secret: &str, body: &str) -> Value {
-    let signature = auth::sign(&WebhookSecret::new(secret), body.as_bytes());
-    request(body, json!({"x-signature-256": signature}), "")
-}
-
-fn signed(body: &str) -> Value {
-    signed_with(SECRET, body)
-}
-
-fn by_token(token: &str, body: &str) -> Value {
-    request(body, json!({}), &format!("token={token}"))
-}
-
-/// A `run_created` event stamped `offset_secs` from now.
-fn created_at(offset_secs: i64) -> String {
-    let at = chrono::Utc::now() + chrono::TimeDelta::seconds(offset_secs);
-    json!({"type": "run_created", "run_id": Uuid::new_v4(), "workflow_name": "quick-shell", "at": at})
-        .to_string()
-}
 
 /// An event the receiver takes and ignores once the sender is proved (no API call).
 fn ignored() -> String {
     json!({"type": "step_completed", "workflow_name": "quick-shell", "step_id": Uuid::new_v4(), "at": chrono::Utc::now()})
         .to_string()
-}
-
-async fn post_traced(worker: &LambdaWorker, event: Value, trace: Option<&str>) -> (u16, Value) {
-    let response = ironflow_lambda::handle_response(worker, lambda_event(event, trace))
-        .await
-        .unwrap();
-    let Response::Webhook(answer) = response else {
-        panic!("not a webhook answer: {response:?}");
-    };
-    (answer.status, answer.body)
-}
-
-async fn post(worker: &LambdaWorker, event: Value) -> (u16, Value) {
-    post_traced(worker, event, None).await
 }
 
 fn builder(api_url: &str, sqs: &aws_sdk_sqs::Client, queue: &str) -> LambdaWorkerBuilder {
@@ -107,56 +38,40 @@ fn builder(api_url: &str, sqs: &aws_sdk_sqs::Client, queue: &str) -> LambdaWorke
         .wake_ups(Waker::new(sqs.clone(), WakeSettings::new(queue)))
 }
 
-async fn queued(sqs: &aws_sdk_sqs::Client, queue: &str) -> u64 {
-    let out = sqs
-        .get_queue_attributes()
-        .queue_url(queue)
-        .attribute_names(QueueAttributeName::ApproximateNumberOfMessages)
-        .send()
-        .await
-        .unwrap();
-    out.attributes()
-        .and_then(|a| a.get(&QueueAttributeName::ApproximateNumberOfMessages))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0)
-}
-
-async fn create_run(api: &LocalApi) {
-    api.store()
-        .create_run(new_run("quick-shell", 0))
-        .await
-        .unwrap();
-}
-
 #[tokio::test]
 async fn an_event_outside_the_replay_window_is_refused_in_both_modes() {
     let api = LocalApi::start(TOKEN).await.unwrap();
     let sqs = sqs_client();
     let queue = new_queue(&sqs).await;
     let worker = builder(&api.url(), &sqs, &queue).build().unwrap();
-    create_run(&api).await;
+    create_run(&api, "quick-shell").await;
     let no_at = json!({"type": "run_created", "workflow_name": "quick-shell"}).to_string();
     for (what, body) in [
-        ("an hour old", created_at(-3600)),
-        ("301 s old", created_at(-301)),
-        ("301 s ahead", created_at(301)),
+        ("an hour old", created_at("quick-shell", -3600)),
+        ("301 s old", created_at("quick-shell", -301)),
+        ("301 s ahead", created_at("quick-shell", 301)),
         ("no at", no_at),
     ] {
-        let (status, answer) = post(&worker, signed(&body)).await;
+        let (status, answer) = post(&worker, signed(SECRET, &body)).await;
         assert_eq!(status, 401, "{what}, signed: {answer}");
         let (status, answer) = post(&worker, by_token(SECRET, &body)).await;
         assert_eq!(status, 401, "{what}, by token: {answer}");
     }
     assert_eq!(queued(&sqs, &queue).await, 0, "a stale event sends nothing");
     // Within the window either way (the API's clock may run ahead): taken.
-    let (status, answer) = post(&worker, signed(&created_at(240))).await;
+    let (status, answer) = post(&worker, signed(SECRET, &created_at("quick-shell", 240))).await;
     assert_eq!((status, &answer["woke"]), (202, &json!(true)), "{answer}");
     // The window is a setting.
     let narrow = builder(&api.url(), &sqs, &queue)
         .webhook_replay_window(Duration::from_secs(10))
         .build()
         .unwrap();
-    assert_eq!(post(&narrow, signed(&created_at(-60))).await.0, 401);
+    assert_eq!(
+        post(&narrow, signed(SECRET, &created_at("quick-shell", -60)))
+            .await
+            .0,
+        401
+    );
 }
 
 #[tokio::test]
@@ -165,15 +80,15 @@ async fn a_body_taken_once_is_not_taken_again_within_the_window_whatever_the_pro
     let sqs = sqs_client();
     let queue = new_queue(&sqs).await;
     let worker = builder(&api.url(), &sqs, &queue).build().unwrap();
-    create_run(&api).await;
-    let body = created_at(0);
-    let (status, answer) = post(&worker, signed(&body)).await;
+    create_run(&api, "quick-shell").await;
+    let body = created_at("quick-shell", 0);
+    let (status, answer) = post(&worker, signed(SECRET, &body)).await;
     assert_eq!((status, &answer["woke"]), (202, &json!(true)), "{answer}");
     // The wake-up is consumed (its invocation is under way): the run is still Pending, so a
     // replayed body would queue another wake-up.
     assert_eq!(take_visible(&sqs, &queue).await.len(), 1);
     for (what, replay) in [
-        ("signed", signed(&body)),
+        ("signed", signed(SECRET, &body)),
         ("by token", by_token(SECRET, &body)),
     ] {
         let (status, answer) = post(&worker, replay).await;
@@ -182,7 +97,7 @@ async fn a_body_taken_once_is_not_taken_again_within_the_window_whatever_the_pro
     }
     assert_eq!(queued(&sqs, &queue).await, 0, "a replay queues nothing");
     // Another event of the same run (another body) is served.
-    let (status, answer) = post(&worker, signed(&created_at(0))).await;
+    let (status, answer) = post(&worker, signed(SECRET, &created_at("quick-shell", 0))).await;
     assert_eq!((status, &answer["woke"]), (202, &json!(true)), "{answer}");
 }
 
@@ -196,14 +111,14 @@ async fn a_re_send_of_a_body_answered_503_is_served() {
     let (prefix, _) = existing.rsplit_once('/').unwrap();
     let queue = format!("{prefix}/{name}");
     let worker = builder(&api.url(), &sqs, &queue).build().unwrap();
-    create_run(&api).await;
-    let body = created_at(0);
-    let (status, answer) = post(&worker, signed(&body)).await;
+    create_run(&api, "quick-shell").await;
+    let body = created_at("quick-shell", 0);
+    let (status, answer) = post(&worker, signed(SECRET, &body)).await;
     assert_eq!(status, 503, "{answer}");
     let created = sqs.create_queue().queue_name(&name).send().await.unwrap();
     assert_eq!(created.queue_url(), Some(queue.as_str()));
     // The API's webhook sends the same body again: its wake-ups go out this time.
-    let (status, answer) = post(&worker, signed(&body)).await;
+    let (status, answer) = post(&worker, signed(SECRET, &body)).await;
     assert_eq!((status, &answer["woke"]), (202, &json!(true)), "{answer}");
     assert_eq!(queued(&sqs, &queue).await, 1);
 }
@@ -214,17 +129,17 @@ async fn a_401_says_only_that_the_request_is_not_authenticated() {
     let sqs = sqs_client();
     let queue = new_queue(&sqs).await;
     let worker = builder(&api.url(), &sqs, &queue).build().unwrap();
-    let body = created_at(0);
+    let body = created_at("quick-shell", 0);
     let other = "another-secret-of-at-least-32-characters!!";
     for (what, event) in [
         ("missing", request(&body, json!({}), "")),
         ("wrong token", by_token(other, &body)),
-        ("wrong signature", signed_with(other, &body)),
+        ("wrong signature", signed(other, &body)),
         (
             "malformed signature",
             request(&body, json!({"x-signature-256": "sha1=00"}), ""),
         ),
-        ("stale", signed(&created_at(-3600))),
+        ("stale", signed(SECRET, &created_at("quick-shell", -3600))),
     ] {
         let (status, answer) = post(&worker, event).await;
         assert_eq!(status, 401, "{what}");
@@ -232,53 +147,24 @@ async fn a_401_says_only_that_the_request_is_not_authenticated() {
     }
 }
 
-/// Records the `X-Amzn-Trace-Id` of every `SendMessageBatch` the client sends.
-#[derive(Debug, Default, Clone)]
-struct TraceHeaders(Arc<Mutex<Vec<Option<String>>>>);
-
-impl aws_sdk_sqs::config::Intercept for TraceHeaders {
-    fn name(&self) -> &'static str {
-        "TraceHeaders"
-    }
-
-    fn read_before_transmit(
-        &self,
-        context: &aws_sdk_sqs::config::interceptors::BeforeTransmitInterceptorContextRef<'_>,
-        _: &aws_sdk_sqs::config::RuntimeComponents,
-        _: &mut aws_sdk_sqs::config::ConfigBag,
-    ) -> Result<(), aws_sdk_sqs::error::BoxError> {
-        let headers = context.request().headers();
-        if headers
-            .get("x-amz-target")
-            .is_some_and(|t| t.ends_with("SendMessageBatch"))
-        {
-            let trace = headers.get("x-amzn-trace-id").map(str::to_string);
-            self.0.lock().unwrap().push(trace);
-        }
-        Ok(())
-    }
-}
-
 #[tokio::test]
 async fn pushed_wake_ups_carry_the_invocation_s_trace_header() {
-    let recorded = TraceHeaders::default();
-    let sqs = aws_sdk_sqs::Client::from_conf(
-        sqs_client()
-            .config()
-            .to_builder()
-            .interceptor(recorded.clone())
-            .build(),
-    );
+    let (sqs, recorded) = traced_sqs_client();
     let queue = new_queue(&sqs).await;
     let api = LocalApi::start(TOKEN).await.unwrap();
     let worker = builder(&api.url(), &sqs, &queue).build().unwrap();
     assert!(std::env::var_os("_X_AMZN_TRACE_ID").is_none());
-    create_run(&api).await;
+    create_run(&api, "quick-shell").await;
     let trace = "Root=1-67891233-abcdef012345678912345678;Parent=53995c3f42cd8ad8;Sampled=1";
-    let (status, answer) = post_traced(&worker, signed(&created_at(0)), Some(trace)).await;
+    let (status, answer) = post_traced(
+        &worker,
+        signed(SECRET, &created_at("quick-shell", 0)),
+        Some(trace),
+    )
+    .await;
     assert_eq!((status, &answer["woke"]), (202, &json!(true)), "{answer}");
     assert_eq!(
-        *recorded.0.lock().unwrap(),
+        recorded.recorded(),
         vec![Some(trace.to_string())],
         "the wake-up carries the invocation's trace header"
     );
@@ -350,11 +236,11 @@ async fn a_warm_receiver_takes_a_rotated_secret_and_its_previous_version_and_no_
         .register(samples::QuickShell)
         .build()
         .unwrap();
-    let status = |c: char, signed: bool| {
+    let status = |c: char, by_signature: bool| {
         let worker = &worker;
         async move {
-            let event = if signed {
-                signed_with(&version(c), &ignored())
+            let event = if by_signature {
+                signed(&version(c), &ignored())
             } else {
                 by_token(&version(c), &ignored())
             };
@@ -384,36 +270,6 @@ async fn a_warm_receiver_takes_a_rotated_secret_and_its_previous_version_and_no_
     }
 }
 
-/// A DynamoDB poison-pill table of moto's (the schema of `src/poison/dynamodb/`): its name.
-async fn poison_table(aws: &SdkConfig) -> String {
-    use aws_sdk_dynamodb::types::{
-        AttributeDefinition, BillingMode, KeySchemaElement, KeyType, ScalarAttributeType,
-    };
-    let name = format!("poison-{}", Uuid::new_v4().simple());
-    aws_sdk_dynamodb::Client::new(aws)
-        .create_table()
-        .table_name(&name)
-        .attribute_definitions(
-            AttributeDefinition::builder()
-                .attribute_name("pk")
-                .attribute_type(ScalarAttributeType::S)
-                .build()
-                .unwrap(),
-        )
-        .key_schema(
-            KeySchemaElement::builder()
-                .attribute_name("pk")
-                .key_type(KeyType::Hash)
-                .build()
-                .unwrap(),
-        )
-        .billing_mode(BillingMode::PayPerRequest)
-        .send()
-        .await
-        .unwrap();
-    name
-}
-
 /// Two execution environments (two workers, each with its own memory) sharing the DynamoDB
 /// poison-pill table: a body taken by one is not taken again by the other.
 #[tokio::test]
@@ -422,7 +278,7 @@ async fn a_body_taken_in_one_environment_is_not_taken_again_in_another_with_the_
     let api = LocalApi::start(TOKEN).await.unwrap();
     let sqs = sqs_client();
     let queue = new_queue(&sqs).await;
-    let table = poison_table(&aws).await;
+    let table = poison_table().await;
     let vars = vec![
         ("IRONFLOW_API_URL", api.url()),
         ("IRONFLOW_WORKER_TOKEN", TOKEN.to_string()),
@@ -449,9 +305,9 @@ async fn a_body_taken_in_one_environment_is_not_taken_again_in_another_with_the_
             .unwrap()
     };
     let (first, second) = (environment().await, environment().await);
-    create_run(&api).await;
-    let body = created_at(0);
-    let (status, answer) = post(&first, signed(&body)).await;
+    create_run(&api, "quick-shell").await;
+    let body = created_at("quick-shell", 0);
+    let (status, answer) = post(&first, signed(SECRET, &body)).await;
     assert_eq!((status, &answer["woke"]), (202, &json!(true)), "{answer}");
     assert_eq!(take_visible(&sqs, &queue).await.len(), 1);
     let (status, answer) = post(&second, by_token(SECRET, &body)).await;
@@ -459,6 +315,6 @@ async fn a_body_taken_in_one_environment_is_not_taken_again_in_another_with_the_
     assert_eq!(answer["duplicate"], true, "{answer}");
     assert_eq!(queued(&sqs, &queue).await, 0, "the replay queued nothing");
     // Another body is served by either.
-    let (status, answer) = post(&second, signed(&created_at(0))).await;
+    let (status, answer) = post(&second, signed(SECRET, &created_at("quick-shell", 0))).await;
     assert_eq!((status, &answer["woke"]), (202, &json!(true)), "{answer}");
 }

@@ -8,31 +8,29 @@ mod common;
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
-use aws_sdk_dynamodb::config::{BehaviorVersion, Credentials, Region};
-use aws_sdk_dynamodb::types::{
-    AttributeDefinition, BillingMode, KeySchemaElement, KeyType, ScalarAttributeType,
-};
-use aws_sdk_sqs::types::QueueAttributeName;
 use ironflow_core::providers::claude::ClaudeCodeProvider;
 use ironflow_engine::config::HumanInputConfig;
 use ironflow_engine::context::WorkflowContext;
 use ironflow_engine::handler::{HandlerFuture, WorkflowHandler};
-use ironflow_lambda::poison::dynamodb::{DynamoPoisonTable, PARTITION_KEY};
+use ironflow_lambda::poison::dynamodb::DynamoPoisonTable;
 use ironflow_lambda::poison::{PoisonMode, PoisonPolicy, PoisonTable, now_ms};
-use ironflow_lambda::webhook::auth;
 use ironflow_lambda::{
-    LambdaWorker, LambdaWorkerBuilder, MemoryPoisonTable, Response, WakeSettings, Waker, samples,
+    LambdaWorker, LambdaWorkerBuilder, MemoryPoisonTable, WakeSettings, Waker, samples,
 };
 use ironflow_local_api::{Backend, FunctionUrl, LocalApi, UrlHandler, Webhook, new_run};
 use ironflow_store::entities::{RunStatus, StepKind, StepStatus};
-use lambda_runtime::{Context, LambdaEvent};
 use serde_json::{Value, json};
 use uuid::Uuid;
 
-use common::moto::{moto_endpoint, new_queue, sqs_client, sqs_event, take_visible};
+use common::moto::{
+    delayed, dynamodb_config, moto_endpoint, new_queue, poison_table, queued, sqs_client,
+    sqs_event, take_visible,
+};
 use common::wait_until;
+use common::webhook::{created, lambda_event, post, signed};
+use common::{create_run, state_of};
 
 const TOKEN: &str = "webhook-fleet-test-token";
 const SECRET: &str = "a-webhook-secret-of-at-least-32-characters";
@@ -60,118 +58,6 @@ fn builder(
         .wake_ups(Waker::new(sqs.clone(), wake))
 }
 
-fn lambda_event(payload: Value) -> LambdaEvent<Value> {
-    let mut context = Context::default();
-    context.request_id = Uuid::new_v4().to_string();
-    let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap();
-    context.deadline = (now + Duration::from_secs(30)).as_millis() as u64;
-    LambdaEvent::new(payload, context)
-}
-
-/// A Function URL request posting `body`, signed with [`SECRET`].
-fn signed(body: &str) -> Value {
-    let secret = ironflow_lambda::WebhookSecret::new(SECRET);
-    json!({
-        "version": "2.0",
-        "rawPath": "/",
-        "rawQueryString": "",
-        "headers": {"x-signature-256": auth::sign(&secret, body.as_bytes())},
-        "queryStringParameters": {},
-        "requestContext": {"http": {"method": "POST", "path": "/"}, "timeEpoch": 0},
-        "body": body,
-        "isBase64Encoded": false,
-    })
-}
-
-fn created(workflow: &str) -> String {
-    json!({"type": "run_created", "run_id": Uuid::new_v4(), "workflow_name": workflow, "at": chrono::Utc::now().to_rfc3339()}).to_string()
-}
-
-/// The receiver's answer: status and JSON body.
-async fn post(worker: &LambdaWorker, event: Value) -> (u16, Value) {
-    let response = ironflow_lambda::handle_response(worker, lambda_event(event))
-        .await
-        .unwrap();
-    let Response::Webhook(answer) = &response else {
-        panic!("not a webhook answer: {response:?}");
-    };
-    (answer.status, answer.body.clone())
-}
-
-/// Wake-ups visible on the queue.
-async fn queued(sqs: &aws_sdk_sqs::Client, queue: &str) -> u64 {
-    queue_count(sqs, queue, QueueAttributeName::ApproximateNumberOfMessages).await
-}
-
-/// Wake-ups on the queue with a delay still running.
-async fn delayed(sqs: &aws_sdk_sqs::Client, queue: &str) -> u64 {
-    queue_count(
-        sqs,
-        queue,
-        QueueAttributeName::ApproximateNumberOfMessagesDelayed,
-    )
-    .await
-}
-
-async fn queue_count(sqs: &aws_sdk_sqs::Client, queue: &str, count: QueueAttributeName) -> u64 {
-    let out = sqs
-        .get_queue_attributes()
-        .queue_url(queue)
-        .attribute_names(count.clone())
-        .send()
-        .await
-        .unwrap();
-    out.attributes()
-        .and_then(|a| a.get(&count))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0)
-}
-
-async fn create(api: &LocalApi, workflow: &str) -> Uuid {
-    api.store()
-        .create_run(new_run(workflow, 0))
-        .await
-        .unwrap()
-        .into_run()
-        .id
-}
-
-fn dynamodb_config() -> aws_sdk_dynamodb::Config {
-    aws_sdk_dynamodb::Config::builder()
-        .behavior_version(BehaviorVersion::latest())
-        .region(Region::new("us-east-1"))
-        .endpoint_url(moto_endpoint())
-        .credentials_provider(Credentials::new("testing", "testing", None, None, "tests"))
-        .build()
-}
-
-/// A poison-pill table of moto's with the schema of `src/poison/dynamodb/` (pk S): its name.
-async fn create_table() -> String {
-    let name = format!("poison-{}", Uuid::new_v4().simple());
-    aws_sdk_dynamodb::Client::from_conf(dynamodb_config())
-        .create_table()
-        .table_name(&name)
-        .attribute_definitions(
-            AttributeDefinition::builder()
-                .attribute_name(PARTITION_KEY)
-                .attribute_type(ScalarAttributeType::S)
-                .build()
-                .unwrap(),
-        )
-        .key_schema(
-            KeySchemaElement::builder()
-                .attribute_name(PARTITION_KEY)
-                .key_type(KeyType::Hash)
-                .build()
-                .unwrap(),
-        )
-        .billing_mode(BillingMode::PayPerRequest)
-        .send()
-        .await
-        .unwrap();
-    name
-}
-
 // --- item 3: coalescing across environments -----------------------------------------------
 
 /// What a child receiver is told, through its environment.
@@ -194,7 +80,7 @@ async fn fleet_child() {
     let var = |name: &str| std::env::var(name).unwrap();
     let sqs = sqs_client();
     let table = DynamoPoisonTable::connect_with(
-        dynamodb_config(),
+        dynamodb_config(&moto_endpoint()),
         &var(CHILD_TABLE),
         &var(CHILD_NAMESPACE),
         PoisonPolicy::default(),
@@ -213,7 +99,7 @@ async fn fleet_child() {
         assert!(tokio::time::Instant::now() < end, "no go from the test");
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
-    let (status, body) = post(&worker, signed(&created("quick-shell"))).await;
+    let (status, body) = post(&worker, signed(SECRET, &created("quick-shell"))).await;
     println!("\nANSWER {}", json!({"status": status, "body": body}));
 }
 
@@ -249,11 +135,11 @@ fn answers(output: &std::process::Output) -> Vec<Value> {
 async fn receivers_in_separate_processes_queue_what_the_backlog_needs_once() {
     let api = LocalApi::start(TOKEN).await.unwrap();
     for _ in 0..20 {
-        create(&api, "quick-shell").await;
+        create_run(&api, "quick-shell").await;
     }
     let sqs = sqs_client();
     let queue = new_queue(&sqs).await;
-    let table = create_table().await;
+    let table = poison_table().await;
     let dir = tempfile::tempdir().unwrap();
     let children: Vec<_> = (0..RECEIVERS)
         .map(|_| {
@@ -317,7 +203,7 @@ async fn fleet_worker(
     window: Duration,
 ) -> LambdaWorker {
     let table = DynamoPoisonTable::connect_with(
-        dynamodb_config(),
+        dynamodb_config(&moto_endpoint()),
         table,
         "fleet-test",
         PoisonPolicy::default(),
@@ -341,11 +227,11 @@ async fn a_run_pushed_after_the_window_s_wake_ups_were_taken_gets_a_tail_wake_up
     let api = LocalApi::start(TOKEN).await.unwrap();
     let sqs = sqs_client();
     let queue = new_queue(&sqs).await;
-    let table = create_table().await;
+    let table = poison_table().await;
     let worker = fleet_worker(&api, &sqs, &queue, &table, LONG).await;
 
-    let first = create(&api, "quick-shell").await;
-    let (status, answer) = post(&worker, signed(&created("quick-shell"))).await;
+    let first = create_run(&api, "quick-shell").await;
+    let (status, answer) = post(&worker, signed(SECRET, &created("quick-shell"))).await;
     assert_eq!(status, 202, "{answer}");
     assert_eq!(answer["wake_ups"]["sent"], 1, "{answer}");
     // Its wake-up is taken off the queue, and its invocation claims the run.
@@ -362,8 +248,8 @@ async fn a_run_pushed_after_the_window_s_wake_ups_were_taken_gets_a_tail_wake_up
     assert_eq!(queued(&sqs, &queue).await + delayed(&sqs, &queue).await, 0);
 
     // A second run, within the window.
-    create(&api, "quick-shell").await;
-    let (status, answer) = post(&worker, signed(&created("quick-shell"))).await;
+    create_run(&api, "quick-shell").await;
+    let (status, answer) = post(&worker, signed(SECRET, &created("quick-shell"))).await;
     assert_eq!(status, 202, "{answer}");
     assert_eq!(
         answer["woke"], true,
@@ -391,13 +277,13 @@ async fn the_tail_is_booked_once_per_window() {
     let api = LocalApi::start(TOKEN).await.unwrap();
     let sqs = sqs_client();
     let queue = new_queue(&sqs).await;
-    let table = create_table().await;
+    let table = poison_table().await;
     let mut workers = Vec::new();
     for _ in 0..4 {
         workers.push(fleet_worker(&api, &sqs, &queue, &table, LONG).await);
     }
-    create(&api, "quick-shell").await;
-    let (status, answer) = post(&workers[0], signed(&created("quick-shell"))).await;
+    create_run(&api, "quick-shell").await;
+    let (status, answer) = post(&workers[0], signed(SECRET, &created("quick-shell"))).await;
     assert_eq!(
         (status, &answer["wake_ups"]["sent"]),
         (202, &json!(1)),
@@ -408,17 +294,17 @@ async fn the_tail_is_booked_once_per_window() {
 
     // Four environments decide at once for three more runs (a backlog still needing one).
     for _ in 0..3 {
-        create(&api, "quick-shell").await;
+        create_run(&api, "quick-shell").await;
     }
     let bodies: Vec<String> = (0..workers.len()).map(|_| created("quick-shell")).collect();
     let pushes = workers
         .iter()
         .zip(&bodies)
-        .map(|(worker, body)| post(worker, signed(body)));
+        .map(|(worker, body)| post(worker, signed(SECRET, body)));
     let mut answers = futures_util::future::join_all(pushes).await;
     // And more decisions after them, in the same window.
     for worker in &workers {
-        answers.push(post(worker, signed(&created("quick-shell"))).await);
+        answers.push(post(worker, signed(SECRET, &created("quick-shell"))).await);
     }
     let mut sent = 0;
     for (status, answer) in &answers {
@@ -443,15 +329,15 @@ async fn a_tail_sqs_refused_is_booked_again_by_the_next_decision() {
     let api = LocalApi::start(TOKEN).await.unwrap();
     let sqs = sqs_client();
     let queue = new_queue(&sqs).await;
-    let table = create_table().await;
+    let table = poison_table().await;
     let worker = fleet_worker(&api, &sqs, &queue, &table, LONG).await;
     // An environment whose sends SQS refuses: its queue is gone.
     let gone = new_queue(&sqs).await;
     sqs.delete_queue().queue_url(&gone).send().await.unwrap();
     let refused = fleet_worker(&api, &sqs, &gone, &table, LONG).await;
 
-    create(&api, "quick-shell").await;
-    let (status, answer) = post(&worker, signed(&created("quick-shell"))).await;
+    create_run(&api, "quick-shell").await;
+    let (status, answer) = post(&worker, signed(SECRET, &created("quick-shell"))).await;
     assert_eq!(
         (status, &answer["wake_ups"]["sent"]),
         (202, &json!(1)),
@@ -459,7 +345,7 @@ async fn a_tail_sqs_refused_is_booked_again_by_the_next_decision() {
     );
     assert_eq!(take_visible(&sqs, &queue).await.len(), 1);
 
-    let (status, answer) = post(&refused, signed(&created("quick-shell"))).await;
+    let (status, answer) = post(&refused, signed(SECRET, &created("quick-shell"))).await;
     assert_eq!(status, 503, "for the API to re-send: {answer}");
     let wake_ups = &answer["wake_ups"];
     assert_eq!(
@@ -468,7 +354,7 @@ async fn a_tail_sqs_refused_is_booked_again_by_the_next_decision() {
         "{answer}"
     );
 
-    let (status, answer) = post(&worker, signed(&created("quick-shell"))).await;
+    let (status, answer) = post(&worker, signed(SECRET, &created("quick-shell"))).await;
     assert_eq!(status, 202, "{answer}");
     let wake_ups = &answer["wake_ups"];
     assert_eq!(
@@ -485,13 +371,13 @@ async fn a_tail_sqs_refused_is_booked_again_by_the_next_decision() {
 async fn the_mark_costs_one_write_per_decision_that_sends() {
     let api = LocalApi::start(TOKEN).await.unwrap();
     for _ in 0..20 {
-        create(&api, "quick-shell").await;
+        create_run(&api, "quick-shell").await;
     }
     let sqs = sqs_client();
     let queue = new_queue(&sqs).await;
-    let name = create_table().await;
+    let name = poison_table().await;
     let table = DynamoPoisonTable::new(
-        dynamodb_config(),
+        dynamodb_config(&moto_endpoint()),
         &name,
         "fleet-test",
         PoisonPolicy::default(),
@@ -502,7 +388,7 @@ async fn the_mark_costs_one_write_per_decision_that_sends() {
         .build()
         .unwrap();
     for _ in 0..3 {
-        let (status, answer) = post(&worker, signed(&created("quick-shell"))).await;
+        let (status, answer) = post(&worker, signed(SECRET, &created("quick-shell"))).await;
         assert_eq!(status, 202, "{answer}");
     }
     assert_eq!(queued(&sqs, &queue).await, 5);
@@ -515,12 +401,12 @@ async fn the_mark_costs_one_write_per_decision_that_sends() {
 #[tokio::test]
 async fn a_table_error_falls_back_to_the_environment_s_own_decision() {
     let api = LocalApi::start(TOKEN).await.unwrap();
-    create(&api, "quick-shell").await;
+    create_run(&api, "quick-shell").await;
     let sqs = sqs_client();
     let queue = new_queue(&sqs).await;
     // A table that does not exist: every write fails.
     let table = DynamoPoisonTable::new(
-        dynamodb_config(),
+        dynamodb_config(&moto_endpoint()),
         "no-such-table",
         "fleet-test",
         PoisonPolicy::default(),
@@ -529,7 +415,7 @@ async fn a_table_error_falls_back_to_the_environment_s_own_decision() {
         .dynamo_poison_table(table)
         .build()
         .unwrap();
-    let (status, answer) = post(&worker, signed(&created("quick-shell"))).await;
+    let (status, answer) = post(&worker, signed(SECRET, &created("quick-shell"))).await;
     assert_eq!((status, &answer["woke"]), (202, &json!(true)), "{answer}");
     let errors = answer["wake_ups"]["errors"].to_string();
     assert!(errors.contains("no-such-table"), "{answer}");
@@ -561,8 +447,8 @@ async fn a_blocked_workflow_s_new_runs_queue_no_wake_up_in_defer_mode() {
         .build()
         .unwrap();
 
-    create(&api, "always-fails").await;
-    let (status, answer) = post(&worker, signed(&created("always-fails"))).await;
+    create_run(&api, "always-fails").await;
+    let (status, answer) = post(&worker, signed(SECRET, &created("always-fails"))).await;
     assert_eq!((status, &answer["woke"]), (202, &json!(false)), "{answer}");
     assert_eq!(
         queued(&sqs, &queue).await,
@@ -570,8 +456,8 @@ async fn a_blocked_workflow_s_new_runs_queue_no_wake_up_in_defer_mode() {
         "a blocked workflow's run wakes nobody"
     );
 
-    create(&api, "quick-shell").await;
-    let (status, answer) = post(&worker, signed(&created("quick-shell"))).await;
+    create_run(&api, "quick-shell").await;
+    let (status, answer) = post(&worker, signed(SECRET, &created("quick-shell"))).await;
     assert_eq!((status, &answer["woke"]), (202, &json!(true)), "{answer}");
     assert_eq!(
         answer["wake_ups"]["pending_runs"], 1,
@@ -652,7 +538,7 @@ async fn a_rejected_human_input_wakes_the_fleet() {
     assert!(serving.set(worker.clone()).is_ok());
 
     // The run waits for its human.
-    let run = create(&api, "asks-a-human").await;
+    let run = create_run(&api, "asks-a-human").await;
     let summary = ironflow_lambda::handle_summary(&worker, lambda_event(json!({})))
         .await
         .unwrap();
@@ -686,14 +572,7 @@ async fn a_rejected_human_input_wakes_the_fleet() {
         "{}",
         rejected.text().await.unwrap()
     );
-    let state = api
-        .store()
-        .get_run(run)
-        .await
-        .unwrap()
-        .unwrap()
-        .status
-        .state;
+    let state = state_of(&api, run).await;
     assert_eq!(state, RunStatus::Pending);
 
     wait_until("the receiver answered approval_rejected", LONG, || async {

@@ -6,21 +6,20 @@
 mod common;
 
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use ironflow_core::providers::claude::ClaudeCodeProvider;
-use ironflow_lambda::webhook::auth;
 use ironflow_lambda::{
     FunctionRole, HandlerError, LambdaWorker, LambdaWorkerBuilder, Response, WakeSettings, Waker,
-    WebhookSecret, samples,
+    samples,
 };
-use ironflow_local_api::{LocalApi, new_run};
+use ironflow_local_api::LocalApi;
 use ironflow_store::entities::RunStatus;
-use lambda_runtime::{Context, LambdaEvent};
 use serde_json::{Value, json};
-use uuid::Uuid;
 
 use common::moto::{new_queue, sqs_client, take_visible};
+use common::webhook::{event, lambda_event, request, signed};
+use common::{create_run, state_of};
 
 const TOKEN: &str = "receiver-role-test-token";
 const SECRET: &str = "a-receiver-role-secret-of-at-least-32-characters";
@@ -37,40 +36,6 @@ async fn worker(api: &LocalApi, queue: &str, role: FunctionRole) -> Arc<LambdaWo
         .build()
         .unwrap();
     Arc::new(worker)
-}
-
-fn lambda_event(payload: Value) -> LambdaEvent<Value> {
-    let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap();
-    let mut context = Context::default();
-    context.request_id = Uuid::new_v4().to_string();
-    context.deadline = u64::try_from(now.as_millis()).unwrap() + 30_000;
-    LambdaEvent::new(payload, context)
-}
-
-/// A Function URL request posting `body` with `headers` and `query`.
-fn request(body: &str, headers: Value, query: &str) -> Value {
-    let parameters: serde_json::Map<String, Value> = query
-        .split('&')
-        .filter_map(|p| p.split_once('='))
-        .map(|(k, v)| (k.to_string(), json!(v)))
-        .collect();
-    json!({
-        "version": "2.0", "rawPath": "/", "rawQueryString": query, "headers": headers,
-        "queryStringParameters": parameters,
-        "requestContext": {"http": {"method": "POST", "path": "/"}, "timeEpoch": 0},
-        "body": body, "isBase64Encoded": false,
-    })
-}
-
-fn signed(body: &str) -> Value {
-    let signature = auth::sign(&WebhookSecret::new(SECRET), body.as_bytes());
-    request(body, json!({"x-signature-256": signature}), "")
-}
-
-fn event(kind: &str, workflow: &str) -> String {
-    json!({"type": kind, "run_id": Uuid::new_v4(), "workflow_name": workflow,
-        "at": chrono::Utc::now().to_rfc3339()})
-    .to_string()
 }
 
 fn created() -> String {
@@ -91,13 +56,7 @@ async fn the_receiver_refuses_every_event_but_a_function_url_request() {
     let api = LocalApi::start(TOKEN).await.unwrap();
     let queue = new_queue(&sqs_client()).await;
     let receiver = worker(&api, &queue, FunctionRole::WebhookReceiver).await;
-    let run = api
-        .store()
-        .create_run(new_run("quick-shell", 0))
-        .await
-        .unwrap()
-        .into_run()
-        .id;
+    let run = create_run(&api, "quick-shell").await;
     let before = api.requests();
     let schedule: Value = serde_json::from_str(include_str!("../events/schedule.json")).unwrap();
     let sqs = json!({"Records": [{"messageId": "m-1", "body": "{}", "eventSource": "aws:sqs"}]});
@@ -118,17 +77,10 @@ async fn the_receiver_refuses_every_event_but_a_function_url_request() {
         assert_eq!(diagnostic.error_type, "NotForThisRole");
     }
     assert_eq!(api.requests(), before, "a refused event makes no API call");
-    let status = api
-        .store()
-        .get_run(run)
-        .await
-        .unwrap()
-        .unwrap()
-        .status
-        .state;
+    let status = state_of(&api, run).await;
     assert_eq!(status, RunStatus::Pending, "nothing claimed");
     // Its own events it serves: an authenticated run_created wakes the fleet.
-    assert_eq!(status_of(&receiver, signed(&created())).await, 202);
+    assert_eq!(status_of(&receiver, signed(SECRET, &created())).await, 202);
     assert!(!take_visible(&sqs_client(), &queue).await.is_empty());
 }
 
@@ -140,20 +92,17 @@ async fn the_receiver_refuses_before_any_call() {
     let api = LocalApi::start(TOKEN).await.unwrap();
     let sqs = sqs_client();
     let queue = new_queue(&sqs).await;
-    api.store()
-        .create_run(new_run("quick-shell", 0))
-        .await
-        .unwrap();
+    create_run(&api, "quick-shell").await;
     let receiver = worker(&api, &queue, FunctionRole::WebhookReceiver).await;
     let body = created();
-    let mut get = signed(&body);
+    let mut get = signed(SECRET, &body);
     get["requestContext"]["http"]["method"] = json!("GET");
     let huge = "x".repeat(200_000);
-    let mut huge_base64 = signed(&huge);
+    let mut huge_base64 = signed(SECRET, &huge);
     huge_base64["isBase64Encoded"] = json!(true);
     let cases = [
         ("GET", get, 405),
-        ("oversized", signed(&huge), 413),
+        ("oversized", signed(SECRET, &huge), 413),
         ("oversized base64", huge_base64, 413),
         ("no proof", request(&body, json!({}), ""), 401),
         (
@@ -166,15 +115,15 @@ async fn the_receiver_refuses_before_any_call() {
             request(&body, json!({"x-signature-256": "sha256=00"}), ""),
             401,
         ),
-        ("not an event", signed("{not json"), 400),
+        ("not an event", signed(SECRET, "{not json"), 400),
         (
             "ignored type",
-            signed(&event("run_completed", "quick-shell")),
+            signed(SECRET, &event("run_completed", "quick-shell")),
             202,
         ),
         (
             "unregistered workflow",
-            signed(&event("run_created", "other")),
+            signed(SECRET, &event("run_created", "other")),
             202,
         ),
     ];
@@ -195,11 +144,8 @@ async fn the_receiver_refuses_before_any_call() {
 async fn the_worker_role_still_answers_function_url_requests() {
     let api = LocalApi::start(TOKEN).await.unwrap();
     let queue = new_queue(&sqs_client()).await;
-    api.store()
-        .create_run(new_run("quick-shell", 0))
-        .await
-        .unwrap();
+    create_run(&api, "quick-shell").await;
     let worker = worker(&api, &queue, FunctionRole::Worker).await;
-    assert_eq!(status_of(&worker, signed(&created())).await, 202);
+    assert_eq!(status_of(&worker, signed(SECRET, &created())).await, 202);
     assert!(!take_visible(&sqs_client(), &queue).await.is_empty());
 }

@@ -55,6 +55,7 @@ use std::time::Duration;
 use aws_sdk_dynamodb::Client;
 use aws_sdk_dynamodb::error::DisplayErrorContext;
 use aws_sdk_dynamodb::operation::update_item::UpdateItemError;
+use aws_sdk_dynamodb::operation::update_item::builders::UpdateItemFluentBuilder;
 use aws_sdk_dynamodb::types::{AttributeValue, ReturnValue, ReturnValuesOnConditionCheckFailure};
 
 use crate::poison::dynamodb::{PARTITION_KEY, TTL_ATTRIBUTE};
@@ -175,6 +176,26 @@ impl FleetMark {
         }
     }
 
+    /// An `UpdateItem` of the mark's item (`pk = mark_key`), for one decision's write.
+    fn update_mark(&self) -> UpdateItemFluentBuilder {
+        self.client
+            .update_item()
+            .table_name(&self.table)
+            .key(PARTITION_KEY, AttributeValue::S(self.key.clone()))
+    }
+
+    /// Send `write`, a conditional write of the mark that needs no old item: `true` when it was
+    /// written, `false` when its condition failed.
+    async fn conditionally(&self, write: UpdateItemFluentBuilder) -> Result<bool, FleetError> {
+        match write.send().await {
+            Ok(_) => Ok(true),
+            Err(e) => match e.as_service_error() {
+                Some(UpdateItemError::ConditionalCheckFailedException(_)) => Ok(false),
+                _ => Err(self.error(DisplayErrorContext(&e).to_string())),
+            },
+        }
+    }
+
     /// One conditional write: raise the mark to `target` (the queued wake-ups the decision read
     /// plus the `count` it would send) at `now_ms`; what it may send.
     ///
@@ -186,10 +207,7 @@ impl FleetMark {
         let until_ms = now_ms.saturating_add(ms(self.window));
         let expires_at = until_ms.saturating_add(ms(MARK_TTL)).div_ceil(1000);
         let result = self
-            .client
-            .update_item()
-            .table_name(&self.table)
-            .key(PARTITION_KEY, AttributeValue::S(self.key.clone()))
+            .update_mark()
             .expression_attribute_names("#c", COVERED)
             .expression_attribute_names("#u", IN_FLIGHT_UNTIL_MS)
             .expression_attribute_names("#exp", TTL_ATTRIBUTE)
@@ -248,27 +266,19 @@ impl FleetMark {
         until_ms: u64,
         unsent: u64,
     ) -> Result<(), FleetError> {
-        let result = self
-            .client
-            .update_item()
-            .table_name(&self.table)
-            .key(PARTITION_KEY, AttributeValue::S(self.key.clone()))
-            .expression_attribute_names("#c", COVERED)
-            .expression_attribute_names("#u", IN_FLIGHT_UNTIL_MS)
-            .expression_attribute_values(":t", n(target))
-            .expression_attribute_values(":until", n(until_ms))
-            .expression_attribute_values(":lower", n(target.saturating_sub(unsent)))
-            .update_expression("SET #c = :lower")
-            .condition_expression("#c = :t AND #u = :until")
-            .send()
-            .await;
-        match result {
-            Ok(_) => Ok(()),
-            Err(e) => match e.as_service_error() {
-                Some(UpdateItemError::ConditionalCheckFailedException(_)) => Ok(()),
-                _ => Err(self.error(DisplayErrorContext(&e).to_string())),
-            },
-        }
+        // A failed condition (another receiver raised the mark since) is not an error.
+        self.conditionally(
+            self.update_mark()
+                .expression_attribute_names("#c", COVERED)
+                .expression_attribute_names("#u", IN_FLIGHT_UNTIL_MS)
+                .expression_attribute_values(":t", n(target))
+                .expression_attribute_values(":until", n(until_ms))
+                .expression_attribute_values(":lower", n(target.saturating_sub(unsent)))
+                .update_expression("SET #c = :lower")
+                .condition_expression("#c = :t AND #u = :until"),
+        )
+        .await?;
+        Ok(())
     }
 
     /// Book the tail wake-up for a decision the window ending at `window_end_ms` covers (a
@@ -288,28 +298,20 @@ impl FleetMark {
     ) -> Result<Option<Tail>, FleetError> {
         let delay_secs = tail_delay_secs(window_end_ms, now_ms);
         let due_ms = now_ms.saturating_add(delay_secs.saturating_mul(1000));
-        let result = self
-            .client
-            .update_item()
-            .table_name(&self.table)
-            .key(PARTITION_KEY, AttributeValue::S(self.key.clone()))
-            .expression_attribute_names("#c", COVERED)
-            .expression_attribute_names("#tail", TAIL_DUE_MS)
-            .expression_attribute_values(":now", n(now_ms))
-            .expression_attribute_values(":due", n(due_ms))
-            .update_expression("SET #tail = :due")
-            .condition_expression(
-                "attribute_exists(#c) AND (attribute_not_exists(#tail) OR #tail <= :now)",
+        let written = self
+            .conditionally(
+                self.update_mark()
+                    .expression_attribute_names("#c", COVERED)
+                    .expression_attribute_names("#tail", TAIL_DUE_MS)
+                    .expression_attribute_values(":now", n(now_ms))
+                    .expression_attribute_values(":due", n(due_ms))
+                    .update_expression("SET #tail = :due")
+                    .condition_expression(
+                        "attribute_exists(#c) AND (attribute_not_exists(#tail) OR #tail <= :now)",
+                    ),
             )
-            .send()
-            .await;
-        match result {
-            Ok(_) => Ok(Some(Tail { delay_secs, due_ms })),
-            Err(e) => match e.as_service_error() {
-                Some(UpdateItemError::ConditionalCheckFailedException(_)) => Ok(None),
-                _ => Err(self.error(DisplayErrorContext(&e).to_string())),
-            },
-        }
+            .await?;
+        Ok(written.then_some(Tail { delay_secs, due_ms }))
     }
 
     /// Un-book `tail`, which SQS refused, if it is still the one booked: the next decision the
@@ -319,24 +321,16 @@ impl FleetMark {
     ///
     /// [`FleetError`] when DynamoDB refuses or does not answer.
     pub async fn give_back_tail(&self, tail: Tail) -> Result<(), FleetError> {
-        let result = self
-            .client
-            .update_item()
-            .table_name(&self.table)
-            .key(PARTITION_KEY, AttributeValue::S(self.key.clone()))
-            .expression_attribute_names("#tail", TAIL_DUE_MS)
-            .expression_attribute_values(":due", n(tail.due_ms))
-            .update_expression("REMOVE #tail")
-            .condition_expression("#tail = :due")
-            .send()
-            .await;
-        match result {
-            Ok(_) => Ok(()),
-            Err(e) => match e.as_service_error() {
-                Some(UpdateItemError::ConditionalCheckFailedException(_)) => Ok(()),
-                _ => Err(self.error(DisplayErrorContext(&e).to_string())),
-            },
-        }
+        // A failed condition (the tail booked is no longer this one) is not an error.
+        self.conditionally(
+            self.update_mark()
+                .expression_attribute_names("#tail", TAIL_DUE_MS)
+                .expression_attribute_values(":due", n(tail.due_ms))
+                .update_expression("REMOVE #tail")
+                .condition_expression("#tail = :due"),
+        )
+        .await?;
+        Ok(())
     }
 }
 

@@ -5,6 +5,7 @@
 
 pub mod fault_proxy;
 pub mod moto;
+pub mod webhook;
 
 use std::future::Future;
 use std::path::{Path, PathBuf};
@@ -20,7 +21,7 @@ use ironflow_lambda::orphans;
 use ironflow_lambda::{LambdaWorker, LambdaWorkerBuilder};
 pub use ironflow_local_api::Backend;
 use ironflow_local_api::{LocalApi, new_run};
-use ironflow_store::entities::{Run, RunStatus, Step};
+use ironflow_store::entities::{NewStep, Run, RunStatus, Step, StepKind, StepStatus, StepUpdate};
 use ironflow_store::store::RunStore;
 use ironflow_worker::ApiRunStore;
 use lambda_runtime::{Context, LambdaEvent};
@@ -124,6 +125,50 @@ impl Harness {
 pub fn deadline_in(left: Duration) -> u64 {
     let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap();
     (now + left).as_millis() as u64
+}
+
+/// A new Pending run of `workflow` (no retries) in `api`'s store: its id.
+pub async fn create_run(api: &LocalApi, workflow: &str) -> Uuid {
+    api.store()
+        .create_run(new_run(workflow, 0))
+        .await
+        .unwrap()
+        .into_run()
+        .id
+}
+
+/// The state of run `run` in `api`'s store (panics if it does not exist).
+pub async fn state_of(api: &LocalApi, run: Uuid) -> RunStatus {
+    api.store()
+        .get_run(run)
+        .await
+        .unwrap()
+        .unwrap()
+        .status
+        .state
+}
+
+/// Start a step of run `run_id` through `store` (position 0, a shell step, now `Running`): what
+/// an invocation that dies mid-step leaves behind.
+pub async fn start_step(store: &impl RunStore, run_id: Uuid) {
+    let step = store
+        .create_step(NewStep {
+            run_id,
+            trace_id: Uuid::new_v4(),
+            name: "step".into(),
+            kind: StepKind::Shell,
+            position: 0,
+            input: None,
+            is_error_handler: false,
+        })
+        .await
+        .unwrap();
+    let running = StepUpdate {
+        status: Some(StepStatus::Running),
+        started_at: Some(chrono::Utc::now()),
+        ..StepUpdate::default()
+    };
+    store.update_step(step.id, running).await.unwrap();
 }
 
 /// Poll `condition` every 20 ms until it holds; panic with `what` after `timeout`.
