@@ -445,12 +445,14 @@ impl Settings {
         if let Some(token) = worker_token {
             s.worker_token = token;
         }
+        let set: Vec<&'static str> = parsed.iter().map(|(v, _)| v.variable()).collect();
         for (v, raw) in parsed {
             if let Err(expected) = v.check(&s) {
                 errors.push(invalid(v, expected, &raw));
             }
         }
         missing(&s, &mut errors);
+        without_queue(&s, &set, &mut errors);
         if !namespace_set && !is_namespace(&s.poison_namespace) {
             errors.push(ConfigError::Invalid {
                 variable: "AWS_LAMBDA_FUNCTION_NAME (default of IRONFLOW_POISON_NAMESPACE)",
@@ -492,6 +494,27 @@ fn invalid(v: &Variable, expected: Cow<'static, str>, raw: &str) -> ConfigError 
         variable: v.variable(),
         expected,
         found: v.found(raw),
+    }
+}
+
+/// A wake-up variable set without a queue, even to its default: it would be ignored without a
+/// word ([`Settings::validate`] sees only values that differ from the defaults, as the builder
+/// cannot tell a default from a value set to it).
+fn without_queue(s: &Settings, set: &[&str], errors: &mut Vec<ConfigError>) {
+    let wake = [
+        table::MAX_WAKEUPS_PER_INVOCATION.variable,
+        table::WAKE_DELAY.variable,
+    ];
+    let given: Vec<&str> = wake.into_iter().filter(|v| set.contains(v)).collect();
+    if s.wake_queue_url.is_none() && !given.is_empty() {
+        errors.push(ConfigError::Unusable {
+            variable: table::WAKE_QUEUE_URL.variable,
+            reason: format!(
+                "{} is set, and applies only to a wake queue: set the queue's URL, or unset it \
+                 to send no wake-ups",
+                given.join(" and ")
+            ),
+        });
     }
 }
 
@@ -933,6 +956,28 @@ pub(crate) mod tests {
             let err = Settings::from_lookup(lookup(&bad)).unwrap_err().to_string();
             assert!(err.contains(variable), "{err}");
         }
+    }
+
+    #[test]
+    fn a_wake_variable_set_without_a_queue_is_refused_even_at_its_default() {
+        for (variable, value) in [
+            ("IRONFLOW_MAX_WAKEUPS_PER_INVOCATION", "3"),
+            ("IRONFLOW_WAKE_DELAY_SECS", "5"),
+            ("IRONFLOW_WAKE_DELAY_SECS", "60"),
+        ] {
+            let mut vars = BASE.to_vec();
+            vars.push((variable, value));
+            let err = Settings::from_lookup(lookup(&vars))
+                .unwrap_err()
+                .to_string();
+            assert!(
+                err.contains("IRONFLOW_WAKE_QUEUE_URL") && err.contains(variable),
+                "{variable}={value}: {err}"
+            );
+            assert_eq!(err.matches("IRONFLOW_WAKE_QUEUE_URL").count(), 1, "{err}");
+        }
+        // Unset, they are nothing to refuse.
+        assert!(Settings::from_lookup(lookup(&BASE)).is_ok());
     }
 
     #[test]
