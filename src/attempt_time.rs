@@ -1,9 +1,7 @@
 //! How long a run's current attempt has executed, read from its steps as the API records them:
 //! what the run timeout counts ([`executed`]). Each invocation is a new process, so nothing of
 //! an earlier invocation's memory is used; the definition is stated once, in `docs/design.md`
-//! ([the run timeout across invocations]).
-//!
-//! [the run timeout across invocations]: https://github.com/ironflow-lambda/ironflow-lambda/blob/main/docs/design.md#the-run-timeout-across-invocations
+//! ("The run timeout across invocations").
 
 use std::time::Duration;
 
