@@ -1971,6 +1971,11 @@ fn the_webhook_receivers_environment_is_valid_receiver_settings() {
                 Some("https://sqs.eu-west-1.amazonaws.com/123456789012/wake".into())
             }
             "IRONFLOW_POISON_TABLE" => Some("ironflow-poison".into()),
+            // The rule `WebhookSecretArn` required with the receiver enabled: an ARN is given.
+            "IRONFLOW_WEBHOOK_SECRET_ARN" => Some(
+                "arn:aws:secretsmanager:eu-west-1:123456789012:secret:ironflow/webhook-AbCdEf"
+                    .into(),
+            ),
             _ => lookup(name),
         },
         Some(ironflow_lambda::settings::WorkerToken::new("t")),
