@@ -285,9 +285,13 @@ async fn supervise(
                     continue;
                 }
                 // Refused with no holder named while this execution was writing the run out
-                // of Running (its final status raced the renewal), the status unreadable: its
-                // own write, as far as anyone can tell; nobody else holds the run.
-                LeaseEnd::Unexplained if scope.left_running_itself() => {
+                // of Running (its final status raced the renewal), the status unreadable or
+                // read as Running with no holder (a read answered before that write landed):
+                // its own write, as far as anyone can tell; nobody else holds the run (a
+                // worker that claimed it would be named, by the refusal or the read).
+                LeaseEnd::Unexplained | LeaseEnd::TakenOver { held_by: None }
+                    if scope.left_running_itself() =>
+                {
                     info!("the lease was refused as the run left Running: letting its execution finish");
                     winding_down = true;
                     continue;
