@@ -495,9 +495,9 @@ impl LambdaWorkerBuilder {
                 aws_sdk_dynamodb::config::Builder::from(&aws).build()
             }
         };
-        let (table, replay) = self.dynamo_parts(&name, config);
+        let table = self.dynamo_table(&name, config);
         table.check_table().await?;
-        Ok(self.with_dynamo_parts(table, replay))
+        Ok(self.with_dynamo_parts(table))
     }
 
     /// The role set so far (`IRONFLOW_FUNCTION_ROLE` or [`Self::function_role`]).
@@ -520,8 +520,8 @@ impl LambdaWorkerBuilder {
             .clone()
             .unwrap_or_else(|| SdkConfig::builder().build());
         let config = aws_sdk_dynamodb::config::Builder::from(&aws).build();
-        let (table, replay) = self.dynamo_parts(&name, config);
-        self.with_dynamo_parts(table, replay)
+        let table = self.dynamo_table(&name, config);
+        self.with_dynamo_parts(table)
     }
 
     /// The table `IRONFLOW_POISON_TABLE` names, when it is set and no table was set otherwise.
@@ -532,25 +532,17 @@ impl LambdaWorkerBuilder {
         }
     }
 
-    /// The DynamoDB-backed parts over `config` for the table `name` (the poison-pill table, not
-    /// yet checked, and the record of the webhook bodies taken), under the poison-pill
-    /// namespace: the one wiring both roles' cold starts use.
-    fn dynamo_parts(
-        &self,
-        name: &str,
-        config: aws_sdk_dynamodb::Config,
-    ) -> (DynamoPoisonTable, ReplayTable) {
+    /// The DynamoDB poison-pill table `name` over `config` (not yet checked), under the
+    /// poison-pill namespace: the one wiring both roles' cold starts use.
+    fn dynamo_table(&self, name: &str, config: aws_sdk_dynamodb::Config) -> DynamoPoisonTable {
         let (namespace, policy) = (&self.settings.poison_namespace, self.settings.poison);
-        let replay = ReplayTable::new(config.clone(), name, namespace);
-        (
-            DynamoPoisonTable::new(config, name, namespace, policy),
-            replay,
-        )
+        DynamoPoisonTable::new(config, name, namespace, policy)
     }
 
-    /// Set the parts [`Self::dynamo_parts`] made: the table, the fleet-wide wake-up mark in it
-    /// ([`LambdaWorkerBuilder::dynamo_poison_table`]) and the record of the bodies taken.
-    fn with_dynamo_parts(self, table: DynamoPoisonTable, replay: ReplayTable) -> Self {
+    /// Set `table` ([`Self::dynamo_poison_table`]: with the fleet-wide wake-up mark in it) and
+    /// the record of the webhook bodies taken, all three over the table's one client.
+    fn with_dynamo_parts(self, table: DynamoPoisonTable) -> Self {
+        let replay = ReplayTable::new(table.client().clone(), table.name(), table.namespace());
         let mut builder = self.dynamo_poison_table(table);
         builder.replay_table = Some(replay);
         builder

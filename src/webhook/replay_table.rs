@@ -21,7 +21,7 @@ use tokio::time::{Instant, timeout_at};
 use tracing::warn;
 
 use super::replay::BodyDigest;
-use crate::poison::dynamodb::{PARTITION_KEY, TTL_ATTRIBUTE, sdk_timeouts};
+use crate::poison::dynamodb::{PARTITION_KEY, TTL_ATTRIBUTE};
 
 /// The bodies taken, in the poison-pill table.
 #[derive(Debug, Clone)]
@@ -32,12 +32,11 @@ pub struct ReplayTable {
 }
 
 impl ReplayTable {
-    /// The record in `table` under `namespace` (the poison-pill table's), over `config` (the
-    /// table's SDK timeouts are applied).
-    pub fn new(config: aws_sdk_dynamodb::Config, table: &str, namespace: &str) -> Self {
-        let config = config.to_builder().timeout_config(sdk_timeouts()).build();
+    /// The record in `table` under `namespace` (the poison-pill table's), over `client` (the
+    /// poison-pill table's own, with its SDK timeouts: one connection pool for the table).
+    pub fn new(client: aws_sdk_dynamodb::Client, table: &str, namespace: &str) -> Self {
         Self {
-            client: aws_sdk_dynamodb::Client::from_conf(config),
+            client,
             table: table.to_string(),
             namespace: namespace.to_string(),
         }
