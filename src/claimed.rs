@@ -89,7 +89,7 @@ impl Claimed {
     ) -> Self {
         let span = info_span!("run", run_id = %run.id, workflow = %run.workflow_name);
         let refresher = span.in_scope(|| {
-            LeaseRefresher::spawn(ctx, run.id, lease.clone(), claim_sent, interval, cutoff)
+            LeaseRefresher::spawn(ctx, &run, lease.clone(), claim_sent, interval, cutoff)
         });
         Self {
             run,

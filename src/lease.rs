@@ -3,7 +3,10 @@
 //! **A lease is only as good as its last confirmed refresh.** The API dates a lease from when it
 //! receives the request (`now + TTL`); the worker cannot know that moment, so it dates the
 //! lease from when it *sent* the request whose answer confirmed it (the claim, then each
-//! refresh): [`LeaseClock::valid_until`] is never later than the API's expiry. Every store call
+//! refresh), and never later than the end the API itself states for it ([`LeaseClock`]: a
+//! lease the API's database dated back counts for what is left of it; a claim whose lease ends
+//! before its first refresh is released unexecuted): [`LeaseClock::valid_until`] is never
+//! later than the API's expiry. Every store call
 //! an execution makes is bounded by it ([`crate::store`]), and the run's supervisor stops the
 //! execution when it passes ([`LeaseEnd::Expired`]), so that no run executes past its lease:
 //! past that moment the API's reaper may hand the run to another worker.
@@ -28,8 +31,10 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use chrono::{DateTime, Utc};
+
 use ironflow_engine::engine::chain_root;
-use ironflow_store::entities::{LeaseRequest, RunStatus};
+use ironflow_store::entities::{LeaseRequest, Run, RunStatus};
 use ironflow_store::error::StoreError;
 use ironflow_store::store::Store;
 use tokio::sync::watch;
@@ -118,17 +123,25 @@ pub struct RefreshContext {
 }
 
 impl LeaseRefresher {
-    /// Start refreshing the lease of `run_id`, claimed under `lease` by a request sent at
-    /// `claim_sent`, every `interval` until `until`.
+    /// Start refreshing the lease of `claimed` (the claim's answer), claimed under `lease` by
+    /// a request sent at `claim_sent`, every `interval` until `until`. The lease is valid
+    /// until `claim_sent` plus the TTL, or the end the answer states if that comes first
+    /// ([`LeaseClock::claimed`]).
     pub fn spawn(
         ctx: RefreshContext,
-        run_id: Uuid,
+        claimed: &Run,
         lease: LeaseRequest,
         claim_sent: Instant,
         interval: Duration,
         until: Instant,
     ) -> Self {
-        let clock = Arc::new(LeaseClock::new(claim_sent, lease.ttl));
+        let run_id = claimed.id;
+        let clock = Arc::new(LeaseClock::claimed(
+            claim_sent,
+            lease.ttl,
+            claimed.updated_at,
+            claimed.lease_expires_at,
+        ));
         let (end_tx, ended) = watch::channel(None);
         let target = Arc::new(Mutex::new(run_id));
         let refresh = Refresh {
@@ -230,14 +243,24 @@ impl Refresh {
                 return Some(self.expired(target, last_error));
             }
             match self.renew(target, valid_until).await {
-                Ok(()) => {
-                    self.clock.confirm(sent, ttl);
+                Ok(expires_at) => {
+                    // A renewal the API dated back (a stale database transaction) extends the
+                    // lease only as far as the API says.
+                    let lost = self.clock.confirm_until(sent, ttl, expires_at);
+                    if lost > self.interval {
+                        warn!(
+                            run_id = %target,
+                            lost_ms = lost.as_millis() as u64,
+                            "the API dated the renewed lease back (its database's clock \
+                             reading was stale): the lease counts only to the end it stated"
+                        );
+                    }
                     last_error = None;
                     next = later(sent, self.interval);
                 }
                 Err(StoreError::LeaseLost { held_by, .. }) => {
                     if target == self.run_id
-                        && let Some(root) = self.follow_to_root(valid_until).await
+                        && let Some((root, expires_at)) = self.follow_to_root(valid_until).await
                     {
                         info!(run_id = %self.run_id, root_run_id = %root, "lease followed the run to its root");
                         target = root;
@@ -245,7 +268,7 @@ impl Refresh {
                             .target
                             .lock()
                             .unwrap_or_else(std::sync::PoisonError::into_inner) = root;
-                        self.clock.confirm(sent, ttl);
+                        self.clock.confirm_until(sent, ttl, expires_at);
                         next = later(sent, self.interval);
                         continue;
                     }
@@ -273,8 +296,8 @@ impl Refresh {
     }
 
     /// One renewal of `target`'s lease, retried on faults (the invocation's store), never past
-    /// `valid_until`.
-    async fn renew(&self, target: Uuid, valid_until: Instant) -> Result<(), StoreError> {
+    /// `valid_until`: the lease's end, on the API's clock.
+    async fn renew(&self, target: Uuid, valid_until: Instant) -> Result<DateTime<Utc>, StoreError> {
         let scope = CallScope::returning(valid_until, self.ctx.faults.clone()).with_run(RunKey {
             run_id: target,
             worker_id: self.lease.worker_id.clone(),
@@ -282,7 +305,6 @@ impl Refresh {
         Arc::new(scope)
             .run(self.ctx.store.renew_lease(target, self.lease.clone()))
             .await
-            .map(|_| ())
     }
 
     fn expired(&self, target: Uuid, last_error: Option<String>) -> LeaseEnd {
@@ -314,8 +336,8 @@ impl Refresh {
     }
 
     /// The root run that took over the lease of sub-workflow child `run_id`, if its lease
-    /// renews for this worker.
-    async fn follow_to_root(&self, until: Instant) -> Option<uuid::Uuid> {
+    /// renews for this worker, with the renewed lease's end (the API's clock).
+    async fn follow_to_root(&self, until: Instant) -> Option<(Uuid, DateTime<Utc>)> {
         let scope = Arc::new(CallScope::returning(until, self.ctx.faults.clone()));
         let store = &self.ctx.store;
         let lease = self.lease.clone();
@@ -323,7 +345,11 @@ impl Refresh {
             .run(async move {
                 let run = store.get_run(self.run_id).await.ok()??;
                 let root = chain_root(&run)?;
-                store.renew_lease(root, lease).await.ok().map(|_| root)
+                store
+                    .renew_lease(root, lease)
+                    .await
+                    .ok()
+                    .map(|end| (root, end))
             })
             .await
     }

@@ -216,7 +216,84 @@ async fn without_api_trouble_the_loop_guard_still_fails_the_stuck_run(backend: B
     assert_eq!(status, RunStatus::Failed);
 }
 
+/// A workflow whose one step appends a line to `log` after `secs` seconds.
+fn marking(log: &std::path::Path, secs: u32) -> ShellWorkflow {
+    ShellWorkflow::one(
+        "marking",
+        &format!("sleep {secs}; echo done >> '{}'", log.display()),
+    )
+}
+
+fn lines(log: &std::path::Path) -> usize {
+    std::fs::read_to_string(log).map_or(0, |s| s.lines().count())
+}
+
+async fn a_claim_whose_lease_the_api_dated_back_is_released_not_executed(backend: Backend) {
+    let h = Harness::start_on(backend).await;
+    let proxy = FaultProxy::start(&h.api.url(), 16).await;
+    let log = h.path("marks.log");
+    let worker = through(&h, &proxy)
+        .register(marking(&log, 0))
+        .build()
+        .unwrap();
+    let id = h.create("marking", 0).await;
+    // The claim's answer states a lease that ended 30 s before the API took the claim (a
+    // PostgreSQL transaction left open on a pooled connection dates it so): the reaper may
+    // requeue the run as soon as the answer leaves.
+    proxy.next("GET /runs/next", Fault::DatedBack(Duration::from_secs(40)));
+
+    let summary = h.invoke(&worker, Duration::from_secs(8)).await;
+
+    assert_eq!(
+        summary.claimed, 2,
+        "released unexecuted, then claimed again under a lease dated right: {summary:?}"
+    );
+    assert_eq!(summary.count(Outcome::Completed), 1, "{summary:?}");
+    assert_eq!(h.status(id).await, RunStatus::Completed);
+    assert_eq!(lines(&log), 1, "executed once");
+}
+
+async fn renewals_the_api_dated_back_do_not_extend_the_lease(backend: Backend) {
+    let h = Harness::start_on(backend).await;
+    let proxy = FaultProxy::start(&h.api.url(), 17).await;
+    let log = h.path("marks.log");
+    let worker = through(&h, &proxy)
+        .lease_ttl(Duration::from_secs(2))
+        .register(marking(&log, 4))
+        .build()
+        .unwrap();
+    let id = h.create("marking", 0).await;
+    // Every renewal is answered with a lease dated 10 s back: none extends the claim's 2 s.
+    for _ in 0..40 {
+        proxy.next(
+            "POST /runs/{id}/lease",
+            Fault::DatedBack(Duration::from_secs(10)),
+        );
+    }
+
+    let summary = h.invoke(&worker, Duration::from_secs(9)).await;
+
+    assert_eq!(summary.runs.len(), 1, "{summary:?}");
+    let report = &summary.runs[0];
+    assert_ne!(
+        report.outcome,
+        Outcome::Completed,
+        "stopped at its lease's end: {report:?}"
+    );
+    assert!(
+        report
+            .error
+            .as_deref()
+            .is_some_and(|e| e.contains("lease expired")),
+        "{report:?}"
+    );
+    assert_eq!(lines(&log), 0, "the step was stopped before its end");
+    assert_ne!(h.status(id).await, RunStatus::Completed);
+}
+
 on_both_stores!(
+    a_claim_whose_lease_the_api_dated_back_is_released_not_executed,
+    renewals_the_api_dated_back_do_not_extend_the_lease,
     a_lost_answer_to_a_write_is_read_back_and_the_write_never_sent_again,
     a_lost_claim_recovered_by_the_reaper_is_not_a_death,
     a_holder_that_died_mid_step_is_a_death,

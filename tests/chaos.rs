@@ -102,6 +102,7 @@ impl Probe {
 
     /// The run must be Running under `holder`'s unexpired lease while it executes.
     async fn check(&self, run: Uuid, holder: &Option<String>, at: &str) {
+        let asked = Utc::now();
         let Ok(Some(stored)) = self.store.get_run(run).await else {
             return;
         };
@@ -119,8 +120,8 @@ impl Probe {
         }
         if stored.status.state != RunStatus::Running || stored.worker_id != *holder || expired {
             self.violation(format!(
-                "run {run} executing {at} while {} under {:?} (lease until {:?}, now {now}; \
-                 the execution's lease was {holder:?})",
+                "run {run} executing {at} while {} under {:?} (lease until {:?}, now {now}, read \
+                 asked at {asked}; the execution's lease was {holder:?})",
                 stored.status.state, stored.worker_id, stored.lease_expires_at
             ));
         }
@@ -643,6 +644,7 @@ async fn chaos_on(backend: common::Backend) {
         t.healthy_poison_blocks.len()
     );
 
+    explain_failures(&logs, &violations, &t.healthy_poison_blocks);
     assert!(
         not_terminal.is_empty(),
         "runs not terminal: {not_terminal:#?}"
@@ -675,6 +677,48 @@ async fn chaos_on(backend: common::Backend) {
         "only {} invocations",
         t.invocations + t.aborted
     );
+}
+
+/// The worker's log lines behind a failed invariant, printed with the figures: every line of a
+/// run executing past its lease, and every failure the poison pill counted when a healthy
+/// workflow was blocked (with the lines of the runs those failures name).
+fn explain_failures(logs: &str, violations: &[String], poison_blocks: &[String]) {
+    let id_of = |s: &str| {
+        s.split_whitespace().find_map(|w| {
+            Uuid::parse_str(w.trim_matches(|c: char| !c.is_ascii_hexdigit() && c != '-')).ok()
+        })
+    };
+    let mut runs: HashSet<String> = violations
+        .iter()
+        .filter_map(|v| id_of(v))
+        .map(|u| u.to_string())
+        .collect();
+    let counted: Vec<&str> = if poison_blocks.is_empty() {
+        Vec::new()
+    } else {
+        logs.lines()
+            .filter(|l| l.contains("counted a failure of its workflow"))
+            .collect()
+    };
+    for line in &counted {
+        if let Some(id) = id_of(&line.replace(['"', '/', ','], " ")) {
+            runs.insert(id.to_string());
+        }
+    }
+    if runs.is_empty() && counted.is_empty() {
+        return;
+    }
+    println!("the worker's log lines behind the failed invariants:");
+    for line in &counted {
+        println!("  {line}");
+    }
+    for line in logs
+        .lines()
+        .filter(|l| runs.iter().any(|r| l.contains(r.as_str())))
+        .take(600)
+    {
+        println!("  {line}");
+    }
 }
 
 /// One invocation of `worker` with `left` until its deadline.

@@ -155,6 +155,8 @@ struct Batch<'w> {
 enum Taken {
     /// A run under this invocation's lease, its refresher started.
     Run(Box<Claimed>),
+    /// The run was written back unexecuted; the claims go on.
+    Released,
     /// The claims are over.
     Stop(StopReason),
 }
@@ -295,6 +297,7 @@ impl<'w> Batch<'w> {
         for answer in answers {
             match self.take(answer, sent, answered, false).await {
                 Taken::Run(claimed) => self.first.push_back(*claimed),
+                Taken::Released => {}
                 // A claim error or the cutoff overrides an empty answer.
                 Taken::Stop(StopReason::NoPendingRun) => {
                     self.first_stop.get_or_insert(StopReason::NoPendingRun);
@@ -355,6 +358,7 @@ impl<'w> Batch<'w> {
                             Some(slot) => self.start(*claimed, slot).await,
                             None => self.waiting = Some(*claimed),
                         },
+                        Taken::Released => {}
                         Taken::Stop(reason) => return reason,
                     }
                 }
@@ -434,6 +438,9 @@ impl<'w> Batch<'w> {
         };
         let interval = self.worker.settings.lease_refresh_interval;
         let mut claimed = Claimed::new(ctx, run, &self.lease, sent, interval, self.params.cutoff);
+        if claimed.refresher.clock().granted() <= interval {
+            return self.release_short_lease(claimed).await;
+        }
         if ahead && chain_root(&claimed.run).is_none() {
             // Its steps, read while it waits: one round trip less once it starts.
             let until = claimed
@@ -468,6 +475,30 @@ impl<'w> Batch<'w> {
         };
         self.poison.on_claim(&claimed.run, steps).await;
         Taken::Run(Box::new(claimed))
+    }
+
+    /// A run whose lease, as the API stated it in the claim's answer, ends before its first
+    /// refresh (dated back: see [`crate::deadline::LeaseClock`]): executed, it would run
+    /// unleased, and the API's reaper could hand it to another worker meanwhile. Written back
+    /// to Pending unexecuted (after the lease is confirmed again, as every release is), or
+    /// left to the reaper.
+    async fn release_short_lease(&mut self, claimed: Claimed) -> Taken {
+        let granted = claimed.refresher.clock().granted();
+        claimed.refresher.stop().await;
+        let run = claimed.run;
+        warn!(
+            run_id = %run.id,
+            granted_ms = granted.as_millis() as u64,
+            ttl_ms = self.lease.ttl.as_millis() as u64,
+            "the API granted a lease that ends before its first refresh (dated back by the \
+             API's database): releasing the run unexecuted"
+        );
+        let why = "run released: its lease, as the API granted it, ended before its first refresh";
+        let report = unstarted::release(&self.calls, &run, &self.lease, self.last_write, why)
+            .instrument(claimed.span)
+            .await;
+        self.reports.insert(run.id, report);
+        Taken::Released
     }
 
     /// A claim answered after the claim window closed: a run it took goes back to Pending

@@ -202,6 +202,12 @@ impl PoisonGate {
             .await
         {
             Ok(counter) => {
+                info!(
+                    workflow,
+                    failure_id,
+                    consecutive_failures = counter.consecutive_failures,
+                    "counted a failure of its workflow"
+                );
                 if counter.consecutive_failures >= self.policy.threshold {
                     warn!(
                         workflow,

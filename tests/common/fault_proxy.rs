@@ -44,6 +44,10 @@ pub enum Fault {
     Delay(Duration),
     /// Never answered (the connection stays open until the client drops it).
     BlackHole,
+    /// Forwarded and answered, every lease end in the answer (`lease_expires_at`,
+    /// `expires_at`) dated back by this much: what a PostgreSQL store answers from a pooled
+    /// connection left inside an older transaction (its `NOW()` is that transaction's start).
+    DatedBack(Duration),
 }
 
 impl Fault {
@@ -55,6 +59,7 @@ impl Fault {
             Self::LostAnswer => "lost_answer",
             Self::Delay(_) => "delay",
             Self::BlackHole => "black_hole",
+            Self::DatedBack(_) => "dated_back",
         }
     }
 }
@@ -370,15 +375,16 @@ async fn serve(
             return reset(&kill);
         }
         Some(Fault::Delay(d)) => tokio::time::sleep(d).await,
-        Some(Fault::LostAnswer) | None => {}
+        Some(Fault::LostAnswer | Fault::DatedBack(_)) | None => {}
     }
     let answer = forward(req, &client, &upstream).await;
     if fault == Some(Fault::LostAnswer) {
         return reset(&kill);
     }
-    match answer {
-        Ok(response) => Ok(response),
-        Err(_) => reset(&kill),
+    match (answer, fault) {
+        (Ok(response), Some(Fault::DatedBack(by))) => Ok(dated_back(response, by).await),
+        (Ok(response), _) => Ok(response),
+        (Err(_), _) => reset(&kill),
     }
 }
 
@@ -407,6 +413,46 @@ async fn forward(req: Request<Incoming>, client: &reqwest::Client, upstream: &st
     }
     let bytes = response.bytes().await.map_err(proxy_error)?;
     builder.body(Full::new(bytes)).map_err(proxy_error)
+}
+
+/// `response` with every lease end in its JSON body (`lease_expires_at`, `expires_at`) moved
+/// `by` earlier.
+async fn dated_back(response: Response<Full<Bytes>>, by: Duration) -> Response<Full<Bytes>> {
+    fn walk(value: &mut serde_json::Value, by: chrono::TimeDelta) {
+        match value {
+            serde_json::Value::Object(map) => {
+                for (key, v) in map.iter_mut() {
+                    let end = matches!(key.as_str(), "lease_expires_at" | "expires_at");
+                    if let (true, Some(at)) = (end, v.as_str())
+                        && let Ok(at) = chrono::DateTime::parse_from_rfc3339(at)
+                    {
+                        *v = serde_json::Value::String((at - by).to_rfc3339());
+                    } else {
+                        walk(v, by);
+                    }
+                }
+            }
+            serde_json::Value::Array(items) => items.iter_mut().for_each(|v| walk(v, by)),
+            _ => {}
+        }
+    }
+    let (parts, body) = response.into_parts();
+    let body = body
+        .collect()
+        .await
+        .map(|b| b.to_bytes())
+        .unwrap_or_default();
+    let body = match serde_json::from_slice::<serde_json::Value>(&body) {
+        Ok(mut json) => {
+            walk(
+                &mut json,
+                chrono::TimeDelta::from_std(by).unwrap_or_default(),
+            );
+            Bytes::from(json.to_string())
+        }
+        Err(_) => body,
+    };
+    Response::from_parts(parts, Full::new(body))
 }
 
 /// A client connection that a fault can reset: once `kill` is set, the next write fails and
