@@ -677,6 +677,15 @@ async fn chaos_on(backend: common::Backend) {
         "  poison-pill failures counted against healthy workflows other than the deaths this suite caused: {}",
         undeserved.len()
     );
+    println!(
+        "  claims whose lease the API dated back, released unexecuted: {}; renewals dated back: {}",
+        logs.lines()
+            .filter(|l| l.contains("the API granted a lease that ends before its first refresh"))
+            .count(),
+        logs.lines()
+            .filter(|l| l.contains("the API dated the renewed lease back"))
+            .count()
+    );
     let blocks: Vec<String> = t.healthy_poison_blocks.clone();
     explain_failures(&logs, &violations, &undeserved);
     assert!(
