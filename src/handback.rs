@@ -16,9 +16,12 @@
 //!    finish). A cutoff counts only when the execution had a fair chance: the API cost it no
 //!    time (no call met a fault, every attempt being one request so that no retry is hidden,
 //!    and no answer took [`SLOW_ANSWER`] or more: [`CallScope::lost_time_to_api`]) and it
-//!    executed for at least half an invocation's window ([`HandbackPolicy::fair_share`]).
-//!    Handbacks after an API fault or an expired lease never count: an infrastructure error is
-//!    never a workflow failure, and a run claimed late in an invocation is not a slow step;
+//!    executed for at least half an invocation's window ([`HandbackPolicy::fair_share`]), and no
+//!    step completed in this invocation (a handback after progress is not "without progress",
+//!    then or later). The reaper's interruptions of a dead holder's steps never count (the
+//!    poison pill counts that death). Handbacks after an API fault or an expired lease never
+//!    count: an infrastructure error is never a workflow failure, and a run claimed late in an
+//!    invocation is not a slow step;
 //! 3. mark the steps left Running as interrupted (as `Engine::interrupt_running_steps` does),
 //!    with this handback's mark in the step's debug messages ([`INTERRUPTION_KEY`]): `cutoff`
 //!    for one the loop guard counts, another word for one it does not (so that later handbacks
@@ -108,10 +111,12 @@ pub const COUNTED_MARK: &str = "cutoff";
 
 impl Why {
     /// The interruption mark of the steps this handback interrupts: [`COUNTED_MARK`] for a
-    /// cutoff that counts for the loop guard (`counted`).
-    fn mark(&self, counted: bool) -> &'static str {
+    /// cutoff that counts for the loop guard (`counted`), `progressed` for one after a step
+    /// completed in this invocation.
+    fn mark(&self, counted: bool, progressed: bool) -> &'static str {
         match self {
             Self::Cutoff if counted => COUNTED_MARK,
+            Self::Cutoff if progressed => "cutoff_after_progress",
             Self::Cutoff => "short_cutoff",
             Self::ApiFault(_) => "api_fault",
             Self::LeaseExpired(_) => "lease_expired",
@@ -193,9 +198,12 @@ async fn hand_back_steps(
             ));
         }
     };
-    let counted = why.counts(&p.policy, executed, lost_time);
+    // A handback after a step completed here is not "without progress", now or later.
+    let attempt = run.retry_count + 1;
+    let progressed = progressed_since(attempt, &steps, claimed_at);
+    let counted = why.counts(&p.policy, executed, lost_time) && !progressed;
     let failed_instead = counted
-        .then(|| loop_guard(&p.policy, &run, &steps, claimed_at, executed))
+        .then(|| loop_guard(&p.policy, attempt, &steps, executed))
         .flatten();
     if let Some(reason) = failed_instead {
         error!(run_id = %target, error = %reason, "failing the run instead of handing it back");
@@ -213,7 +221,8 @@ async fn hand_back_steps(
     }
 
     // 3. The steps left Running.
-    if let Err(e) = interrupt_running_steps(p.calls, &steps, why.mark(counted)).await {
+    let mark = why.mark(counted, progressed);
+    if let Err(e) = interrupt_running_steps(p.calls, &steps, mark).await {
         return reaper(format!(
             "could not mark the running steps interrupted ({e})"
         ));
@@ -377,38 +386,39 @@ pub(crate) fn interruption_mark(step: &Step) -> Option<&str> {
         .and_then(|m| m.iter().find_map(|e| e.get(INTERRUPTION_KEY)?.as_str()))
 }
 
-/// Whether `step` was interrupted (by a handback or the reaper) and it counts for the loop
-/// guard: not when a handback marked it as an interruption that does not count (an API fault,
-/// an expired lease, a short cutoff).
+/// Whether `step` was interrupted by a handback the loop guard counted ([`COUNTED_MARK`]): not
+/// one marked otherwise (an API fault, an expired lease, a short cutoff, a cutoff after a step
+/// completed), nor the API's reaper's (no mark): a dead holder's step ran for a time nobody
+/// measured, and its death is the poison pill's to count ([`crate::poison::recovery`]).
 fn counted_interruption(step: &Step) -> bool {
     step.status.state == StepStatus::Failed
         && step.error.as_deref() == Some(STEP_INTERRUPTED_ERROR)
-        && interruption_mark(step).is_none_or(|m| m == COUNTED_MARK)
+        && interruption_mark(step) == Some(COUNTED_MARK)
 }
 
-/// Why the run must be failed rather than handed back, if it must.
+/// Whether a step of `attempt` finished (not interrupted) since `claimed_at`.
+fn progressed_since(attempt: u32, steps: &[Step], claimed_at: DateTime<Utc>) -> bool {
+    steps.iter().filter(|s| s.attempt == attempt).any(|s| {
+        s.status.state.is_terminal()
+            && s.error.as_deref() != Some(STEP_INTERRUPTED_ERROR)
+            && s.completed_at.is_some_and(|at| at >= claimed_at)
+    })
+}
+
+/// Why the run must be failed rather than handed back, if it must: called only for a counted
+/// cutoff of an invocation in which no step completed ([`progressed_since`]).
 fn loop_guard(
     policy: &HandbackPolicy,
-    run: &Run,
+    attempt: u32,
     steps: &[Step],
-    claimed_at: DateTime<Utc>,
     executed: Duration,
 ) -> Option<String> {
-    let attempt = run.retry_count + 1;
     let steps: Vec<&Step> = steps.iter().filter(|s| s.attempt == attempt).collect();
     let interrupted = |s: &Step| {
         s.status.state == StepStatus::Failed && s.error.as_deref() == Some(STEP_INTERRUPTED_ERROR)
     };
     let finished = |s: &Step| s.status.state.is_terminal() && !interrupted(s);
 
-    let progressed = steps
-        .iter()
-        .copied()
-        .filter(|s| finished(s))
-        .any(|s| s.completed_at.is_some_and(|at| at >= claimed_at));
-    if progressed {
-        return None;
-    }
     let running: Vec<&str> = steps
         .iter()
         .filter(|s| s.status.state == StepStatus::Running)
@@ -460,14 +470,84 @@ mod tests {
         step
     }
 
+    fn t(secs: i64) -> DateTime<Utc> {
+        DateTime::from_timestamp(1_700_000_000 + secs, 0).unwrap_or_default()
+    }
+
+    /// A step `name` of attempt 1 in `status`, ended at `end` with `error` and `mark`.
+    fn step(name: &str, status: &str, end: Option<i64>, mark: Option<&str>) -> Step {
+        let mut step = json!({
+            "id": Uuid::new_v4(), "trace_id": Uuid::new_v4(), "run_id": Uuid::nil(),
+            "name": name, "kind": "shell", "position": 0,
+            "status": {"state": status, "state_machine_id": Uuid::nil()}, "attempt": 1,
+            "duration_ms": 0, "cost_usd": "0", "created_at": t(0), "updated_at": t(0),
+            "started_at": t(0), "completed_at": end.map(t), "is_error_handler": false,
+        });
+        if status == "failed" {
+            step["error"] = json!(STEP_INTERRUPTED_ERROR);
+        }
+        if let Some(m) = mark {
+            step["debug_messages"] = json!([{ INTERRUPTION_KEY: m }]);
+        }
+        serde_json::from_value(step).unwrap_or_else(|e| panic!("a step: {e}"))
+    }
+
+    #[test]
+    fn a_cutoff_after_progress_and_a_dead_holder_s_step_do_not_count_for_the_loop_guard() {
+        let policy = HandbackPolicy {
+            max_without_progress: 2,
+            stall_window: Duration::from_secs(600),
+            fair_share: Duration::from_secs(1),
+        };
+        // l1 completed at 10 s, l2 cut at 15 s in the same invocation, then the reaper
+        // interrupted l2 after its next holder died, and l2 runs again now.
+        let steps = vec![
+            step("l1", "completed", Some(10), None),
+            step("l2", "failed", Some(15), Some("cutoff_after_progress")),
+            step("l2", "failed", Some(20), None),
+            step("l2", "running", None, None),
+        ];
+        assert!(
+            progressed_since(1, &steps, t(0)),
+            "l1 completed after a claim at 0 s"
+        );
+        assert!(
+            !progressed_since(1, &steps, t(16)),
+            "nothing completed after 16 s"
+        );
+        assert!(
+            !progressed_since(2, &steps, t(0)),
+            "another attempt's steps"
+        );
+        assert_eq!(
+            loop_guard(&policy, 1, &steps, Duration::from_secs(2)),
+            None,
+            "one counted cutoff, this one"
+        );
+        // Two cutoffs the guard counted in a row: the second fails the run.
+        let counted = vec![
+            step("l1", "completed", Some(10), None),
+            step("l2", "failed", Some(20), Some(COUNTED_MARK)),
+            step("l2", "running", None, None),
+        ];
+        assert!(
+            loop_guard(&policy, 1, &counted, Duration::from_secs(2))
+                .is_some_and(|e| e.contains("2 times in a row") && e.contains("'l2'"))
+        );
+    }
+
     #[test]
     fn only_interruptions_at_the_cutoff_count_for_the_loop_guard() {
         // The mark is the one `interrupt_running_steps` writes.
         let marked = interrupted_step(Some("api_fault"));
         assert!(marked["debug_messages"][0].get(INTERRUPTION_KEY).is_some());
-        assert_eq!(Why::Cutoff.mark(true), COUNTED_MARK);
-        assert_eq!(Why::Cutoff.mark(false), "short_cutoff");
-        assert_eq!(Why::LeaseExpired(String::new()).mark(true), "lease_expired");
+        assert_eq!(Why::Cutoff.mark(true, false), COUNTED_MARK);
+        assert_eq!(Why::Cutoff.mark(false, false), "short_cutoff");
+        assert_eq!(Why::Cutoff.mark(false, true), "cutoff_after_progress");
+        assert_eq!(
+            Why::LeaseExpired(String::new()).mark(true, false),
+            "lease_expired"
+        );
         let policy = HandbackPolicy {
             max_without_progress: 3,
             stall_window: Duration::from_secs(10),
