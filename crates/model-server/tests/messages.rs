@@ -1,0 +1,1 @@
+use ironflow_core as _;
