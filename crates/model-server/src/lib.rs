@@ -50,6 +50,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::net::TcpListener;
+use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
 pub use record::{Calls, Outcome, Request, Route};
@@ -63,6 +64,18 @@ pub enum StartError {
     /// Binding `127.0.0.1:0` or reading the bound address failed.
     #[error("the model server could not bind 127.0.0.1: {0}")]
     Bind(#[source] std::io::Error),
+    /// [`ModelServer::start_on_own_thread`]: its thread or Tokio runtime could not start.
+    #[error("the model server's own thread or runtime could not start: {0}")]
+    Thread(#[source] std::io::Error),
+}
+
+/// How the server is stopped on drop.
+#[derive(Debug)]
+enum Stop {
+    /// Served on the caller's runtime: abort the accept loop.
+    Task(JoinHandle<std::convert::Infallible>),
+    /// Served on its own thread: tell it to stop.
+    Thread(Option<oneshot::Sender<()>>),
 }
 
 /// A running scripted model server on `127.0.0.1` (an ephemeral port), serving both APIs.
@@ -71,7 +84,7 @@ pub enum StartError {
 pub struct ModelServer {
     addr: SocketAddr,
     shared: Arc<Shared>,
-    task: JoinHandle<std::convert::Infallible>,
+    stop: Stop,
 }
 
 impl ModelServer {
@@ -88,7 +101,54 @@ impl ModelServer {
         let addr = listener.local_addr().map_err(StartError::Bind)?;
         let shared = Arc::new(Shared::new(script));
         let task = tokio::spawn(server::serve(listener, shared.clone()));
-        Ok(Self { addr, shared, task })
+        Ok(Self {
+            addr,
+            shared,
+            stop: Stop::Task(task),
+        })
+    }
+
+    /// Bind `127.0.0.1:0` and serve `script` on a thread of its own with its own
+    /// single-threaded Tokio runtime: callable outside a runtime, and the server outlives
+    /// the caller's runtimes (several `#[tokio::test]` runtimes, a blocking main). Dropping
+    /// it stops the thread's runtime, which ends the open connections.
+    ///
+    /// # Errors
+    ///
+    /// [`StartError::Bind`] when the socket cannot be bound, [`StartError::Thread`] when
+    /// the thread or its runtime cannot start.
+    pub fn start_on_own_thread(script: Script) -> Result<Self, StartError> {
+        let listener = std::net::TcpListener::bind(("127.0.0.1", 0)).map_err(StartError::Bind)?;
+        listener.set_nonblocking(true).map_err(StartError::Bind)?;
+        let addr = listener.local_addr().map_err(StartError::Bind)?;
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(StartError::Thread)?;
+        let shared = Arc::new(Shared::new(script));
+        let served = shared.clone();
+        let (stop, stopped) = oneshot::channel::<()>();
+        std::thread::Builder::new()
+            .name(format!("model-server-{}", addr.port()))
+            .spawn(move || {
+                runtime.block_on(async move {
+                    // From a bound std listener in non-blocking mode: fails only without a
+                    // reactor, which `enable_all` gives.
+                    let Ok(listener) = TcpListener::from_std(listener) else {
+                        return;
+                    };
+                    tokio::select! {
+                        _ = server::serve(listener, served) => {}
+                        _ = stopped => {}
+                    }
+                });
+            })
+            .map_err(StartError::Thread)?;
+        Ok(Self {
+            addr,
+            shared,
+            stop: Stop::Thread(Some(stop)),
+        })
     }
 
     /// The base URL, `http://127.0.0.1:PORT` (no trailing slash): Converse's endpoint URL and
@@ -134,6 +194,11 @@ impl ModelServer {
     /// Add a rule while running, after the existing ones (see [`Script::on`]).
     pub fn push(&self, when: Match, replies: impl IntoIterator<Item = Reply>) {
         self.shared.state().script.push(when, replies);
+    }
+
+    /// Add a standing reply while running, after the existing ones (see [`Script::always`]).
+    pub fn push_always(&self, when: Match, reply: Reply) {
+        self.shared.state().script.always.push((when, reply));
     }
 
     /// Replace the default reply (see [`Script::default_reply`]).
@@ -185,7 +250,16 @@ impl ModelServer {
 impl Drop for ModelServer {
     fn drop(&mut self) {
         // Aborting the accept loop drops its listener and its set of connection tasks,
-        // which aborts them.
-        self.task.abort();
+        // which aborts them. The own thread stops serving, and its runtime is dropped with
+        // its tasks when the thread ends.
+        match &mut self.stop {
+            Stop::Task(task) => task.abort(),
+            Stop::Thread(stop) => {
+                if let Some(stop) = stop.take() {
+                    // Err: the thread already ended.
+                    let _ = stop.send(());
+                }
+            }
+        }
     }
 }

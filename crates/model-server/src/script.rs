@@ -256,7 +256,8 @@ pub struct Rule {
 /// [`crate::ModelServer::start`]; the server's own methods change it while it runs.
 ///
 /// A request is answered by the first rule (in the order added) that matches it and still
-/// has a reply; with none, by the default reply, [`Script::DEFAULT_TEXT`] as text unless
+/// has a reply; with none, by the first matching standing reply ([`Script::always`]); with
+/// none, by the default reply, [`Script::DEFAULT_TEXT`] as text unless
 /// set. Before a rule is consulted: a Messages request without a key or with a refused key
 /// is answered 401; a request for an unknown model is answered as the service answers an
 /// invalid model id; a malformed request gets the service's validation error. Neither
@@ -264,6 +265,7 @@ pub struct Rule {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Script {
     pub(crate) rules: Vec<Rule>,
+    pub(crate) always: Vec<(Match, Reply)>,
     pub(crate) default: Reply,
     pub(crate) latency: Duration,
     pub(crate) unknown_models: BTreeSet<String>,
@@ -285,6 +287,7 @@ impl Script {
     pub fn new() -> Self {
         Self {
             rules: Vec::new(),
+            always: Vec::new(),
             default: Reply::text(Self::DEFAULT_TEXT),
             latency: Duration::ZERO,
             unknown_models: BTreeSet::new(),
@@ -295,6 +298,14 @@ impl Script {
     /// Add a rule: requests matching `when` get `replies` in order.
     pub fn on(mut self, when: Match, replies: impl IntoIterator<Item = Reply>) -> Self {
         self.push(when, replies);
+        self
+    }
+
+    /// Requests matching `when` that no rule answers (none matches with a reply left) get
+    /// `reply`, every time: a standing answer per model or prompt, for runs of any length.
+    /// Consulted in the order added, after the rules and before the default reply.
+    pub fn always(mut self, when: Match, reply: Reply) -> Self {
+        self.always.push((when, reply));
         self
     }
 
@@ -344,6 +355,12 @@ impl Script {
             .filter(|rule| !rule.replies.is_empty())
             .find(|rule| rule.when.matches(route, model, last_user, system))
             .and_then(|rule| rule.replies.pop_front())
+            .or_else(|| {
+                self.always
+                    .iter()
+                    .find(|(when, _)| when.matches(route, model, last_user, system))
+                    .map(|(_, reply)| reply.clone())
+            })
             .unwrap_or_else(|| self.default.clone())
     }
 }

@@ -615,3 +615,76 @@ async fn the_server_stops_when_dropped() {
     .await
     .expect("the port refuses connections once the server is dropped");
 }
+
+#[tokio::test]
+async fn a_standing_reply_answers_once_the_rules_are_spent() {
+    let server = start(
+        Script::new()
+            .on(Match::model(SONNET), [Reply::text("first")])
+            .always(Match::model(SONNET), Reply::text("again"))
+            .always(Match::any().containing("judge"), Reply::text("judged")),
+    )
+    .await;
+    let client = client(&server, RetryConfig::disabled());
+    let mut answers = Vec::new();
+    for (model, prompt) in [
+        (SONNET, "a"),
+        (SONNET, "b"),
+        (SONNET, "c"),
+        (HAIKU_PROFILE, "judge it"),
+        (HAIKU_PROFILE, "x"),
+    ] {
+        let out = client
+            .converse()
+            .model_id(model)
+            .messages(user(prompt))
+            .send()
+            .await
+            .expect("answered");
+        answers.push(message(&out).content()[0].as_text().cloned().expect("text"));
+    }
+    assert_eq!(
+        answers,
+        ["first", "again", "again", "judged", Script::DEFAULT_TEXT]
+    );
+}
+
+#[test]
+fn a_server_on_its_own_thread_outlives_the_callers_runtimes() {
+    let server = ModelServer::start_on_own_thread(
+        Script::new().on(Match::any(), [Reply::text("one"), Reply::text("two")]),
+    )
+    .expect("the model server starts on its own thread");
+    let mut answers = Vec::new();
+    for _ in 0..2 {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("a runtime");
+        let out = runtime.block_on(
+            client(&server, RetryConfig::disabled())
+                .converse()
+                .model_id(SONNET)
+                .messages(user("hi"))
+                .send(),
+        );
+        answers.push(
+            message(&out.expect("answered")).content()[0]
+                .as_text()
+                .cloned()
+                .expect("text"),
+        );
+    }
+    assert_eq!(answers, ["one", "two"]);
+
+    let addr = server.addr();
+    drop(server);
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while std::net::TcpStream::connect(addr).is_ok() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the port still accepts 30 s after the drop"
+        );
+        std::thread::yield_now();
+    }
+}
