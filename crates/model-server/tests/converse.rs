@@ -309,18 +309,25 @@ async fn server_errors_and_access_denied_are_the_sdks_typed_errors() {
     let denied = service_error(call().await.expect_err("403"));
     assert!(denied.is_access_denied_exception(), "{denied:?}");
 
-    // A 500 is retried by the SDK (transient), then the default answer comes.
+    // A 500 and a 503 are retried by the SDK (transient); a 403 is not.
     let retrying = RetryConfig::standard()
         .with_max_attempts(2)
         .with_initial_backoff(Duration::from_millis(1));
-    client(&server, retrying)
-        .converse()
-        .model_id(SONNET)
-        .messages(user("hi"))
-        .send()
-        .await
-        .expect("answered on the second attempt");
-    assert_eq!(server.calls().total, 5);
+    let retrying = client(&server, retrying);
+    let call = || {
+        retrying
+            .converse()
+            .model_id(SONNET)
+            .messages(user("hi"))
+            .send()
+    };
+    call().await.expect("answered after the 500");
+    server.push(Match::any(), [Reply::unavailable()]);
+    call().await.expect("answered after the 503");
+    server.push(Match::any(), [Reply::access_denied()]);
+    let denied = service_error(call().await.expect_err("403, not retried"));
+    assert!(denied.is_access_denied_exception(), "{denied:?}");
+    assert_eq!(server.calls().total, 8);
     let outcomes: Vec<Outcome> = server.requests().into_iter().map(|r| r.outcome).collect();
     assert_eq!(
         outcomes,
@@ -329,7 +336,10 @@ async fn server_errors_and_access_denied_are_the_sdks_typed_errors() {
             Outcome::Unavailable,
             Outcome::AccessDenied,
             Outcome::ServerError,
-            Outcome::Text
+            Outcome::Text,
+            Outcome::Unavailable,
+            Outcome::Text,
+            Outcome::AccessDenied,
         ]
     );
 }
