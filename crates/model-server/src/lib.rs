@@ -263,3 +263,16 @@ impl Drop for ModelServer {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_server_can_be_shared_between_threads() {
+        fn shared<T: Send + Sync + 'static>() {}
+        shared::<ModelServer>();
+        shared::<Script>();
+        shared::<Request>();
+    }
+}

@@ -262,6 +262,9 @@ pub struct Rule {
 /// is answered 401; a request for an unknown model is answered as the service answers an
 /// invalid model id; a malformed request gets the service's validation error. Neither
 /// consumes a reply.
+///
+/// Replies are taken in arrival order: when concurrent requests (a fan-out) can match the
+/// same rule, script them per model or per prompt so that the order does not matter.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Script {
     pub(crate) rules: Vec<Rule>,
