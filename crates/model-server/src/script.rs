@@ -270,6 +270,7 @@ pub struct Script {
     pub(crate) rules: Vec<Rule>,
     pub(crate) always: Vec<(Match, Reply)>,
     pub(crate) default: Reply,
+    pub(crate) strict: bool,
     pub(crate) latency: Duration,
     pub(crate) unknown_models: BTreeSet<String>,
     pub(crate) refused_keys: BTreeSet<String>,
@@ -291,6 +292,7 @@ impl Script {
         Self {
             rules: Vec::new(),
             always: Vec::new(),
+            strict: false,
             default: Reply::text(Self::DEFAULT_TEXT),
             latency: Duration::ZERO,
             unknown_models: BTreeSet::new(),
@@ -309,6 +311,16 @@ impl Script {
     /// Consulted in the order added, after the rules and before the default reply.
     pub fn always(mut self, when: Match, reply: Reply) -> Self {
         self.always.push((when, reply));
+        self
+    }
+
+    /// Strict: a request that no rule and no standing reply answers gets the service's
+    /// validation error (Converse `400 ValidationException`, Messages
+    /// `400 invalid_request_error`) `unscripted request for model M: TEXT` (the last user
+    /// text, at most 200 characters) instead of the default reply, so that a prompt the
+    /// script did not foresee fails loudly. Off by default.
+    pub fn strict(mut self) -> Self {
+        self.strict = true;
         self
     }
 
@@ -345,14 +357,15 @@ impl Script {
         });
     }
 
-    /// Take the reply for a request.
+    /// Take the reply for a request; `None` when nothing scripted answers it and the script
+    /// is strict.
     pub(crate) fn next_reply(
         &mut self,
         route: Route,
         model: &str,
         last_user: &str,
         system: Option<&str>,
-    ) -> Reply {
+    ) -> Option<Reply> {
         self.rules
             .iter_mut()
             .filter(|rule| !rule.replies.is_empty())
@@ -364,6 +377,6 @@ impl Script {
                     .find(|(when, _)| when.matches(route, model, last_user, system))
                     .map(|(_, reply)| reply.clone())
             })
-            .unwrap_or_else(|| self.default.clone())
+            .or_else(|| (!self.strict).then(|| self.default.clone()))
     }
 }

@@ -199,19 +199,21 @@ fn choose(state: &mut State, request: &Request) -> (Outcome, Deferred, Duration)
         return (Outcome::UnknownModel, now(answer), Duration::ZERO);
     }
     if let Err(message) = invalid {
-        let answer = match request.route {
-            Route::Converse => converse::error(converse::ErrorCode::Validation, &message),
-            Route::Messages => messages::error(ErrorType::InvalidRequest, &message, seq),
-        };
-        return (Outcome::Invalid(message), now(answer), Duration::ZERO);
+        return invalid_request(request, message);
     }
     let system = request.system();
-    let reply = state.script.next_reply(
-        request.route,
-        &request.model,
-        &request.last_user_text(),
-        system.as_deref(),
-    );
+    let last_user = request.last_user_text();
+    let Some(reply) =
+        state
+            .script
+            .next_reply(request.route, &request.model, &last_user, system.as_deref())
+    else {
+        let text: String = last_user.chars().take(200).collect();
+        return invalid_request(
+            request,
+            format!("unscripted request for model {}: {text}", request.model),
+        );
+    };
     let delay = state.script.latency.saturating_add(reply.delay);
     let usage = reply
         .usage
@@ -236,6 +238,19 @@ fn choose(state: &mut State, request: &Request) -> (Outcome, Deferred, Duration)
         }
     });
     (outcome, deferred, delay)
+}
+
+/// The service's validation error with `message`, answered at once.
+fn invalid_request(request: &Request, message: String) -> (Outcome, Deferred, Duration) {
+    let answer = match request.route {
+        Route::Converse => converse::error(converse::ErrorCode::Validation, &message),
+        Route::Messages => messages::error(ErrorType::InvalidRequest, &message, request.seq),
+    };
+    (
+        Outcome::Invalid(message),
+        Box::new(move |_| answer),
+        Duration::ZERO,
+    )
 }
 
 fn outcome_of(kind: &ReplyKind) -> Outcome {

@@ -124,3 +124,26 @@ fn string_chars(value: &Value) -> usize {
         _ => 0,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_structured_answer_goes_to_the_only_tool_else_to_structured_output_else_to_text() {
+        let tools = |names: &[&str]| names.iter().map(|n| n.to_string()).collect::<Vec<_>>();
+        assert_eq!(
+            Target::from_tools(tools(&["answer"])),
+            Target::Tool("answer".into())
+        );
+        assert_eq!(
+            Target::from_tools(tools(&["lookup", "structured_output"])),
+            Target::Tool("structured_output".into())
+        );
+        assert_eq!(
+            Target::from_tools(tools(&["lookup", "refund"])),
+            Target::Text
+        );
+        assert_eq!(Target::from_tools(Vec::new()), Target::Text);
+    }
+}

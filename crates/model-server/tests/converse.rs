@@ -698,3 +698,62 @@ fn a_server_on_its_own_thread_outlives_the_callers_runtimes() {
         std::thread::yield_now();
     }
 }
+
+#[tokio::test]
+async fn a_strict_script_refuses_what_it_did_not_foresee_and_waits_see_each_arrival() {
+    let server = start(Script::new().strict().always(
+        Match::model(SONNET).containing("outline"),
+        Reply::text("1. 2. 3."),
+    ))
+    .await;
+    let client = client(&server, RetryConfig::disabled());
+
+    let out = client
+        .converse()
+        .model_id(SONNET)
+        .messages(user("an outline please"))
+        .send()
+        .await;
+    assert_eq!(
+        message(&out.expect("scripted")).content()[0]
+            .as_text()
+            .ok()
+            .map(String::as_str),
+        Some("1. 2. 3.")
+    );
+    let err = client
+        .converse()
+        .model_id(SONNET)
+        .messages(user("a poem please"))
+        .send()
+        .await;
+    let err = service_error(err.expect_err("unscripted"));
+    assert!(err.is_validation_exception(), "{err:?}");
+    assert_eq!(
+        err.message(),
+        Some(format!("unscripted request for model {SONNET}: a poem please").as_str())
+    );
+
+    let waiting = server.wait_until(|calls| calls.model(HAIKU_PROFILE) >= 1);
+    let calling = async {
+        // Both answers are errors (strict): only their arrival matters here.
+        let _ = client
+            .converse()
+            .model_id(SONNET)
+            .messages(user("x"))
+            .send()
+            .await;
+        let _ = client
+            .converse()
+            .model_id(HAIKU_PROFILE)
+            .messages(user("y"))
+            .send()
+            .await;
+    };
+    tokio::time::timeout(Duration::from_secs(30), async {
+        tokio::join!(waiting, calling)
+    })
+    .await
+    .expect("the wait sees the arrival of the Haiku call");
+    assert_eq!(server.calls().total, 4);
+}
