@@ -172,6 +172,12 @@ impl ModelServer {
         self.shared.state().requests.clone()
     }
 
+    /// Every request received so far, in arrival order, and forget them (the counts stay):
+    /// a long run (the benchmark) keeps its memory flat, a test reads one phase at a time.
+    pub fn take_requests(&self) -> Vec<Request> {
+        std::mem::take(&mut self.shared.state().requests)
+    }
+
     /// The requests received so far for this model id, in arrival order.
     pub fn requests_for(&self, model_id: &str) -> Vec<Request> {
         self.shared
@@ -189,6 +195,23 @@ impl ModelServer {
         let mut receiver = self.shared.total.subscribe();
         // The sender lives in `self`: the wait cannot fail while `self` is borrowed.
         let _ = receiver.wait_for(|seen| *seen >= total).await;
+    }
+
+    /// Wait until `condition` holds for the call counts (checked now and at each arrival),
+    /// e.g. `|calls| calls.model(JUDGE) >= 2`. Unbounded: wrap it in a timeout.
+    pub async fn wait_until(&self, condition: impl Fn(&Calls) -> bool) {
+        let mut receiver = self.shared.total.subscribe();
+        loop {
+            // Marked seen before the check: an arrival after it wakes the wait below.
+            receiver.borrow_and_update();
+            if condition(&self.shared.state().calls) {
+                return;
+            }
+            // The sender lives in `self`: `changed` cannot fail while `self` is borrowed.
+            if receiver.changed().await.is_err() {
+                return;
+            }
+        }
     }
 
     /// Add a rule while running, after the existing ones (see [`Script::on`]).

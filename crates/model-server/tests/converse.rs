@@ -607,6 +607,9 @@ async fn rules_match_on_the_last_user_message_and_can_be_added_while_running() {
         .await
         .expect("four calls counted");
     assert!(server.pending().is_empty());
+    assert_eq!(server.take_requests().len(), 4);
+    assert!(server.requests().is_empty());
+    assert_eq!(server.calls().total, 4);
 }
 
 #[tokio::test]
