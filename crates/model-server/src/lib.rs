@@ -8,16 +8,23 @@
 //! - Messages: `POST /v1/messages`, as ironflow-core's `AnthropicApiAdapter` sends it
 //!   (`with_base_url(server.url())`); the `x-api-key` is recorded and can be refused.
 //!
-//! Answers come from a [`Script`]: per model id and/or text of the last user message, in
-//! order, each a [`Reply`] (text, tool use, structured output, throttling, 5xx, access
-//! denied, a cut connection; any of them slow), then a default answer; a model id can be
-//! declared unknown. Every call is counted ([`Calls`]) and every request kept
-//! ([`Request`]).
+//! Answers come from a [`Script`]: rules per model id, API, text of the last user message
+//! and/or system prompt, each a queue of [`Reply`]s given in order (text, tool use,
+//! structured output, throttling, 5xx, access denied, a cut connection; any of them slow),
+//! then standing replies ([`Script::always`]), then a default answer (or, with
+//! [`Script::strict`], a validation error); a model id can be declared unknown and a key
+//! refused. The script can grow while the server runs. Every call is counted ([`Calls`])
+//! and every request kept ([`Request`]), for tests to assert on and wait for
+//! ([`ModelServer::wait_until`]).
 //!
 //! It checks what a client can get wrong as the services do (roles, content blocks, tool
 //! calls paired with their results, a forced tool that exists, the Messages API's required
 //! fields and headers) and answers with the service's validation error; it does not verify
 //! signatures, stream Converse (`converse-stream`) or model anything beyond the script.
+//! What it guarantees and cannot cover: the repository's `docs/model-server.md`.
+//!
+//! It serves on the caller's Tokio runtime ([`ModelServer::start`]) or on a thread of its
+//! own ([`ModelServer::start_on_own_thread`]), and stops when dropped.
 //!
 //! ```no_run
 //! # async fn example() -> Result<(), ironflow_model_server::StartError> {
