@@ -67,6 +67,7 @@ use server::Shared;
 
 /// Why the server did not start.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum StartError {
     /// Binding `127.0.0.1:0` or reading the bound address failed.
     #[error("the model server could not bind 127.0.0.1: {0}")]

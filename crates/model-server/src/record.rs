@@ -15,6 +15,7 @@ pub enum Route {
 
 /// How a request was answered.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Outcome {
     /// A text answer.
     Text,

@@ -99,6 +99,7 @@ pub struct Usage {
 
 /// What one answer is.
 #[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
 pub enum ReplyKind {
     /// A text answer (stop reason `end_turn`).
     Text(String),

@@ -133,7 +133,7 @@ async fn answer(
     });
 
     // 2. Count, record, choose.
-    let (deferred, delay) = {
+    let (deferred, delay, seq) = {
         let mut state = shared.state();
         state.calls.count(route, &model);
         let seq = state.calls.total;
@@ -148,7 +148,7 @@ async fn answer(
         let (outcome, deferred, delay) = choose(&mut state, &record);
         record.outcome = outcome;
         state.requests.push(record);
-        (deferred, delay)
+        (deferred, delay, seq)
     };
     shared.total.send_modify(|total| *total += 1);
 
@@ -164,7 +164,16 @@ async fn answer(
             headers,
             content_type,
             body,
-        } => Ok(response(status, &headers, content_type, body)),
+        } => {
+            let mut response = response(status, &headers, content_type, body);
+            // Converse's request id, one per request (the Messages API's is in `headers`).
+            if route == Route::Converse
+                && let Ok(id) = format!("00000000-0000-4000-8000-{seq:012}").parse()
+            {
+                response.headers_mut().insert("x-amzn-requestid", id);
+            }
+            Ok(response)
+        }
     }
 }
 
@@ -274,8 +283,7 @@ fn response(
 ) -> Response<Full<Bytes>> {
     let mut builder = Response::builder()
         .status(StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR))
-        .header("content-type", content_type)
-        .header("x-amzn-requestid", "00000000-0000-4000-8000-000000000000");
+        .header("content-type", content_type);
     for (name, value) in headers {
         builder = builder.header(*name, value);
     }

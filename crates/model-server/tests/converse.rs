@@ -139,6 +139,10 @@ async fn a_text_answer_reaches_the_sdk_with_its_stop_reason_and_usage() {
         (12, 3, 15)
     );
     assert!(out.metrics().is_some(), "metrics.latencyMs is read");
+    assert_eq!(
+        aws_sdk_bedrockruntime::operation::RequestId::request_id(&out),
+        Some("00000000-0000-4000-8000-000000000001")
+    );
 
     let requests = server.requests();
     assert_eq!(requests.len(), 1);
