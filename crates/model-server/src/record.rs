@@ -19,6 +19,8 @@ pub enum Route {
 pub enum Outcome {
     /// A text answer.
     Text,
+    /// A text answer cut at the output limit (stop reason `max_tokens`).
+    Truncated,
     /// One or more tool calls.
     ToolUse,
     /// A structured answer (as text JSON or a tool's input).

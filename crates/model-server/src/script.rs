@@ -103,6 +103,9 @@ pub struct Usage {
 pub enum ReplyKind {
     /// A text answer (stop reason `end_turn`).
     Text(String),
+    /// A text answer cut at the output token limit (stop reason `max_tokens`): a structured
+    /// answer that does not parse, a summary that stops mid-sentence.
+    Truncated(String),
     /// One or more tool calls, optionally after some text (stop reason `tool_use`). Each call
     /// gets a fresh id (`tooluse_N` on Converse, `toolu_N` on the Messages API).
     ToolUse {
@@ -161,6 +164,11 @@ impl Reply {
     /// A text answer.
     pub fn text(text: impl Into<String>) -> Self {
         Self::of(ReplyKind::Text(text.into()))
+    }
+
+    /// A text answer cut at the output token limit (stop reason `max_tokens`).
+    pub fn truncated(text: impl Into<String>) -> Self {
+        Self::of(ReplyKind::Truncated(text.into()))
     }
 
     /// A call of one tool with a JSON input.

@@ -265,6 +265,7 @@ fn invalid_request(request: &Request, message: String) -> (Outcome, Deferred, Du
 fn outcome_of(kind: &ReplyKind) -> Outcome {
     match kind {
         ReplyKind::Text(_) => Outcome::Text,
+        ReplyKind::Truncated(_) => Outcome::Truncated,
         ReplyKind::ToolUse { .. } => Outcome::ToolUse,
         ReplyKind::Structured(_) => Outcome::Structured,
         ReplyKind::Throttle { .. } => Outcome::Throttled,

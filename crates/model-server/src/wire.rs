@@ -98,7 +98,7 @@ pub(crate) fn estimate_usage(body: &Value, kind: &ReplyKind) -> Usage {
         .map(string_chars)
         .sum();
     let output = match kind {
-        ReplyKind::Text(text) => text.chars().count(),
+        ReplyKind::Text(text) | ReplyKind::Truncated(text) => text.chars().count(),
         ReplyKind::ToolUse { text, calls } => {
             text.as_deref().map_or(0, |t| t.chars().count())
                 + calls

@@ -764,3 +764,25 @@ async fn a_strict_script_refuses_what_it_did_not_foresee_and_waits_see_each_arri
     .expect("the wait sees the arrival of the Haiku call");
     assert_eq!(server.calls().total, 4);
 }
+
+#[tokio::test]
+async fn a_truncated_answer_stops_at_max_tokens() {
+    let server =
+        start(Script::new().on(Match::any(), [Reply::truncated(r#"{"verdict": "app"#)])).await;
+    let out = client(&server, RetryConfig::disabled())
+        .converse()
+        .model_id(SONNET)
+        .messages(user("judge"))
+        .send()
+        .await
+        .expect("a truncated answer");
+    assert_eq!(out.stop_reason(), &StopReason::MaxTokens);
+    assert_eq!(
+        message(&out).content()[0]
+            .as_text()
+            .ok()
+            .map(String::as_str),
+        Some(r#"{"verdict": "app"#)
+    );
+    assert_eq!(server.requests()[0].outcome, Outcome::Truncated);
+}
