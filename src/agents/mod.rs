@@ -14,5 +14,5 @@ pub mod pricing;
 mod schema;
 mod tools;
 
-pub use anthropic::AnthropicSecretProvider;
+pub use anthropic::{AnthropicSecretProvider, REREAD_AT_MOST_EVERY};
 pub use bedrock::{BedrockProvider, DEFAULT_BEDROCK_MODEL};
