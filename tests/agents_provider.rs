@@ -21,7 +21,12 @@ use ironflow_lambda::{AnthropicSecretProvider, BedrockProvider, LambdaWorkerBuil
 use ironflow_model_server::{Match, ModelServer, Outcome, Reply, Route, Script};
 use serde_json::{Value, json};
 
+use common::Harness;
 use common::moto::moto_endpoint;
+use ironflow_engine::context::WorkflowContext;
+use ironflow_engine::handler::{HandlerFuture, WorkflowHandler};
+use ironflow_lambda::Outcome as RunOutcome;
+use ironflow_store::entities::RunStatus;
 
 /// A foundation model of the price table without native structured output.
 const NOVA: &str = "us.amazon.nova-pro-v1:0";
@@ -491,4 +496,91 @@ async fn the_anthropic_key_comes_from_secrets_manager_is_re_read_once_when_refus
         assert!(!logs.contains(key.as_str()), "a key is in the logs");
     }
     assert!(!logs.contains(&third), "the unread key is nowhere either");
+}
+
+/// One agent step on Nova, its answer kept in a file.
+struct AskNova;
+
+impl WorkflowHandler for AskNova {
+    fn name(&self) -> &str {
+        "ask-nova"
+    }
+
+    fn execute<'a>(&'a self, ctx: &'a mut WorkflowContext) -> HandlerFuture<'a> {
+        Box::pin(async move {
+            let answer = ctx.agent("ask", AgentConfig::new("hi").model(NOVA)).await?;
+            ctx.shell(
+                "after",
+                ironflow_engine::config::ShellConfig::new(&format!("echo {}", answer.output)),
+            )
+            .await?;
+            Ok(())
+        })
+    }
+}
+
+/// Through the Lambda handler on the real API: a step Bedrock throttles through its retries
+/// puts the run to sleep (Suspended, due at the provider's wake time) twice in a row, with a
+/// poison-pill threshold of 1, and neither sleep counts: the wake-up (the API's timer) resumes it
+/// and it completes once Bedrock answers.
+#[tokio::test]
+async fn a_throttled_step_sleeps_and_wakes_and_no_sleep_counts_toward_the_poison_pill() {
+    let server = ModelServer::start(Script::new().always(Match::model(NOVA), Reply::throttle()))
+        .await
+        .unwrap();
+    let h = Arc::new(Harness::start().await);
+    let provider = BedrockProvider::new(&bedrock_config(&server))
+        .with_retry_window(Duration::from_millis(300))
+        .with_capacity_pause(Duration::from_secs(1));
+    let worker = h
+        .builder()
+        .provider(Arc::new(provider))
+        .poison_threshold(1)
+        .register(AskNova)
+        .build()
+        .unwrap();
+    let id = h.create("ask-nova", 0).await;
+    for round in 0..2 {
+        let before = Utc::now();
+        let summary = h.invoke(&worker, Duration::from_secs(60)).await;
+        assert_eq!(summary.runs.len(), 1, "round {round}: {summary:?}");
+        let report = &summary.runs[0];
+        assert_eq!(
+            report.outcome,
+            RunOutcome::Suspended,
+            "round {round}: {summary:?}"
+        );
+        let due = report.due.expect("a sleeping run is due at its wake time");
+        assert!(due.at >= before + chrono::TimeDelta::seconds(1), "{due:?}");
+        let run = h.run(id).await;
+        assert_eq!(run.status.state, RunStatus::Sleeping);
+        assert_eq!(
+            run.capacity_wait_kind.map(|k| k.to_string()).as_deref(),
+            Some("bedrock")
+        );
+        common::wait_until(
+            "the API's timer wakes the run",
+            Duration::from_secs(60),
+            || {
+                let h = h.clone();
+                async move { h.status(id).await == RunStatus::Pending }
+            },
+        )
+        .await;
+    }
+    server.push(Match::model(NOVA), [Reply::text("capacity-is-back")]);
+    let summary = h.invoke(&worker, Duration::from_secs(60)).await;
+    assert_eq!(
+        summary.runs[0].outcome,
+        RunOutcome::Completed,
+        "{summary:?}"
+    );
+    assert_eq!(h.status(id).await, RunStatus::Completed);
+    let ask = h
+        .steps(id)
+        .await
+        .into_iter()
+        .rfind(|s| s.name == "ask")
+        .unwrap();
+    assert_eq!(ask.output, Some(json!("capacity-is-back")));
 }
