@@ -248,13 +248,58 @@ async fn throttling_and_5xx_are_retried_then_the_answer_is_returned() {
             Reply::throttle(),
             Reply::server_error(),
             Reply::unavailable(),
+            Reply::cut(),
             Reply::text("finally"),
         ],
     ))
     .await;
     let out = provider.invoke(&step("hi", NOVA)).await.unwrap();
     assert_eq!(out.value, json!("finally"));
-    assert_eq!(server.calls().model(NOVA), 4);
+    assert_eq!(server.calls().model(NOVA), 5);
+}
+
+#[tokio::test]
+async fn a_call_longer_than_the_per_call_limit_is_dropped_as_a_timeout() {
+    let (server, provider) = provider(Script::new().on(
+        Match::model(NOVA),
+        [Reply::text("too late").delayed(Duration::from_secs(30))],
+    ))
+    .await;
+    let provider = provider.with_call_limit(Duration::from_millis(300));
+    let err = tokio::time::timeout(Duration::from_secs(20), provider.invoke(&step("hi", NOVA)))
+        .await
+        .expect("the call is dropped at its limit")
+        .unwrap_err();
+    assert!(
+        matches!(err, AgentError::Timeout { limit } if limit == Duration::from_millis(300)),
+        "{err}"
+    );
+    assert_eq!(
+        server.calls().model(NOVA),
+        1,
+        "a slow answer is not retried"
+    );
+}
+
+#[tokio::test]
+async fn a_priced_step_past_its_budget_makes_no_further_turn() {
+    let (server, provider) = provider(Script::new().always(
+        Match::model(NOVA),
+        Reply::tool_use("add", json!({"a": 1, "b": 2})).with_usage(1_000_000, 0),
+    ))
+    .await;
+    let provider =
+        provider.with_tools(ToolRegistry::new().register(Add(Arc::new(AtomicUsize::new(0)))));
+    let err = provider
+        .invoke(&step("add", NOVA).max_budget_usd(1.0))
+        .await
+        .unwrap_err();
+    let AgentError::BudgetExceeded { spent_usd, .. } = err else {
+        panic!("expected the budget exceeded, got {err}");
+    };
+    // $0.80 after the first turn, $1.60 after the second: no third.
+    assert_eq!(spent_usd, 1.6);
+    assert_eq!(server.calls().model(NOVA), 2);
 }
 
 #[tokio::test]

@@ -66,8 +66,8 @@ pub struct AnthropicSecretProvider {
     secret: ApiKeySecret,
     base_url: Option<String>,
     configure: Option<Configure>,
-    state: Arc<Mutex<KeyState>>,
-    inner: Arc<RwLock<(u64, Arc<AnthropicApiProvider>)>>,
+    state: Mutex<KeyState>,
+    inner: RwLock<(u64, Arc<AnthropicApiProvider>)>,
 }
 
 impl fmt::Debug for AnthropicSecretProvider {
@@ -100,12 +100,12 @@ impl AnthropicSecretProvider {
             secret,
             base_url: None,
             configure: None,
-            state: Arc::new(Mutex::new(KeyState {
+            state: Mutex::new(KeyState {
                 key,
                 generation: 0,
                 last_reread: None,
-            })),
-            inner: Arc::new(RwLock::new((0, Arc::new(inner)))),
+            }),
+            inner: RwLock::new((0, Arc::new(inner))),
         }
     }
 

@@ -1330,6 +1330,7 @@ pub(crate) mod tests {
         for variable in [
             "IRONFLOW_WORKER_TOKEN_SECRET_ARN",
             "IRONFLOW_WEBHOOK_SECRET_ARN",
+            "IRONFLOW_ANTHROPIC_API_KEY_SECRET_ARN",
         ] {
             let err = with(&[(variable, "pasted-s3cret-value")]).unwrap_err();
             assert!(err.contains(variable) && err.contains("ARN"), "{err}");
@@ -1338,6 +1339,8 @@ pub(crate) mod tests {
         let arn = "arn:aws:secretsmanager:eu-west-1:123456789012:secret:t-AbC123";
         let s = with(&[("IRONFLOW_WEBHOOK_SECRET_ARN", arn)]).unwrap();
         assert_eq!(s.webhook_secret_arn.as_deref(), Some(arn));
+        let s = with(&[("IRONFLOW_ANTHROPIC_API_KEY_SECRET_ARN", arn)]).unwrap();
+        assert_eq!(s.anthropic_api_key_secret_arn.as_deref(), Some(arn));
     }
 
     #[test]
