@@ -603,8 +603,10 @@ impl LambdaWorkerBuilder {
         self
     }
 
-    /// How long an agent step may wait for provider-account capacity, in practice bounded by the
-    /// run timeout and the invocation cutoff. Variable `IRONFLOW_MAX_CAPACITY_WAIT_SECS` (seconds);
+    /// How long an agent step that sets no `max_capacity_wait` of its own may wait for provider
+    /// capacity in all, across the sleeps it is put to (every provider account rate limited, or
+    /// Bedrock throttling past its retries: [`crate::BedrockProvider`]); the run sleeps, holding
+    /// no invocation. Variable `IRONFLOW_MAX_CAPACITY_WAIT_SECS` (seconds);
     /// default 21600.
     pub fn max_capacity_wait(mut self, wait: Duration) -> Self {
         self.settings.max_capacity_wait = wait;

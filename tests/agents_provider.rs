@@ -629,3 +629,27 @@ async fn a_throttled_step_sleeps_and_wakes_and_no_sleep_counts_toward_the_poison
         .unwrap();
     assert_eq!(ask.output, Some(json!("capacity-is-back")));
 }
+
+/// The worker's budget (`IRONFLOW_MAX_CAPACITY_WAIT_SECS`) reaches a step that sets none: at
+/// zero, a step Bedrock throttles through its retries fails at once instead of sleeping.
+#[tokio::test]
+async fn the_worker_s_capacity_wait_budget_reaches_a_bedrock_step() {
+    let server = ModelServer::start(Script::new().always(Match::model(NOVA), Reply::throttle()))
+        .await
+        .unwrap();
+    let h = Harness::start().await;
+    let provider = BedrockProvider::new(&bedrock_config(&server))
+        .with_retry_window(Duration::from_millis(300));
+    let worker = h
+        .builder()
+        .provider(Arc::new(provider))
+        .max_capacity_wait(Duration::ZERO)
+        .register(AskNova)
+        .build()
+        .unwrap();
+    let id = h.create("ask-nova", 0).await;
+    let summary = h.invoke(&worker, Duration::from_secs(60)).await;
+    assert_eq!(summary.runs[0].outcome, RunOutcome::Failed, "{summary:?}");
+    let error = h.run(id).await.error.unwrap_or_default();
+    assert!(error.contains("no capacity for bedrock"), "{error}");
+}

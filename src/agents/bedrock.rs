@@ -172,7 +172,8 @@ impl BedrockProvider {
 
     /// The capacity-wait budget of a step that sets no `max_capacity_wait`: the longest a step
     /// may sleep for capacity in all, across wake-ups. Default ironflow's, 6 hours; zero fails
-    /// a throttled step at once.
+    /// a throttled step at once. Under a [`crate::LambdaWorker`] a step without a budget gets the
+    /// worker's (`IRONFLOW_MAX_CAPACITY_WAIT_SECS`), so this one applies outside a worker only.
     pub fn with_max_capacity_wait(mut self, wait: Duration) -> Self {
         self.limits.max_capacity_wait = wait;
         self

@@ -7,6 +7,7 @@
 
 mod anthropic;
 mod bedrock;
+pub(crate) mod budget;
 mod calls;
 mod converse;
 mod document;
