@@ -653,3 +653,70 @@ async fn the_worker_s_capacity_wait_budget_reaches_a_bedrock_step() {
     let error = h.run(id).await.error.unwrap_or_default();
     assert!(error.contains("no capacity for bedrock"), "{error}");
 }
+
+/// An Anthropic provider of `server` whose key is a fresh moto secret.
+async fn anthropic(server: &ModelServer) -> AnthropicSecretProvider {
+    let aws = moto_config().await;
+    let arn = aws_sdk_secretsmanager::Client::new(&aws)
+        .create_secret()
+        .name(format!("ironflow/anthropic-{}", uuid::Uuid::new_v4()))
+        .secret_string(format!("sk-ant-{}", uuid::Uuid::new_v4()))
+        .send()
+        .await
+        .unwrap()
+        .arn()
+        .unwrap()
+        .to_string();
+    AnthropicSecretProvider::from_secret(&aws, &arn)
+        .await
+        .unwrap()
+        .with_base_url(&server.url())
+}
+
+/// Anthropic's throttling is retried (after its `retry-after`) within the retry window, and past
+/// it the run sleeps until the `retry-after` (else the capacity pause), as Bedrock's does.
+#[tokio::test]
+async fn anthropic_throttling_is_retried_then_a_capacity_wait_until_its_retry_after() {
+    let messages = || Match::any().on(Route::Messages);
+    let server = ModelServer::start(Script::new().on(
+        messages(),
+        [
+            Reply::throttle_retry_after(Duration::from_secs(1)),
+            Reply::unavailable(),
+            Reply::text("after"),
+        ],
+    ))
+    .await
+    .unwrap();
+    let provider = anthropic(&server).await;
+    let config = AgentConfig::new("hi").model("claude-sonnet-4-5");
+    assert_eq!(
+        provider.invoke(&config).await.unwrap().value,
+        json!("after")
+    );
+    assert_eq!(server.calls().route(Route::Messages), 3);
+
+    server.push_always(
+        messages(),
+        Reply::throttle_retry_after(Duration::from_secs(120)),
+    );
+    let before = Utc::now();
+    let err = provider.invoke(&config).await.unwrap_err();
+    let AgentError::CapacityWait { kind, wake_at } = err else {
+        panic!("expected a capacity wait, got {err}");
+    };
+    assert_eq!(kind, "anthropic");
+    assert!(
+        wake_at >= before + chrono::TimeDelta::seconds(120),
+        "{wake_at}"
+    );
+    assert!(
+        wake_at <= Utc::now() + chrono::TimeDelta::seconds(150),
+        "{wake_at}"
+    );
+    assert_eq!(
+        server.calls().route(Route::Messages),
+        4,
+        "a retry-after beyond the window is not waited for in the invocation"
+    );
+}

@@ -13,14 +13,19 @@ use ironflow_core::providers::http::AnthropicApiProvider;
 use ironflow_core::providers::http::HttpAgentProvider;
 use ironflow_core::providers::http::anthropic::adapter::AnthropicApiAdapter;
 use tokio::sync::Mutex;
-use tokio::time::{Instant, timeout_at};
+use tokio::time::{Instant, sleep, timeout_at};
 use tracing::{info, warn};
 
+use super::calls::{Sleep, backoff, capacity_wait};
+use crate::deadline::later;
 use crate::secrets::{ApiKey, ApiKeySecret, SecretError};
 use crate::store::scope::CallScope;
 
 /// The shortest time between two reads of the secret after a refusal: 1 minute.
 pub const REREAD_AT_MOST_EVERY: Duration = Duration::from_secs(60);
+
+/// The provider kind of an Anthropic capacity wait.
+const KIND: &str = "anthropic";
 
 /// What turns an ironflow `AnthropicApiProvider` into the one a step uses (tools, timeout).
 type Configure = Arc<dyn Fn(AnthropicApiProvider) -> AnthropicApiProvider + Send + Sync>;
@@ -49,8 +54,12 @@ struct KeyState {
 ///
 /// Each call is cut at the invocation's cutoff (`AgentError::Timeout`); within it, ironflow's
 /// provider bounds each request (120 s unless [`configure`](Self::configure) sets another
-/// timeout). Throttling (`AgentError::RateLimited`) is ironflow's: retried by the step's retry
-/// policy, not turned into a capacity wait.
+/// timeout). Throttling (429), overload (529) and 5xx are retried within
+/// [`with_retry_window`](Self::with_retry_window) and the time left (the API's `retry-after`
+/// when it sends one, else jittered backoff); after that the step returns
+/// `AgentError::CapacityWait` (kind `anthropic`): the run sleeps until the `retry-after` (else
+/// [`with_capacity_pause`](Self::with_capacity_pause)), within the step's capacity-wait budget,
+/// as [`crate::BedrockProvider`]'s do.
 ///
 /// ```no_run
 /// use std::sync::Arc;
@@ -66,6 +75,8 @@ pub struct AnthropicSecretProvider {
     secret: ApiKeySecret,
     base_url: Option<String>,
     configure: Option<Configure>,
+    retry_window: Duration,
+    capacity_pause: Duration,
     state: Mutex<KeyState>,
     inner: RwLock<(u64, Arc<AnthropicApiProvider>)>,
 }
@@ -80,6 +91,26 @@ impl fmt::Debug for AnthropicSecretProvider {
 }
 
 impl AnthropicSecretProvider {
+    /// Retry window of throttling and 5xx by default: 20 s.
+    pub const DEFAULT_RETRY_WINDOW: Duration = Duration::from_secs(20);
+    /// Capacity pause by default, when the API sends no `retry-after`: 60 s.
+    pub const DEFAULT_CAPACITY_PAUSE: Duration = Duration::from_secs(60);
+
+    /// How long throttling (429) and overload or 5xx answers are retried within one call
+    /// (jittered backoff from 0.2 s to 5 s, or the API's `retry-after`), and never past the
+    /// invocation's cutoff. Default [`Self::DEFAULT_RETRY_WINDOW`], 20 s.
+    pub fn with_retry_window(mut self, window: Duration) -> Self {
+        self.retry_window = window;
+        self
+    }
+
+    /// How long a throttled step's run sleeps when the API sent no `retry-after` (plus up to a
+    /// quarter of it, at random). Default [`Self::DEFAULT_CAPACITY_PAUSE`], 60 s.
+    pub fn with_capacity_pause(mut self, pause: Duration) -> Self {
+        self.capacity_pause = pause;
+        self
+    }
+
     /// A provider whose key is read now from the secret `secret_arn` (its `SecretString`, or its
     /// `api_key`, `key` or `ANTHROPIC_API_KEY` value), with `aws`'s region and credentials.
     ///
@@ -100,6 +131,8 @@ impl AnthropicSecretProvider {
             secret,
             base_url: None,
             configure: None,
+            retry_window: Self::DEFAULT_RETRY_WINDOW,
+            capacity_pause: Self::DEFAULT_CAPACITY_PAUSE,
             state: Mutex::new(KeyState {
                 key,
                 generation: 0,
@@ -188,8 +221,42 @@ impl AnthropicSecretProvider {
         Some(provider)
     }
 
-    /// The step `config` (with `sink`), re-reading the key once when it is refused.
+    /// The step `config` (with `sink`): throttling, overload and 5xx retried within the retry
+    /// window and the time left, then a capacity wait.
     async fn run(
+        &self,
+        config: &AgentConfig,
+        sink: Option<Arc<dyn LogSink>>,
+    ) -> Result<AgentOutput, AgentError> {
+        let cutoff = CallScope::execution_cutoff();
+        let window_end = later(Instant::now(), self.retry_window);
+        let mut attempt: u32 = 0;
+        loop {
+            let result = self.once(config, sink.clone()).await;
+            let Some(retry_after) = transient(&result) else {
+                return result;
+            };
+            let why = result.err().map(|e| e.to_string()).unwrap_or_default();
+            let delay = retry_after.unwrap_or_else(|| backoff(attempt));
+            let next = later(Instant::now(), delay);
+            if next < window_end && cutoff.is_none_or(|c| next < c) {
+                info!(attempt = attempt + 1, delay_ms = delay.as_millis() as u64, error = %why, "Anthropic call throttled or failed, retrying");
+                sleep(delay).await;
+                attempt = attempt.saturating_add(1);
+                continue;
+            }
+            let wait = Sleep {
+                kind: KIND,
+                pause: retry_after.unwrap_or(self.capacity_pause),
+                default_budget: ironflow_engine::accounts::DEFAULT_MAX_CAPACITY_WAIT,
+                model: &config.model,
+            };
+            return Err(capacity_wait(config, &wait, &why));
+        }
+    }
+
+    /// One call of the step `config` (with `sink`), re-reading the key once when it is refused.
+    async fn once(
         &self,
         config: &AgentConfig,
         sink: Option<Arc<dyn LogSink>>,
@@ -210,6 +277,18 @@ impl AnthropicSecretProvider {
             },
             other => other,
         }
+    }
+}
+
+/// When `result` is a throttling (429: `Some` of its `retry-after`) or an overload or 5xx answer
+/// (`Some(None)`): what may pass by waiting. `None` otherwise (connection failures included).
+fn transient(result: &Result<AgentOutput, AgentError>) -> Option<Option<Duration>> {
+    match result {
+        Err(AgentError::RateLimited {
+            retry_after_secs, ..
+        }) => Some(retry_after_secs.map(Duration::from_secs)),
+        Err(AgentError::HttpProvider { status_code, .. }) if *status_code >= 500 => Some(None),
+        _ => None,
     }
 }
 
