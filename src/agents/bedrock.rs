@@ -270,7 +270,7 @@ impl BedrockProvider {
                 break;
             };
             let calls: Vec<_> = turn.calls.iter().collect();
-            let results = tools::run(registry, &calls).await;
+            let results = tools::run(registry, &calls, config.max_parallel_tools).await;
             request.push_turn(message, results)?;
         }
         let reached = format!(
