@@ -79,6 +79,7 @@ async fn a_text_answer_is_returned_with_the_system_prompt_and_the_prompt_sent() 
         .append_system_prompt("Answer in English.");
     let out = provider.invoke(&config).await.unwrap();
     assert_eq!(out.value, json!("Hello from Nova"));
+    assert!(out.debug_messages.is_none(), "no trace unless verbose");
     assert_eq!(out.model.as_deref(), Some(NOVA));
     let requests = server.requests();
     assert_eq!(requests.len(), 1);
@@ -206,9 +207,18 @@ async fn tools_run_between_turns_over_several_model_calls() {
     .await;
     let runs = Arc::new(AtomicUsize::new(0));
     let provider = provider.with_tools(ToolRegistry::new().register(Add(runs.clone())));
-    let out = provider.invoke(&step("add things", NOVA)).await.unwrap();
+    let out = provider
+        .invoke(&step("add things", NOVA).verbose(true))
+        .await
+        .unwrap();
     assert_eq!(out.value, json!("The total is 15"));
     assert_eq!(runs.load(Ordering::SeqCst), 2);
+    // The verbose step's trace: each answer, its tool call and the result sent back.
+    let trace = out.debug_messages.expect("a verbose step has its trace");
+    assert_eq!(trace.len(), 3);
+    assert_eq!(trace[0].tool_calls[0].name, "add");
+    assert_eq!(trace[0].tool_results[0].content, json!("sum=5"));
+    assert_eq!(trace[2].text.as_deref(), Some("The total is 15"));
     let requests = server.requests();
     assert_eq!(requests.len(), 3);
     assert!(requests.iter().all(|r| r.tool_names() == ["add"]));
