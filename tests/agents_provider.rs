@@ -730,3 +730,44 @@ async fn anthropic_throttling_is_retried_then_a_capacity_wait_until_its_retry_af
         "a retry-after beyond the window is not waited for in the invocation"
     );
 }
+
+/// An Anthropic key secret that cannot serve stops the cold start, naming the variable and the
+/// ARN, never the value (a value with a space in it would break every request's header).
+#[tokio::test]
+async fn an_anthropic_key_secret_that_cannot_serve_fails_the_cold_start_naming_it() {
+    let aws = moto_config().await;
+    let unusable = aws_sdk_secretsmanager::Client::new(&aws)
+        .create_secret()
+        .name(format!("ironflow/anthropic-{}", uuid::Uuid::new_v4()))
+        .secret_string("sk-ant with-a-space-s3cret")
+        .send()
+        .await
+        .unwrap()
+        .arn()
+        .unwrap()
+        .to_string();
+    let missing = "arn:aws:secretsmanager:us-east-1:123456789012:secret:ironflow/missing-AbC123";
+    for (arn, expected) in [
+        (unusable.as_str(), "cannot serve"),
+        (missing, "ResourceNotFound"),
+    ] {
+        let lookup = |name: &str| match name {
+            "IRONFLOW_API_URL" => Some("http://127.0.0.1:1".to_string()),
+            "IRONFLOW_WORKER_TOKEN" => Some("test-worker-token".to_string()),
+            "IRONFLOW_ANTHROPIC_API_KEY_SECRET_ARN" => Some(arn.to_string()),
+            _ => None,
+        };
+        let err = LambdaWorkerBuilder::from_lookup_and_secrets(lookup, &aws)
+            .await
+            .err()
+            .expect("the cold start fails");
+        let message = err.to_string();
+        assert!(
+            message.contains("IRONFLOW_ANTHROPIC_API_KEY_SECRET_ARN")
+                && message.contains(arn)
+                && message.contains(expected),
+            "{message}"
+        );
+        assert!(!message.contains("s3cret"), "the value leaked: {message}");
+    }
+}
