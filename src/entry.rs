@@ -2,7 +2,8 @@
 //!
 //! One call does what the deployable function needs at cold start and for each event: the JSON
 //! logs, the child subreaper, the settings from the environment (the worker token from Secrets
-//! Manager when `IRONFLOW_WORKER_TOKEN_SECRET_ARN` is set), the DynamoDB poison-pill table and
+//! Manager when `IRONFLOW_WORKER_TOKEN_SECRET_ARN` is set, the Anthropic API key when
+//! `IRONFLOW_ANTHROPIC_API_KEY_SECRET_ARN` is), the DynamoDB poison-pill table and
 //! the wake-up queue when configured, the EMF metrics, the checks of the Lambda runtime's own
 //! variables, and the runtime loop with its layers ([`crate::layers`]). Every error is one JSON
 //! log line (never the token) and exit status 1, which Lambda reports as an init or runtime
@@ -41,8 +42,9 @@ ironflow-lambda-local` in the ironflow-lambda repository.";
 
 /// The variables that need the AWS configuration (and only they load it: outside AWS without a
 /// region, loading it asks the EC2 instance metadata service, and warns at length).
-const AWS_VARIABLES: [&str; 4] = [
+const AWS_VARIABLES: [&str; 5] = [
     table::WORKER_TOKEN_SECRET_ARN.variable,
+    table::ANTHROPIC_API_KEY_SECRET_ARN.variable,
     table::WEBHOOK_SECRET_ARN.variable,
     table::POISON_TABLE.variable,
     table::WAKE_QUEUE_URL.variable,
@@ -55,12 +57,12 @@ const AWS_VARIABLES: [&str; 4] = [
 /// ```no_run
 /// use std::process::ExitCode;
 /// use std::sync::Arc;
-/// use ironflow_core::providers::claude::ClaudeCodeProvider;
+/// use ironflow_lambda::BedrockProvider;
 ///
 /// fn main() -> ExitCode {
 ///     ironflow_lambda::run(|worker| {
 ///         worker
-///             .provider(Arc::new(ClaudeCodeProvider::new()))
+///             .provider(Arc::new(BedrockProvider::from_env()))
 ///             .register(ironflow_lambda::samples::QuickShell)
 ///     })
 /// }

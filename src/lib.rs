@@ -13,12 +13,12 @@
 //! ```no_run
 //! use std::process::ExitCode;
 //! use std::sync::Arc;
-//! use ironflow_core::providers::claude::ClaudeCodeProvider;
+//! use ironflow_lambda::BedrockProvider;
 //!
 //! fn main() -> ExitCode {
 //!     ironflow_lambda::run(|worker| {
 //!         worker
-//!             .provider(Arc::new(ClaudeCodeProvider::new()))
+//!             .provider(Arc::new(BedrockProvider::from_env()))
 //!             .register(ironflow_lambda::samples::QuickShell)
 //!     })
 //! }
@@ -28,12 +28,13 @@
 //! [`LambdaWorkerBuilder`] and hand each event to [`handle`] ([`handle_summary`] for the typed
 //! [`InvocationSummary`]).
 //!
-//! The public surface: the builder and the worker, the entry point and the handler, the
-//! [`settings`] and their errors, what an invocation reports ([`Outcome`], [`RunReport`],
-//! [`InvocationSummary`]), the poison-pill table ([`PoisonTable`], [`MemoryPoisonTable`],
-//! [`DynamoPoisonTable`]), the [`Waker`] of wake-ups, the [`layers`] around the handler, and
-//! the helpers the local runner and the tests share ([`orphans`], [`logging`], [`metrics`],
-//! [`samples`]). How it works (one invocation, claim-ahead, handback, poison pill, wake-ups,
+//! The public surface: the builder and the worker, the entry point and the handler, the agent
+//! providers that work inside a function ([`BedrockProvider`], [`AnthropicSecretProvider`]: the
+//! [`agents`] module), the [`settings`] and their errors, what an invocation reports
+//! ([`Outcome`], [`RunReport`], [`InvocationSummary`]), the poison-pill table ([`PoisonTable`],
+//! [`MemoryPoisonTable`], [`DynamoPoisonTable`]), the [`Waker`] of wake-ups, the [`layers`]
+//! around the handler, and the helpers the local runner and the tests share ([`orphans`],
+//! [`logging`], [`metrics`], [`samples`]). How it works (one invocation, claim-ahead, handback, poison pill, wake-ups,
 //! faults) is in the repository's `docs/` directory.
 
 #![warn(missing_docs)]
@@ -41,6 +42,7 @@
 #![cfg_attr(test, allow(clippy::unwrap_used, clippy::expect_used, clippy::panic))]
 
 mod admission;
+pub mod agents;
 mod api;
 mod attempt_time;
 mod build_error;
@@ -75,6 +77,7 @@ mod wake;
 pub mod webhook;
 mod worker;
 
+pub use agents::{AnthropicSecretProvider, BedrockProvider};
 pub use build_error::BuildError;
 pub use builder::LambdaWorkerBuilder;
 pub use entry::run;
