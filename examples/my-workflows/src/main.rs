@@ -7,9 +7,10 @@ use ironflow_core::providers::claude::ClaudeCodeProvider;
 
 fn main() -> ExitCode {
     ironflow_lambda::run(|worker| {
-        worker
+        let worker = worker
             .provider(Arc::new(ClaudeCodeProvider::new()))
             .register(my_workflows::Greet)
-            .register(my_workflows::DailyReport)
+            .register(my_workflows::DailyReport);
+        my_workflows::patterns::register(worker)
     })
 }
