@@ -765,14 +765,14 @@ fn agent_steps_may_invoke_the_given_bedrock_models_and_nothing_else() {
     assert_eq!(
         profile_arns,
         [
-            "arn:aws:bedrock:*:*:inference-profile/us.anthropic.claude-sonnet-4-20250514-v1:0",
+            "arn:aws:bedrock:*:*:inference-profile/us.anthropic.claude-sonnet-4-5-20250929-v1:0",
             "arn:aws:bedrock:*:*:inference-profile/us.amazon.nova-lite-v1:0",
         ]
     );
     assert_eq!(
         model_arns,
         [
-            "arn:aws:bedrock:*::foundation-model/anthropic.claude-sonnet-4-20250514-v1:0",
+            "arn:aws:bedrock:*::foundation-model/anthropic.claude-sonnet-4-5-20250929-v1:0",
             "arn:aws:bedrock:*::foundation-model/amazon.nova-lite-v1:0",
         ]
     );

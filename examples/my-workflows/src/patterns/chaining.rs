@@ -1,12 +1,12 @@
 //! `prompt-chaining`: each call's answer is the next call's input (outline → draft → polish).
 
-use ironflow_engine::config::Prompt;
+use ironflow_engine::config::{AgentStepConfig, Prompt};
 use ironflow_engine::context::WorkflowContext;
 use ironflow_engine::handler::{HandlerFuture, WorkflowHandler};
 use serde_json::json;
 
 use super::models::Models;
-use super::{ask, required_text};
+use super::required_text;
 
 /// `prompt-chaining`: `{"topic": "…"}` → output `{"outline", "draft", "final"}`.
 pub struct PromptChaining;
@@ -24,20 +24,17 @@ impl WorkflowHandler for PromptChaining {
             let prompt = Prompt::new()
                 .text("Write a three-point outline of a short article on this topic.")
                 .untrusted(&topic);
-            let outline = ctx
-                .agent("outline", ask(&prompt.to_string(), &model))
-                .await?;
+            let step = |prompt: Prompt| AgentStepConfig::new(&prompt.to_string()).model(&model);
+            let outline = ctx.agent("outline", step(prompt)).await?;
             // A model's answer is untrusted too (it may repeat text planted in its input).
             let prompt = Prompt::new()
                 .text("Write the article this outline describes, in at most 200 words.")
                 .untrusted(outline.text());
-            let draft = ctx.agent("draft", ask(&prompt.to_string(), &model)).await?;
+            let draft = ctx.agent("draft", step(prompt)).await?;
             let prompt = Prompt::new()
                 .text("Tighten this article: same content, plainer words, at most 150 words.")
                 .untrusted(draft.text());
-            let polished = ctx
-                .agent("polish", ask(&prompt.to_string(), &model))
-                .await?;
+            let polished = ctx.agent("polish", step(prompt)).await?;
             ctx.set_output(&json!({
                 "outline": outline.text().raw(),
                 "draft": draft.text().raw(),

@@ -12,8 +12,8 @@
 
 use serde_json::Value;
 
-/// The main model: Claude Sonnet 4 through the US cross-region inference profile.
-pub const DEFAULT_MODEL: &str = "us.anthropic.claude-sonnet-4-20250514-v1:0";
+/// The main model: Claude Sonnet 4.5 through the US cross-region inference profile.
+pub const DEFAULT_MODEL: &str = "us.anthropic.claude-sonnet-4-5-20250929-v1:0";
 
 /// The second model (the judge's other candidate, the fan-out's workers): Amazon Nova Lite
 /// through the US cross-region inference profile.
