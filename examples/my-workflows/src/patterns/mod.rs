@@ -54,8 +54,15 @@ pub fn register(worker: LambdaWorkerBuilder) -> LambdaWorkerBuilder {
 }
 
 /// An agent step asking `model` one `prompt`.
+///
+/// The same prompt is the step's resume prompt: a step interrupted by the end of an invocation is
+/// resumed by the engine with `resume_prompt` (by default "The previous run of this task was
+/// interrupted. Continue…", meant for a Claude Code session), and a provider without sessions,
+/// such as Bedrock's, would get that sentence without the task.
 fn ask(prompt: &str, model: &str) -> AgentStepConfig {
-    AgentStepConfig::new(prompt).model(model)
+    AgentStepConfig::new(prompt)
+        .model(model)
+        .resume_prompt(prompt)
 }
 
 /// The string field `field` of the run's input, or a step error naming it.
