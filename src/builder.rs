@@ -35,12 +35,11 @@ use crate::worker::{self, LambdaWorker, Parts};
 /// ```no_run
 /// use std::sync::Arc;
 /// use std::time::Duration;
-/// use ironflow_core::providers::claude::ClaudeCodeProvider;
-/// use ironflow_lambda::LambdaWorkerBuilder;
+/// use ironflow_lambda::{BedrockProvider, LambdaWorkerBuilder};
 ///
 /// # fn example() -> Result<(), ironflow_lambda::BuildError> {
 /// let worker = LambdaWorkerBuilder::new("https://ironflow.example.com", "worker-token")
-///     .provider(Arc::new(ClaudeCodeProvider::new()))
+///     .provider(Arc::new(BedrockProvider::from_env()))
 ///     .register(ironflow_lambda::samples::QuickShell)
 ///     .max_runs_per_invocation(4)
 ///     .concurrency(2)
@@ -164,9 +163,9 @@ impl LambdaWorkerBuilder {
     ///
     /// ```no_run
     /// use std::sync::Arc;
-    /// use ironflow_core::providers::claude::ClaudeCodeProvider;
+    /// use ironflow_lambda::BedrockProvider;
     /// # let builder = ironflow_lambda::LambdaWorkerBuilder::new("https://ironflow.example.com", "t");
-    /// let builder = builder.provider(Arc::new(ClaudeCodeProvider::new()));
+    /// let builder = builder.provider(Arc::new(BedrockProvider::from_env()));
     /// ```
     pub fn provider(mut self, provider: Arc<dyn AgentProvider>) -> Self {
         self.provider = Some(provider);

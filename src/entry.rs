@@ -55,12 +55,12 @@ const AWS_VARIABLES: [&str; 4] = [
 /// ```no_run
 /// use std::process::ExitCode;
 /// use std::sync::Arc;
-/// use ironflow_core::providers::claude::ClaudeCodeProvider;
+/// use ironflow_lambda::BedrockProvider;
 ///
 /// fn main() -> ExitCode {
 ///     ironflow_lambda::run(|worker| {
 ///         worker
-///             .provider(Arc::new(ClaudeCodeProvider::new()))
+///             .provider(Arc::new(BedrockProvider::from_env()))
 ///             .register(ironflow_lambda::samples::QuickShell)
 ///     })
 /// }

@@ -13,12 +13,12 @@
 //! ```no_run
 //! use std::process::ExitCode;
 //! use std::sync::Arc;
-//! use ironflow_core::providers::claude::ClaudeCodeProvider;
+//! use ironflow_lambda::BedrockProvider;
 //!
 //! fn main() -> ExitCode {
 //!     ironflow_lambda::run(|worker| {
 //!         worker
-//!             .provider(Arc::new(ClaudeCodeProvider::new()))
+//!             .provider(Arc::new(BedrockProvider::from_env()))
 //!             .register(ironflow_lambda::samples::QuickShell)
 //!     })
 //! }
@@ -41,6 +41,7 @@
 #![cfg_attr(test, allow(clippy::unwrap_used, clippy::expect_used, clippy::panic))]
 
 mod admission;
+pub mod agents;
 mod api;
 mod attempt_time;
 mod build_error;
@@ -75,6 +76,7 @@ mod wake;
 pub mod webhook;
 mod worker;
 
+pub use agents::{AnthropicSecretProvider, BedrockProvider};
 pub use build_error::BuildError;
 pub use builder::LambdaWorkerBuilder;
 pub use entry::run;

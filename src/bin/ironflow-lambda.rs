@@ -1,18 +1,18 @@
 //! The project's deployable function: its sample workflows on the library's entry point
 //! ([`ironflow_lambda::run`]), configured by the environment (README, "Configuration"). A team's
 //! own function is the same few lines with its own workflows (README, "Run your own
-//! workflows"). Locally: `cargo lambda watch`.
+//! workflows"). Locally: `cargo lambda watch`. Its agent steps run on Amazon Bedrock, signed by the
+//! function's role ([`ironflow_lambda::BedrockProvider`]).
 
 use std::process::ExitCode;
 use std::sync::Arc;
 
-use ironflow_core::providers::claude::ClaudeCodeProvider;
-use ironflow_lambda::samples;
+use ironflow_lambda::{BedrockProvider, samples};
 
 fn main() -> ExitCode {
     ironflow_lambda::run(|worker| {
         worker
-            .provider(Arc::new(ClaudeCodeProvider::new()))
+            .provider(Arc::new(BedrockProvider::from_env()))
             .register(samples::QuickShell)
             .register(samples::MultiStep { step_secs: 5.0 })
             .register(samples::Flaky)

@@ -160,6 +160,17 @@ impl CallScope {
         })
     }
 
+    /// The cutoff of the run execution whose task is being polled (the bound its scope was made
+    /// with), `None` outside one: an agent provider bounds its model calls by it
+    /// ([`crate::agents`]). Not the lease's validity: a refresher extends that in the background.
+    /// A task the engine spawns (the branches of `ctx.parallel`) is outside the scope.
+    pub(crate) fn execution_cutoff() -> Option<Instant> {
+        SCOPE
+            .try_with(|scope| scope.run.is_some().then_some(scope.until))
+            .ok()
+            .flatten()
+    }
+
     /// The run this scope's calls are about.
     pub fn run_key(&self) -> Option<&RunKey> {
         self.run.as_ref()

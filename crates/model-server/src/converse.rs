@@ -198,6 +198,7 @@ pub(crate) fn reply(
 ) -> Answer {
     let (content, stop_reason) = match kind {
         ReplyKind::Text(text) => (vec![json!({ "text": text })], "end_turn"),
+        ReplyKind::Truncated(text) => (vec![json!({ "text": text })], "max_tokens"),
         ReplyKind::ToolUse { text, calls } => {
             let mut content: Vec<Value> = text.iter().map(|t| json!({ "text": t })).collect();
             for call in calls {

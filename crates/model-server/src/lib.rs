@@ -8,16 +8,23 @@
 //! - Messages: `POST /v1/messages`, as ironflow-core's `AnthropicApiAdapter` sends it
 //!   (`with_base_url(server.url())`); the `x-api-key` is recorded and can be refused.
 //!
-//! Answers come from a [`Script`]: per model id and/or text of the last user message, in
-//! order, each a [`Reply`] (text, tool use, structured output, throttling, 5xx, access
-//! denied, a cut connection; any of them slow), then a default answer; a model id can be
-//! declared unknown. Every call is counted ([`Calls`]) and every request kept
-//! ([`Request`]).
+//! Answers come from a [`Script`]: rules per model id, API, text of the last user message
+//! and/or system prompt, each a queue of [`Reply`]s given in order (text, tool use,
+//! structured output, throttling, 5xx, access denied, a cut connection; any of them slow),
+//! then standing replies ([`Script::always`]), then a default answer (or, with
+//! [`Script::strict`], a validation error); a model id can be declared unknown and a key
+//! refused. The script can grow while the server runs. Every call is counted ([`Calls`])
+//! and every request kept ([`Request`]), for tests to assert on and wait for
+//! ([`ModelServer::wait_until`]).
 //!
 //! It checks what a client can get wrong as the services do (roles, content blocks, tool
 //! calls paired with their results, a forced tool that exists, the Messages API's required
 //! fields and headers) and answers with the service's validation error; it does not verify
 //! signatures, stream Converse (`converse-stream`) or model anything beyond the script.
+//! What it guarantees and cannot cover: the repository's `docs/model-server.md`.
+//!
+//! It serves on the caller's Tokio runtime ([`ModelServer::start`]) or on a thread of its
+//! own ([`ModelServer::start_on_own_thread`]), and stops when dropped.
 //!
 //! ```no_run
 //! # async fn example() -> Result<(), ironflow_model_server::StartError> {
@@ -60,6 +67,7 @@ use server::Shared;
 
 /// Why the server did not start.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum StartError {
     /// Binding `127.0.0.1:0` or reading the bound address failed.
     #[error("the model server could not bind 127.0.0.1: {0}")]
@@ -172,6 +180,12 @@ impl ModelServer {
         self.shared.state().requests.clone()
     }
 
+    /// Every request received so far, in arrival order, and forget them (the counts stay):
+    /// a long run (the benchmark) keeps its memory flat, a test reads one phase at a time.
+    pub fn take_requests(&self) -> Vec<Request> {
+        std::mem::take(&mut self.shared.state().requests)
+    }
+
     /// The requests received so far for this model id, in arrival order.
     pub fn requests_for(&self, model_id: &str) -> Vec<Request> {
         self.shared
@@ -189,6 +203,23 @@ impl ModelServer {
         let mut receiver = self.shared.total.subscribe();
         // The sender lives in `self`: the wait cannot fail while `self` is borrowed.
         let _ = receiver.wait_for(|seen| *seen >= total).await;
+    }
+
+    /// Wait until `condition` holds for the call counts (checked now and at each arrival),
+    /// e.g. `|calls| calls.model(JUDGE) >= 2`. Unbounded: wrap it in a timeout.
+    pub async fn wait_until(&self, condition: impl Fn(&Calls) -> bool) {
+        let mut receiver = self.shared.total.subscribe();
+        loop {
+            // Marked seen before the check: an arrival after it wakes the wait below.
+            receiver.borrow_and_update();
+            if condition(&self.shared.state().calls) {
+                return;
+            }
+            // The sender lives in `self`: `changed` cannot fail while `self` is borrowed.
+            if receiver.changed().await.is_err() {
+                return;
+            }
+        }
     }
 
     /// Add a rule while running, after the existing ones (see [`Script::on`]).
@@ -261,5 +292,18 @@ impl Drop for ModelServer {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_server_can_be_shared_between_threads() {
+        fn shared<T: Send + Sync + 'static>() {}
+        shared::<ModelServer>();
+        shared::<Script>();
+        shared::<Request>();
     }
 }

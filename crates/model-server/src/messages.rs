@@ -211,6 +211,7 @@ pub(crate) fn reply(
     };
     let (content, stop_reason) = match kind {
         ReplyKind::Text(text) => (vec![json!({ "type": "text", "text": text })], "end_turn"),
+        ReplyKind::Truncated(text) => (vec![json!({ "type": "text", "text": text })], "max_tokens"),
         ReplyKind::ToolUse { text, calls } => {
             let mut content: Vec<Value> = text
                 .iter()

@@ -15,9 +15,12 @@ pub enum Route {
 
 /// How a request was answered.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Outcome {
     /// A text answer.
     Text,
+    /// A text answer cut at the output limit (stop reason `max_tokens`).
+    Truncated,
     /// One or more tool calls.
     ToolUse,
     /// A structured answer (as text JSON or a tool's input).

@@ -99,9 +99,13 @@ pub struct Usage {
 
 /// What one answer is.
 #[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
 pub enum ReplyKind {
     /// A text answer (stop reason `end_turn`).
     Text(String),
+    /// A text answer cut at the output token limit (stop reason `max_tokens`): a structured
+    /// answer that does not parse, a summary that stops mid-sentence.
+    Truncated(String),
     /// One or more tool calls, optionally after some text (stop reason `tool_use`). Each call
     /// gets a fresh id (`tooluse_N` on Converse, `toolu_N` on the Messages API).
     ToolUse {
@@ -160,6 +164,11 @@ impl Reply {
     /// A text answer.
     pub fn text(text: impl Into<String>) -> Self {
         Self::of(ReplyKind::Text(text.into()))
+    }
+
+    /// A text answer cut at the output token limit (stop reason `max_tokens`).
+    pub fn truncated(text: impl Into<String>) -> Self {
+        Self::of(ReplyKind::Truncated(text.into()))
     }
 
     /// A call of one tool with a JSON input.
@@ -262,11 +271,15 @@ pub struct Rule {
 /// is answered 401; a request for an unknown model is answered as the service answers an
 /// invalid model id; a malformed request gets the service's validation error. Neither
 /// consumes a reply.
+///
+/// Replies are taken in arrival order: when concurrent requests (a fan-out) can match the
+/// same rule, script them per model or per prompt so that the order does not matter.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Script {
     pub(crate) rules: Vec<Rule>,
     pub(crate) always: Vec<(Match, Reply)>,
     pub(crate) default: Reply,
+    pub(crate) strict: bool,
     pub(crate) latency: Duration,
     pub(crate) unknown_models: BTreeSet<String>,
     pub(crate) refused_keys: BTreeSet<String>,
@@ -288,6 +301,7 @@ impl Script {
         Self {
             rules: Vec::new(),
             always: Vec::new(),
+            strict: false,
             default: Reply::text(Self::DEFAULT_TEXT),
             latency: Duration::ZERO,
             unknown_models: BTreeSet::new(),
@@ -306,6 +320,16 @@ impl Script {
     /// Consulted in the order added, after the rules and before the default reply.
     pub fn always(mut self, when: Match, reply: Reply) -> Self {
         self.always.push((when, reply));
+        self
+    }
+
+    /// Strict: a request that no rule and no standing reply answers gets the service's
+    /// validation error (Converse `400 ValidationException`, Messages
+    /// `400 invalid_request_error`) `unscripted request for model M: TEXT` (the last user
+    /// text, at most 200 characters) instead of the default reply, so that a prompt the
+    /// script did not foresee fails loudly. Off by default.
+    pub fn strict(mut self) -> Self {
+        self.strict = true;
         self
     }
 
@@ -342,14 +366,15 @@ impl Script {
         });
     }
 
-    /// Take the reply for a request.
+    /// Take the reply for a request; `None` when nothing scripted answers it and the script
+    /// is strict.
     pub(crate) fn next_reply(
         &mut self,
         route: Route,
         model: &str,
         last_user: &str,
         system: Option<&str>,
-    ) -> Reply {
+    ) -> Option<Reply> {
         self.rules
             .iter_mut()
             .filter(|rule| !rule.replies.is_empty())
@@ -361,6 +386,6 @@ impl Script {
                     .find(|(when, _)| when.matches(route, model, last_user, system))
                     .map(|(_, reply)| reply.clone())
             })
-            .unwrap_or_else(|| self.default.clone())
+            .or_else(|| (!self.strict).then(|| self.default.clone()))
     }
 }

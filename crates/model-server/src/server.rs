@@ -133,7 +133,7 @@ async fn answer(
     });
 
     // 2. Count, record, choose.
-    let (deferred, delay) = {
+    let (deferred, delay, seq) = {
         let mut state = shared.state();
         state.calls.count(route, &model);
         let seq = state.calls.total;
@@ -148,7 +148,7 @@ async fn answer(
         let (outcome, deferred, delay) = choose(&mut state, &record);
         record.outcome = outcome;
         state.requests.push(record);
-        (deferred, delay)
+        (deferred, delay, seq)
     };
     shared.total.send_modify(|total| *total += 1);
 
@@ -164,7 +164,16 @@ async fn answer(
             headers,
             content_type,
             body,
-        } => Ok(response(status, &headers, content_type, body)),
+        } => {
+            let mut response = response(status, &headers, content_type, body);
+            // Converse's request id, one per request (the Messages API's is in `headers`).
+            if route == Route::Converse
+                && let Ok(id) = format!("00000000-0000-4000-8000-{seq:012}").parse()
+            {
+                response.headers_mut().insert("x-amzn-requestid", id);
+            }
+            Ok(response)
+        }
     }
 }
 
@@ -199,19 +208,21 @@ fn choose(state: &mut State, request: &Request) -> (Outcome, Deferred, Duration)
         return (Outcome::UnknownModel, now(answer), Duration::ZERO);
     }
     if let Err(message) = invalid {
-        let answer = match request.route {
-            Route::Converse => converse::error(converse::ErrorCode::Validation, &message),
-            Route::Messages => messages::error(ErrorType::InvalidRequest, &message, seq),
-        };
-        return (Outcome::Invalid(message), now(answer), Duration::ZERO);
+        return invalid_request(request, message);
     }
     let system = request.system();
-    let reply = state.script.next_reply(
-        request.route,
-        &request.model,
-        &request.last_user_text(),
-        system.as_deref(),
-    );
+    let last_user = request.last_user_text();
+    let Some(reply) =
+        state
+            .script
+            .next_reply(request.route, &request.model, &last_user, system.as_deref())
+    else {
+        let text: String = last_user.chars().take(200).collect();
+        return invalid_request(
+            request,
+            format!("unscripted request for model {}: {text}", request.model),
+        );
+    };
     let delay = state.script.latency.saturating_add(reply.delay);
     let usage = reply
         .usage
@@ -238,9 +249,23 @@ fn choose(state: &mut State, request: &Request) -> (Outcome, Deferred, Duration)
     (outcome, deferred, delay)
 }
 
+/// The service's validation error with `message`, answered at once.
+fn invalid_request(request: &Request, message: String) -> (Outcome, Deferred, Duration) {
+    let answer = match request.route {
+        Route::Converse => converse::error(converse::ErrorCode::Validation, &message),
+        Route::Messages => messages::error(ErrorType::InvalidRequest, &message, request.seq),
+    };
+    (
+        Outcome::Invalid(message),
+        Box::new(move |_| answer),
+        Duration::ZERO,
+    )
+}
+
 fn outcome_of(kind: &ReplyKind) -> Outcome {
     match kind {
         ReplyKind::Text(_) => Outcome::Text,
+        ReplyKind::Truncated(_) => Outcome::Truncated,
         ReplyKind::ToolUse { .. } => Outcome::ToolUse,
         ReplyKind::Structured(_) => Outcome::Structured,
         ReplyKind::Throttle { .. } => Outcome::Throttled,
@@ -259,8 +284,7 @@ fn response(
 ) -> Response<Full<Bytes>> {
     let mut builder = Response::builder()
         .status(StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR))
-        .header("content-type", content_type)
-        .header("x-amzn-requestid", "00000000-0000-4000-8000-000000000000");
+        .header("content-type", content_type);
     for (name, value) in headers {
         builder = builder.header(*name, value);
     }

@@ -98,7 +98,7 @@ pub(crate) fn estimate_usage(body: &Value, kind: &ReplyKind) -> Usage {
         .map(string_chars)
         .sum();
     let output = match kind {
-        ReplyKind::Text(text) => text.chars().count(),
+        ReplyKind::Text(text) | ReplyKind::Truncated(text) => text.chars().count(),
         ReplyKind::ToolUse { text, calls } => {
             text.as_deref().map_or(0, |t| t.chars().count())
                 + calls
@@ -122,5 +122,28 @@ fn string_chars(value: &Value) -> usize {
         Value::Array(items) => items.iter().map(string_chars).sum(),
         Value::Object(map) => map.values().map(string_chars).sum(),
         _ => 0,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_structured_answer_goes_to_the_only_tool_else_to_structured_output_else_to_text() {
+        let tools = |names: &[&str]| names.iter().map(|n| n.to_string()).collect::<Vec<_>>();
+        assert_eq!(
+            Target::from_tools(tools(&["answer"])),
+            Target::Tool("answer".into())
+        );
+        assert_eq!(
+            Target::from_tools(tools(&["lookup", "structured_output"])),
+            Target::Tool("structured_output".into())
+        );
+        assert_eq!(
+            Target::from_tools(tools(&["lookup", "refund"])),
+            Target::Text
+        );
+        assert_eq!(Target::from_tools(Vec::new()), Target::Text);
     }
 }

@@ -139,6 +139,10 @@ async fn a_text_answer_reaches_the_sdk_with_its_stop_reason_and_usage() {
         (12, 3, 15)
     );
     assert!(out.metrics().is_some(), "metrics.latencyMs is read");
+    assert_eq!(
+        aws_sdk_bedrockruntime::operation::RequestId::request_id(&out),
+        Some("00000000-0000-4000-8000-000000000001")
+    );
 
     let requests = server.requests();
     assert_eq!(requests.len(), 1);
@@ -309,18 +313,25 @@ async fn server_errors_and_access_denied_are_the_sdks_typed_errors() {
     let denied = service_error(call().await.expect_err("403"));
     assert!(denied.is_access_denied_exception(), "{denied:?}");
 
-    // A 500 is retried by the SDK (transient), then the default answer comes.
+    // A 500 and a 503 are retried by the SDK (transient); a 403 is not.
     let retrying = RetryConfig::standard()
         .with_max_attempts(2)
         .with_initial_backoff(Duration::from_millis(1));
-    client(&server, retrying)
-        .converse()
-        .model_id(SONNET)
-        .messages(user("hi"))
-        .send()
-        .await
-        .expect("answered on the second attempt");
-    assert_eq!(server.calls().total, 5);
+    let retrying = client(&server, retrying);
+    let call = || {
+        retrying
+            .converse()
+            .model_id(SONNET)
+            .messages(user("hi"))
+            .send()
+    };
+    call().await.expect("answered after the 500");
+    server.push(Match::any(), [Reply::unavailable()]);
+    call().await.expect("answered after the 503");
+    server.push(Match::any(), [Reply::access_denied()]);
+    let denied = service_error(call().await.expect_err("403, not retried"));
+    assert!(denied.is_access_denied_exception(), "{denied:?}");
+    assert_eq!(server.calls().total, 8);
     let outcomes: Vec<Outcome> = server.requests().into_iter().map(|r| r.outcome).collect();
     assert_eq!(
         outcomes,
@@ -329,7 +340,10 @@ async fn server_errors_and_access_denied_are_the_sdks_typed_errors() {
             Outcome::Unavailable,
             Outcome::AccessDenied,
             Outcome::ServerError,
-            Outcome::Text
+            Outcome::Text,
+            Outcome::Unavailable,
+            Outcome::Text,
+            Outcome::AccessDenied,
         ]
     );
 }
@@ -597,6 +611,9 @@ async fn rules_match_on_the_last_user_message_and_can_be_added_while_running() {
         .await
         .expect("four calls counted");
     assert!(server.pending().is_empty());
+    assert_eq!(server.take_requests().len(), 4);
+    assert!(server.requests().is_empty());
+    assert_eq!(server.calls().total, 4);
 }
 
 #[tokio::test]
@@ -687,4 +704,85 @@ fn a_server_on_its_own_thread_outlives_the_callers_runtimes() {
         );
         std::thread::yield_now();
     }
+}
+
+#[tokio::test]
+async fn a_strict_script_refuses_what_it_did_not_foresee_and_waits_see_each_arrival() {
+    let server = start(Script::new().strict().always(
+        Match::model(SONNET).containing("outline"),
+        Reply::text("1. 2. 3."),
+    ))
+    .await;
+    let client = client(&server, RetryConfig::disabled());
+
+    let out = client
+        .converse()
+        .model_id(SONNET)
+        .messages(user("an outline please"))
+        .send()
+        .await;
+    assert_eq!(
+        message(&out.expect("scripted")).content()[0]
+            .as_text()
+            .ok()
+            .map(String::as_str),
+        Some("1. 2. 3.")
+    );
+    let err = client
+        .converse()
+        .model_id(SONNET)
+        .messages(user("a poem please"))
+        .send()
+        .await;
+    let err = service_error(err.expect_err("unscripted"));
+    assert!(err.is_validation_exception(), "{err:?}");
+    assert_eq!(
+        err.message(),
+        Some(format!("unscripted request for model {SONNET}: a poem please").as_str())
+    );
+
+    let waiting = server.wait_until(|calls| calls.model(HAIKU_PROFILE) >= 1);
+    let calling = async {
+        // Both answers are errors (strict): only their arrival matters here.
+        let _ = client
+            .converse()
+            .model_id(SONNET)
+            .messages(user("x"))
+            .send()
+            .await;
+        let _ = client
+            .converse()
+            .model_id(HAIKU_PROFILE)
+            .messages(user("y"))
+            .send()
+            .await;
+    };
+    tokio::time::timeout(Duration::from_secs(30), async {
+        tokio::join!(waiting, calling)
+    })
+    .await
+    .expect("the wait sees the arrival of the Haiku call");
+    assert_eq!(server.calls().total, 4);
+}
+
+#[tokio::test]
+async fn a_truncated_answer_stops_at_max_tokens() {
+    let server =
+        start(Script::new().on(Match::any(), [Reply::truncated(r#"{"verdict": "app"#)])).await;
+    let out = client(&server, RetryConfig::disabled())
+        .converse()
+        .model_id(SONNET)
+        .messages(user("judge"))
+        .send()
+        .await
+        .expect("a truncated answer");
+    assert_eq!(out.stop_reason(), &StopReason::MaxTokens);
+    assert_eq!(
+        message(&out).content()[0]
+            .as_text()
+            .ok()
+            .map(String::as_str),
+        Some(r#"{"verdict": "app"#)
+    );
+    assert_eq!(server.requests()[0].outcome, Outcome::Truncated);
 }

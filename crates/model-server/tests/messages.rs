@@ -234,3 +234,34 @@ async fn the_providers_tool_loop_gets_its_results_paired_with_its_calls() {
     assert_eq!(requests[1].last_user_text(), "order 7 shipped");
     assert_eq!(requests[1].outcome, Outcome::Text);
 }
+
+#[tokio::test]
+async fn a_structured_answer_is_text_json_for_a_model_with_an_output_format() {
+    // ironflow-core asks these models for `output_config.format` instead of a forced tool,
+    // and reads the answer's text as JSON when the answer's `model` is one of them.
+    const OUTPUT_FORMAT_MODEL: &str = "claude-sonnet-5-5";
+    let answer = json!({ "verdict": "reject", "reasons": ["too long"] });
+    let server = start(Script::new().on(
+        Match::model(OUTPUT_FORMAT_MODEL),
+        [Reply::structured(answer.clone())],
+    ))
+    .await;
+    let mut config = config("judge").model(OUTPUT_FORMAT_MODEL);
+    config.json_schema = Some(r#"{"type":"object"}"#.to_string());
+
+    let out = provider(&server, "k")
+        .invoke(&config)
+        .await
+        .expect("a structured answer");
+    assert_eq!(out.value, answer);
+    let request = &server.requests()[0];
+    assert!(
+        request
+            .body
+            .pointer("/output_config/format/schema")
+            .is_some(),
+        "{}",
+        request.body
+    );
+    assert_eq!(request.tool_choice(), None);
+}

@@ -1,0 +1,398 @@
+//! [`BedrockProvider`]: agent steps on Amazon Bedrock's Converse API, authenticated by the
+//! function's role.
+
+use std::fmt;
+use std::time::{Duration, Instant};
+
+use aws_config::SdkConfig;
+use aws_sdk_bedrockruntime::Client;
+use aws_sdk_bedrockruntime::config::StalledStreamProtectionConfig;
+use aws_sdk_bedrockruntime::config::retry::RetryConfig;
+use ironflow_core::error::{AgentError, PartialUsage};
+use ironflow_core::operations::agent::Model;
+use ironflow_core::pricing::ModelPricing;
+use ironflow_core::provider::{AgentConfig, AgentOutput, AgentProvider, InvokeFuture, ToolProfile};
+use ironflow_core::providers::http::tools::ToolRegistry;
+use serde_json::Value;
+use tokio::sync::OnceCell;
+use tracing::info;
+
+use super::calls::{self, Limits};
+use super::converse::{self, Answer, Request, Turn, has_native_structured_output};
+use super::pricing::{self, Usage};
+use super::schema::{AnswerSchema, mismatch};
+use super::tools::{self, ToolProfiles};
+
+/// The model of a step that names none (ironflow's default, `sonnet`): Claude Sonnet 4.5 through
+/// Bedrock's global cross-region inference profile.
+pub const DEFAULT_BEDROCK_MODEL: &str = "global.anthropic.claude-sonnet-4-5-20250929-v1:0";
+
+/// Turns (model calls) of a step that sets no `max_turns`: 25, as ironflow's HTTP providers.
+const DEFAULT_MAX_TURNS: u32 = 25;
+
+/// Agent steps on Amazon Bedrock's Converse API, through the AWS SDK for Rust: no CLI, no
+/// long-lived key. The function's role signs each call (the default credential chain), so the
+/// role needs `bedrock:InvokeModel` on the models and inference profiles the steps use; the
+/// endpoint is the region's, or `AWS_ENDPOINT_URL_BEDROCK_RUNTIME` (which the SDK reads).
+///
+/// What a step's `AgentConfig` asks, and what this provider does with it:
+///
+/// - `model`: a foundation model id (`amazon.nova-pro-v1:0`), an inference profile id
+///   (`us.…`, `global.…`) or an ARN; ironflow's default `sonnet` (a step that names no model)
+///   becomes [`with_default_model`](Self::with_default_model)'s. An id Bedrock does not know, or
+///   the role may not call, fails the step with an error naming the model (not retried).
+/// - `system_prompt` and `append_system_prompt` (after a blank line): the system prompt.
+/// - `json_schema`: Converse's structured output format where the model has it, else a tool the
+///   model must answer through; the answer is checked against the schema, and a mismatch is
+///   `AgentError::SchemaValidation`, which ironflow retries.
+/// - tools: the [`ToolRegistry`] of [`with_tools`](Self::with_tools) (or of the profile the step
+///   selects, [`with_tool_profile`](Self::with_tool_profile)), run by this provider between
+///   model calls, up to `max_turns` calls (default 25; reached with tool calls still pending,
+///   the step fails with `AgentError::Api`, code `error_max_turns`, which ironflow may retry).
+/// - `max_budget_usd`: past it (for a priced model) no further turn is made
+///   (`AgentError::BudgetExceeded`).
+/// - `max_capacity_wait`: the budget of the capacity waits below.
+///
+/// Each call is bounded by the per-call limit ([`with_call_limit`](Self::with_call_limit)) and by
+/// the invocation's cutoff. Throttling and 5xx are retried with jittered backoff within
+/// [`with_retry_window`](Self::with_retry_window) and the time left; after that the step returns
+/// `AgentError::CapacityWait`: the engine puts the run to sleep until a wake time this provider
+/// picks ([`with_capacity_pause`](Self::with_capacity_pause); Bedrock gives no reset time), a
+/// timer wake-up resumes it, and the step is called again. No invocation holds it meanwhile, and
+/// it counts neither as a failure nor toward the poison pill. Past the step's capacity-wait
+/// budget it fails with `AgentError::NoCapacity`.
+///
+/// The answer carries the tokens of every call and, for a model of the price table (or added
+/// with [`with_price`](Self::with_price)), their cost; another model's has no cost.
+/// `verbose` steps get no conversation trace, and `effort`, `resume_session_id` and the
+/// Claude-CLI-only fields are ignored. See the repository's `docs/agents.md`.
+///
+/// ```no_run
+/// use std::sync::Arc;
+/// use ironflow_lambda::BedrockProvider;
+///
+/// # fn example(builder: ironflow_lambda::LambdaWorkerBuilder) -> ironflow_lambda::LambdaWorkerBuilder {
+/// builder.provider(Arc::new(
+///     BedrockProvider::from_env().with_default_model("us.amazon.nova-pro-v1:0"),
+/// ))
+/// # }
+/// ```
+pub struct BedrockProvider {
+    /// The client: built at construction, or at the first call by [`BedrockProvider::from_env`].
+    client: OnceCell<Client>,
+    default_model: String,
+    limits: Limits,
+    tools: ToolProfiles,
+    prices: Vec<(String, ModelPricing)>,
+}
+
+impl fmt::Debug for BedrockProvider {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("BedrockProvider")
+            .field("default_model", &self.default_model)
+            .field("limits", &self.limits)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A Bedrock Runtime client from `aws`, without the SDK's own retries and stalled-stream check:
+/// this provider bounds and retries each call itself.
+fn client(aws: &SdkConfig) -> Client {
+    let config = aws_sdk_bedrockruntime::config::Builder::from(aws)
+        .retry_config(RetryConfig::disabled())
+        .stalled_stream_protection(StalledStreamProtectionConfig::disabled())
+        .build();
+    Client::from_conf(config)
+}
+
+impl BedrockProvider {
+    /// Per-call limit by default: 300 s. A call is also cut at the invocation's cutoff.
+    pub const DEFAULT_CALL_LIMIT: Duration = Duration::from_secs(300);
+    /// Retry window of throttling and 5xx by default: 20 s.
+    pub const DEFAULT_RETRY_WINDOW: Duration = Duration::from_secs(20);
+    /// Capacity pause by default: 60 s (plus up to 15 s of jitter).
+    pub const DEFAULT_CAPACITY_PAUSE: Duration = Duration::from_secs(60);
+
+    /// A provider with the AWS configuration `aws` (region, credentials, endpoint).
+    pub fn new(aws: &SdkConfig) -> Self {
+        Self::with_client(OnceCell::new_with(Some(client(aws))))
+    }
+
+    /// A provider whose AWS configuration is loaded from the environment (the default chain:
+    /// the function's role, `AWS_REGION`, `AWS_ENDPOINT_URL_BEDROCK_RUNTIME`) at its first call.
+    /// What a function's `main` registers, where no AWS configuration is at hand yet.
+    pub fn from_env() -> Self {
+        Self::with_client(OnceCell::new())
+    }
+
+    fn with_client(client: OnceCell<Client>) -> Self {
+        Self {
+            client,
+            default_model: DEFAULT_BEDROCK_MODEL.to_string(),
+            limits: Limits {
+                call_limit: Self::DEFAULT_CALL_LIMIT,
+                retry_window: Self::DEFAULT_RETRY_WINDOW,
+                capacity_pause: Self::DEFAULT_CAPACITY_PAUSE,
+                max_capacity_wait: ironflow_engine::accounts::DEFAULT_MAX_CAPACITY_WAIT,
+            },
+            tools: ToolProfiles::default(),
+            prices: Vec::new(),
+        }
+    }
+
+    /// The model of a step that names none (ironflow's default model, `sonnet`). Default
+    /// [`DEFAULT_BEDROCK_MODEL`].
+    pub fn with_default_model(mut self, model: &str) -> Self {
+        self.default_model = model.to_string();
+        self
+    }
+
+    /// The longest one Converse call may take; a call is also cut at the invocation's cutoff. A
+    /// call past it fails the step with `AgentError::Timeout` (retried by a step's retry policy).
+    /// Default [`Self::DEFAULT_CALL_LIMIT`], 300 s.
+    pub fn with_call_limit(mut self, limit: Duration) -> Self {
+        self.limits.call_limit = limit;
+        self
+    }
+
+    /// How long throttling, 5xx and cut connections are retried within one call (jittered
+    /// backoff from 0.2 s to 5 s), from its first failure, and never past the invocation's
+    /// cutoff. Default [`Self::DEFAULT_RETRY_WINDOW`], 20 s.
+    pub fn with_retry_window(mut self, window: Duration) -> Self {
+        self.limits.retry_window = window;
+        self
+    }
+
+    /// How long a throttled step's run sleeps before the step is tried again (plus up to a
+    /// quarter of it, at random). Default [`Self::DEFAULT_CAPACITY_PAUSE`], 60 s.
+    pub fn with_capacity_pause(mut self, pause: Duration) -> Self {
+        self.limits.capacity_pause = pause;
+        self
+    }
+
+    /// The capacity-wait budget of a step that sets no `max_capacity_wait`: the longest a step
+    /// may sleep for capacity in all, across wake-ups. Default ironflow's, 6 hours; zero fails
+    /// a throttled step at once.
+    pub fn with_max_capacity_wait(mut self, wait: Duration) -> Self {
+        self.limits.max_capacity_wait = wait;
+        self
+    }
+
+    /// The tools of every step that selects no tool profile.
+    pub fn with_tools(mut self, registry: ToolRegistry) -> Self {
+        self.tools.default = Some(registry);
+        self
+    }
+
+    /// The tools of the steps that select `profile` (`AgentConfig::tool_profile`). A step
+    /// selecting a profile that is not registered fails before any call.
+    pub fn with_tool_profile(mut self, profile: ToolProfile, registry: ToolRegistry) -> Self {
+        self.tools.named.insert(profile, registry);
+        self
+    }
+
+    /// The price of `model` (a foundation model id, or its prefix), used before the built-in
+    /// table ([`crate::agents::pricing::BEDROCK_PRICES`]): for a model the table lacks, or a
+    /// price that changed.
+    pub fn with_price(mut self, model: &str, rates: ModelPricing) -> Self {
+        self.prices.push((model.to_string(), rates));
+        self
+    }
+
+    /// The client, loading the AWS configuration from the environment at the first call of a
+    /// provider made by [`BedrockProvider::from_env`].
+    async fn client(&self) -> &Client {
+        self.client
+            .get_or_init(|| async {
+                client(&aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await)
+            })
+            .await
+    }
+
+    /// The model the step `config` calls.
+    fn model_for<'a>(&'a self, config: &'a AgentConfig) -> &'a str {
+        if config.model == Model::SONNET || config.model.trim().is_empty() {
+            &self.default_model
+        } else {
+            &config.model
+        }
+    }
+
+    /// The step `config`, turn by turn.
+    async fn run(&self, config: &AgentConfig) -> Result<AgentOutput, AgentError> {
+        let started = Instant::now();
+        let model = self.model_for(config);
+        let registry = self.tools.select(config.tool_profile.as_ref())?;
+        let answer = match &config.json_schema {
+            None => Answer::Text,
+            Some(text) => {
+                let schema = AnswerSchema::parse(model, text)?;
+                if has_native_structured_output(model) {
+                    Answer::Native(schema)
+                } else {
+                    Answer::Tool(schema)
+                }
+            }
+        };
+        let mut request = Request::new(config, model, registry, &answer)?;
+        let client = self.client().await;
+        let max_turns = config.max_turns.unwrap_or(DEFAULT_MAX_TURNS).max(1);
+        let mut spent = Spent::new(model, &self.prices);
+        for turn_no in 1..=max_turns {
+            let output =
+                calls::converse(|| request.call(client), model, config, &self.limits).await?;
+            let turn = converse::read(output);
+            spent.add(turn.usage);
+            if let Some(value) = final_answer(&turn, &answer, registry.is_some(), model, &spent)? {
+                info!(
+                    model,
+                    turns = turn_no,
+                    input_tokens = spent.usage.input,
+                    output_tokens = spent.usage.output,
+                    cost_usd = spent.cost,
+                    "Bedrock step answered"
+                );
+                return Ok(spent.output(value, started));
+            }
+            if let (Some(limit), Some(cost)) = (config.max_budget_usd, spent.cost)
+                && cost >= limit
+            {
+                return Err(AgentError::BudgetExceeded {
+                    spent_usd: cost,
+                    limit_usd: limit,
+                    debug_messages: Vec::new(),
+                    partial_usage: Box::new(spent.partial(started)),
+                });
+            }
+            let (Some(registry), Some(message)) = (registry, turn.message) else {
+                // `final_answer` answers every turn without tool calls or registry.
+                break;
+            };
+            let calls: Vec<_> = turn.calls.iter().collect();
+            let results = tools::run(registry, &calls).await;
+            request.push_turn(message, results)?;
+        }
+        let reached = format!(
+            "Bedrock model '{model}' still called tools after max_turns ({max_turns}) turns"
+        );
+        if answer.schema().is_some() {
+            return Err(mismatch(
+                model,
+                format!("no answer: {reached}"),
+                None,
+                spent.partial(started),
+            ));
+        }
+        Err(AgentError::Api {
+            status: None,
+            code: Some("error_max_turns".to_string()),
+            message: reached,
+        })
+    }
+}
+
+/// What a step's calls cost so far.
+struct Spent<'a> {
+    model: &'a str,
+    prices: &'a [(String, ModelPricing)],
+    usage: Usage,
+    cost: Option<f64>,
+}
+
+impl<'a> Spent<'a> {
+    fn new(model: &'a str, prices: &'a [(String, ModelPricing)]) -> Self {
+        Self {
+            model,
+            prices,
+            usage: Usage::default(),
+            cost: None,
+        }
+    }
+
+    fn add(&mut self, usage: Usage) {
+        self.usage.add(usage);
+        self.cost = pricing::cost(self.model, self.usage, self.prices);
+    }
+
+    fn partial(&self, started: Instant) -> PartialUsage {
+        PartialUsage {
+            cost_usd: self.cost,
+            duration_ms: Some(u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX)),
+            input_tokens: Some(self.usage.input),
+            cache_read_input_tokens: Some(self.usage.cache_read),
+            cache_creation_input_tokens: Some(self.usage.cache_write),
+            output_tokens: Some(self.usage.output),
+        }
+    }
+
+    fn output(&self, value: Value, started: Instant) -> AgentOutput {
+        let mut output = AgentOutput::new(value);
+        output.cost_usd = self.cost;
+        output.input_tokens = Some(self.usage.input);
+        output.cache_read_input_tokens = Some(self.usage.cache_read);
+        output.cache_creation_input_tokens = Some(self.usage.cache_write);
+        output.output_tokens = Some(self.usage.output);
+        output.model = Some(self.model.to_string());
+        output.duration_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
+        output
+    }
+}
+
+/// The step's answer when `turn` ends it: `None` when it called tools the step has
+/// (`has_tools`) and did not answer, so the loop goes on.
+///
+/// # Errors
+///
+/// The schema's mismatch error when the answer does not match, is not JSON, or never came
+/// (the model stopped without calling the answer tool).
+fn final_answer(
+    turn: &Turn,
+    answer: &Answer,
+    has_tools: bool,
+    model: &str,
+    spent: &Spent<'_>,
+) -> Result<Option<Value>, AgentError> {
+    let partial = || PartialUsage {
+        cost_usd: spent.cost,
+        input_tokens: Some(spent.usage.input),
+        output_tokens: Some(spent.usage.output),
+        ..PartialUsage::default()
+    };
+    if let (Answer::Tool(schema), Some(value)) = (answer, &turn.answered) {
+        return schema.check(model, value.clone(), partial()).map(Some);
+    }
+    if has_tools && !turn.calls.is_empty() && turn.message.is_some() {
+        return Ok(None);
+    }
+    match answer {
+        Answer::Text => Ok(Some(Value::String(turn.text.clone()))),
+        Answer::Native(schema) => match serde_json::from_str::<Value>(turn.text.trim()) {
+            Ok(value) => schema.check(model, value, partial()).map(Some),
+            Err(e) => Err(mismatch(
+                model,
+                format!(
+                    "an answer that is not JSON ({e}; stop reason {})",
+                    turn.stop.as_str()
+                ),
+                Some(turn.text.clone()),
+                partial(),
+            )),
+        },
+        Answer::Tool(_) => Err(mismatch(
+            model,
+            format!(
+                "no call of the {} tool (stop reason {})",
+                tools::ANSWER_TOOL,
+                turn.stop.as_str()
+            ),
+            Some(turn.text.clone()),
+            partial(),
+        )),
+    }
+}
+
+impl AgentProvider for BedrockProvider {
+    fn invoke<'a>(&'a self, config: &'a AgentConfig) -> InvokeFuture<'a> {
+        Box::pin(self.run(config))
+    }
+}

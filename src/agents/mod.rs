@@ -1,0 +1,18 @@
+//! Agent providers that work inside a Lambda function, where there is no `claude` CLI and no
+//! place for a long-lived key: [`BedrockProvider`] (Amazon Bedrock's Converse API, signed by the
+//! function's role) and [`AnthropicSecretProvider`] (the Anthropic Messages API, its key read
+//! from Secrets Manager). Register one on the worker with
+//! [`LambdaWorkerBuilder::provider`](crate::LambdaWorkerBuilder::provider). Which to use, the
+//! time limits and the IAM setup: the repository's `docs/agents.md`.
+
+mod anthropic;
+mod bedrock;
+mod calls;
+mod converse;
+mod document;
+pub mod pricing;
+mod schema;
+mod tools;
+
+pub use anthropic::AnthropicSecretProvider;
+pub use bedrock::{BedrockProvider, DEFAULT_BEDROCK_MODEL};
