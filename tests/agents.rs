@@ -1,168 +1,222 @@
 //! The example crate's AI patterns (examples/my-workflows/src/patterns, docs/agents.md) end to end
-//! through the Lambda handler, on the real API and both of its stores: the terminal state, the
-//! outputs, and the model calls counted, for each of the seven patterns, with handbacks forced
-//! by short invocations and an approval given later than the run timeout.
-//!
-//! The model is a scripted in-process provider ([`Scripted`]): its answers depend only on the
-//! prompt, each call is counted by the step it belongs to, and each takes [`CALL`], so that a
-//! short invocation ends in the middle of a run. (The Bedrock provider against the scripted
-//! model server, `crates/model-server`, is not wired here yet.)
+//! through the Lambda handler, on the real API and both of its stores, with the Bedrock provider
+//! (`ironflow_lambda::BedrockProvider`, the real AWS SDK client) talking to the scripted model
+//! server (`crates/model-server`): for each of the seven patterns the terminal state, the outputs
+//! and the model calls counted per step, with handbacks forced by short invocations; an approval
+//! given later than the run timeout; a throttled model ending in a sleep and a wake-up.
 
 mod common;
 
-use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
+use aws_config::{BehaviorVersion, Region};
 use common::{Backend, Harness};
-use ironflow_core::error::AgentError;
-use ironflow_core::provider::{AgentConfig, AgentOutput, AgentProvider, InvokeFuture};
-use ironflow_lambda::Outcome;
+use ironflow_lambda::poison::now_ms;
+use ironflow_lambda::{BedrockProvider, MemoryPoisonTable, Outcome, PoisonPolicy, PoisonTable};
 use ironflow_local_api::new_run;
+use ironflow_model_server::{Match, ModelServer, Reply, Script};
 use ironflow_store::entities::{RunStatus, StepKind, StepStatus};
 use ironflow_store::store::RunStore;
 use serde_json::{Value, json};
 use uuid::Uuid;
 
-/// How long each model call takes.
+/// How long each model call takes (the server's latency).
 const CALL: Duration = Duration::from_millis(300);
 
-/// Answers by the prompt's content (and model); counts the calls per step (the answer's label).
-/// The first `structured-output` answer fails its schema, as the provider's validator would say.
-#[derive(Default)]
-struct Scripted {
-    calls: Mutex<BTreeMap<String, u32>>,
+/// Each scripted step: its label, the text its prompt (the last user message) contains, the
+/// model it is for (`None`: any), and its answer. A request is answered, and counted, by the
+/// first row it matches.
+fn rows() -> Vec<(&'static str, &'static str, Option<&'static str>, Reply)> {
+    let tool = |tool: &str, argument: &str| {
+        Reply::structured(json!({"kind": "tool", "tool": tool, "argument": argument}))
+    };
+    let answer = |text: &str| Reply::structured(json!({"kind": "answer", "text": text}));
+    let ticket = json!({"customer": "Ada", "product": "router", "priority": 4, "summary": "Down."});
+    vec![
+        (
+            "outline",
+            "three-point outline",
+            None,
+            Reply::text("1. a 2. b 3. c"),
+        ),
+        (
+            "draft",
+            "article this outline describes",
+            None,
+            Reply::text("a long draft"),
+        ),
+        (
+            "polish",
+            "Tighten this article",
+            None,
+            Reply::text("a short article"),
+        ),
+        (
+            "extract",
+            "Extract the vendor",
+            None,
+            Reply::structured(json!({"vendor": "ACME", "total_cents": 1999, "due": "2026-12-31"})),
+        ),
+        (
+            "confirm",
+            "note to accounting",
+            None,
+            Reply::text("Pay ACME."),
+        ),
+        ("turn-3", "refunded", None, answer("A-200 refunded.")),
+        ("turn-2", "delivered damaged", None, tool("refund", "A-200")),
+        (
+            "turn-1",
+            "lookup_order",
+            None,
+            tool("lookup_order", "A-200"),
+        ),
+        ("weather-turn-3", "69.8 f", None, answer("Sunny, 69.8 F.")),
+        (
+            "weather-turn-2",
+            "sunny, 21 c",
+            None,
+            tool("convert", "21 c"),
+        ),
+        (
+            "weather-turn-1",
+            "weather (argument",
+            None,
+            tool("weather", "Paris"),
+        ),
+        (
+            "candidate:m-main",
+            "Answer this question",
+            Some("m-main"),
+            Reply::text("answer of m-main"),
+        ),
+        (
+            "candidate:m-second",
+            "Answer this question",
+            Some("m-second"),
+            Reply::text("answer of m-second"),
+        ),
+        (
+            "judge",
+            "Which answer to the question",
+            None,
+            Reply::structured(json!({"best": 2, "reason": "clearer"})),
+        ),
+        (
+            "classify:positive",
+            "great value",
+            None,
+            Reply::structured(json!({"sentiment": "positive"})),
+        ),
+        (
+            "classify:negative",
+            "awful support",
+            None,
+            Reply::structured(json!({"sentiment": "negative"})),
+        ),
+        (
+            "classify:neutral",
+            "just fine ok",
+            None,
+            Reply::structured(json!({"sentiment": "neutral"})),
+        ),
+        ("ticket", "support ticket", None, Reply::structured(ticket)),
+    ]
 }
 
-/// A sentiment by a review's words.
-fn sentiment(prompt: &str) -> &'static str {
-    if prompt.contains("great") {
-        "positive"
-    } else if prompt.contains("awful") {
-        "negative"
-    } else {
-        "neutral"
+fn matcher(needle: &str, model: Option<&str>) -> Match {
+    match model {
+        Some(model) => Match::model(model).containing(needle),
+        None => Match::any().containing(needle),
     }
 }
 
-impl Scripted {
-    fn answer(config: &AgentConfig) -> (String, Value) {
-        let prompt = config.prompt.as_str();
-        let tool = |tool: &str, argument: &str| json!({"kind": "tool", "tool": tool, "argument": argument});
-        let (label, value) = if prompt.contains("three-point outline") {
-            ("outline", json!("1. a 2. b 3. c"))
-        } else if prompt.contains("article this outline describes") {
-            ("draft", json!("a long draft"))
-        } else if prompt.contains("Tighten this article") {
-            ("polish", json!("a short article"))
-        } else if prompt.contains("Extract the vendor") {
-            (
-                "extract",
-                json!({"vendor": "ACME", "total_cents": 1999, "due": "2026-12-31"}),
-            )
-        } else if prompt.contains("note to accounting") {
-            ("confirm", json!("Pay ACME."))
-        } else if prompt.contains("refunded") {
-            (
-                "turn-3",
-                json!({"kind": "answer", "text": "A-200 refunded."}),
-            )
-        } else if prompt.contains("delivered damaged") {
-            ("turn-2", tool("refund", "A-200"))
-        } else if prompt.contains("lookup_order") {
-            ("turn-1", tool("lookup_order", "A-200"))
-        } else if prompt.contains("69.8 f") {
-            (
-                "weather-turn-3",
-                json!({"kind": "answer", "text": "Sunny, 69.8 F."}),
-            )
-        } else if prompt.contains("sunny, 21 c") {
-            ("weather-turn-2", tool("convert", "21 c"))
-        } else if prompt.contains("weather (argument") {
-            ("weather-turn-1", tool("weather", "Paris"))
-        } else if prompt.contains("Answer this question") {
-            let label = format!("candidate:{}", config.model);
-            let answer = json!(format!("answer of {}", config.model));
-            return (label, answer);
-        } else if prompt.contains("Which answer to the question") {
-            ("judge", json!({"best": 2, "reason": "clearer"}))
-        } else if prompt.contains("Classify the sentiment") {
-            let label = sentiment(prompt);
-            return (format!("classify:{label}"), json!({"sentiment": label}));
-        } else if prompt.contains("support ticket") {
-            let ticket = json!({"customer": "Ada", "product": "router", "priority": 4, "summary": "It is down."});
-            ("ticket", ticket)
-        } else {
-            ("unknown", json!("?"))
-        };
-        (label.to_string(), value)
+/// The script: each row as a standing answer, `first` rules before them; strict, so that an
+/// unforeseen prompt fails its step loudly.
+fn script(first: Vec<(Match, Vec<Reply>)>) -> Script {
+    let mut script = Script::new().strict().latency(CALL);
+    for (when, replies) in first {
+        script = script.on(when, replies);
     }
-
-    fn calls(&self) -> BTreeMap<String, u32> {
-        self.calls.lock().unwrap().clone()
+    for (_, needle, model, reply) in rows() {
+        script = script.always(matcher(needle, model), reply);
     }
-
-    fn count(&self, label: &str) -> u32 {
-        self.calls().get(label).copied().unwrap_or(0)
-    }
-
-    fn total(&self) -> u32 {
-        self.calls().values().sum()
-    }
+    script
 }
 
-impl AgentProvider for Scripted {
-    fn invoke<'a>(&'a self, config: &'a AgentConfig) -> InvokeFuture<'a> {
-        Box::pin(async move {
-            let (label, value) = Self::answer(config);
-            let calls = {
-                let mut calls = self.calls.lock().unwrap();
-                let n = calls.entry(label.clone()).or_default();
-                *n += 1;
-                *n
-            };
-            tokio::time::sleep(CALL).await;
-            if label == "unknown" {
-                return Err(AgentError::Api {
-                    status: Some(400),
-                    message: format!("unscripted prompt: {}", config.prompt),
-                    code: None,
-                });
-            }
-            if label == "ticket" && calls == 1 {
-                return Err(AgentError::SchemaValidation {
-                    expected: "priority of at most 5".into(),
-                    got: "9".into(),
-                    debug_messages: Vec::new(),
-                    partial_usage: Box::default(),
-                    raw_response: None,
-                });
-            }
-            Ok(AgentOutput::new(value))
+/// The model server's calls for the step labelled `label` (see [`rows`]).
+fn count(server: &ModelServer, label: &str) -> u32 {
+    let rows = rows();
+    let calls = server
+        .requests()
+        .iter()
+        .filter(|r| {
+            let text = r.last_user_text();
+            let row = rows.iter().find(|(_, needle, model, _)| {
+                text.contains(needle) && model.is_none_or(|m| m == r.model)
+            });
+            row.is_some_and(|(l, ..)| *l == label)
         })
-    }
+        .count();
+    u32::try_from(calls).unwrap()
 }
 
 struct Setup {
     harness: Harness,
-    model: Arc<Scripted>,
+    server: ModelServer,
+    poison: Arc<MemoryPoisonTable>,
     worker: ironflow_lambda::LambdaWorker,
 }
 
+impl Setup {
+    fn total(&self) -> u32 {
+        u32::try_from(self.server.calls().total).unwrap()
+    }
+
+    fn count(&self, label: &str) -> u32 {
+        count(&self.server, label)
+    }
+}
+
 async fn setup(backend: Backend, run_timeout: Duration) -> Setup {
+    setup_with(backend, run_timeout, Vec::new(), |p| p).await
+}
+
+/// The API on `backend`, the model server with `script` then the standing answers, and a worker
+/// with the example's patterns on a Bedrock provider pointed at the server.
+async fn setup_with(
+    backend: Backend,
+    run_timeout: Duration,
+    first: Vec<(Match, Vec<Reply>)>,
+    provider: impl FnOnce(BedrockProvider) -> BedrockProvider,
+) -> Setup {
     let harness = Harness::start_on(backend).await;
-    let model = Arc::new(Scripted::default());
+    let server = ModelServer::start(script(first))
+        .await
+        .expect("model server");
+    let aws = aws_config::defaults(BehaviorVersion::latest())
+        .region(Region::new("us-east-1"))
+        .endpoint_url(server.url())
+        .credentials_provider(aws_sdk_sqs::config::Credentials::new(
+            "testing", "testing", None, None, "tests",
+        ))
+        .load()
+        .await;
+    let poison = Arc::new(MemoryPoisonTable::new(PoisonPolicy::default()));
     let worker = my_workflows::patterns::register(
         harness
             .builder()
-            .provider(model.clone())
+            .provider(Arc::new(provider(BedrockProvider::new(&aws))))
+            .poison_table(poison.clone())
             .run_timeout(run_timeout),
     )
     .build()
     .expect("worker");
     Setup {
         harness,
-        model,
+        server,
+        poison,
         worker,
     }
 }
@@ -221,18 +275,18 @@ async fn prompt_chaining_survives_handbacks(backend: Backend) {
     assert_eq!(output["final"], "a short article", "{output}");
     assert_eq!(output["outline"], "1. a 2. b 3. c");
     assert!(handbacks >= 1, "the run was never handed back");
-    let calls = s.model.calls();
+    let calls = s.server.calls();
     for step in ["outline", "draft", "polish"] {
-        let n = s.model.count(step);
+        let n = s.count(step);
         assert!((1..=2).contains(&n), "{step}: {n} calls, {calls:?}");
     }
     assert!(
-        s.model.total() <= 3 + handbacks,
+        s.total() <= 3 + handbacks,
         "{calls:?} with {handbacks} handbacks"
     );
     eprintln!(
         "prompt-chaining: {} calls for 3 needed, {handbacks} handbacks",
-        s.model.total()
+        s.total()
     );
 }
 
@@ -263,12 +317,12 @@ async fn human_review_completes_after_a_late_approval(backend: Backend) {
     let output = stored.output.expect("an output");
     assert_eq!(output["invoice"]["total_cents"], 1999);
     assert_eq!(output["confirmation"], "Pay ACME.");
-    let calls = s.model.calls();
-    assert_eq!(s.model.count("extract"), 1, "{calls:?}");
-    assert_eq!(s.model.count("confirm"), 1, "{calls:?}");
+    let calls = s.server.calls();
+    assert_eq!(s.count("extract"), 1, "{calls:?}");
+    assert_eq!(s.count("confirm"), 1, "{calls:?}");
     eprintln!(
         "human-review: {} calls for 2 needed, {handbacks} handbacks",
-        s.model.total()
+        s.total()
     );
 }
 
@@ -319,15 +373,15 @@ async fn durable_agent_waits_for_the_refund_approval_between_turns(backend: Back
         tool.output.as_ref().unwrap()["result"],
         "A-200: refunded 1999 cents"
     );
-    let calls = s.model.calls();
+    let calls = s.server.calls();
     for turn in ["turn-1", "turn-2", "turn-3"] {
-        let n = s.model.count(turn);
+        let n = s.count(turn);
         assert!((1..=2).contains(&n), "{turn}: {n}, {calls:?}");
     }
-    assert!(s.model.total() <= 3 + before + after, "{calls:?}");
+    assert!(s.total() <= 3 + before + after, "{calls:?}");
     eprintln!(
         "durable-agent: {} calls for 3 needed, {} handbacks",
-        s.model.total(),
+        s.total(),
         before + after
     );
 }
@@ -349,15 +403,15 @@ async fn agent_with_tools_answers_after_two_tools(backend: Backend) {
         stored.output,
         Some(json!({"answer": "Sunny, 69.8 F.", "turns": 3}))
     );
-    let calls = s.model.calls();
+    let calls = s.server.calls();
     for turn in ["weather-turn-1", "weather-turn-2", "weather-turn-3"] {
-        let n = s.model.count(turn);
+        let n = s.count(turn);
         assert!((1..=2).contains(&n), "{turn}: {n}, {calls:?}");
     }
-    assert!(s.model.total() <= 3 + handbacks, "{calls:?}");
+    assert!(s.total() <= 3 + handbacks, "{calls:?}");
     eprintln!(
         "agent-with-tools: {} calls for 3 needed, {handbacks} handbacks",
-        s.model.total()
+        s.total()
     );
 }
 
@@ -376,22 +430,22 @@ async fn llm_as_judge_picks_a_candidate(backend: Backend) {
         json!(["answer of m-main", "answer of m-second"])
     );
     assert_eq!(output["model"], "m-second");
-    let calls = s.model.calls();
+    let calls = s.server.calls();
     for label in ["candidate:m-main", "candidate:m-second", "judge"] {
-        let n = s.model.count(label);
+        let n = s.count(label);
         assert!((1..=2).contains(&n), "{label}: {n}, {calls:?}");
     }
-    assert!(s.model.total() <= 3 + 2 * handbacks, "{calls:?}");
+    assert!(s.total() <= 3 + 2 * handbacks, "{calls:?}");
     eprintln!(
         "llm-as-judge: {} calls for 3 needed, {handbacks} handbacks",
-        s.model.total()
+        s.total()
     );
 }
 
 /// `parallel-invocation`: one call per review, joined.
 async fn parallel_invocation_classifies_each_review_once(backend: Backend) {
     let s = setup(backend, Duration::from_secs(60)).await;
-    let reviews = json!({"reviews": ["great value", "awful support", "fine"]});
+    let reviews = json!({"reviews": ["great value", "awful support", "just fine ok"]});
     let run = create(&s.harness, "parallel-invocation", reviews).await;
     let (state, handbacks) = drive(&s, run, Duration::from_secs(5)).await;
     let stored = s.harness.run(run).await;
@@ -403,13 +457,20 @@ async fn parallel_invocation_classifies_each_review_once(backend: Backend) {
             "counts": {"positive": 1, "neutral": 1, "negative": 1},
         }))
     );
-    assert_eq!(s.model.total(), 3, "{:?}", s.model.calls());
+    assert_eq!(s.total(), 3, "{:?}", s.server.calls());
     eprintln!("parallel-invocation: 3 calls for 3 needed, {handbacks} handbacks");
 }
 
-/// `structured-output`: an answer that fails its schema is asked again, within the step.
+/// `structured-output`: an answer that fails its schema (priority 9 of at most 5) is the step's
+/// retryable error: the step asks again and completes with the valid one.
 async fn structured_output_asks_again_after_an_invalid_answer(backend: Backend) {
-    let s = setup(backend, Duration::from_secs(60)).await;
+    let invalid =
+        json!({"customer": "Ada", "product": "router", "priority": 9, "summary": "Down."});
+    let first = vec![(
+        Match::any().containing("support ticket"),
+        vec![Reply::structured(invalid)],
+    )];
+    let s = setup_with(backend, Duration::from_secs(60), first, |p| p).await;
     let message = json!({"message": "Ada here: my router is down since this morning."});
     let run = create(&s.harness, "structured-output", message).await;
     let (state, handbacks) = drive(&s, run, Duration::from_secs(5)).await;
@@ -418,9 +479,55 @@ async fn structured_output_asks_again_after_an_invalid_answer(backend: Backend) 
     let output = stored.output.expect("an output");
     assert_eq!(output["priority"], 4);
     assert_eq!(output["customer"], "Ada");
-    assert_eq!(s.model.count("ticket"), 2, "one invalid answer, one valid");
+    assert_eq!(s.count("ticket"), 2, "one invalid answer, one valid");
     eprintln!(
         "structured-output: 2 calls for 1 needed (one invalid answer), {handbacks} handbacks"
+    );
+}
+
+/// A throttled model: the provider gives up at once (no retry window) and asks for a capacity
+/// wait; the run sleeps, holds no invocation, is woken, and completes. Not a failure: no retry
+/// spent, nothing counted by the poison pill.
+async fn a_throttled_model_sleeps_and_wakes_up(backend: Backend) {
+    let first = vec![(
+        Match::any().containing("support ticket"),
+        vec![Reply::throttle()],
+    )];
+    let s = setup_with(backend, Duration::from_secs(60), first, |p| {
+        p.with_retry_window(Duration::ZERO)
+            .with_capacity_pause(Duration::from_secs(1))
+    })
+    .await;
+    let message = json!({"message": "Ada here: my router is down since this morning."});
+    let run = create(&s.harness, "structured-output", message).await;
+    let summary = s.harness.invoke(&s.worker, Duration::from_secs(5)).await;
+    assert_eq!(summary.count(Outcome::Suspended), 1, "{summary:?}");
+    assert_eq!(s.harness.status(run).await, RunStatus::Sleeping);
+    // The API's waker makes it Pending once its wake time has passed (it looks every 10 s).
+    let h = &s.harness;
+    common::wait_until(
+        "the throttled run is Pending again",
+        Duration::from_secs(60),
+        || async { h.status(run).await == RunStatus::Pending },
+    )
+    .await;
+    let (state, _) = drive(&s, run, Duration::from_secs(5)).await;
+    let stored = s.harness.run(run).await;
+    assert_eq!(state, RunStatus::Completed, "{:?}", stored.error);
+    assert_eq!(stored.retry_count, 0, "a capacity wait is no retry");
+    assert_eq!(
+        s.count("ticket"),
+        2,
+        "the throttled call, then the one after the wake-up"
+    );
+    let counter = s
+        .poison
+        .counter("structured-output", now_ms())
+        .await
+        .unwrap();
+    assert!(
+        counter.is_none_or(|c| c.consecutive_failures == 0),
+        "{counter:?}"
     );
 }
 
@@ -432,4 +539,5 @@ on_both_stores!(
     llm_as_judge_picks_a_candidate,
     parallel_invocation_classifies_each_review_once,
     structured_output_asks_again_after_an_invalid_answer,
+    a_throttled_model_sleeps_and_wakes_up,
 );
