@@ -26,13 +26,13 @@ mod review;
 mod structured;
 mod tools;
 
-pub use agent_loop::{ToolName, Turn};
+pub use agent_loop::{MAX_TURNS, ToolName, Turn};
 pub use chaining::PromptChaining;
 pub use durable_agent::DurableAgent;
-pub use fan_out::ParallelInvocation;
-pub use judge::LlmAsJudge;
-pub use review::HumanReview;
-pub use structured::StructuredOutput;
+pub use fan_out::{Label, MAX_REVIEWS, ParallelInvocation, Sentiment};
+pub use judge::{LlmAsJudge, Verdict};
+pub use review::{HumanReview, Invoice};
+pub use structured::{RETRIES, StructuredOutput, Ticket};
 pub use tools::AgentWithTools;
 
 use ironflow_engine::config::AgentStepConfig;
