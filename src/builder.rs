@@ -15,11 +15,12 @@ use ironflow_core::provider::AgentProvider;
 use ironflow_engine::handler::WorkflowHandler;
 use ironflow_store::entities::validate_worker_tags;
 
+use crate::agents::AnthropicSecretProvider;
 use crate::build_error::BuildError;
 use crate::poison::dynamodb::DynamoPoisonTable;
 use crate::poison::{PoisonMode, PoisonTable};
 use crate::pool::DEFAULT_IDLE_PROBE_AFTER;
-use crate::secrets::{self, TokenSecret, WebhookSecretSource};
+use crate::secrets::{self, ApiKey, ApiKeySecret, TokenSecret, WebhookSecretSource};
 use crate::settings::{Settings, WebhookSecret, WorkerToken};
 use crate::wake::Waker;
 use crate::wake::fleet::FleetMark;
@@ -68,6 +69,8 @@ pub struct LambdaWorkerBuilder {
     webhook_source: Option<(WebhookSecretSource, Option<WebhookSecret>)>,
     /// The fleet-wide record of the webhook bodies taken, in the DynamoDB poison-pill table.
     replay_table: Option<ReplayTable>,
+    /// The Anthropic API key read at cold start, and its secret.
+    anthropic: Option<(ApiKey, ApiKeySecret)>,
 }
 
 impl LambdaWorkerBuilder {
@@ -94,7 +97,9 @@ impl LambdaWorkerBuilder {
     /// configuration loaded at cold start (`aws_config::load_defaults`), kept for the poison-pill
     /// table and the wake-ups. This is what [`crate::run`] calls. Variable
     /// `IRONFLOW_WORKER_TOKEN_SECRET_ARN`; default none. Variable `IRONFLOW_WEBHOOK_SECRET_ARN`;
-    /// default none.
+    /// default none. The Anthropic API key likewise, for
+    /// [`anthropic_provider`](Self::anthropic_provider). Variable
+    /// `IRONFLOW_ANTHROPIC_API_KEY_SECRET_ARN`; default none.
     ///
     /// # Errors
     ///
@@ -119,7 +124,10 @@ impl LambdaWorkerBuilder {
         // from its secret stands in as a placeholder here (short: never registered for redaction).
         let reads_secret = |variable| crate::settings::is_set(&lookup, variable);
         let token_from_secret = reads_secret(crate::settings::WORKER_TOKEN_SECRET_ARN_VAR);
-        if token_from_secret || reads_secret(crate::settings::WEBHOOK_SECRET_ARN_VAR) {
+        if token_from_secret
+            || reads_secret(crate::settings::WEBHOOK_SECRET_ARN_VAR)
+            || reads_secret(crate::settings::ANTHROPIC_API_KEY_SECRET_ARN_VAR)
+        {
             let placeholder = token_from_secret.then(|| WorkerToken::new("unread"));
             Settings::from_lookup_with_token(&lookup, placeholder)?;
         }
@@ -128,6 +136,7 @@ impl LambdaWorkerBuilder {
             None => (None, None),
         };
         let webhook = secrets::webhook_secret_from_lookup(&lookup, aws).await?;
+        let anthropic = secrets::anthropic_key_from_lookup(&lookup, aws).await?;
         let mut settings = Settings::from_lookup_with_token(lookup, token)?;
         let webhook_source = webhook.map(|(versions, source)| {
             settings.webhook_secret = Some(versions.current);
@@ -136,6 +145,7 @@ impl LambdaWorkerBuilder {
         let mut builder = Self::from_settings(settings).aws_config(aws.clone());
         builder.token_secret = secret;
         builder.webhook_source = webhook_source;
+        builder.anthropic = anthropic;
         Ok(builder)
     }
 
@@ -156,6 +166,7 @@ impl LambdaWorkerBuilder {
             token_secret: None,
             webhook_source: None,
             replay_table: None,
+            anthropic: None,
         }
     }
 
@@ -170,6 +181,16 @@ impl LambdaWorkerBuilder {
     pub fn provider(mut self, provider: Arc<dyn AgentProvider>) -> Self {
         self.provider = Some(provider);
         self
+    }
+
+    /// The Anthropic Messages API provider with the key read at cold start from the secret
+    /// `IRONFLOW_ANTHROPIC_API_KEY_SECRET_ARN` names ([`LambdaWorkerBuilder::from_env_and_secrets`]),
+    /// which reads the secret again when the API refuses the key; `None` when the variable is
+    /// unset. Register it with [`provider`](Self::provider).
+    pub fn anthropic_provider(&self) -> Option<AnthropicSecretProvider> {
+        self.anthropic
+            .as_ref()
+            .map(|(key, secret)| AnthropicSecretProvider::from_key(key.clone(), secret.clone()))
     }
 
     /// Set the [`DecisionProvider`] for `ctx.decision(...)` steps. Optional: without it, a
@@ -582,8 +603,10 @@ impl LambdaWorkerBuilder {
         self
     }
 
-    /// How long an agent step may wait for provider-account capacity, in practice bounded by the
-    /// run timeout and the invocation cutoff. Variable `IRONFLOW_MAX_CAPACITY_WAIT_SECS` (seconds);
+    /// How long an agent step that sets no `max_capacity_wait` of its own may wait for provider
+    /// capacity in all, across the sleeps it is put to (every provider account rate limited, or
+    /// Bedrock throttling past its retries: [`crate::BedrockProvider`]); the run sleeps, holding
+    /// no invocation. Variable `IRONFLOW_MAX_CAPACITY_WAIT_SECS` (seconds);
     /// default 21600.
     pub fn max_capacity_wait(mut self, wait: Duration) -> Self {
         self.settings.max_capacity_wait = wait;

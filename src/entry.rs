@@ -41,8 +41,9 @@ ironflow-lambda-local` in the ironflow-lambda repository.";
 
 /// The variables that need the AWS configuration (and only they load it: outside AWS without a
 /// region, loading it asks the EC2 instance metadata service, and warns at length).
-const AWS_VARIABLES: [&str; 4] = [
+const AWS_VARIABLES: [&str; 5] = [
     table::WORKER_TOKEN_SECRET_ARN.variable,
+    table::ANTHROPIC_API_KEY_SECRET_ARN.variable,
     table::WEBHOOK_SECRET_ARN.variable,
     table::POISON_TABLE.variable,
     table::WAKE_QUEUE_URL.variable,

@@ -28,12 +28,13 @@
 //! [`LambdaWorkerBuilder`] and hand each event to [`handle`] ([`handle_summary`] for the typed
 //! [`InvocationSummary`]).
 //!
-//! The public surface: the builder and the worker, the entry point and the handler, the
-//! [`settings`] and their errors, what an invocation reports ([`Outcome`], [`RunReport`],
-//! [`InvocationSummary`]), the poison-pill table ([`PoisonTable`], [`MemoryPoisonTable`],
-//! [`DynamoPoisonTable`]), the [`Waker`] of wake-ups, the [`layers`] around the handler, and
-//! the helpers the local runner and the tests share ([`orphans`], [`logging`], [`metrics`],
-//! [`samples`]). How it works (one invocation, claim-ahead, handback, poison pill, wake-ups,
+//! The public surface: the builder and the worker, the entry point and the handler, the agent
+//! providers that work inside a function ([`BedrockProvider`], [`AnthropicSecretProvider`]: the
+//! [`agents`] module), the [`settings`] and their errors, what an invocation reports
+//! ([`Outcome`], [`RunReport`], [`InvocationSummary`]), the poison-pill table ([`PoisonTable`],
+//! [`MemoryPoisonTable`], [`DynamoPoisonTable`]), the [`Waker`] of wake-ups, the [`layers`]
+//! around the handler, and the helpers the local runner and the tests share ([`orphans`],
+//! [`logging`], [`metrics`], [`samples`]). How it works (one invocation, claim-ahead, handback, poison pill, wake-ups,
 //! faults) is in the repository's `docs/` directory.
 
 #![warn(missing_docs)]

@@ -10,6 +10,10 @@
 //! The webhook receiver's secret comes the same way ([`webhook_secret_from_lookup`]):
 //! `IRONFLOW_WEBHOOK_SECRET_ARN`, unless `IRONFLOW_WEBHOOK_SECRET` is set.
 //!
+//! The Anthropic API key comes the same way ([`anthropic_key_from_lookup`]):
+//! `IRONFLOW_ANTHROPIC_API_KEY_SECRET_ARN`, read at cold start, and again when the API refuses
+//! the key ([`crate::AnthropicSecretProvider`]).
+//!
 //! Errors name the variable and the secret's ARN, and the AWS error; never the secret's value.
 
 use std::time::Duration;
@@ -20,8 +24,9 @@ use aws_sdk_secretsmanager::error::{DisplayErrorContext, ProvideErrorMetadata, S
 use aws_sdk_secretsmanager::operation::get_secret_value::GetSecretValueError;
 
 use crate::settings::{
-    SECRET_ARN_EXPECTED, WEBHOOK_SECRET_ARN_VAR, WEBHOOK_SECRET_VAR, WORKER_TOKEN_SECRET_ARN_VAR,
-    WORKER_TOKEN_VAR, WebhookSecret, WorkerToken, is_secret_arn, is_token,
+    ANTHROPIC_API_KEY_SECRET_ARN_VAR, SECRET_ARN_EXPECTED, WEBHOOK_SECRET_ARN_VAR,
+    WEBHOOK_SECRET_VAR, WORKER_TOKEN_SECRET_ARN_VAR, WORKER_TOKEN_VAR, WebhookSecret, WorkerToken,
+    is_secret_arn, is_token,
 };
 
 /// Bounds of the cold start's `GetSecretValue` (with the SDK's standard retries): a stuck call
@@ -99,6 +104,106 @@ impl TokenSecret {
     pub async fn read(&self) -> Result<WorkerToken, SecretError> {
         fetch_worker_token(&self.client, &self.arn).await
     }
+}
+
+/// An API key read from Secrets Manager. `Debug` shows `***`; made, it is redacted from every log
+/// line ([`crate::logging::redact`]).
+#[derive(Clone, PartialEq, Eq)]
+pub struct ApiKey(String);
+
+impl ApiKey {
+    /// Wrap a key, registering it for redaction.
+    pub fn new(key: impl Into<String>) -> Self {
+        let key = key.into();
+        crate::logging::redact(&key);
+        Self(key)
+    }
+
+    /// The key itself, for the request header only.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for ApiKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ApiKey(***)")
+    }
+}
+
+/// The keys a key/value Anthropic secret may hold the key under.
+const ANTHROPIC_KEYS: &[&str] = &["api_key", "key", "ANTHROPIC_API_KEY"];
+
+/// The Secrets Manager secret that holds the Anthropic API key, with a client to read it: read
+/// at cold start, and again when the API refuses the key (it was rotated).
+#[derive(Clone, Debug)]
+pub struct ApiKeySecret {
+    client: aws_sdk_secretsmanager::Client,
+    arn: String,
+}
+
+impl ApiKeySecret {
+    /// The secret `arn`, read with a bounded client of `aws` (as the worker token's).
+    ///
+    /// # Errors
+    ///
+    /// [`SecretError::InvalidArn`] when `arn` is not a Secrets Manager ARN.
+    pub fn new(aws: &SdkConfig, arn: &str) -> Result<Self, SecretError> {
+        let arn = arn.trim();
+        if !is_secret_arn(arn) {
+            return Err(SecretError::InvalidArn {
+                variable: ANTHROPIC_API_KEY_SECRET_ARN_VAR,
+            });
+        }
+        Ok(Self {
+            client: bounded_client(aws),
+            arn: arn.to_string(),
+        })
+    }
+
+    /// The secret's ARN.
+    pub fn arn(&self) -> &str {
+        &self.arn
+    }
+
+    /// Read the key now (one bounded `GetSecretValue`; a key/value secret gives its `api_key`,
+    /// `key` or `ANTHROPIC_API_KEY`, or its only value).
+    ///
+    /// # Errors
+    ///
+    /// As [`fetch_worker_token`], naming `IRONFLOW_ANTHROPIC_API_KEY_SECRET_ARN`.
+    pub async fn read(&self) -> Result<ApiKey, SecretError> {
+        let variable = ANTHROPIC_API_KEY_SECRET_ARN_VAR;
+        let value = fetch_string(&self.client, variable, &self.arn, ANTHROPIC_KEYS).await?;
+        if !is_token(&value) {
+            return Err(SecretError::Unusable {
+                variable,
+                secret_arn: self.arn.clone(),
+                expected: "visible ASCII without spaces or line breaks (it is sent as a header)",
+            });
+        }
+        Ok(ApiKey::new(value))
+    }
+}
+
+/// The Anthropic API key from `IRONFLOW_ANTHROPIC_API_KEY_SECRET_ARN`, read with `lookup` and
+/// `aws` as [`worker_token_from_lookup`] does, and the secret it came from; `Ok(None)` without
+/// any AWS call when the variable is unset or blank.
+///
+/// # Errors
+///
+/// As [`ApiKeySecret::new`] and [`ApiKeySecret::read`].
+pub async fn anthropic_key_from_lookup(
+    lookup: impl Fn(&str) -> Option<String>,
+    aws: &SdkConfig,
+) -> Result<Option<(ApiKey, ApiKeySecret)>, SecretError> {
+    let Some(arn) = lookup(ANTHROPIC_API_KEY_SECRET_ARN_VAR).filter(|v| !v.trim().is_empty())
+    else {
+        return Ok(None);
+    };
+    let secret = ApiKeySecret::new(aws, &arn)?;
+    let key = secret.read().await?;
+    Ok(Some((key, secret)))
 }
 
 /// The worker token to use instead of `IRONFLOW_WORKER_TOKEN`, fetched from Secrets Manager,

@@ -14,6 +14,7 @@ use ironflow_store::store::Store;
 use tracing::warn;
 
 use crate::admission::Admission;
+use crate::agents::budget::WorkerBudget;
 use crate::api::ApiClient;
 use crate::api::artifacts::ApiArtifactSink;
 use crate::api::logs::LogForwarder;
@@ -116,9 +117,13 @@ impl LambdaWorker {
             .account_strategy
             .unwrap_or_else(|| Arc::new(LeastUtilized));
         let provider: Arc<dyn AgentProvider> = Arc::new(
-            AccountAwareProvider::new(parts.provider, store.clone())
-                .with_strategy(strategy)
-                .with_max_capacity_wait(s.max_capacity_wait),
+            // The worker's capacity-wait budget reaches every provider, not only the accounts'.
+            AccountAwareProvider::new(
+                Arc::new(WorkerBudget::new(parts.provider, s.max_capacity_wait)),
+                store.clone(),
+            )
+            .with_strategy(strategy)
+            .with_max_capacity_wait(s.max_capacity_wait),
         );
         // `ctx.send_signal` goes through the API (`POST /api/v1/internal/signals`), which stores
         // the signal and wakes the waiting runs to Pending for a claim, as the reference worker

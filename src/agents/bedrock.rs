@@ -172,7 +172,8 @@ impl BedrockProvider {
 
     /// The capacity-wait budget of a step that sets no `max_capacity_wait`: the longest a step
     /// may sleep for capacity in all, across wake-ups. Default ironflow's, 6 hours; zero fails
-    /// a throttled step at once.
+    /// a throttled step at once. Under a [`crate::LambdaWorker`] a step without a budget gets the
+    /// worker's (`IRONFLOW_MAX_CAPACITY_WAIT_SECS`), so this one applies outside a worker only.
     pub fn with_max_capacity_wait(mut self, wait: Duration) -> Self {
         self.limits.max_capacity_wait = wait;
         self
@@ -394,5 +395,57 @@ fn final_answer(
 impl AgentProvider for BedrockProvider {
     fn invoke<'a>(&'a self, config: &'a AgentConfig) -> InvokeFuture<'a> {
         Box::pin(self.run(config))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use aws_sdk_bedrockruntime::config::{Credentials, Region, SharedCredentialsProvider};
+    use ironflow_model_server::{Match, ModelServer, Reply, Script};
+
+    use super::*;
+    use crate::deadline::{LeaseClock, later};
+    use crate::store::scope::{CallScope, RunKey};
+
+    /// Throttled past the invocation's time left: the retries stop before the cutoff (not at the
+    /// end of an hour-long retry window) and the step asks for a capacity wait.
+    #[tokio::test]
+    async fn throttling_until_the_cutoff_is_a_capacity_wait_before_it() {
+        let server = ModelServer::start(Script::new().always(Match::any(), Reply::throttle()))
+            .await
+            .unwrap();
+        let aws = SdkConfig::builder()
+            .behavior_version(aws_config::BehaviorVersion::latest())
+            .region(Region::new("us-east-1"))
+            .credentials_provider(SharedCredentialsProvider::new(Credentials::new(
+                "testing", "testing", None, None, "test",
+            )))
+            .endpoint_url(server.url())
+            .build();
+        let provider = BedrockProvider::new(&aws).with_retry_window(Duration::from_secs(3600));
+        let now = tokio::time::Instant::now();
+        let scope = Arc::new(CallScope::execution(
+            RunKey {
+                run_id: uuid::Uuid::nil(),
+                worker_id: "w".into(),
+            },
+            later(now, Duration::from_millis(1500)),
+            Arc::new(LeaseClock::new(now, Duration::from_secs(3600))),
+            Arc::default(),
+        ));
+        let config = AgentConfig::new("hi").model("amazon.nova-pro-v1:0");
+        let result =
+            tokio::time::timeout(Duration::from_secs(60), scope.run(provider.invoke(&config)))
+                .await
+                .expect(
+                    "the retries stop at the invocation's cutoff, not at the retry window's end",
+                );
+        assert!(
+            matches!(result, Err(AgentError::CapacityWait { .. })),
+            "{result:?}"
+        );
+        assert!(server.calls().total >= 2, "retried within the time left");
     }
 }

@@ -119,7 +119,16 @@ pub(crate) async fn converse(
                 message: format!("Bedrock model '{model}' could not be reached: {why}"),
             }
         } else {
-            capacity_wait(config, limits, model, &why)
+            capacity_wait(
+                config,
+                &Sleep {
+                    kind: KIND,
+                    pause: limits.capacity_pause,
+                    default_budget: limits.max_capacity_wait,
+                    model,
+                },
+                &why,
+            )
         });
     }
 }
@@ -189,7 +198,7 @@ fn status_of(e: &ConverseError) -> u16 {
 
 /// The backoff before attempt `attempt + 1`: 0.2 s doubling up to 5 s, each drawn between half
 /// and all of it.
-fn backoff(attempt: u32) -> Duration {
+pub(crate) fn backoff(attempt: u32) -> Duration {
     let full = FIRST_BACKOFF
         .saturating_mul(2u32.saturating_pow(attempt.min(16)))
         .min(MAX_BACKOFF);
@@ -197,34 +206,41 @@ fn backoff(attempt: u32) -> Duration {
     Duration::from_millis(rand::random_range(ms / 2..=ms))
 }
 
-/// Ask the engine to put the run to sleep and try the step again later, `model` having been
+/// What a capacity wait is about: the provider `kind` (the run's `capacity_wait_kind`), how long
+/// the run sleeps (`pause`, plus up to a quarter of jitter), the budget of a step that sets none,
+/// and the model (for the log line).
+pub(crate) struct Sleep<'a> {
+    pub kind: &'static str,
+    pub pause: Duration,
+    pub default_budget: Duration,
+    pub model: &'a str,
+}
+
+/// Ask the engine to put the run to sleep and try the step again later, the model having been
 /// throttled (or failing with 5xx) for the whole retry window (`why`: the last error).
 ///
-/// Bedrock gives no reset time: the run wakes after the provider's capacity pause, plus up to a
-/// quarter of it (jitter, so that runs throttled together do not come back together). The whole
-/// wait of the step, across wake-ups (from `AgentConfig::capacity_wait_since`, which the engine
-/// sets), stays within the step's `max_capacity_wait` (else the provider's): the last wake-up is
-/// at the end of that budget, and past it the step fails with [`AgentError::NoCapacity`]. A
-/// budget of zero fails at once.
-pub(crate) fn capacity_wait(
-    config: &AgentConfig,
-    limits: &Limits,
-    model: &str,
-    why: &str,
-) -> AgentError {
-    let budget = config.max_capacity_wait.unwrap_or(limits.max_capacity_wait);
+/// The run wakes after `sleep.pause` (Bedrock gives no reset time; Anthropic's `retry-after`
+/// when it sends one), plus up to a quarter of it (jitter, so that runs throttled together do
+/// not come back together). The whole wait of the step, across wake-ups (from
+/// `AgentConfig::capacity_wait_since`, which the engine sets), stays within the step's
+/// `max_capacity_wait` (else `sleep.default_budget`): the last wake-up is at the end of that
+/// budget, and past it the step fails with [`AgentError::NoCapacity`]. A budget of zero fails
+/// at once.
+pub(crate) fn capacity_wait(config: &AgentConfig, sleep: &Sleep<'_>, why: &str) -> AgentError {
+    let (kind, model) = (sleep.kind, sleep.model);
+    let budget = config.max_capacity_wait.unwrap_or(sleep.default_budget);
     let now = Utc::now();
     let no_capacity = AgentError::NoCapacity {
-        kind: KIND.to_string(),
+        kind: kind.to_string(),
         next_reset: None,
     };
     if budget.is_zero() {
-        warn!(model, error = %why, "Bedrock throttled the step and it may not wait (max_capacity_wait 0): failing it");
+        warn!(kind, model, error = %why, "the model throttled the step and it may not wait (max_capacity_wait 0): failing it");
         return no_capacity;
     }
     let since = config.capacity_wait_since.unwrap_or(now);
     let last = since + TimeDelta::from_std(budget).unwrap_or(TimeDelta::MAX);
-    let pause_ms = u64::try_from(limits.capacity_pause.as_millis()).unwrap_or(u64::MAX);
+    let pause_ms = u64::try_from(sleep.pause.as_millis()).unwrap_or(u64::MAX);
     let jittered = pause_ms.saturating_add(rand::random_range(0..=pause_ms / 4));
     let wake_at = now + TimeDelta::milliseconds(i64::try_from(jittered).unwrap_or(i64::MAX));
     let wake_at = if wake_at <= last {
@@ -232,12 +248,12 @@ pub(crate) fn capacity_wait(
     } else if last > now {
         last
     } else {
-        warn!(model, error = %why, budget_secs = budget.as_secs(), "Bedrock still throttles the step after its whole capacity-wait budget: failing it");
+        warn!(kind, model, error = %why, budget_secs = budget.as_secs(), "the model still throttles the step after its whole capacity-wait budget: failing it");
         return no_capacity;
     };
-    warn!(model, error = %why, wake_at = %wake_at, "Bedrock throttled the step through its retries: the run sleeps until capacity returns");
+    warn!(kind, model, error = %why, wake_at = %wake_at, "the model throttled the step through its retries: the run sleeps until capacity returns");
     AgentError::CapacityWait {
-        kind: KIND.to_string(),
+        kind: kind.to_string(),
         wake_at,
     }
 }
@@ -246,12 +262,12 @@ pub(crate) fn capacity_wait(
 mod tests {
     use super::*;
 
-    fn limits(pause: u64, budget: u64) -> Limits {
-        Limits {
-            call_limit: Duration::from_secs(60),
-            retry_window: Duration::from_secs(10),
-            capacity_pause: Duration::from_secs(pause),
-            max_capacity_wait: Duration::from_secs(budget),
+    fn limits(pause: u64, budget: u64) -> Sleep<'static> {
+        Sleep {
+            kind: KIND,
+            pause: Duration::from_secs(pause),
+            default_budget: Duration::from_secs(budget),
+            model: "m",
         }
     }
 
@@ -260,7 +276,7 @@ mod tests {
         let config = AgentConfig::new("p");
         let before = Utc::now();
         let AgentError::CapacityWait { kind, wake_at } =
-            capacity_wait(&config, &limits(60, 3600), "m", "x")
+            capacity_wait(&config, &limits(60, 3600), "x")
         else {
             panic!("expected a capacity wait");
         };
@@ -274,7 +290,7 @@ mod tests {
             .max_capacity_wait(Duration::from_secs(100))
             .capacity_wait_since(before - TimeDelta::seconds(70));
         let AgentError::CapacityWait { wake_at, .. } =
-            capacity_wait(&config, &limits(60, 3600), "m", "x")
+            capacity_wait(&config, &limits(60, 3600), "x")
         else {
             panic!("expected a capacity wait");
         };
@@ -284,11 +300,11 @@ mod tests {
             .max_capacity_wait(Duration::from_secs(100))
             .capacity_wait_since(before - TimeDelta::seconds(101));
         assert!(matches!(
-            capacity_wait(&config, &limits(60, 3600), "m", "x"),
+            capacity_wait(&config, &limits(60, 3600), "x"),
             AgentError::NoCapacity { .. }
         ));
         assert!(matches!(
-            capacity_wait(&AgentConfig::new("p"), &limits(60, 0), "m", "x"),
+            capacity_wait(&AgentConfig::new("p"), &limits(60, 0), "x"),
             AgentError::NoCapacity { .. }
         ));
     }

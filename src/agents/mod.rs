@@ -7,6 +7,7 @@
 
 mod anthropic;
 mod bedrock;
+pub(crate) mod budget;
 mod calls;
 mod converse;
 mod document;
@@ -14,5 +15,5 @@ pub mod pricing;
 mod schema;
 mod tools;
 
-pub use anthropic::AnthropicSecretProvider;
+pub use anthropic::{AnthropicSecretProvider, REREAD_AT_MOST_EVERY};
 pub use bedrock::{BedrockProvider, DEFAULT_BEDROCK_MODEL};

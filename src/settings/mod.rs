@@ -160,6 +160,10 @@ impl fmt::Display for WorkerToken {
     }
 }
 
+/// The variable naming the Secrets Manager secret that holds the Anthropic API key
+/// ([`crate::AnthropicSecretProvider`]).
+pub const ANTHROPIC_API_KEY_SECRET_ARN_VAR: &str = table::ANTHROPIC_API_KEY_SECRET_ARN.variable;
+
 /// The variable holding the webhook receiver's secret itself.
 pub const WEBHOOK_SECRET_VAR: &str = table::WEBHOOK_SECRET.variable;
 /// The variable naming the Secrets Manager secret that holds it.
@@ -329,6 +333,9 @@ pub struct Settings {
     pub worker_token_secret_arn: Option<String>,
     /// The ARN the webhook secret was read from (`IRONFLOW_WEBHOOK_SECRET_ARN`), if any.
     pub webhook_secret_arn: Option<String>,
+    /// The ARN the Anthropic API key is read from (`IRONFLOW_ANTHROPIC_API_KEY_SECRET_ARN`), if
+    /// any ([`crate::AnthropicSecretProvider`]).
+    pub anthropic_api_key_secret_arn: Option<String>,
     /// How far an event's `at` may be from now, either way (`IRONFLOW_WEBHOOK_REPLAY_WINDOW_SECS`).
     pub webhook_replay_window: Duration,
     /// What the function serves (`IRONFLOW_FUNCTION_ROLE`): default [`FunctionRole::Worker`].
@@ -374,6 +381,7 @@ impl Settings {
             webhook_secret: WEBHOOK_SECRET.default_value(),
             worker_token_secret_arn: WORKER_TOKEN_SECRET_ARN.default_value(),
             webhook_secret_arn: WEBHOOK_SECRET_ARN.default_value(),
+            anthropic_api_key_secret_arn: ANTHROPIC_API_KEY_SECRET_ARN.default_value(),
             webhook_replay_window: WEBHOOK_REPLAY_WINDOW.default_value(),
             function_role: FUNCTION_ROLE.default_value(),
         }
@@ -1322,6 +1330,7 @@ pub(crate) mod tests {
         for variable in [
             "IRONFLOW_WORKER_TOKEN_SECRET_ARN",
             "IRONFLOW_WEBHOOK_SECRET_ARN",
+            "IRONFLOW_ANTHROPIC_API_KEY_SECRET_ARN",
         ] {
             let err = with(&[(variable, "pasted-s3cret-value")]).unwrap_err();
             assert!(err.contains(variable) && err.contains("ARN"), "{err}");
@@ -1330,6 +1339,8 @@ pub(crate) mod tests {
         let arn = "arn:aws:secretsmanager:eu-west-1:123456789012:secret:t-AbC123";
         let s = with(&[("IRONFLOW_WEBHOOK_SECRET_ARN", arn)]).unwrap();
         assert_eq!(s.webhook_secret_arn.as_deref(), Some(arn));
+        let s = with(&[("IRONFLOW_ANTHROPIC_API_KEY_SECRET_ARN", arn)]).unwrap();
+        assert_eq!(s.anthropic_api_key_secret_arn.as_deref(), Some(arn));
     }
 
     #[test]

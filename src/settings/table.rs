@@ -365,6 +365,21 @@ pub const MAX_CAPACITY_WAIT: Setting<Duration> = Setting {
     access: field!(max_capacity_wait),
 };
 
+pub const ANTHROPIC_API_KEY_SECRET_ARN: Setting<Option<String>> = Setting {
+    variable: "IRONFLOW_ANTHROPIC_API_KEY_SECRET_ARN",
+    setter: "from_env_and_secrets",
+    meaning: "Secrets Manager ARN of the [Anthropic API key](docs/providers.md#anthropic), never \
+              logged",
+    unit: Unit::None,
+    default: None,
+    default_doc: None,
+    min: None,
+    max: None,
+    rule: Some(rules::secret_arn),
+    shown: Shown::Hidden("(not shown: it may be a secret pasted by mistake)"),
+    access: field!(anthropic_api_key_secret_arn),
+};
+
 pub const HEARTBEAT_URL: Setting<Option<String>> = Setting {
     variable: "IRONFLOW_HEARTBEAT_URL",
     setter: "heartbeat_url",
@@ -538,6 +553,7 @@ pub static VARIABLES: &[&Variable] = &[
     &POISON_MODE,
     &MAX_HANDBACKS_WITHOUT_PROGRESS,
     &MAX_CAPACITY_WAIT,
+    &ANTHROPIC_API_KEY_SECRET_ARN,
     &HEARTBEAT_URL,
     &EMULATED_INVOCATION,
     &WAKE_QUEUE_URL,

@@ -102,6 +102,11 @@ impl ModelServer {
     /// # Errors
     ///
     /// [`StartError::Bind`] when the socket cannot be bound.
+    ///
+    /// # Panics
+    ///
+    /// Outside a Tokio runtime with I/O enabled (as `tokio::spawn` does); use
+    /// [`ModelServer::start_on_own_thread`] there.
     pub async fn start(script: Script) -> Result<Self, StartError> {
         let listener = TcpListener::bind(("127.0.0.1", 0))
             .await
