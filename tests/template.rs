@@ -767,6 +767,8 @@ fn agent_steps_may_invoke_the_given_bedrock_models_and_nothing_else() {
         [
             "arn:aws:bedrock:*:*:inference-profile/us.anthropic.claude-sonnet-4-5-20250929-v1:0",
             "arn:aws:bedrock:*:*:inference-profile/us.amazon.nova-lite-v1:0",
+            // BedrockProvider's default model (a step that names none).
+            "arn:aws:bedrock:*:*:inference-profile/global.anthropic.claude-sonnet-4-5-20250929-v1:0",
         ]
     );
     assert_eq!(
@@ -788,8 +790,22 @@ fn agent_steps_may_invoke_the_given_bedrock_models_and_nothing_else() {
     );
     assert_eq!(
         values["BedrockModelRegions"],
-        json!(["us-east-1", "us-east-2", "us-west-2"])
+        json!(["us-east-1", "us-east-2", "us-west-2", "unspecified"])
     );
+    // The models a step gets without naming one, and the example's defaults, are allowed.
+    let profile_ids: Vec<String> = values["BedrockInferenceProfileIds"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(text)
+        .collect();
+    for default in [
+        ironflow_lambda::agents::DEFAULT_BEDROCK_MODEL,
+        my_workflows::patterns::models::DEFAULT_MODEL,
+        my_workflows::patterns::models::DEFAULT_SECOND_MODEL,
+    ] {
+        assert!(profile_ids.iter().any(|id| id == default), "{default}");
+    }
     // Each default profile's model is allowed: a profile's call is checked again on its model.
     for id in values["BedrockInferenceProfileIds"].as_array().unwrap() {
         let model = text(id).split_once('.').unwrap().1.to_string();
