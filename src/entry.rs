@@ -2,7 +2,8 @@
 //!
 //! One call does what the deployable function needs at cold start and for each event: the JSON
 //! logs, the child subreaper, the settings from the environment (the worker token from Secrets
-//! Manager when `IRONFLOW_WORKER_TOKEN_SECRET_ARN` is set), the DynamoDB poison-pill table and
+//! Manager when `IRONFLOW_WORKER_TOKEN_SECRET_ARN` is set, the Anthropic API key when
+//! `IRONFLOW_ANTHROPIC_API_KEY_SECRET_ARN` is), the DynamoDB poison-pill table and
 //! the wake-up queue when configured, the EMF metrics, the checks of the Lambda runtime's own
 //! variables, and the runtime loop with its layers ([`crate::layers`]). Every error is one JSON
 //! log line (never the token) and exit status 1, which Lambda reports as an init or runtime

@@ -79,6 +79,7 @@ async fn a_text_answer_is_returned_with_the_system_prompt_and_the_prompt_sent() 
         .append_system_prompt("Answer in English.");
     let out = provider.invoke(&config).await.unwrap();
     assert_eq!(out.value, json!("Hello from Nova"));
+    assert!(out.debug_messages.is_none(), "no trace unless verbose");
     assert_eq!(out.model.as_deref(), Some(NOVA));
     let requests = server.requests();
     assert_eq!(requests.len(), 1);
@@ -206,9 +207,18 @@ async fn tools_run_between_turns_over_several_model_calls() {
     .await;
     let runs = Arc::new(AtomicUsize::new(0));
     let provider = provider.with_tools(ToolRegistry::new().register(Add(runs.clone())));
-    let out = provider.invoke(&step("add things", NOVA)).await.unwrap();
+    let out = provider
+        .invoke(&step("add things", NOVA).verbose(true))
+        .await
+        .unwrap();
     assert_eq!(out.value, json!("The total is 15"));
     assert_eq!(runs.load(Ordering::SeqCst), 2);
+    // The verbose step's trace: each answer, its tool call and the result sent back.
+    let trace = out.debug_messages.expect("a verbose step has its trace");
+    assert_eq!(trace.len(), 3);
+    assert_eq!(trace[0].tool_calls[0].name, "add");
+    assert_eq!(trace[0].tool_results[0].content, json!("sum=5"));
+    assert_eq!(trace[2].text.as_deref(), Some("The total is 15"));
     let requests = server.requests();
     assert_eq!(requests.len(), 3);
     assert!(requests.iter().all(|r| r.tool_names() == ["add"]));
@@ -719,4 +729,45 @@ async fn anthropic_throttling_is_retried_then_a_capacity_wait_until_its_retry_af
         4,
         "a retry-after beyond the window is not waited for in the invocation"
     );
+}
+
+/// An Anthropic key secret that cannot serve stops the cold start, naming the variable and the
+/// ARN, never the value (a value with a space in it would break every request's header).
+#[tokio::test]
+async fn an_anthropic_key_secret_that_cannot_serve_fails_the_cold_start_naming_it() {
+    let aws = moto_config().await;
+    let unusable = aws_sdk_secretsmanager::Client::new(&aws)
+        .create_secret()
+        .name(format!("ironflow/anthropic-{}", uuid::Uuid::new_v4()))
+        .secret_string("sk-ant with-a-space-s3cret")
+        .send()
+        .await
+        .unwrap()
+        .arn()
+        .unwrap()
+        .to_string();
+    let missing = "arn:aws:secretsmanager:us-east-1:123456789012:secret:ironflow/missing-AbC123";
+    for (arn, expected) in [
+        (unusable.as_str(), "cannot serve"),
+        (missing, "ResourceNotFound"),
+    ] {
+        let lookup = |name: &str| match name {
+            "IRONFLOW_API_URL" => Some("http://127.0.0.1:1".to_string()),
+            "IRONFLOW_WORKER_TOKEN" => Some("test-worker-token".to_string()),
+            "IRONFLOW_ANTHROPIC_API_KEY_SECRET_ARN" => Some(arn.to_string()),
+            _ => None,
+        };
+        let err = LambdaWorkerBuilder::from_lookup_and_secrets(lookup, &aws)
+            .await
+            .err()
+            .expect("the cold start fails");
+        let message = err.to_string();
+        assert!(
+            message.contains("IRONFLOW_ANTHROPIC_API_KEY_SECRET_ARN")
+                && message.contains(arn)
+                && message.contains(expected),
+            "{message}"
+        );
+        assert!(!message.contains("s3cret"), "the value leaked: {message}");
+    }
 }

@@ -161,17 +161,15 @@ impl AnthropicSecretProvider {
         self
     }
 
-    /// Rebuild the inner provider with the key held (at construction: nothing runs yet).
+    /// Rebuild the inner provider with the key held (while the provider is being built).
     fn rebuild_now(&mut self) {
-        let Ok(state) = self.state.try_lock() else {
-            return;
-        };
+        let state = self.state.get_mut();
         let provider = build(
             &state.key,
             self.base_url.as_deref(),
             self.configure.as_ref(),
         );
-        let mut inner = self.inner.write().unwrap_or_else(PoisonError::into_inner);
+        let inner = self.inner.get_mut().unwrap_or_else(PoisonError::into_inner);
         *inner = (state.generation, Arc::new(provider));
     }
 

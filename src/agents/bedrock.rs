@@ -22,6 +22,7 @@ use super::converse::{self, Answer, Request, Turn, has_native_structured_output}
 use super::pricing::{self, Usage};
 use super::schema::{AnswerSchema, mismatch};
 use super::tools::{self, ToolProfiles};
+use super::trace::Trace;
 
 /// The model of a step that names none (ironflow's default, `sonnet`): Claude Sonnet 4.5 through
 /// Bedrock's global cross-region inference profile.
@@ -64,8 +65,8 @@ const DEFAULT_MAX_TURNS: u32 = 25;
 ///
 /// The answer carries the tokens of every call and, for a model of the price table (or added
 /// with [`with_price`](Self::with_price)), their cost; another model's has no cost.
-/// `verbose` steps get no conversation trace, and `effort`, `resume_session_id` and the
-/// Claude-CLI-only fields are ignored. See the repository's `docs/agents.md`.
+/// A `verbose` step's answer carries its conversation trace (each answer's text, tool calls and
+/// their results); `effort`, `resume_session_id` and the Claude-CLI-only fields are ignored. See the repository's `docs/agents.md`.
 ///
 /// ```no_run
 /// use std::sync::Arc;
@@ -239,11 +240,13 @@ impl BedrockProvider {
         let client = self.client().await;
         let max_turns = config.max_turns.unwrap_or(DEFAULT_MAX_TURNS).max(1);
         let mut spent = Spent::new(model, &self.prices);
+        let mut trace = Trace::new(config.verbose);
         for turn_no in 1..=max_turns {
             let output =
                 calls::converse(|| request.call(client), model, config, &self.limits).await?;
             let turn = converse::read(output);
             spent.add(turn.usage);
+            trace.answer(&turn);
             if let Some(value) = final_answer(&turn, &answer, registry.is_some(), model, &spent)? {
                 info!(
                     model,
@@ -253,7 +256,9 @@ impl BedrockProvider {
                     cost_usd = spent.cost,
                     "Bedrock step answered"
                 );
-                return Ok(spent.output(value, started));
+                let mut output = spent.output(value, started);
+                output.debug_messages = trace.messages();
+                return Ok(output);
             }
             if let (Some(limit), Some(cost)) = (config.max_budget_usd, spent.cost)
                 && cost >= limit
@@ -270,7 +275,8 @@ impl BedrockProvider {
                 break;
             };
             let calls: Vec<_> = turn.calls.iter().collect();
-            let results = tools::run(registry, &calls).await;
+            let results = tools::run(registry, &calls, config.max_parallel_tools).await;
+            trace.results(&results);
             request.push_turn(message, results)?;
         }
         let reached = format!(

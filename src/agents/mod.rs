@@ -14,6 +14,7 @@ mod document;
 pub mod pricing;
 mod schema;
 mod tools;
+mod trace;
 
 pub use anthropic::{AnthropicSecretProvider, REREAD_AT_MOST_EVERY};
 pub use bedrock::{BedrockProvider, DEFAULT_BEDROCK_MODEL};
