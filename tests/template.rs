@@ -5,7 +5,9 @@
 //! local stack (`infra/local_stack.py`) creating in moto what the template declares. Both of the
 //! template's variants, on-demand Lambda (the default) and managed instances (`ManagedInstances`),
 //! each with and without the webhook receiver (`WebhookReceiver`, docs/push.md): what each
-//! creates, before and after SAM's transform, and both linters on each.
+//! creates, before and after SAM's transform, and both linters on each; and the agent steps'
+//! permissions (Bedrock models, the Anthropic key's secret: docs/agents.md), linted without
+//! Bedrock and with the Anthropic key on both variants.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
