@@ -25,6 +25,7 @@ use std::time::Duration;
 use aws_sdk_sqs::types::Message;
 use ironflow_lambda::orphans;
 use ironflow_local_api::{LocalApi, new_run};
+use ironflow_model_server::{Match, ModelServer, Reply, Script};
 use ironflow_store::entities::RunStatus;
 use ironflow_store::store::Store;
 use serde_json::{Value, json};
@@ -549,17 +550,36 @@ async fn samples_through_cargo_lambda_watch() {
 }
 
 /// The example crate of a team's own workflows (`examples/my-workflows`, README "Run your own
-/// workflows"): its binary, which is `ironflow_lambda::run` and its two workflows, under
-/// `cargo lambda watch` against the real API. Its three-step workflow outlasts one invocation:
-/// handed back, and resumed by replay at its next step.
+/// workflows"): its binary, which is `ironflow_lambda::run` and its workflows, under `cargo
+/// lambda watch` against the real API. Its three-step workflow outlasts one invocation: handed
+/// back, and resumed by replay at its next step. Its agent steps reach Bedrock's Converse API
+/// through the provider its `main.rs` registers, configured by the environment alone
+/// (`AWS_ENDPOINT_URL_BEDROCK_RUNTIME`: the scripted model server).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_example_crate_runs_its_own_workflows_under_cargo_lambda_watch() {
     const EXAMPLE: &str = "my-workflows";
     let cargo_lambda = required_env("IRONFLOW_TEST_CARGO_LAMBDA");
     orphans::become_subreaper();
     let api = LocalApi::start(TOKEN).await.unwrap();
+    let outline = Match::any().containing("three-point outline");
+    let script = Script::new()
+        .strict()
+        .always(outline, Reply::text("1. a 2. b 3. c"))
+        .always(
+            Match::any().containing("article this outline describes"),
+            Reply::text("a long draft"),
+        )
+        .always(
+            Match::any().containing("Tighten this article"),
+            Reply::text("a short article"),
+        );
+    let model = ModelServer::start(script).await.unwrap();
     build(&["-p", EXAMPLE]).await;
     let envs = [
+        ("AWS_ENDPOINT_URL_BEDROCK_RUNTIME", model.url()),
+        ("AWS_REGION", "us-east-1".into()),
+        ("AWS_ACCESS_KEY_ID", "testing".into()),
+        ("AWS_SECRET_ACCESS_KEY", "testing".into()),
         ("IRONFLOW_API_URL", api.url()),
         ("IRONFLOW_WORKER_TOKEN", TOKEN.to_string()),
         ("IRONFLOW_FUNCTION_TIMEOUT_SECS", "8".into()),
@@ -582,10 +602,13 @@ async fn the_example_crate_runs_its_own_workflows_under_cargo_lambda_watch() {
     let mut report = new_run("daily-report", 0);
     report.payload = json!({"pause_secs": 3});
     let report = api.store().create_run(report).await.unwrap().into_run().id;
+    let mut chain = new_run("prompt-chaining", 1);
+    chain.payload = json!({"topic": "lambdas"});
+    let chain = api.store().create_run(chain).await.unwrap().into_run().id;
 
     let mut handed_back = 0;
     for n in 1..=6 {
-        if states(api.store(), &[greet, report]).await == [RunStatus::Completed; 2] {
+        if states(api.store(), &[greet, report, chain]).await == [RunStatus::Completed; 3] {
             break;
         }
         let invoked = watch.invoke(&["--data-ascii", "{}"]).await;
@@ -593,10 +616,19 @@ async fn the_example_crate_runs_its_own_workflows_under_cargo_lambda_watch() {
         handed_back += summary["outcomes"]["handed_back"].as_u64().unwrap_or(0);
     }
     assert_eq!(
-        states(api.store(), &[greet, report]).await,
-        [RunStatus::Completed; 2]
+        states(api.store(), &[greet, report, chain]).await,
+        [RunStatus::Completed; 3]
     );
     assert!(handed_back >= 1, "daily-report finished in one invocation");
+    let chained = api.store().get_run(chain).await.unwrap().unwrap();
+    assert_eq!(
+        chained.output.as_ref().map(|o| o["final"].clone()),
+        Some(json!("a short article")),
+        "{chained:?}"
+    );
+    // One Converse call per step, and one more at most for a call a handback cut.
+    let calls = model.calls().total;
+    assert!((3..=3 + handed_back).contains(&calls), "{calls} calls");
 
     let greeted = api.store().list_steps(greet).await.unwrap();
     assert_eq!(greeted.len(), 1);

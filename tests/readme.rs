@@ -38,10 +38,24 @@ fn the_own_workflows_section_shows_the_example_crate_as_it_is() {
             .map(|(_, b)| b)
             .collect()
     };
+    let rust = of("rust");
+    assert_eq!(rust.len(), 2, "an agent step's excerpt and main.rs");
     assert_eq!(
-        of("rust"),
-        [&read("examples/my-workflows/src/main.rs")],
+        rust[1],
+        &read("examples/my-workflows/src/main.rs"),
         "the README's main.rs is the example's"
+    );
+    // The agent step's excerpt is the example's code, line for line (indentation aside).
+    let trimmed =
+        |text: &str| -> Vec<String> { text.lines().map(|l| l.trim().to_string()).collect() };
+    let excerpt = trimmed(rust[0]);
+    let chaining = trimmed(&read("examples/my-workflows/src/patterns/chaining.rs"));
+    assert!(
+        chaining
+            .windows(excerpt.len())
+            .any(|w| w == excerpt.as_slice()),
+        "the README's agent step is not in examples/my-workflows/src/patterns/chaining.rs:\n{}",
+        rust[0]
     );
     let manifest = read("examples/my-workflows/Cargo.toml");
     let dependencies = &manifest[manifest.find("[dependencies]").expect("[dependencies]")..];

@@ -5,7 +5,9 @@
 //! local stack (`infra/local_stack.py`) creating in moto what the template declares. Both of the
 //! template's variants, on-demand Lambda (the default) and managed instances (`ManagedInstances`),
 //! each with and without the webhook receiver (`WebhookReceiver`, docs/push.md): what each
-//! creates, before and after SAM's transform, and both linters on each.
+//! creates, before and after SAM's transform, and both linters on each; and the agent steps'
+//! permissions (Bedrock models, the Anthropic key's secret: docs/agents.md), linted without
+//! Bedrock and with the Anthropic key on both variants.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -377,7 +379,8 @@ fn text(v: &Value) -> String {
 }
 
 /// A rule or condition expression, with the functions the template uses in them: `Ref`,
-/// `Condition`, `Fn::Equals`, `Fn::Contains`, `Fn::Not`, `Fn::And`, `Fn::Or`; panics on others.
+/// `Condition`, `Fn::Equals`, `Fn::Contains`, `Fn::Not`, `Fn::And`, `Fn::Or`, `Fn::Join`; panics
+/// on others.
 fn evaluate(v: &Value, t: &Value, values: &BTreeMap<String, Value>) -> Value {
     let Some((f, args)) = v
         .as_object()
@@ -405,6 +408,10 @@ fn evaluate(v: &Value, t: &Value, values: &BTreeMap<String, Value>) -> Value {
         "Fn::Not" => json!(!arg(0).as_bool().unwrap()),
         "Fn::And" => json!((0..count()).all(|i| arg(i) == json!(true))),
         "Fn::Or" => json!((0..count()).any(|i| arg(i) == json!(true))),
+        "Fn::Join" => {
+            let items: Vec<String> = arg(1).as_array().unwrap().iter().map(text).collect();
+            json!(items.join(&text(&arg(0))))
+        }
         other => panic!("function {other} is not evaluated by this test"),
     }
 }
@@ -541,6 +548,7 @@ fn the_environment_is_what_the_worker_reads_and_holds_no_token() {
         "IRONFLOW_MAX_WAKEUPS_PER_INVOCATION",
         "IRONFLOW_METRICS_NAMESPACE",
         "IRONFLOW_HEARTBEAT_URL",
+        "IRONFLOW_ANTHROPIC_API_KEY_SECRET_ARN",
     ]
     .into();
     assert_eq!(names, expected);
@@ -679,6 +687,12 @@ fn iam_allows_only_named_actions_on_this_stacks_resources() {
                     pattern.contains("arn:aws"),
                     "{name} must be constrained to an ARN"
                 );
+            } else if let Some((prefix, name)) = bedrock_arns(&r) {
+                assert!(prefix.starts_with("arn:aws:bedrock:"), "{r}");
+                assert!(
+                    parameters.contains(name.as_str()) && name.starts_with("Bedrock"),
+                    "{r}"
+                );
             } else {
                 panic!("resource {r} is neither this stack's resource nor an ARN parameter");
             }
@@ -701,6 +715,8 @@ fn iam_allows_only_named_actions_on_this_stacks_resources() {
         "sqs:ReceiveMessage",
         "sqs:DeleteMessage",
         "sqs:GetQueueAttributes",
+        // Agent steps on Bedrock (Converse; no streaming call).
+        "bedrock:InvokeModel",
     ]
     .into_iter()
     .map(String::from)
@@ -718,6 +734,144 @@ fn iam_allows_only_named_actions_on_this_stacks_resources() {
             }
         }
     }
+}
+
+/// Agent steps (docs/agents.md, "IAM"): the role may call `bedrock:InvokeModel` (Converse; no
+/// streaming) on the inference profiles given, from the stack's region, and on the foundation
+/// models given, in the regions given (where the profiles route calls): no other Bedrock action,
+/// no `*` ARN, nothing without models. The Anthropic key's secret is read only when its ARN is
+/// given.
+#[test]
+fn agent_steps_may_invoke_the_given_bedrock_models_and_nothing_else() {
+    let t = template();
+    let values = parameter_values(&t, &[]);
+    let bedrock = |v: &Value| -> Vec<Value> {
+        role_statements(v)
+            .into_iter()
+            .filter(|s| {
+                strings(&s["Action"])
+                    .iter()
+                    .any(|a| a.starts_with("bedrock:"))
+            })
+            .collect()
+    };
+    let statements = bedrock(&variant(&t, &[]));
+    assert_eq!(statements.len(), 2, "{statements:?}");
+    let profiles = &statements[0];
+    let models = &statements[1];
+    for s in [profiles, models] {
+        assert_eq!(s["Action"], "bedrock:InvokeModel", "{s}");
+    }
+    let profile_arns = bedrock_arn_list(&profiles["Resource"], &values);
+    let model_arns = bedrock_arn_list(&models["Resource"], &values);
+    assert_eq!(
+        profile_arns,
+        [
+            "arn:aws:bedrock:*:*:inference-profile/us.anthropic.claude-sonnet-4-5-20250929-v1:0",
+            "arn:aws:bedrock:*:*:inference-profile/us.amazon.nova-lite-v1:0",
+            // BedrockProvider's default model (a step that names none).
+            "arn:aws:bedrock:*:*:inference-profile/global.anthropic.claude-sonnet-4-5-20250929-v1:0",
+        ]
+    );
+    assert_eq!(
+        model_arns,
+        [
+            "arn:aws:bedrock:*::foundation-model/anthropic.claude-sonnet-4-5-20250929-v1:0",
+            "arn:aws:bedrock:*::foundation-model/amazon.nova-lite-v1:0",
+        ]
+    );
+    // The region is the condition's: the profiles from the stack's region, their models in the
+    // listed destination regions.
+    assert_eq!(
+        profiles["Condition"],
+        json!({"StringEquals": {"aws:RequestedRegion": {"Fn::Sub": "${AWS::Region}"}}})
+    );
+    assert_eq!(
+        models["Condition"],
+        json!({"StringEquals": {"aws:RequestedRegion": {"Ref": "BedrockModelRegions"}}})
+    );
+    assert_eq!(
+        values["BedrockModelRegions"],
+        json!(["us-east-1", "us-east-2", "us-west-2", "unspecified"])
+    );
+    // The models a step gets without naming one, and the example's defaults, are allowed.
+    let profile_ids: Vec<String> = values["BedrockInferenceProfileIds"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(text)
+        .collect();
+    for default in [
+        ironflow_lambda::agents::DEFAULT_BEDROCK_MODEL,
+        my_workflows::patterns::models::DEFAULT_MODEL,
+        my_workflows::patterns::models::DEFAULT_SECOND_MODEL,
+    ] {
+        assert!(profile_ids.iter().any(|id| id == default), "{default}");
+    }
+    // Each default profile's model is allowed: a profile's call is checked again on its model.
+    for id in values["BedrockInferenceProfileIds"].as_array().unwrap() {
+        let model = text(id).split_once('.').unwrap().1.to_string();
+        assert!(
+            model_arns
+                .iter()
+                .any(|arn| arn.ends_with(&format!("/{model}"))),
+            "profile {id} without its model {model}"
+        );
+    }
+    for arn in profile_arns.iter().chain(&model_arns) {
+        assert!(!arn.ends_with('*') && !arn.ends_with('/'), "{arn}");
+    }
+    // Without models, no Bedrock permission at all.
+    let none = variant(
+        &t,
+        &[
+            ("BedrockInferenceProfileIds", ""),
+            ("BedrockFoundationModelIds", ""),
+        ],
+    );
+    assert!(bedrock(&none).is_empty());
+
+    // The Anthropic key: the variable always (empty is unset), the permission only when given.
+    let env = &function(&t)["Environment"]["Variables"];
+    assert_eq!(
+        env["IRONFLOW_ANTHROPIC_API_KEY_SECRET_ARN"],
+        json!({"Ref": "AnthropicApiKeySecretArn"})
+    );
+    assert_eq!(
+        secrets_read(&variant(&t, &[])),
+        secret_refs(&["WorkerTokenSecretArn"])
+    );
+    let key = "arn:aws:secretsmanager:eu-west-1:123456789012:secret:anthropic-AbCdEf";
+    assert_eq!(
+        secrets_read(&variant(&t, &[("AnthropicApiKeySecretArn", key)])),
+        secret_refs(&["WorkerTokenSecretArn", "AnthropicApiKeySecretArn"])
+    );
+}
+
+/// A list of ARNs made from a list parameter, one per id: `!Split [",", !Sub [<prefix>${Ids},
+/// {Ids: !Join [",<prefix>", !Ref <name>]}]]`, as (prefix, name); `None` for any other form.
+fn bedrock_arns(r: &Value) -> Option<(String, String)> {
+    let split = r.get("Fn::Split")?;
+    assert_eq!(split[0], ",", "{r}");
+    let sub = split[1].get("Fn::Sub")?;
+    let template = sub[0].as_str()?;
+    let prefix = template.strip_suffix("${Ids}")?;
+    let join = sub[1]["Ids"].get("Fn::Join")?;
+    assert_eq!(join[0], json!(format!(",{prefix}")), "{r}");
+    let name = join[1].get("Ref")?.as_str()?;
+    assert_eq!(sub[1].as_object().map(|o| o.len()), Some(1), "{r}");
+    Some((prefix.to_string(), name.to_string()))
+}
+
+/// The ARNs a [`bedrock_arns`] list resolves to, for these parameter values.
+fn bedrock_arn_list(r: &Value, values: &BTreeMap<String, Value>) -> Vec<String> {
+    let (prefix, name) = bedrock_arns(r).unwrap_or_else(|| panic!("{r} is no list of ARNs"));
+    values[&name]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|id| format!("{prefix}{}", text(id)))
+        .collect()
 }
 
 /// The AWS SDK operations (as the Rust SDKs name their builder methods) and the IAM action
@@ -746,6 +900,16 @@ const SDK_CALLS: &[(&str, &str)] = &[
     (".get_queue_attributes()", "sqs:GetQueueAttributes"),
     (".get_queue_url()", "sqs:GetQueueUrl"),
     (".get_secret_value()", "secretsmanager:GetSecretValue"),
+    (".converse()", "bedrock:InvokeModel"),
+    (".invoke_model()", "bedrock:InvokeModel"),
+    (
+        ".converse_stream()",
+        "bedrock:InvokeModelWithResponseStream",
+    ),
+    (
+        ".invoke_model_with_response_stream()",
+        "bedrock:InvokeModelWithResponseStream",
+    ),
 ];
 
 /// What Lambda's SQS poller calls with the function's role, whether the code does or not.
@@ -825,6 +989,11 @@ fn as_placeholders(v: &Value) -> Value {
                 )),
                 "Ref" => json!(format!("${{{}}}", arg.as_str().unwrap())),
                 "Fn::Sub" => json!(arg.as_str().unwrap().replace("${AWS::", "${")),
+                // One ARN per id of a list parameter: the ARN with the parameter in place of the id.
+                "Fn::Split" => {
+                    let (prefix, name) = bedrock_arns(v).expect("a list of Bedrock ARNs");
+                    json!(format!("{prefix}${{{name}}}"))
+                }
                 _ => Value::Object(
                     map.iter()
                         .map(|(k, v)| (k.clone(), as_placeholders(v)))
@@ -1441,6 +1610,24 @@ fn the_webhook_variant_passes_both_linters() {
 #[test]
 fn the_managed_webhook_variant_passes_both_linters() {
     lints_clean("managed-webhook-variant", &with_webhook(MANAGED));
+}
+
+/// Agent steps: without Bedrock models and with the Anthropic key's secret, on demand and on
+/// managed instances.
+const AGENTS_ANTHROPIC: &[(&str, &str)] = &[
+    ("BedrockInferenceProfileIds", ""),
+    ("BedrockFoundationModelIds", ""),
+    (
+        "AnthropicApiKeySecretArn",
+        "arn:aws:secretsmanager:us-east-1:123456789012:secret:anthropic-AbCdEf",
+    ),
+];
+
+#[test]
+fn the_agent_variants_pass_both_linters() {
+    lints_clean("anthropic-variant", AGENTS_ANTHROPIC);
+    let managed: Vec<(&str, &str)> = MANAGED.iter().chain(AGENTS_ANTHROPIC).copied().collect();
+    lints_clean("managed-anthropic-variant", &managed);
 }
 
 /// template.yaml as SAM's transform makes it, by the SAM translator of .venv (offline), with

@@ -1,5 +1,5 @@
 //! A new version of a workflow deployed while its runs are handed back between invocations
-//! (README, "Deploying a new version of your workflows"): ironflow-engine checks a resumed
+//! (docs/deploy.md, "Deploying a new version of your workflows"): ironflow-engine checks a resumed
 //! run's `handler_version` before replaying anything. An incompatible handler fails the run
 //! (`HANDLER_VERSION_MISMATCH`, not retried, a workflow failure); one that lists the old
 //! version in `compatible_versions` resumes it by replay.

@@ -11,6 +11,10 @@
 //! creation to its first claim) and how many invocations wake-ups and ticks started; exits 1 if
 //! a run is left non-terminal.
 //!
+//! Agent runs are among them: three of the example crate's AI patterns on the Bedrock provider,
+//! against the scripted model server in the process (`agents`), a human review approved by the
+//! runner itself.
+//!
 //! `cargo run --bin ironflow-lambda-local` (`RUST_LOG=info` for the worker's logs).
 //!
 //! `cargo run --bin ironflow-lambda-local -- --serve [PORT]` instead keeps the API up on
@@ -33,7 +37,9 @@ use std::time::Duration;
 
 use clap::Parser;
 
-use ironflow_core::providers::claude::ClaudeCodeProvider;
+mod agents;
+
+use ironflow_core::provider::AgentProvider;
 use ironflow_lambda::{
     InvocationSummary, LambdaWorker, LambdaWorkerBuilder, LocalWakeQueue, Response, WakeQueue,
     WakeSettings, Waker,
@@ -255,7 +261,14 @@ async fn drain(token: &str, backend: &Backend) -> Result<bool, Box<dyn std::erro
         front.url()
     );
     let queue = Arc::new(LocalWakeQueue::new());
-    let worker = Arc::new(push_worker(&api.url(), token, &secret, queue.clone())?);
+    let (model, provider) = agents::start().await?;
+    let worker = Arc::new(push_worker(
+        &api.url(),
+        token,
+        &secret,
+        queue.clone(),
+        Arc::new(provider),
+    )?);
     // Set before any run exists: no event reaches the receiver earlier.
     let _ = receiver.set(worker.clone());
 
@@ -268,8 +281,14 @@ async fn drain(token: &str, backend: &Backend) -> Result<bool, Box<dyn std::erro
         stop,
     });
     let drive = tokio::spawn(driver.clone().drive(stopped));
-    let runs = match create_runs(&api.url(), token, &[]).await {
-        Ok(runs) => runs,
+    let created = async {
+        let mut runs = create_runs(&api.url(), token, &[]).await?;
+        let reviewed = create_agent_runs(&api.url(), token, &mut runs).await?;
+        let bearer = api.admin_bearer().await?;
+        Ok::<_, Box<dyn std::error::Error>>((runs, reviewed, bearer))
+    };
+    let (runs, reviewed, bearer) = match created.await {
+        Ok(created) => created,
         Err(e) => {
             driver.stop();
             let _ = drive.await;
@@ -277,13 +296,21 @@ async fn drain(token: &str, backend: &Backend) -> Result<bool, Box<dyn std::erro
         }
     };
     print_created(&runs);
+    let reviewer = tokio::spawn(agents::review(
+        api.url(),
+        bearer,
+        api.store().clone(),
+        reviewed,
+    ));
     let claims = watch_until_terminal(&api, &runs, &driver, drive).await?;
+    reviewer.abort();
     let record = std::mem::take(&mut *driver.record());
     if let Some(error) = record.error {
         return Err(error.into());
     }
     let terminal = print_table(&api, &runs, Some(&drained(&record, claims))).await?;
     print_tally(&record.invocations, &posted, queue.len());
+    agents::print_calls(&model);
     // Nothing left running: the loops have ended; the API and then the receiver's front door
     // stop here.
     drop(api);
@@ -291,18 +318,19 @@ async fn drain(token: &str, backend: &Backend) -> Result<bool, Box<dyn std::erro
     Ok(report_end(terminal, runs.len(), record.invocations.len()))
 }
 
-/// The worker of the default mode: the samples, the receiver with `secret`, its wake-ups on
-/// `queue`, several invocations at once.
+/// The worker of the default mode: the samples and the example's AI patterns on `provider`, the
+/// receiver with `secret`, its wake-ups on `queue`, several invocations at once.
 fn push_worker(
     api_url: &str,
     token: &str,
     secret: &str,
     queue: Arc<LocalWakeQueue>,
+    provider: Arc<dyn AgentProvider>,
 ) -> Result<LambdaWorker, ironflow_lambda::BuildError> {
     let mut wake = WakeSettings::new("local://ironflow-wake");
     wake.handback_delay = HANDBACK_WAKE_DELAY;
-    let worker = LambdaWorkerBuilder::new(api_url, token)
-        .provider(Arc::new(ClaudeCodeProvider::new()))
+    let builder = LambdaWorkerBuilder::new(api_url, token).provider(provider);
+    let worker = my_workflows::patterns::register(builder)
         .register(samples::QuickShell)
         .register(samples::MultiStep { step_secs: 1.2 })
         .register(samples::Flaky)
@@ -812,7 +840,7 @@ async fn print_table(
     drained: Option<&Drained>,
 ) -> Result<usize, Box<dyn std::error::Error>> {
     println!(
-        "\n{:<14} {:<38} {:<10} {:>17}  {:>11} {:<26}  error",
+        "\n{:<17} {:<38} {:<10} {:>17}  {:>11} {:<26}  error",
         "workflow", "run", "state", "created → claimed", "invocations", "steps done/all"
     );
     let mut terminal = 0;
@@ -847,7 +875,7 @@ async fn print_table(
                 .to_string()
         });
         println!(
-            "{:<14} {:<38} {:<10} {:>17}  {:>11} {:<26}  {}",
+            "{:<17} {:<38} {:<10} {:>17}  {:>11} {:<26}  {}",
             run.workflow_name,
             // Uuid's Display ignores the width: pad its string.
             run.id.to_string(),
@@ -895,6 +923,28 @@ async fn create_runs(
         runs.push(client.create_run(run).await?.into_run().id);
     }
     Ok(runs)
+}
+
+/// The agent runs ([`agents::runs`]), created as the samples are and added to `runs`: the ids of
+/// those the runner approves.
+async fn create_agent_runs(
+    url: &str,
+    token: &str,
+    runs: &mut Vec<Uuid>,
+) -> Result<Vec<Uuid>, Box<dyn std::error::Error>> {
+    let client = ApiRunStore::new(url, token);
+    let mut reviewed = Vec::new();
+    for (workflow, payload) in agents::runs() {
+        // As the README asks of runs on Lambda: a retry for an invocation's death.
+        let mut run = new_run(workflow, 1);
+        run.payload = payload;
+        let id = client.create_run(run).await?.into_run().id;
+        if workflow == agents::REVIEWED {
+            reviewed.push(id);
+        }
+        runs.push(id);
+    }
+    Ok(reviewed)
 }
 
 fn epoch_ms() -> u64 {

@@ -92,7 +92,33 @@ fn line_starting<'a>(stdout: &'a str, start: &str) -> &'a str {
 fn the_main_job_drains_every_run_on_push_and_counts_steps_by_position() {
     let (code, stdout, stderr) = run_with(&[], &[("RUST_LOG", "info")]);
     assert_eq!(code, Some(0), "{stdout}\n{stderr}");
-    assert!(stdout.contains("all 11 runs are terminal"), "{stdout}");
+    assert!(stdout.contains("all 14 runs are terminal"), "{stdout}");
+    // The agent runs (crates/local/src/agents.rs): the example's patterns on the Bedrock provider
+    // against the scripted model server, the human review approved by the runner while it waited.
+    for (workflow, steps) in [
+        ("prompt-chaining ", " 3/3"),
+        ("human-review ", " 3/3"),
+        ("structured-output ", " 1/1"),
+    ] {
+        let row = line_starting(&stdout, workflow);
+        assert!(row.contains("Completed") && row.contains(steps), "{row}");
+    }
+    let approved = line_starting(&stdout, "approved human-review run ");
+    let review = line_starting(&stdout, "human-review ");
+    assert!(
+        review.contains(
+            approved
+                .split_whitespace()
+                .nth(3)
+                .unwrap()
+                .trim_end_matches(',')
+        ),
+        "{approved} / {review}"
+    );
+    // Six steps, the invalid structured answer asked again: seven calls at least (one more per
+    // call a handback cut).
+    let calls = line_starting(&stdout, "model calls: ");
+    assert!(number_before(calls, " (") >= 7, "{calls}");
     // The multi-step runs outlast one invocation: handed back once or more, their interrupted
     // step shows as an earlier attempt, not as a step left undone.
     let multi: Vec<&str> = stdout

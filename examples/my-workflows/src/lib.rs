@@ -8,6 +8,11 @@
 //! Each step's output is stored by the API, so a run handed back at the end of an invocation
 //! resumes at its next step: `total` gets `extract`'s output from the store, not by running
 //! it again.
+//!
+//! [`patterns`]: the seven AI workflow patterns on Amazon Bedrock (docs/agents.md), each in a
+//! module of its own.
+
+pub mod patterns;
 
 use ironflow_engine::config::ShellConfig;
 use ironflow_engine::context::WorkflowContext;
