@@ -226,6 +226,8 @@ impl AnthropicSecretProvider {
         config: &AgentConfig,
         sink: Option<Arc<dyn LogSink>>,
     ) -> Result<AgentOutput, AgentError> {
+        // ironflow-core's Messages API provider keeps no session either.
+        super::session::no_session_to_resume(config, "the Anthropic API")?;
         let cutoff = CallScope::execution_cutoff();
         let window_end = later(Instant::now(), self.retry_window);
         let mut attempt: u32 = 0;

@@ -21,6 +21,7 @@ use super::calls::{self, Limits};
 use super::converse::{self, Answer, Request, Turn, has_native_structured_output};
 use super::pricing::{self, Usage};
 use super::schema::{AnswerSchema, mismatch};
+use super::session;
 use super::tools::{self, ToolProfiles};
 use super::trace::Trace;
 
@@ -66,7 +67,10 @@ const DEFAULT_MAX_TURNS: u32 = 25;
 /// The answer carries the tokens of every call and, for a model of the price table (or added
 /// with [`with_price`](Self::with_price)), their cost; another model's has no cost.
 /// A `verbose` step's answer carries its conversation trace (each answer's text, tool calls and
-/// their results); `effort`, `resume_session_id` and the Claude-CLI-only fields are ignored. See the repository's `docs/agents.md`.
+/// their results); `effort` and the Claude-CLI-only fields are ignored. A step the engine resumes
+/// after an interruption (`resume_session_id`) is refused as a session that does not exist, so
+/// that the engine asks the step's own prompt again (this provider keeps no session). See the
+/// repository's `docs/agents.md`.
 ///
 /// ```no_run
 /// use std::sync::Arc;
@@ -222,6 +226,7 @@ impl BedrockProvider {
 
     /// The step `config`, turn by turn.
     async fn run(&self, config: &AgentConfig) -> Result<AgentOutput, AgentError> {
+        session::no_session_to_resume(config, "Bedrock")?;
         let started = Instant::now();
         let model = self.model_for(config);
         let registry = self.tools.select(config.tool_profile.as_ref())?;

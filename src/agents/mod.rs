@@ -13,6 +13,7 @@ mod converse;
 mod document;
 pub mod pricing;
 mod schema;
+mod session;
 mod tools;
 mod trace;
 

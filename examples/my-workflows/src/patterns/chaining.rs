@@ -24,13 +24,8 @@ impl WorkflowHandler for PromptChaining {
             let prompt = Prompt::new()
                 .text("Write a three-point outline of a short article on this topic.")
                 .untrusted(&topic);
-            // A step interrupted by a handback is asked the same prompt again (`resume_prompt`).
-            let step = |prompt: Prompt| {
-                let prompt = prompt.to_string();
-                AgentStepConfig::new(&prompt)
-                    .model(&model)
-                    .resume_prompt(&prompt)
-            };
+            // One model call, stored as a step: a resumed run never sends it again.
+            let step = |prompt: Prompt| AgentStepConfig::new(&prompt.to_string()).model(&model);
             let outline = ctx.agent("outline", step(prompt)).await?;
             // A model's answer is untrusted too (it may repeat text planted in its input).
             let prompt = Prompt::new()

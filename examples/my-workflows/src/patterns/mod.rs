@@ -53,16 +53,10 @@ pub fn register(worker: LambdaWorkerBuilder) -> LambdaWorkerBuilder {
         .register(StructuredOutput)
 }
 
-/// An agent step asking `model` one `prompt`.
-///
-/// The same prompt is the step's resume prompt: a step interrupted by the end of an invocation is
-/// resumed by the engine with `resume_prompt` (by default "The previous run of this task was
-/// interrupted. Continue…", meant for a Claude Code session), and a provider without sessions,
-/// such as Bedrock's, would get that sentence without the task.
+/// An agent step asking `model` one `prompt`. A step interrupted by the end of an invocation is
+/// asked the same prompt again by the next one (the providers keep no session to resume).
 fn ask(prompt: &str, model: &str) -> AgentStepConfig {
-    AgentStepConfig::new(prompt)
-        .model(model)
-        .resume_prompt(prompt)
+    AgentStepConfig::new(prompt).model(model)
 }
 
 /// The string field `field` of the run's input, or a step error naming it.
