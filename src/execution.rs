@@ -50,7 +50,7 @@ use crate::process_mark::{LiveMark, RunMark};
 use crate::report::{Fate, Outcome, RunReport};
 use crate::runtime::{ExecutionRuntime, StuckExecutions};
 use crate::store::GuardedStore;
-use crate::store::scope::{CallScope, RunKey, ScopeStop};
+use crate::store::scope::{CallScope, InFlight, RunKey, ScopeStop};
 
 /// How long a stopped execution's task is awaited after its abort: 100 ms. Cancelled at its
 /// next await, a task ends in microseconds; one still running after this is blocked in
@@ -159,6 +159,8 @@ async fn execute_in_span(p: ExecutionParams, claimed: Claimed) -> RunReport {
     // Every process the run's steps start carries this mark: they end with the run.
     let live_mark = LiveMark::new();
     let mark = live_mark.mark();
+    // The tasks the engine spawns outside the scope (`ctx.parallel`'s branches) find the cutoff.
+    let _in_flight = InFlight::enter(p.cutoff);
     let mut task = spawn_work(&p, &run, &scope, mark, claim_sent, interval, steps_ahead);
 
     let mut stop = supervise(&mut task, &scope, &refresher, run_deadline, p.cutoff).await;

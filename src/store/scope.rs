@@ -33,6 +33,48 @@ tokio::task_local! {
     static SCOPE: Arc<CallScope>;
 }
 
+/// The cutoffs of the run executions in flight in this process, each counted once per
+/// execution.
+static IN_FLIGHT: Mutex<std::collections::BTreeMap<Instant, usize>> =
+    Mutex::new(std::collections::BTreeMap::new());
+
+/// One run execution in flight until its cutoff, registered for the tasks the engine spawns
+/// outside the execution's scope ([`CallScope::execution_cutoff`]); unregistered on drop.
+#[derive(Debug)]
+pub(crate) struct InFlight(Instant);
+
+impl InFlight {
+    /// Register an execution bound by `cutoff`.
+    pub(crate) fn enter(cutoff: Instant) -> Self {
+        *Self::cutoffs().entry(cutoff).or_default() += 1;
+        Self(cutoff)
+    }
+
+    fn cutoffs() -> std::sync::MutexGuard<'static, std::collections::BTreeMap<Instant, usize>> {
+        // Every update is one insert, increment or removal: a panic cannot leave it half-done.
+        IN_FLIGHT
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// The earliest cutoff of the executions in flight, if any.
+    fn earliest() -> Option<Instant> {
+        Self::cutoffs().keys().next().copied()
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        let mut cutoffs = Self::cutoffs();
+        if let Some(n) = cutoffs.get_mut(&self.0) {
+            *n -= 1;
+            if *n == 0 {
+                cutoffs.remove(&self.0);
+            }
+        }
+    }
+}
+
 /// An answer that took at least this long, 1 s, cost its work time the API owes it: a healthy
 /// API answers in milliseconds (see [`CallScope::lost_time_to_api`]).
 pub const SLOW_ANSWER: Duration = Duration::from_secs(1);
@@ -161,14 +203,18 @@ impl CallScope {
     }
 
     /// The cutoff of the run execution whose task is being polled (the bound its scope was made
-    /// with), `None` outside one: an agent provider bounds its model calls by it
-    /// ([`crate::agents`]). Not the lease's validity: a refresher extends that in the background.
-    /// A task the engine spawns (the branches of `ctx.parallel`) is outside the scope.
+    /// with): an agent provider bounds its model calls by it ([`crate::agents`]). Not the
+    /// lease's validity: a refresher extends that in the background. A task the engine spawns
+    /// outside the scope (the branches of `ctx.parallel`) gets the earliest cutoff of the
+    /// executions in flight in the process ([`InFlight`]): its own with one invocation per
+    /// process (Lambda's on-demand), an earlier one at worst with several. `None` when no
+    /// execution is in flight.
     pub(crate) fn execution_cutoff() -> Option<Instant> {
         SCOPE
             .try_with(|scope| scope.run.is_some().then_some(scope.until))
             .ok()
             .flatten()
+            .or_else(InFlight::earliest)
     }
 
     /// The run this scope's calls are about.
@@ -402,6 +448,30 @@ impl CallScope {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn a_task_spawned_outside_the_execution_gets_the_earliest_cutoff_in_flight() {
+        let outside = || async { tokio::spawn(async { CallScope::execution_cutoff() }).await };
+        let now = Instant::now();
+        let (early, late) = (
+            later(now, Duration::from_secs(1)),
+            later(now, Duration::from_secs(9)),
+        );
+        let first = InFlight::enter(late);
+        let second = InFlight::enter(early);
+        let also_early = InFlight::enter(early);
+        assert_eq!(outside().await.ok().flatten(), Some(early));
+        drop(second);
+        assert_eq!(
+            outside().await.ok().flatten(),
+            Some(early),
+            "one left at it"
+        );
+        drop(also_early);
+        assert_eq!(outside().await.ok().flatten(), Some(late));
+        drop(first);
+        assert_eq!(outside().await.ok().flatten(), None);
+    }
 
     #[tokio::test]
     async fn the_scope_travels_with_the_task_and_a_default_applies_outside() {
