@@ -24,6 +24,7 @@ use ironflow_store::entities::{RunStatus, StepKind, StepStatus};
 use serde_json::{Value, json};
 use uuid::Uuid;
 
+use common::fault_proxy::FaultProxy;
 use common::moto::{
     delayed, dynamodb_config, moto_endpoint, new_queue, poison_table, queued, sqs_client,
     sqs_event, take_visible,
@@ -66,6 +67,8 @@ const CHILD_API: &str = "WEBHOOK_FLEET_CHILD_API";
 const CHILD_QUEUE: &str = "WEBHOOK_FLEET_CHILD_QUEUE";
 const CHILD_TABLE: &str = "WEBHOOK_FLEET_CHILD_TABLE";
 const CHILD_NAMESPACE: &str = "WEBHOOK_FLEET_CHILD_NAMESPACE";
+/// moto's DynamoDB, one request at a time (see [`FaultProxy::one_request_at_a_time`]).
+const CHILD_DYNAMODB: &str = "WEBHOOK_FLEET_CHILD_DYNAMODB";
 const RECEIVERS: usize = 8;
 
 /// One receiver in an execution environment of its own: this test binary re-executed with
@@ -80,7 +83,7 @@ async fn fleet_child() {
     let var = |name: &str| std::env::var(name).unwrap();
     let sqs = sqs_client();
     let table = DynamoPoisonTable::connect_with(
-        dynamodb_config(&moto_endpoint()),
+        dynamodb_config(&var(CHILD_DYNAMODB)),
         &var(CHILD_TABLE),
         &var(CHILD_NAMESPACE),
         PoisonPolicy::default(),
@@ -140,6 +143,10 @@ async fn receivers_in_separate_processes_queue_what_the_backlog_needs_once() {
     let sqs = sqs_client();
     let queue = new_queue(&sqs).await;
     let table = poison_table().await;
+    // The receivers' conditional writes reach moto one at a time, each applied whole, as
+    // DynamoDB applies them (moto's own steps interleave).
+    let dynamodb = FaultProxy::start(&moto_endpoint(), 24).await;
+    dynamodb.one_request_at_a_time();
     let dir = tempfile::tempdir().unwrap();
     let children: Vec<_> = (0..RECEIVERS)
         .map(|_| {
@@ -156,6 +163,7 @@ async fn receivers_in_separate_processes_queue_what_the_backlog_needs_once() {
                 .env(CHILD_QUEUE, &queue)
                 .env(CHILD_TABLE, &table)
                 .env(CHILD_NAMESPACE, "fleet-test")
+                .env(CHILD_DYNAMODB, dynamodb.url())
                 .kill_on_drop(true)
                 .output()
         })

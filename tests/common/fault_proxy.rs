@@ -123,6 +123,8 @@ impl FaultStats {
 }
 
 struct Control {
+    /// Forward one request at a time ([`FaultProxy::one_request_at_a_time`]).
+    serial: bool,
     plan: Faults,
     rng: StdRng,
     queued: BTreeMap<String, VecDeque<Fault>>,
@@ -146,6 +148,7 @@ impl FaultProxy {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let addr = listener.local_addr().expect("addr");
         let control = Arc::new(Mutex::new(Control {
+            serial: false,
             plan: Faults::default(),
             rng: StdRng::seed_from_u64(seed),
             queued: BTreeMap::new(),
@@ -159,6 +162,7 @@ impl FaultProxy {
             .expect("proxy client");
         let upstream = upstream.trim_end_matches('/').to_string();
         let shared = control.clone();
+        let turn = Arc::new(tokio::sync::Mutex::new(()));
         tokio::spawn(async move {
             while let Ok((stream, _)) = listener.accept().await {
                 let kill = Arc::new(AtomicBool::new(false));
@@ -166,22 +170,34 @@ impl FaultProxy {
                     stream,
                     kill: kill.clone(),
                 });
-                let (control, client, upstream, released) = (
+                let (control, client, upstream, released, turn) = (
                     shared.clone(),
                     client.clone(),
                     upstream.clone(),
                     released.clone(),
+                    turn.clone(),
                 );
                 tokio::spawn(async move {
                     let service = service_fn(move |req| {
-                        let (control, client, upstream, kill, released) = (
+                        let (control, client, upstream, kill, released, turn) = (
                             control.clone(),
                             client.clone(),
                             upstream.clone(),
                             kill.clone(),
                             released.clone(),
+                            turn.clone(),
                         );
-                        async move { serve(req, control, client, upstream, kill, released).await }
+                        async move {
+                            let serial = control
+                                .lock()
+                                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                                .serial;
+                            let _turn = match serial {
+                                true => Some(turn.lock().await),
+                                false => None,
+                            };
+                            serve(req, control, client, upstream, kill, released).await
+                        }
                     });
                     let _ = http1::Builder::new()
                         .keep_alive(true)
@@ -206,6 +222,13 @@ impl FaultProxy {
         self.control
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Forward one request at a time, each answered before the next is sent: in front of moto,
+    /// whose DynamoDB applies a conditional UpdateItem in several unlocked steps (two at once
+    /// can see each other's half-written item, where DynamoDB applies each atomically).
+    pub fn one_request_at_a_time(&self) {
+        self.control().serial = true;
     }
 
     /// Replace the random plan.
