@@ -89,6 +89,30 @@ fn tool_config(names: &[&str], choice: ToolChoice) -> ToolConfiguration {
     builder.build().expect("a tool configuration with tools")
 }
 
+/// The first content block of `output`'s answer, if it is text.
+fn first_text(output: &ConverseOutput) -> Option<&str> {
+    message(output)
+        .content()
+        .first()?
+        .as_text()
+        .ok()
+        .map(String::as_str)
+}
+
+/// Ask `model` one user `prompt`, nothing else.
+async fn ask(
+    client: &Client,
+    model: &str,
+    prompt: &str,
+) -> Result<ConverseOutput, SdkError<ConverseError>> {
+    client
+        .converse()
+        .model_id(model)
+        .messages(user(prompt))
+        .send()
+        .await
+}
+
 fn message(output: &ConverseOutput) -> &Message {
     output
         .output()
@@ -226,13 +250,7 @@ async fn a_tool_use_round_trip_goes_over_two_turns() {
         .send()
         .await
         .expect("the final answer");
-    assert_eq!(
-        message(&second).content()[0]
-            .as_text()
-            .ok()
-            .map(String::as_str),
-        Some("Order 7 shipped.")
-    );
+    assert_eq!(first_text(&second), Some("Order 7 shipped."));
     assert_eq!(second.stop_reason(), &StopReason::EndTurn);
 
     let requests = server.requests();
@@ -278,13 +296,7 @@ async fn a_throttling_error_is_the_sdks_throttling_exception_and_is_retried() {
         .send()
         .await
         .expect("answered on the third attempt");
-    assert_eq!(
-        message(&out).content()[0]
-            .as_text()
-            .ok()
-            .map(String::as_str),
-        Some(Script::DEFAULT_TEXT)
-    );
+    assert_eq!(first_text(&out), Some(Script::DEFAULT_TEXT));
     assert_eq!(server.calls().model(HAIKU_PROFILE), 4);
 }
 
@@ -359,33 +371,13 @@ async fn an_unknown_model_is_a_validation_exception_naming_it_and_consumes_no_re
     .await;
     let client = client(&server, RetryConfig::disabled());
 
-    let err = service_error(
-        client
-            .converse()
-            .model_id(BAD)
-            .messages(user("hi"))
-            .send()
-            .await
-            .expect_err("unknown"),
-    );
+    let err = service_error(ask(&client, BAD, "hi").await.expect_err("unknown"));
     assert!(err.is_validation_exception(), "{err:?}");
     assert!(err.message().is_some_and(|m| m.contains(BAD)), "{err:?}");
     assert_eq!(server.requests()[0].outcome, Outcome::UnknownModel);
 
-    let out = client
-        .converse()
-        .model_id(SONNET)
-        .messages(user("hi"))
-        .send()
-        .await
-        .expect("answered");
-    assert_eq!(
-        message(&out).content()[0]
-            .as_text()
-            .ok()
-            .map(String::as_str),
-        Some("kept")
-    );
+    let out = ask(&client, SONNET, "hi").await.expect("answered");
+    assert_eq!(first_text(&out), Some("kept"));
     assert_eq!(server.calls().model(BAD), 1);
 }
 
@@ -508,13 +500,7 @@ async fn a_cut_connection_is_a_dispatch_failure_and_a_slow_answer_a_timeout() {
     .await;
     let client = client(&server, RetryConfig::disabled());
 
-    let err = client
-        .converse()
-        .model_id(SONNET)
-        .messages(user("hi"))
-        .send()
-        .await
-        .expect_err("cut");
+    let err = ask(&client, SONNET, "hi").await.expect_err("cut");
     assert!(
         matches!(
             err,
@@ -538,20 +524,8 @@ async fn a_cut_connection_is_a_dispatch_failure_and_a_slow_answer_a_timeout() {
     assert!(matches!(err, SdkError::TimeoutError(_)), "{err:?}");
 
     // The slow answer holds only its own connection.
-    let out = client
-        .converse()
-        .model_id(SONNET)
-        .messages(user("hi"))
-        .send()
-        .await
-        .expect("answered");
-    assert_eq!(
-        message(&out).content()[0]
-            .as_text()
-            .ok()
-            .map(String::as_str),
-        Some("next")
-    );
+    let out = ask(&client, SONNET, "hi").await.expect("answered");
+    assert_eq!(first_text(&out), Some("next"));
     let outcomes: Vec<Outcome> = server.requests().into_iter().map(|r| r.outcome).collect();
     assert_eq!(outcomes, [Outcome::Cut, Outcome::Text, Outcome::Text]);
 }
@@ -651,13 +625,7 @@ async fn a_standing_reply_answers_once_the_rules_are_spent() {
         (HAIKU_PROFILE, "judge it"),
         (HAIKU_PROFILE, "x"),
     ] {
-        let out = client
-            .converse()
-            .model_id(model)
-            .messages(user(prompt))
-            .send()
-            .await
-            .expect("answered");
+        let out = ask(&client, model, prompt).await.expect("answered");
         answers.push(message(&out).content()[0].as_text().cloned().expect("text"));
     }
     assert_eq!(
@@ -715,12 +683,7 @@ async fn a_strict_script_refuses_what_it_did_not_foresee_and_waits_see_each_arri
     .await;
     let client = client(&server, RetryConfig::disabled());
 
-    let out = client
-        .converse()
-        .model_id(SONNET)
-        .messages(user("an outline please"))
-        .send()
-        .await;
+    let out = ask(&client, SONNET, "an outline please").await;
     assert_eq!(
         message(&out.expect("scripted")).content()[0]
             .as_text()
@@ -728,12 +691,7 @@ async fn a_strict_script_refuses_what_it_did_not_foresee_and_waits_see_each_arri
             .map(String::as_str),
         Some("1. 2. 3.")
     );
-    let err = client
-        .converse()
-        .model_id(SONNET)
-        .messages(user("a poem please"))
-        .send()
-        .await;
+    let err = ask(&client, SONNET, "a poem please").await;
     let err = service_error(err.expect_err("unscripted"));
     assert!(err.is_validation_exception(), "{err:?}");
     assert_eq!(
@@ -744,18 +702,8 @@ async fn a_strict_script_refuses_what_it_did_not_foresee_and_waits_see_each_arri
     let waiting = server.wait_until(|calls| calls.model(HAIKU_PROFILE) >= 1);
     let calling = async {
         // Both answers are errors (strict): only their arrival matters here.
-        let _ = client
-            .converse()
-            .model_id(SONNET)
-            .messages(user("x"))
-            .send()
-            .await;
-        let _ = client
-            .converse()
-            .model_id(HAIKU_PROFILE)
-            .messages(user("y"))
-            .send()
-            .await;
+        let _ = ask(&client, SONNET, "x").await;
+        let _ = ask(&client, HAIKU_PROFILE, "y").await;
     };
     tokio::time::timeout(Duration::from_secs(30), async {
         tokio::join!(waiting, calling)
@@ -777,12 +725,6 @@ async fn a_truncated_answer_stops_at_max_tokens() {
         .await
         .expect("a truncated answer");
     assert_eq!(out.stop_reason(), &StopReason::MaxTokens);
-    assert_eq!(
-        message(&out).content()[0]
-            .as_text()
-            .ok()
-            .map(String::as_str),
-        Some(r#"{"verdict": "app"#)
-    );
+    assert_eq!(first_text(&out), Some(r#"{"verdict": "app"#));
     assert_eq!(server.requests()[0].outcome, Outcome::Truncated);
 }
