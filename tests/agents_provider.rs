@@ -70,6 +70,22 @@ fn count_schema() -> Value {
     })
 }
 
+/// `err` is a capacity wait of `kind` waking 120 to 150 s after `before` (a 120 s pause and its
+/// jitter).
+fn assert_waits_120_to_150_s(err: AgentError, kind: &str, before: chrono::DateTime<Utc>) {
+    let AgentError::CapacityWait { kind: got, wake_at } = err else {
+        panic!("expected a capacity wait, got {err}");
+    };
+    assert_eq!(got, kind);
+    assert!(
+        wake_at >= before + chrono::TimeDelta::seconds(120),
+        "{wake_at}"
+    );
+    assert!(
+        wake_at <= Utc::now() + chrono::TimeDelta::seconds(150),
+        "{wake_at}"
+    );
+}
 #[tokio::test]
 async fn a_text_answer_is_returned_with_the_system_prompt_and_the_prompt_sent() {
     let (server, provider) =
@@ -321,18 +337,7 @@ async fn throttling_beyond_the_retry_window_is_a_capacity_wait_within_the_step_s
         .with_capacity_pause(Duration::from_secs(120));
     let before = Utc::now();
     let err = provider.invoke(&step("hi", NOVA)).await.unwrap_err();
-    let AgentError::CapacityWait { kind, wake_at } = err else {
-        panic!("expected a capacity wait, got {err}");
-    };
-    assert_eq!(kind, "bedrock");
-    assert!(
-        wake_at >= before + chrono::TimeDelta::seconds(120),
-        "{wake_at}"
-    );
-    assert!(
-        wake_at <= Utc::now() + chrono::TimeDelta::seconds(150),
-        "{wake_at}"
-    );
+    assert_waits_120_to_150_s(err, "bedrock", before);
     assert!(server.calls().model(NOVA) >= 2, "retried before waiting");
     assert!(
         server
@@ -712,18 +717,7 @@ async fn anthropic_throttling_is_retried_then_a_capacity_wait_until_its_retry_af
     );
     let before = Utc::now();
     let err = provider.invoke(&config).await.unwrap_err();
-    let AgentError::CapacityWait { kind, wake_at } = err else {
-        panic!("expected a capacity wait, got {err}");
-    };
-    assert_eq!(kind, "anthropic");
-    assert!(
-        wake_at >= before + chrono::TimeDelta::seconds(120),
-        "{wake_at}"
-    );
-    assert!(
-        wake_at <= Utc::now() + chrono::TimeDelta::seconds(150),
-        "{wake_at}"
-    );
+    assert_waits_120_to_150_s(err, "anthropic", before);
     assert_eq!(
         server.calls().route(Route::Messages),
         4,
