@@ -391,18 +391,25 @@ pub(crate) fn interruption_mark(step: &Step) -> Option<&str> {
 /// completed), nor the API's reaper's (no mark): a dead holder's step ran for a time nobody
 /// measured, and its death is the poison pill's to count ([`crate::poison::recovery`]).
 fn counted_interruption(step: &Step) -> bool {
-    step.status.state == StepStatus::Failed
-        && step.error.as_deref() == Some(STEP_INTERRUPTED_ERROR)
-        && interruption_mark(step) == Some(COUNTED_MARK)
+    interrupted(step) && interruption_mark(step) == Some(COUNTED_MARK)
 }
 
-/// Whether a step of `attempt` finished (not interrupted) since `claimed_at`.
+/// Whether `step` was interrupted (by a handback, the reaper or the engine): it runs again.
+fn interrupted(step: &Step) -> bool {
+    step.status.state == StepStatus::Failed && step.error.as_deref() == Some(STEP_INTERRUPTED_ERROR)
+}
+
+/// Whether `step` ended by itself (completed, failed, skipped): progress, for the loop guard.
+fn finished(step: &Step) -> bool {
+    step.status.state.is_terminal() && !interrupted(step)
+}
+
+/// Whether a step of `attempt` finished since `claimed_at`.
 fn progressed_since(attempt: u32, steps: &[Step], claimed_at: DateTime<Utc>) -> bool {
-    steps.iter().filter(|s| s.attempt == attempt).any(|s| {
-        s.status.state.is_terminal()
-            && s.error.as_deref() != Some(STEP_INTERRUPTED_ERROR)
-            && s.completed_at.is_some_and(|at| at >= claimed_at)
-    })
+    steps
+        .iter()
+        .filter(|s| s.attempt == attempt && finished(s))
+        .any(|s| s.completed_at.is_some_and(|at| at >= claimed_at))
 }
 
 /// Why the run must be failed rather than handed back, if it must: called only for a counted
@@ -414,10 +421,6 @@ fn loop_guard(
     executed: Duration,
 ) -> Option<String> {
     let steps: Vec<&Step> = steps.iter().filter(|s| s.attempt == attempt).collect();
-    let interrupted = |s: &Step| {
-        s.status.state == StepStatus::Failed && s.error.as_deref() == Some(STEP_INTERRUPTED_ERROR)
-    };
-    let finished = |s: &Step| s.status.state.is_terminal() && !interrupted(s);
 
     let running: Vec<&str> = steps
         .iter()

@@ -22,7 +22,6 @@ use ironflow_model_server::{Match, ModelServer, Outcome, Reply, Route, Script};
 use serde_json::{Value, json};
 
 use common::Harness;
-use common::moto::moto_endpoint;
 use ironflow_engine::context::WorkflowContext;
 use ironflow_engine::handler::{HandlerFuture, WorkflowHandler};
 use ironflow_lambda::Outcome as RunOutcome;
@@ -439,15 +438,6 @@ async fn from_env_reaches_the_endpoint_aws_endpoint_url_bedrock_runtime_names() 
     assert_eq!(server.calls().model(NOVA), 1);
 }
 
-async fn moto_config() -> SdkConfig {
-    aws_config::defaults(BehaviorVersion::latest())
-        .endpoint_url(moto_endpoint())
-        .region(Region::new("us-east-1"))
-        .credentials_provider(Credentials::new("testing", "testing", None, None, "moto"))
-        .load()
-        .await
-}
-
 /// The Anthropic API key comes from moto's Secrets Manager at cold start (the builder, as the
 /// function's cold start does); a refused key is read again once and the new one used; a
 /// second refusal within the minute does not read it again; and no key is in any log line,
@@ -463,7 +453,7 @@ async fn the_anthropic_key_comes_from_secrets_manager_is_re_read_once_when_refus
     let first = format!("sk-ant-first-{}", uuid::Uuid::new_v4());
     let second = format!("sk-ant-second-{}", uuid::Uuid::new_v4());
     let third = format!("sk-ant-third-{}", uuid::Uuid::new_v4());
-    let aws = moto_config().await;
+    let aws = common::moto::aws_config().await;
     let secrets = aws_sdk_secretsmanager::Client::new(&aws);
     let arn = secrets
         .create_secret()
@@ -671,7 +661,7 @@ async fn the_worker_s_capacity_wait_budget_reaches_a_bedrock_step() {
 
 /// An Anthropic provider of `server` whose key is a fresh moto secret.
 async fn anthropic(server: &ModelServer) -> AnthropicSecretProvider {
-    let aws = moto_config().await;
+    let aws = common::moto::aws_config().await;
     let arn = aws_sdk_secretsmanager::Client::new(&aws)
         .create_secret()
         .name(format!("ironflow/anthropic-{}", uuid::Uuid::new_v4()))
@@ -729,7 +719,7 @@ async fn anthropic_throttling_is_retried_then_a_capacity_wait_until_its_retry_af
 /// ARN, never the value (a value with a space in it would break every request's header).
 #[tokio::test]
 async fn an_anthropic_key_secret_that_cannot_serve_fails_the_cold_start_naming_it() {
-    let aws = moto_config().await;
+    let aws = common::moto::aws_config().await;
     let unusable = aws_sdk_secretsmanager::Client::new(&aws)
         .create_secret()
         .name(format!("ironflow/anthropic-{}", uuid::Uuid::new_v4()))

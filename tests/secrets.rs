@@ -15,24 +15,6 @@ use ironflow_lambda::settings::ConfigError;
 use ironflow_lambda::settings::WORKER_TOKEN_SECRET_ARN_VAR;
 use ironflow_lambda::{BuildError, LambdaWorkerBuilder};
 
-fn moto_endpoint() -> String {
-    std::env::var("IRONFLOW_TEST_MOTO_ENDPOINT").unwrap_or_else(|_| {
-        panic!(
-            "IRONFLOW_TEST_MOTO_ENDPOINT is not set: run the tests with ./scripts/test, \
-             which starts moto's server"
-        )
-    })
-}
-
-async fn moto_config() -> SdkConfig {
-    aws_config::defaults(BehaviorVersion::latest())
-        .endpoint_url(moto_endpoint())
-        .region(Region::new("us-east-1"))
-        .credentials_provider(Credentials::new("testing", "testing", None, None, "moto"))
-        .load()
-        .await
-}
-
 /// A secret with a name no other test uses; returns its ARN.
 async fn create_secret(aws: &SdkConfig, string: Option<&str>, binary: Option<&[u8]>) -> String {
     let client = aws_sdk_secretsmanager::Client::new(aws);
@@ -67,7 +49,7 @@ async fn build(
 
 #[tokio::test]
 async fn the_token_comes_from_the_secret_when_only_the_arn_is_set() {
-    let aws = moto_config().await;
+    let aws = common::moto::aws_config().await;
     let arn = create_secret(&aws, Some("tok-from-secrets-manager\n"), None).await;
     let worker = build(
         &[
@@ -87,7 +69,7 @@ async fn the_token_comes_from_the_secret_when_only_the_arn_is_set() {
 
 #[tokio::test]
 async fn a_plain_token_wins_over_the_secret() {
-    let aws = moto_config().await;
+    let aws = common::moto::aws_config().await;
     let arn = create_secret(&aws, Some("from-secret"), None).await;
     let worker = build(
         &[
@@ -104,7 +86,7 @@ async fn a_plain_token_wins_over_the_secret() {
 
 #[tokio::test]
 async fn an_unknown_secret_names_the_variable_and_the_arn() {
-    let aws = moto_config().await;
+    let aws = common::moto::aws_config().await;
     let arn = "arn:aws:secretsmanager:us-east-1:123456789012:secret:ironflow/missing-AbC123";
     let err = build(
         &[
@@ -133,7 +115,7 @@ async fn an_unknown_secret_names_the_variable_and_the_arn() {
 
 #[tokio::test]
 async fn a_binary_or_blank_secret_is_refused_without_its_value() {
-    let aws = moto_config().await;
+    let aws = common::moto::aws_config().await;
     for arn in [
         create_secret(&aws, None, Some(b"binary-token-bytes")).await,
         create_secret(&aws, Some("  \n"), None).await,
@@ -158,7 +140,7 @@ async fn a_binary_or_blank_secret_is_refused_without_its_value() {
 
 #[tokio::test]
 async fn a_token_secret_the_variable_would_refuse_is_refused_without_its_value() {
-    let aws = moto_config().await;
+    let aws = common::moto::aws_config().await;
     for value in [
         "tok-with space-x1",
         "tok-line\nbreak-x2",
@@ -190,7 +172,7 @@ async fn a_token_secret_the_variable_would_refuse_is_refused_without_its_value()
 
 #[tokio::test]
 async fn a_secret_pasted_into_an_arn_variable_is_never_echoed() {
-    let aws = moto_config().await;
+    let aws = common::moto::aws_config().await;
     for variable in [WORKER_TOKEN_SECRET_ARN_VAR, "IRONFLOW_WEBHOOK_SECRET_ARN"] {
         let err = build(
             &[
@@ -214,7 +196,7 @@ async fn a_secret_pasted_into_an_arn_variable_is_never_echoed() {
 
 #[tokio::test]
 async fn a_secret_arn_does_not_hide_the_other_variables_problems() {
-    let aws = moto_config().await;
+    let aws = common::moto::aws_config().await;
     let unknown = "arn:aws:secretsmanager:us-east-1:123456789012:secret:no-such-secret-AbCdEf";
     for (variable, value) in [
         // Malformed (a value pasted by mistake) or well formed but unreadable: either way the
@@ -315,7 +297,7 @@ async fn a_secrets_manager_that_never_answers_fails_the_cold_start_naming_the_se
 #[tokio::test]
 async fn a_token_rotated_while_the_instance_is_warm_is_read_again_when_the_api_refuses_it() {
     let h = common::Harness::start().await;
-    let aws = moto_config().await;
+    let aws = common::moto::aws_config().await;
     let arn = create_secret(&aws, Some("the-token-before-rotation"), None).await;
     let url = h.api.url();
     let worker = LambdaWorkerBuilder::from_lookup_and_secrets(

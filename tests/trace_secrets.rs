@@ -27,7 +27,9 @@ use serde_json::{Value, json};
 use tokio::sync::Notify;
 use uuid::Uuid;
 
-use common::moto::{moto_endpoint, new_queue, sqs_client, take_visible};
+use common::moto::{
+    dynamodb_config, moto_endpoint, new_queue, poison_table, sqs_client, take_visible,
+};
 
 const TOKEN: &str = "trace-test-worker-token-4f8a1c";
 const SECRET: &str = "trace-test-webhook-secret-0123456789-abcdef";
@@ -322,44 +324,10 @@ async fn no_secret_is_logged_at_trace_level_in_the_receivers_role() {
     check(&output, &answers, &signature, true);
 }
 
-/// A poison-pill table of moto's (pk S, the schema of `src/poison/dynamodb/`) and a client of it.
+/// A poison-pill table of moto's (`common::moto::poison_table`) and a client of it.
 async fn moto_table() -> (aws_sdk_dynamodb::Client, String) {
-    use aws_sdk_dynamodb::types::{
-        AttributeDefinition, BillingMode, KeySchemaElement, KeyType, ScalarAttributeType,
-    };
-    let config = aws_sdk_dynamodb::Config::builder()
-        .behavior_version(aws_sdk_dynamodb::config::BehaviorVersion::latest())
-        .region(aws_sdk_dynamodb::config::Region::new("us-east-1"))
-        .credentials_provider(aws_sdk_dynamodb::config::Credentials::new(
-            "testing", "testing", None, None, "test",
-        ))
-        .endpoint_url(moto_endpoint())
-        .build();
-    let client = aws_sdk_dynamodb::Client::from_conf(config);
-    let name = format!("trace-{}", Uuid::new_v4().simple());
-    let pk = ironflow_lambda::poison::dynamodb::PARTITION_KEY;
-    client
-        .create_table()
-        .table_name(&name)
-        .attribute_definitions(
-            AttributeDefinition::builder()
-                .attribute_name(pk)
-                .attribute_type(ScalarAttributeType::S)
-                .build()
-                .unwrap(),
-        )
-        .key_schema(
-            KeySchemaElement::builder()
-                .attribute_name(pk)
-                .key_type(KeyType::Hash)
-                .build()
-                .unwrap(),
-        )
-        .billing_mode(BillingMode::PayPerRequest)
-        .send()
-        .await
-        .unwrap();
-    (client, name)
+    let client = aws_sdk_dynamodb::Client::from_conf(dynamodb_config(&moto_endpoint()));
+    (client, poison_table().await)
 }
 
 /// The deployed receiver's cold start (`IRONFLOW_FUNCTION_ROLE=webhook-receiver` with

@@ -1,7 +1,6 @@
 //! Runs this invocation claimed and never executed: a blocked workflow's run failed (fail
-//! mode) or written back to Pending (defer mode), and a run released to Pending because no
-//! slot freed, or its claim was answered, before the claim window closed; and an invocation
-//! not admitted at all ([`not_admitted`]).
+//! mode) or written back to Pending (defer mode), and a run released to Pending ([`release`]);
+//! and an invocation not admitted at all ([`not_admitted`]).
 
 use ironflow_store::entities::{LeaseRequest, Run};
 use tokio::time::Instant;
@@ -71,8 +70,10 @@ pub(super) async fn defer_blocked(
     RunReport::not_executed(run, fate)
 }
 
-/// A run claimed but not started before the claim window closed (`why`, logged): written back
-/// to Pending (Released), unless its lease is no longer this invocation's (nothing written).
+/// A run claimed and not to be executed here (`why`, logged: its claim answered after the claim
+/// window closed, an earlier execution of it stuck in this process, or its lease as the API
+/// granted it too short): written back to Pending (Released), unless its lease is no longer this
+/// invocation's (nothing written).
 pub(super) async fn release(
     calls: &Calls,
     run: &Run,
@@ -86,11 +87,11 @@ pub(super) async fn release(
             Fate::new(Outcome::Released, None)
         }
         Err(NotWrittenBack::Gone(fate)) => {
-            warn!(run_id = %run.id, error = fate.error.as_deref().unwrap_or(""), "run claimed ahead not released");
+            warn!(run_id = %run.id, error = fate.error.as_deref().unwrap_or(""), "claimed run not released");
             fate
         }
         Err(NotWrittenBack::Reaper(e)) => {
-            error!(run_id = %run.id, error = %e, "could not release a run claimed ahead");
+            error!(run_id = %run.id, error = %e, "could not release a claimed run");
             Fate::left_to_reaper(Outcome::Released, e)
         }
     };

@@ -12,6 +12,20 @@ pub fn moto_endpoint() -> String {
     })
 }
 
+/// The AWS SDK's shared configuration for moto's server (any service's client), with test
+/// credentials, through the SDK's own loader.
+pub async fn aws_config() -> aws_config::SdkConfig {
+    use aws_config::{BehaviorVersion, Region};
+    aws_config::defaults(BehaviorVersion::latest())
+        .endpoint_url(moto_endpoint())
+        .region(Region::new("us-east-1"))
+        .credentials_provider(aws_sdk_secretsmanager::config::Credentials::new(
+            "testing", "testing", None, None, "moto",
+        ))
+        .load()
+        .await
+}
+
 /// An SQS client of moto's server, with test credentials.
 pub fn sqs_client() -> aws_sdk_sqs::Client {
     let config = aws_sdk_sqs::Config::builder()
