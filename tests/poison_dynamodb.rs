@@ -31,7 +31,7 @@ use ironflow_lambda::settings::Settings;
 use ironflow_lambda::{BuildError, LambdaWorker, LambdaWorkerBuilder};
 use ironflow_lambda::{InvocationSummary, StopReason};
 use ironflow_local_api::{LocalApi, new_run};
-use ironflow_store::entities::{LeaseRequest, RunStatus};
+use ironflow_store::entities::{LeaseRequest, RunStatus, StepStatus};
 use ironflow_store::store::RunStore;
 use ironflow_worker::ApiRunStore;
 use uuid::Uuid;
@@ -819,7 +819,7 @@ async fn a_run_recovered_from_a_dead_invocation_counts_as_a_failure() {
     assert_eq!(
         item[LAST_FAILURE_ID].as_s().unwrap(),
         &format!("lease-recovery/{}", s.worker_id),
-        "one failure per claiming invocation"
+        "a step that names no holder: one failure per claiming invocation"
     );
     let seen = raw_item(&ep, &name, &run_key("fn", victim)).await.unwrap();
     assert_eq!(num(&seen, LEASE_RECOVERIES_SEEN), 1);
@@ -832,6 +832,102 @@ async fn a_run_recovered_from_a_dead_invocation_counts_as_a_failure() {
             .observe_lease_recoveries(victim, 1, now_ms())
             .await
             .unwrap()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_runs_of_one_dead_invocation_count_once_whoever_recovers_them() {
+    let ep = moto_endpoint();
+    let name = create_table(&ep).await;
+    let api = LocalApi::start(&Uuid::new_v4().to_string()).await.unwrap();
+    let p = policy(1, Duration::from_secs(300));
+    let t = Arc::new(connect(&ep, &name, "fn", p).await);
+
+    // A real invocation holds two runs, each in a 60 s step, under a 2 s lease, and dies
+    // (lambda_runtime drops the handler's future; a timeout or out-of-memory kill leaves the
+    // same: no refresh, no handback).
+    let victims = create_runs(&api, "multi-step", 2, 3).await;
+    let dying = LambdaWorkerBuilder::new(&api.url(), api.token())
+        .provider(Arc::new(ClaudeCodeProvider::new()))
+        .register(samples::MultiStep { step_secs: 60.0 })
+        .max_runs_per_invocation(2)
+        .concurrency(2)
+        .function_timeout(Duration::from_secs(120))
+        .deadline_margin(Duration::from_secs(5))
+        .lease_ttl(Duration::from_secs(2))
+        .lease_refresh_interval(Duration::from_millis(500))
+        .poison_threshold(p.threshold)
+        .poison_cooldown(p.cooldown)
+        .poison_table(t.clone())
+        .build()
+        .unwrap();
+    let dying = Arc::new(dying);
+    let held = tokio::spawn({
+        let dying = dying.clone();
+        async move { invoke(&dying, 1).await }
+    });
+    let store = api.store().clone();
+    common::wait_until("both runs to start a step", Duration::from_secs(60), || {
+        let (store, victims) = (store.clone(), victims.clone());
+        async move {
+            let mut started = 0;
+            for id in victims {
+                let steps = store.list_steps(id).await.unwrap();
+                started += usize::from(steps.iter().any(|s| s.status.state == StepStatus::Running));
+            }
+            started == 2
+        }
+    })
+    .await;
+    held.abort();
+    assert!(held.await.unwrap_err().is_cancelled());
+    common::wait_until(
+        "the reaper to requeue both runs",
+        Duration::from_secs(30),
+        || {
+            let (store, victims) = (store.clone(), victims.clone());
+            async move {
+                store.reap_expired_leases(10).await.unwrap();
+                let mut requeued = true;
+                for id in victims {
+                    let run = store.get_run(id).await.unwrap().unwrap();
+                    requeued &= run.status.state == RunStatus::Pending && run.lease_recoveries == 1;
+                }
+                requeued
+            }
+        },
+    )
+    .await;
+
+    // Two invocations recover one run each: one death, counted once (threshold 1: both runs
+    // are failed as poison-blocked, and the counter stays at 1).
+    let recovering = LambdaWorkerBuilder::new(&api.url(), api.token())
+        .provider(Arc::new(ClaudeCodeProvider::new()))
+        .register(samples::MultiStep { step_secs: 0.0 })
+        .max_runs_per_invocation(1)
+        .function_timeout(Duration::from_secs(120))
+        .deadline_margin(Duration::from_secs(5))
+        .poison_threshold(p.threshold)
+        .poison_cooldown(p.cooldown)
+        .poison_table(t.clone())
+        .build()
+        .unwrap();
+    for n in [2, 3] {
+        let s = invoke(&recovering, n).await;
+        assert_eq!(
+            outcomes_of(&s, "multi-step"),
+            vec![Outcome::PoisonBlocked],
+            "{s:?}"
+        );
+    }
+    let item = raw_item(&ep, &name, &workflow_key("fn", "multi-step"))
+        .await
+        .unwrap();
+    assert_eq!(num(&item, CONSECUTIVE_FAILURES), 1, "one death: {item:?}");
+    let id = item[LAST_FAILURE_ID].as_s().unwrap();
+    assert!(
+        id.starts_with("lease-recovery/lambda-test-1-"),
+        "counted under the dead invocation's worker id, which its steps name: {id}"
     );
 }
 

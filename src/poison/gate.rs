@@ -23,7 +23,7 @@ use ironflow_store::entities::{Run, Step, WorkerCapabilities};
 use tokio::time::{Instant, timeout_at};
 use tracing::{error, info, warn};
 
-use super::recovery::holder_started_a_step;
+use super::recovery::dead_holder;
 use super::seen::SeenCounters;
 use super::{FailureCounter, PoisonError, PoisonMode, PoisonPolicy, PoisonTable, now_ms};
 use crate::report::{Outcome, RunReport};
@@ -349,11 +349,12 @@ impl PoisonGate {
     /// API's reaper. When its `steps` (read only then: `None` when they could not be read)
     /// show that the holder had started a step (`src/poison/recovery.rs`), that holder was an
     /// invocation that died executing it (function timeout, out of memory), and that counts as
-    /// one failure of its workflow, once per claiming invocation (id `lease-recovery/<this
-    /// invocation's worker id>`): the runs one dead invocation held come back together, and
-    /// count as one death, not one per run. A recovery of a claim whose answer was lost, or of
-    /// steps unreadable (an infrastructure error), does not count. A run never recovered costs
-    /// nothing.
+    /// one failure of its workflow, once per dead invocation: id `lease-recovery/<the worker id
+    /// the step names>` ([`crate::store::holder`]), so the runs one dead invocation held count
+    /// as one death of each of their workflows, however many invocations recover them; a step
+    /// that names no holder (a parallel branch's) is counted under this invocation's worker id
+    /// instead. A recovery of a claim whose answer was lost, or of steps unreadable (an
+    /// infrastructure error), does not count. A run never recovered costs nothing.
     pub async fn on_claim(&mut self, run: &Run, steps: impl Future<Output = Option<Vec<Step>>>) {
         let recoveries = run.lease_recoveries;
         if recoveries == 0 || !self.table_usable() {
@@ -363,30 +364,35 @@ impl PoisonGate {
         let table = self.table.clone();
         let observed = table.observe_lease_recoveries(run.id, recoveries, now_ms());
         match self.bounded("observe lease recoveries", observed).await {
-            Ok(true) if !steps.await.is_some_and(|s| holder_started_a_step(&s)) => {
-                info!(
-                    run_id = %run.id,
-                    workflow,
-                    lease_recoveries = recoveries,
-                    "run recovered after its lease expired, its holder had started no step (a \
-                     lost claim, a lease taken over, or steps unreadable): not counted"
-                );
+            Ok(true) => {}
+            Ok(false) => return,
+            Err(e) => {
+                return self.table_error(Some(workflow), &e, "the lease recovery is not counted");
             }
-            Ok(true) => {
-                self.lease_recoveries = self.lease_recoveries.saturating_add(1);
-                warn!(
-                    run_id = %run.id,
-                    workflow,
-                    lease_recoveries = recoveries,
-                    "run recovered after its lease expired: the invocation that held it died \
-                     executing a step; counting a failure of its workflow"
-                );
-                let failure_id = format!("lease-recovery/{}", self.invocation);
-                self.record_failure(workflow, &failure_id).await;
-            }
-            Ok(false) => {}
-            Err(e) => self.table_error(Some(workflow), &e, "the lease recovery is not counted"),
         }
+        let steps = steps.await;
+        let Some(holder) = steps.as_deref().and_then(dead_holder) else {
+            info!(
+                run_id = %run.id,
+                workflow,
+                lease_recoveries = recoveries,
+                "run recovered after its lease expired, its holder had started no step (a \
+                 lost claim, a lease taken over, or steps unreadable): not counted"
+            );
+            return;
+        };
+        let holder = holder.unwrap_or(&self.invocation).to_string();
+        self.lease_recoveries = self.lease_recoveries.saturating_add(1);
+        warn!(
+            run_id = %run.id,
+            workflow,
+            lease_recoveries = recoveries,
+            holder,
+            "run recovered after its lease expired: the invocation that held it died \
+             executing a step; counting a failure of its workflow"
+        );
+        let failure_id = format!("lease-recovery/{holder}");
+        self.record_failure(workflow, &failure_id).await;
     }
 }
 
@@ -563,6 +569,75 @@ mod tests {
             None,
             "reset by a clean handback"
         );
+    }
+
+    /// A run of `workflow` the reaper recovered once, and its one step, left Running by
+    /// `holder` (named in the step's mark, as the worker's store writes it, when `Some`).
+    async fn recovered(workflow: &str, holder: Option<&str>) -> (Run, Vec<Step>) {
+        use ironflow_store::entities::{NewStep, StepKind, StepStatus, StepUpdate};
+        use ironflow_store::memory::InMemoryStore;
+        use ironflow_store::store::RunStore;
+
+        let store = InMemoryStore::new();
+        store
+            .create_run(ironflow_local_api::new_run(workflow, 0))
+            .await
+            .unwrap();
+        let mut run = store.pick_next_pending(None).await.unwrap().unwrap();
+        let step = store
+            .create_step(NewStep {
+                run_id: run.id,
+                trace_id: Uuid::new_v4(),
+                name: "s".into(),
+                kind: StepKind::Shell,
+                position: 0,
+                input: None,
+                is_error_handler: false,
+            })
+            .await
+            .unwrap();
+        let start = StepUpdate {
+            status: Some(StepStatus::Running),
+            debug_messages: holder
+                .map(|h| serde_json::json!([{ crate::store::holder::HOLDER_KEY: h }])),
+            ..StepUpdate::default()
+        };
+        store.update_step(step.id, start).await.unwrap();
+        run.lease_recoveries = 1;
+        let steps = store.list_steps(run.id).await.unwrap();
+        (run, steps)
+    }
+
+    #[tokio::test]
+    async fn one_dead_invocation_counts_once_however_many_invocations_recover_its_runs() {
+        let table = Arc::new(MemoryPoisonTable::new(policy()));
+        for claimer in ["inv-a", "inv-b", "inv-c"] {
+            let mut gate =
+                PoisonGate::new(table.clone(), policy(), PoisonMode::Fail, later(), claimer);
+            let (run, steps) = recovered("wf", Some("dead-1")).await;
+            gate.on_claim(&run, async { Some(steps) }).await;
+            assert_eq!(gate.lease_recoveries(), 1, "{claimer} saw a death");
+            assert_eq!(
+                gate.blocked_reason("wf").await,
+                None,
+                "{claimer}: one death of dead-1, threshold 2"
+            );
+        }
+
+        let mut gate = PoisonGate::new(table.clone(), policy(), PoisonMode::Fail, later(), "inv-d");
+        let (run, steps) = recovered("wf", Some("dead-2")).await;
+        gate.on_claim(&run, async { Some(steps) }).await;
+        assert!(gate.blocked_reason("wf").await.is_some(), "a second death");
+
+        // Without a mark, each claiming invocation counts the death it recovers once.
+        let table = Arc::new(MemoryPoisonTable::new(policy()));
+        let mut gate = PoisonGate::new(table, policy(), PoisonMode::Fail, later(), "inv-e");
+        for _ in 0..2 {
+            let (run, steps) = recovered("wf", None).await;
+            gate.on_claim(&run, async { Some(steps) }).await;
+        }
+        assert_eq!(gate.lease_recoveries(), 2);
+        assert_eq!(gate.blocked_reason("wf").await, None);
     }
 
     #[tokio::test]

@@ -163,7 +163,7 @@ pub trait PoisonTable: Send + Sync {
     ///
     /// Atomic across concurrent callers: N concurrent failures add exactly N. `failure_id`
     /// identifies this failure (`<run id>/<retry_count>`, or
-    /// `lease-recovery/<worker id of the invocation that saw it>`): an id already counted in the current
+    /// `lease-recovery/<worker id of the invocation that died>`): an id already counted in the current
     /// streak is not counted again (the counter is returned as it is), so a write retried after
     /// a lost response is harmless even when other failures were recorded in between. An
     /// expired counter (or none) restarts at 1.

@@ -11,28 +11,34 @@
 //!
 //! A step a live holder left Running when its lease was taken over looks like the taker's: the
 //! holder that lost the lease notes the next recovery as expected instead
-//! ([`super::gate::PoisonGate::record`]). What the records cannot tell (neither `Run` nor `Step`
-//! names the holder, and the claim resets the run's `started_at`) is in docs/faults.md ("The
-//! reaper").
+//! ([`super::gate::PoisonGate::record`]). The dead holder is the worker id its step names
+//! ([`crate::store::holder`]): the runs one dead invocation held count as one death. What the
+//! records cannot tell is in docs/faults.md ("The reaper").
 
 use ironflow_store::entities::{Step, StepStatus};
 use ironflow_store::store::STEP_INTERRUPTED_ERROR;
 
 use crate::handback::interruption_mark;
+use crate::store::holder::holder;
 
 /// Whether `steps` (all the run's) show that the holder whose lease the reaper recovered had
 /// started a step: one is still Running (the reaper's cleanup comes after the run went back to
 /// Pending), or the newest one is an interruption without a handback's mark (the reaper's).
-pub(crate) fn holder_started_a_step(steps: &[Step]) -> bool {
-    if steps.iter().any(|s| s.status.state == StepStatus::Running) {
-        return true;
+/// `Some` with the worker id the step names ([`crate::store::holder`]) if one does; `None` when
+/// the holder had started no step.
+pub(crate) fn dead_holder(steps: &[Step]) -> Option<Option<&str>> {
+    let running: Vec<&Step> = steps
+        .iter()
+        .filter(|s| s.status.state == StepStatus::Running)
+        .collect();
+    if !running.is_empty() {
+        return Some(running.iter().find_map(|s| holder(s)));
     }
-    let Some(newest) = steps.iter().max_by_key(|s| (s.created_at, s.id)) else {
-        return false;
-    };
-    newest.status.state == StepStatus::Failed
+    let newest = steps.iter().max_by_key(|s| (s.created_at, s.id))?;
+    let reaped = newest.status.state == StepStatus::Failed
         && newest.error.as_deref() == Some(STEP_INTERRUPTED_ERROR)
-        && interruption_mark(newest).is_none()
+        && interruption_mark(newest).is_none();
+    reaped.then(|| holder(newest))
 }
 
 #[cfg(test)]
@@ -45,9 +51,22 @@ mod tests {
 
     use super::*;
     use crate::handback::{COUNTED_MARK, INTERRUPTION_KEY};
+    use crate::store::holder::HOLDER_KEY;
 
     /// A step of `run` at `position`, started, then ended with `end` (if any).
     async fn step(store: &InMemoryStore, run: Uuid, position: u32, end: Option<StepUpdate>) {
+        started_by(store, run, position, None, end).await;
+    }
+
+    /// A step of `run` at `position`, started by `holder` (its mark, as the worker's store
+    /// writes it, if any), then ended with `end` (if any).
+    async fn started_by(
+        store: &InMemoryStore,
+        run: Uuid,
+        position: u32,
+        holder: Option<&str>,
+        end: Option<StepUpdate>,
+    ) {
         let created = store
             .create_step(NewStep {
                 run_id: run,
@@ -63,6 +82,7 @@ mod tests {
         let running = StepUpdate {
             status: Some(StepStatus::Running),
             started_at: Some(chrono::Utc::now()),
+            debug_messages: holder.map(|h| json!([{ HOLDER_KEY: h }])),
             ..StepUpdate::default()
         };
         store.update_step(created.id, running).await.unwrap();
@@ -99,23 +119,48 @@ mod tests {
     async fn a_step_left_running_or_interrupted_by_the_reaper_is_the_dead_holder_s() {
         let store = InMemoryStore::new();
         let id = run(&store).await;
-        assert!(!holder_started_a_step(&[]), "a claim that never executed");
+        assert_eq!(dead_holder(&[]), None, "a claim that never executed");
 
         step(&store, id, 0, Some(completed())).await;
         let steps = store.list_steps(id).await.unwrap();
-        assert!(!holder_started_a_step(&steps), "died between steps");
+        assert_eq!(dead_holder(&steps), None, "died between steps");
 
         step(&store, id, 1, Some(interrupted(Some(COUNTED_MARK)))).await;
         let steps = store.list_steps(id).await.unwrap();
-        assert!(!holder_started_a_step(&steps), "handed back at the cutoff");
+        assert_eq!(dead_holder(&steps), None, "handed back at the cutoff");
 
         step(&store, id, 1, Some(interrupted(None))).await;
         let steps = store.list_steps(id).await.unwrap();
-        assert!(holder_started_a_step(&steps), "interrupted by the reaper");
+        assert_eq!(dead_holder(&steps), Some(None), "interrupted by the reaper");
 
         let other = run(&store).await;
         step(&store, other, 0, None).await;
         let steps = store.list_steps(other).await.unwrap();
-        assert!(holder_started_a_step(&steps), "left Running");
+        assert_eq!(dead_holder(&steps), Some(None), "left Running");
+    }
+
+    #[tokio::test]
+    async fn the_dead_holder_is_named_by_its_step_s_mark_which_the_reaper_keeps() {
+        let store = InMemoryStore::new();
+        let id = run(&store).await;
+        started_by(&store, id, 0, Some("w-old"), Some(completed())).await;
+        started_by(&store, id, 1, Some("w-dead"), None).await;
+        let steps = store.list_steps(id).await.unwrap();
+        assert_eq!(dead_holder(&steps), Some(Some("w-dead")), "left Running");
+
+        let other = run(&store).await;
+        started_by(&store, other, 0, Some("w-dead"), Some(interrupted(None))).await;
+        let steps = store.list_steps(other).await.unwrap();
+        assert_eq!(
+            dead_holder(&steps),
+            Some(Some("w-dead")),
+            "interrupted by the reaper, whose cleanup leaves debug messages as they were"
+        );
+
+        let handed_back = run(&store).await;
+        let mark = Some(interrupted(Some(COUNTED_MARK)));
+        started_by(&store, handed_back, 0, Some("w-live"), mark).await;
+        let steps = store.list_steps(handed_back).await.unwrap();
+        assert_eq!(dead_holder(&steps), None, "a handback's mark replaces it");
     }
 }

@@ -43,6 +43,7 @@
 
 pub mod fault;
 pub mod guard;
+pub(crate) mod holder;
 mod put;
 mod readback;
 pub mod scope;
@@ -460,6 +461,7 @@ impl RunStore for GuardedStore {
     }
 
     fn update_step(&self, id: Uuid, update: StepUpdate) -> StoreFuture<'_, ()> {
+        let update = holder::mark_start(update, &CallScope::current());
         let target = update.status;
         Box::pin(guard::write(
             "PUT /steps/{id}",
