@@ -350,7 +350,7 @@ impl PoisonGate {
     /// show that the holder had started a step (`src/poison/recovery.rs`), that holder was an
     /// invocation that died executing it (function timeout, out of memory), and that counts as
     /// one failure of its workflow, once per dead invocation: id `lease-recovery/<the worker id
-    /// the step names>` ([`crate::store::holder`]), so the runs one dead invocation held count
+    /// the step names>` (`src/store/holder.rs`), so the runs one dead invocation held count
     /// as one death of each of their workflows, however many invocations recover them; a step
     /// that names no holder (a parallel branch's) is counted under this invocation's worker id
     /// instead. A recovery of a claim whose answer was lost, or of steps unreadable (an
