@@ -259,6 +259,8 @@ struct Tally {
     healthy_failures: Vec<String>,
     /// Runs held by an invocation when it was aborted, or whose lease was stolen.
     reaped_on_purpose: HashSet<Uuid>,
+    /// The request ids of the invocations aborted (their worker ids contain them).
+    killed: HashSet<String>,
     steals: usize,
     black_holes: usize,
 }
@@ -452,6 +454,7 @@ async fn chaos_on(backend: common::Backend) {
                                 let mut t = tally.lock().await;
                                 t.aborted += 1;
                                 t.reaped_on_purpose.extend(held);
+                                t.killed.insert(request_id.clone());
                                 drop(t);
                                 worker = instance(&url, &token, &probe, &poison);
                             }
@@ -654,15 +657,24 @@ async fn chaos_on(backend: common::Backend) {
     );
 
     // Every failure the poison pill counted against a healthy workflow must be a death this
-    // suite caused (an aborted invocation's run, recovered mid-step): anything else is an
-    // infrastructure error counted toward the poison pill.
-    let undeserved: Vec<String> = counted_failures(&logs)
-        .into_iter()
+    // suite caused (an aborted invocation's run, recovered mid-step, counted under the worker id
+    // of the aborted invocation, which its steps name): anything else is an infrastructure error
+    // counted toward the poison pill, or one death counted under another name.
+    let counted = counted_failures(&logs);
+    let deaths: HashSet<&str> = counted
+        .iter()
+        .filter(|c| c.recovery)
+        .map(|c| c.failure_id.as_str())
+        .collect();
+    let undeserved: Vec<String> = counted
+        .iter()
         .filter(|c| {
             Kind::ALL
                 .iter()
                 .any(|k| k.name() == c.workflow && k.healthy())
-                && !(c.recovery && c.run.is_some_and(|r| t.reaped_on_purpose.contains(&r)))
+                && !(c.recovery
+                    && c.run.is_some_and(|r| t.reaped_on_purpose.contains(&r))
+                    && t.killed.iter().any(|k| c.failure_id.contains(k.as_str())))
         })
         .map(|c| {
             let kind = if c.recovery {
@@ -674,8 +686,10 @@ async fn chaos_on(backend: common::Backend) {
         })
         .collect();
     println!(
-        "  poison-pill failures counted against healthy workflows other than the deaths this suite caused: {}",
-        undeserved.len()
+        "  poison-pill failures counted against healthy workflows other than the deaths this suite caused: {}; distinct deaths counted {} (of {} invocations killed)",
+        undeserved.len(),
+        deaths.len(),
+        t.killed.len()
     );
     println!(
         "  claims whose lease the API dated back, released unexecuted: {}; renewals dated back: {}",
