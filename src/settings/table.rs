@@ -368,7 +368,7 @@ pub const CUTOFF_AWARE_STARTS: Setting<bool> = Setting {
 pub const DEFAULT_STEP_SECS: Setting<Duration> = Setting {
     variable: "IRONFLOW_DEFAULT_STEP_SECS",
     setter: "default_step_duration",
-    meaning: "a never-seen step's expected duration",
+    meaning: "expected time of an unseen step",
     unit: Unit::Secs,
     default: Duration::from_secs(10),
     default_doc: None,
