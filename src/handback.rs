@@ -54,6 +54,7 @@ use uuid::Uuid;
 use crate::calls::Calls;
 use crate::report::{Fate, Outcome};
 use crate::store::fault::ApiFault;
+use crate::store::fit::Deferral;
 use crate::store::scope::RunKey;
 #[cfg(doc)]
 use crate::store::scope::{CallScope, SLOW_ANSWER};
@@ -99,11 +100,14 @@ pub(crate) enum Why {
     ApiFault(ApiFault),
     /// Its lease expired without a confirmed refresh (the description).
     LeaseExpired(String),
+    /// Its next step would not fit before the cutoff and was not created (cutoff-aware
+    /// starts, [`crate::store::fit`]): never counted by the loop guard.
+    Deferred(Deferral),
 }
 
 /// The key of the debug message that marks an interruption written by a handback
 /// (`{"ironflow_lambda_interruption": "cutoff" | "api_fault" | "lease_expired" |
-/// "short_cutoff"}`): [`COUNTED_MARK`] for one the loop guard counts.
+/// "short_cutoff" | "cutoff_after_progress" | "deferred"}`): [`COUNTED_MARK`] for one the loop guard counts.
 pub const INTERRUPTION_KEY: &str = "ironflow_lambda_interruption";
 
 /// The interruption mark of a cutoff the loop guard counts.
@@ -120,6 +124,7 @@ impl Why {
             Self::Cutoff => "short_cutoff",
             Self::ApiFault(_) => "api_fault",
             Self::LeaseExpired(_) => "lease_expired",
+            Self::Deferred(_) => "deferred",
         }
     }
 
@@ -135,6 +140,9 @@ impl Why {
             Self::Cutoff => None,
             Self::ApiFault(fault) => Some(format!("handed back after an API fault: {fault}")),
             Self::LeaseExpired(end) => Some(format!("{end}; confirmed again and handed back")),
+            Self::Deferred(deferral) => Some(format!(
+                "{deferral}: handed back to start it in the next invocation"
+            )),
         }
     }
 }
