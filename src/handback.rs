@@ -1,8 +1,9 @@
 //! Handback: a run whose execution stopped before its end goes back to Pending, to be resumed
 //! by the next invocation through ironflow's replay (completed steps are served from the store,
 //! the interrupted step runs again). A run is handed back at the cutoff, when its attempt ended
-//! on an API fault (an infrastructure error is never a workflow failure), and when its lease
-//! expired without a confirmed refresh but can still be confirmed now.
+//! on an API fault (an infrastructure error is never a workflow failure), when its lease
+//! expired without a confirmed refresh but can still be confirmed now, and before a step that
+//! would not fit before the cutoff (cutoff-aware starts: [`Why::Deferred`]).
 //!
 //! By the time [`hand_back`] is called the execution has been stopped (and fenced: nothing it
 //! sends reaches the API) and the lease refresher has stopped. Then, in order, with the
@@ -21,7 +22,8 @@
 //!    then or later). The reaper's interruptions of a dead holder's steps never count (the
 //!    poison pill counts that death). Handbacks after an API fault or an expired lease never
 //!    count: an infrastructure error is never a workflow failure, and a run claimed late in an
-//!    invocation is not a slow step;
+//!    invocation is not a slow step; nor does a deferral (the step was not started, and a
+//!    fresh invocation never defers a step it could give no more time: `crate::store::fit`);
 //! 3. mark the steps left Running as interrupted (as `Engine::interrupt_running_steps` does),
 //!    with this handback's mark in the step's debug messages ([`INTERRUPTION_KEY`]): `cutoff`
 //!    for one the loop guard counts, another word for one it does not (so that later handbacks
@@ -572,6 +574,16 @@ mod tests {
             "lost time to the API"
         );
         assert!(!Why::LeaseExpired(String::new()).counts(&policy, long, false));
+        let deferred = Why::Deferred(Deferral {
+            step: "s".into(),
+            expected: long,
+            left: short,
+        });
+        assert!(
+            !deferred.counts(&policy, long, false),
+            "a deferral never counts"
+        );
+        assert_eq!(deferred.mark(false, false), "deferred");
         assert!(Why::Cutoff.note().is_none());
         let fault = ApiFault::timeout("PUT /runs/{id}", Duration::from_millis(5));
         assert!(Why::ApiFault(fault).note().unwrap().contains("API fault"));

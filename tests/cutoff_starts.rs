@@ -94,18 +94,27 @@ async fn a_step_that_never_fits_still_fails_with_the_loop_guard_s_message(backen
     let first = h.invoke(&worker, INVOCATION).await;
     let fit = first.runs.iter().find(|r| r.run_id == id).expect("claimed");
     assert!(
-        fit.error.as_deref().unwrap_or_default().contains("deferred"),
+        fit.error
+            .as_deref()
+            .unwrap_or_default()
+            .contains("deferred"),
         "{first:?}"
     );
     assert!(h.steps(id).await.is_empty(), "no step record was created");
 
     let mut invocations = 1;
     while h.status(id).await == RunStatus::Pending {
-        assert!(invocations < 6, "still Pending after {invocations} invocations");
+        assert!(
+            invocations < 6,
+            "still Pending after {invocations} invocations"
+        );
         let summary = h.invoke(&worker, INVOCATION).await;
         invocations += 1;
         let error = summary.runs[0].error.as_deref().unwrap_or_default();
-        assert!(!error.contains("deferred"), "a fresh invocation deferred it: {error}");
+        assert!(
+            !error.contains("deferred"),
+            "a fresh invocation deferred it: {error}"
+        );
     }
     let run = h.run(id).await;
     assert_eq!(run.status.state, RunStatus::Failed);

@@ -21,7 +21,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use ironflow_store::entities::{Step, StepStatus, StepUpdate};
+use ironflow_store::entities::{Step, StepKind, StepStatus, StepUpdate};
 use ironflow_store::store::STEP_INTERRUPTED_ERROR;
 use tokio::time::Instant;
 use uuid::Uuid;
@@ -49,6 +49,20 @@ impl std::fmt::Display for Deferral {
             self.left.as_millis()
         )
     }
+}
+
+/// Whether a step of `kind` works in the invocation, and so is judged and learned: a shell,
+/// HTTP, agent, decision or custom operation step. Not a wait (a timer, a signal, an approval,
+/// a human's input, a sub-workflow: the run sleeps, holding no invocation), a skip or a signal
+/// sent (instant), nor an error handler (the failure it handles is recorded: deferring it
+/// would replay the failed step).
+pub fn works(kind: &StepKind, is_error_handler: bool) -> bool {
+    let works = match kind {
+        StepKind::Shell | StepKind::Http | StepKind::Agent | StepKind::Decision => true,
+        StepKind::Custom(op) => op != "delay" && op != "skip",
+        _ => false,
+    };
+    works && !is_error_handler
 }
 
 /// The least a handback must give back to a step for it to be deferred: 1 s. Less is the
@@ -154,6 +168,9 @@ impl StartFit {
 
     /// This execution created `step`.
     pub fn created(&self, step: &Step) {
+        if !works(&step.kind, step.is_error_handler) {
+            return;
+        }
         let entry = (step.name.clone(), step.position, Instant::now());
         self.state().created.insert(step.id, entry);
     }
@@ -208,5 +225,47 @@ mod tests {
 
         times.saw("w", "s", 1, S(2));
         assert_eq!(fit.expected("s"), S(2), "learned: no longer the default");
+    }
+
+    /// A step `name` in `status`, of `ms`, started at 0 s and ended at `end` s.
+    fn step(name: &str, status: &str, ms: u64, end: i64) -> Step {
+        let t = |s: i64| chrono::DateTime::from_timestamp(1_700_000_000 + s, 0);
+        let mut step = serde_json::json!({
+            "id": Uuid::new_v4(), "trace_id": Uuid::new_v4(), "run_id": Uuid::nil(),
+            "name": name, "kind": "shell", "position": 0,
+            "status": {"state": status, "state_machine_id": Uuid::nil()}, "attempt": 1,
+            "duration_ms": ms, "cost_usd": "0", "created_at": t(0), "updated_at": t(0),
+            "started_at": t(0), "completed_at": t(end), "is_error_handler": false,
+        });
+        if status == "failed" {
+            step["error"] = serde_json::json!(STEP_INTERRUPTED_ERROR);
+        }
+        serde_json::from_value(step).unwrap_or_else(|e| panic!("a step: {e}"))
+    }
+
+    #[test]
+    fn the_run_s_history_tells_earlier_completions_and_interrupted_attempts_as_lower_bounds() {
+        let times = Arc::new(StepTimes::default());
+        times.saw("w", "a", 0, S(1));
+        let fit = StartFit::new("w", times, S(10), Duration::ZERO);
+        fit.read_history(&[
+            step("a", "completed", 3_000, 3),
+            step("b", "failed", 0, 40),
+            step("c", "completed", 2_000, 2),
+        ]);
+        assert_eq!(
+            fit.expected("a"),
+            S(3),
+            "the longest of the process's and the run's"
+        );
+        assert_eq!(fit.expected("b"), S(40), "ran 40 s before its interruption");
+        assert_eq!(
+            fit.expected("c"),
+            S(2),
+            "the run's completion, not the default"
+        );
+        assert!(!works(&StepKind::Custom("delay".into()), false));
+        assert!(!works(&StepKind::Shell, true), "an error handler");
+        assert!(works(&StepKind::Custom("charge".into()), false));
     }
 }

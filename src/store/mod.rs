@@ -444,7 +444,7 @@ impl RunStore for GuardedStore {
     fn create_step(&self, step: NewStep) -> StoreFuture<'_, Step> {
         Box::pin(async move {
             // Not a step that would be cut at the cutoff: the run is handed back instead.
-            CallScope::current().may_start(&step.name).await;
+            CallScope::current().may_start(&step).await;
             let created = guard::write(
                 "POST /steps",
                 self.credentials(),

@@ -20,7 +20,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use crate::report::Due;
-use ironflow_store::entities::RunStatus;
+use ironflow_store::entities::{NewStep, RunStatus};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
@@ -260,17 +260,21 @@ impl CallScope {
         self.fit.as_ref()
     }
 
-    /// Called before step `name` is created: when it would not fit before this scope's bound
-    /// (an execution's cutoff) but would in the next invocation ([`StartFit::defer`]), the
-    /// scope stops ([`ScopeStop::Deferred`]) and this never returns: no step record is left
-    /// for a step that never started, and the supervisor hands the run back. Returns at once
-    /// otherwise, and in a scope without the rule.
-    pub async fn may_start(&self, name: &str) {
+    /// Called before `step` is created: when it works in the invocation ([`super::fit::works`])
+    /// and would not fit before this scope's bound (an execution's cutoff) but would in the
+    /// next invocation ([`StartFit::defer`]), the scope stops ([`ScopeStop::Deferred`]) and this
+    /// never returns: no step record is left for a step that never started, and the
+    /// supervisor hands the run back. Returns at once otherwise, and in a scope without the
+    /// rule.
+    pub async fn may_start(&self, step: &NewStep) {
         let Some(fit) = &self.fit else {
             return;
         };
+        if !super::fit::works(&step.kind, step.is_error_handler) {
+            return;
+        }
         let left = self.until.saturating_duration_since(Instant::now());
-        if let Some(deferral) = fit.defer(name, left) {
+        if let Some(deferral) = fit.defer(&step.name, left) {
             self.stop(ScopeStop::Deferred(deferral));
             std::future::pending::<()>().await;
         }
