@@ -401,10 +401,13 @@ async fn decide(
             hand_back(ctx, Why::ApiFault(fault)).await
         }
         Stop::Scope(ScopeStop::Deferred(deferral)) => {
-            info!(step = %deferral.step, expected_ms = deferral.expected.as_millis() as u64,
+            info!(
+                step = %deferral.step,
+                expected_ms = deferral.expected.as_millis() as u64,
                 left_ms = deferral.left.as_millis() as u64,
                 "the next step would not fit before the cutoff: handing the run back to start it \
-                 in the next invocation");
+                 in the next invocation"
+            );
             hand_back(ctx, Why::Deferred(deferral)).await
         }
         Stop::Scope(ScopeStop::RunLeft { status, held_by }) => {

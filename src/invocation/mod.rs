@@ -23,7 +23,7 @@ use std::time::Duration;
 
 use futures_util::future::join_all;
 use ironflow_engine::engine::chain_root;
-use ironflow_store::entities::LeaseRequest;
+use ironflow_store::entities::{LeaseRequest, Run};
 use ironflow_store::store::RunStore;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::task::{JoinError, JoinSet};
@@ -432,17 +432,7 @@ impl<'w> Batch<'w> {
             return Taken::Stop(StopReason::Retiring);
         }
         if let Some(deferral) = self.first_step_would_not_fit(&run) {
-            // Back to Pending for an invocation with the time its first step needs; the
-            // claims stop (the next one could take it again).
-            let why = format!("run released before its first step: {deferral}");
-            let mut report =
-                unstarted::release(&self.calls, &run, &self.lease, self.last_write, &why).await;
-            if report.outcome == Outcome::Released {
-                report.error = Some(why);
-            }
-            self.order.push(run.id);
-            self.reports.insert(run.id, report);
-            return Taken::Stop(StopReason::Cutoff);
+            return self.release_unfit(&run, &deferral).await;
         }
         self.order.push(run.id);
         // Its step logs come to this invocation, whichever pump routes them.
@@ -501,10 +491,7 @@ impl<'w> Batch<'w> {
     /// before, whose next step is known only to its handler, is left to the step gate
     /// ([`CallScope::may_start`](crate::store::scope::CallScope::may_start)), and so is a
     /// workflow whose first step this process never saw complete.
-    fn first_step_would_not_fit(
-        &self,
-        run: &ironflow_store::entities::Run,
-    ) -> Option<fit::Deferral> {
+    fn first_step_would_not_fit(&self, run: &Run) -> Option<fit::Deferral> {
         let times = self.params.step_times.as_ref()?;
         if run.duration_ms > 0 {
             return None;
@@ -514,6 +501,21 @@ impl<'w> Batch<'w> {
         let left = self.params.cutoff.saturating_duration_since(now);
         let gain = now.saturating_duration_since(self.params.invocation_start);
         fit::deferral(&step, expected, left, gain)
+    }
+
+    /// Write `run`, claimed, back to Pending unexecuted: its first step would not fit
+    /// (`deferral`). An invocation with the time it needs takes it; the claims stop here (the
+    /// next one could take it again).
+    async fn release_unfit(&mut self, run: &Run, deferral: &fit::Deferral) -> Taken {
+        let why = format!("run released before its first step: {deferral}");
+        let mut report =
+            unstarted::release(&self.calls, run, &self.lease, self.last_write, &why).await;
+        if report.outcome == Outcome::Released {
+            report.error = Some(why);
+        }
+        self.order.push(run.id);
+        self.reports.insert(run.id, report);
+        Taken::Stop(StopReason::Cutoff)
     }
 
     /// A run whose lease, as the API stated it in the claim's answer, ends before its first
