@@ -5,7 +5,8 @@
 //! A step's **expected duration** is the longest of: what this process saw it take
 //! ([`StepTimes`]), its earlier completions in the run's own step history (each carries its
 //! `duration_ms`), and, as a lower bound, how long an interrupted attempt of it ran (from its
-//! `started_at` to its interruption); [`StartFit::default`] when none of those exists.
+//! `started_at` to its interruption); the default (`IRONFLOW_DEFAULT_STEP_SECS`) when none of
+//! those exists.
 //!
 //! The step is **deferred** when it does not fit in the time left, yet would in the next
 //! invocation: `left < expected <= left + gain`, where `gain` is what a handback gives back
@@ -16,6 +17,11 @@
 //! start with no gain, as in a fresh invocation that completed nothing before it, is never
 //! deferred: the next invocation could give it no more time; it starts, is cut at the cutoff
 //! and the loop guard takes over (`crate::handback`).
+//!
+//! The gate never answers the engine with an error: `ironflow-engine` 4.1.1 propagates a store
+//! error from `create_step` as the run's failure, for good. It stops the execution's scope
+//! instead ([`super::scope::ScopeStop::Deferred`]), before any request, and the supervisor
+//! hands the run back (`crate::execution`), as it does after an API fault.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
