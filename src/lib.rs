@@ -87,7 +87,7 @@ pub use poison::memory::MemoryPoisonTable;
 pub use poison::{PoisonMode, PoisonPolicy, PoisonTable};
 pub use report::{
     ApiErrorCount, BatchRequest, Due, FaultKind, FlushReport, InvocationSummary, Outcome,
-    RunReport, SleepWatch, StopReason, TimerWake, WakeReport, WakeTrigger, WatchReport,
+    RunReport, SleepWatch, Spend, StopReason, TimerWake, WakeReport, WakeTrigger, WatchReport,
 };
 pub use secrets::SecretError;
 pub use settings::{ConfigError, FunctionRole, Settings, WakeSettings, WebhookSecret, WorkerToken};

@@ -47,6 +47,7 @@ pub(crate) mod holder;
 mod put;
 mod readback;
 pub mod scope;
+mod spend;
 mod view;
 
 use std::sync::{Arc, PoisonError, RwLock};
@@ -67,6 +68,7 @@ use self::scope::CallScope;
 use self::view::{Taken, Views};
 use crate::api::ApiClient;
 use crate::credentials::Credentials;
+use crate::report::Spend;
 
 /// Attempts of a claim (`GET /runs/next`) that meets faults: 3. A claim the API refuses for a
 /// wrong base URL (an empty 404) or a proxy's error page looks like a server fault; the
@@ -141,6 +143,8 @@ pub struct GuardedStore {
     base: Arc<dyn Store>,
     /// The runs held under this worker's leases, as known (see [`GuardedStore::prime`]).
     views: Views,
+    /// What the held runs' steps used and cost ([`GuardedStore::take_spend`]).
+    spends: spend::Spends,
 }
 
 impl GuardedStore {
@@ -158,6 +162,7 @@ impl GuardedStore {
                 current: RwLock::new((generation, store)),
             }),
             views: Views::default(),
+            spends: spend::Spends::default(),
         }
     }
 
@@ -168,6 +173,7 @@ impl GuardedStore {
             base: inner.clone(),
             source: Source::Fixed(inner),
             views: Views::default(),
+            spends: spend::Spends::default(),
         }
     }
 
@@ -192,6 +198,14 @@ impl GuardedStore {
     /// request sent at `sent` while the run waited for a slot (see `store/view.rs`).
     pub fn keep_steps(&self, run_id: Uuid, steps: Vec<Step>, sent: Instant) {
         self.views.keep_steps(run_id, steps, sent);
+    }
+
+    /// What run `run_id`'s steps used and cost as this worker wrote their records since it began
+    /// holding the run (`input_tokens`, `output_tokens`, `cost_usd` of [`Spend`]; the rest zero),
+    /// and how many of its steps were created or started and not ended; forgotten once taken
+    /// (at the end of the run's execution here).
+    pub fn take_spend(&self, run_id: Uuid) -> (Spend, u32) {
+        self.spends.take(run_id)
     }
 
     /// Stop answering reads of `run_id` from its view (its status changed): the next read goes
@@ -452,6 +466,7 @@ impl RunStore for GuardedStore {
                 || self.step_created(&step),
             )
             .await?;
+            self.spends.created(created.id, created.run_id);
             let scope = CallScope::current();
             scope.saw_steps([created.id]);
             // The engine starts the step on this answer: not on a lease about to end.
@@ -463,12 +478,18 @@ impl RunStore for GuardedStore {
     fn update_step(&self, id: Uuid, update: StepUpdate) -> StoreFuture<'_, ()> {
         let update = holder::mark_start(update, &CallScope::current());
         let target = update.status;
-        Box::pin(guard::write(
-            "PUT /steps/{id}",
-            self.credentials(),
-            move || self.put_step(id, update.clone()),
-            move || self.step_write_landed(id, target),
-        ))
+        Box::pin(async move {
+            guard::write(
+                "PUT /steps/{id}",
+                self.credentials(),
+                || self.put_step(id, update.clone()),
+                move || self.step_write_landed(id, target),
+            )
+            .await?;
+            let scope_run = CallScope::current().run_key().map(|k| k.run_id);
+            self.spends.landed(id, &update, scope_run);
+            Ok(())
+        })
     }
 
     fn list_steps(&self, run_id: Uuid) -> StoreFuture<'_, Vec<Step>> {
