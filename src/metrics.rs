@@ -119,11 +119,7 @@ pub fn install(namespace: &str, function: &str) -> Option<&'static Collector> {
             describe_counter!(INPUT_TOKENS, Unit::Count, "model input tokens");
             describe_counter!(OUTPUT_TOKENS, Unit::Count, "model output tokens");
             describe_histogram!(COST_USD, "model cost in US dollars");
-            describe_counter!(
-                STEPS_CUT_AT_CUTOFF,
-                Unit::Count,
-                "steps cut by a handback"
-            );
+            describe_counter!(STEPS_CUT_AT_CUTOFF, Unit::Count, "steps cut by a handback");
             Some(collector)
         }
         Err(e) => {

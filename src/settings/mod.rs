@@ -320,6 +320,10 @@ pub struct Settings {
     pub poison_mode: PoisonMode,
     pub max_handbacks_without_progress: u32,
     pub max_capacity_wait: Duration,
+    /// The least window capacity wake-ups are spread over (`crate::store::spread`).
+    pub capacity_spread: Duration,
+    /// The most.
+    pub capacity_spread_max: Duration,
     /// Never logged: it usually embeds a secret.
     pub heartbeat_url: Option<String>,
     pub emulated_invocation: Option<Duration>,
@@ -372,6 +376,8 @@ impl Settings {
             poison_mode: POISON_MODE.default_value(),
             max_handbacks_without_progress: MAX_HANDBACKS_WITHOUT_PROGRESS.default_value(),
             max_capacity_wait: MAX_CAPACITY_WAIT.default_value(),
+            capacity_spread: CAPACITY_SPREAD.default_value(),
+            capacity_spread_max: CAPACITY_SPREAD_MAX.default_value(),
             heartbeat_url: HEARTBEAT_URL.default_value(),
             emulated_invocation: EMULATED_INVOCATION.default_value(),
             wake_queue_url: WAKE_QUEUE_URL.default_value(),

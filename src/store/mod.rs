@@ -48,6 +48,7 @@ mod put;
 mod readback;
 pub mod scope;
 mod spend;
+pub mod spread;
 mod view;
 
 use std::sync::{Arc, PoisonError, RwLock};
@@ -80,6 +81,12 @@ pub const CLAIM_ATTEMPTS: u32 = 3;
 const CLAIM_RETRIES: guard::Retries = guard::Retries {
     attempts: Some(CLAIM_ATTEMPTS),
     attempt_limit: false,
+};
+
+/// No spread of capacity wake-ups (a store built without [`GuardedStore::with_capacity_spread`]).
+const NO_SPREAD: spread::CapacitySpread = spread::CapacitySpread {
+    spread: Duration::ZERO,
+    max: Duration::ZERO,
 };
 
 /// Forwards each listed method to the store as first built, unchanged: `ApiRunStore` answers
@@ -145,6 +152,8 @@ pub struct GuardedStore {
     views: Views,
     /// What the held runs' steps used and cost ([`GuardedStore::take_spend`]).
     spends: spend::Spends,
+    /// How capacity wake-ups are spread ([`spread`]).
+    spread: spread::CapacitySpread,
 }
 
 impl GuardedStore {
@@ -163,6 +172,7 @@ impl GuardedStore {
             }),
             views: Views::default(),
             spends: spend::Spends::default(),
+            spread: NO_SPREAD,
         }
     }
 
@@ -174,7 +184,15 @@ impl GuardedStore {
             source: Source::Fixed(inner),
             views: Views::default(),
             spends: spend::Spends::default(),
+            spread: NO_SPREAD,
         }
+    }
+
+    /// This store, spreading the wake times of runs put to sleep for provider capacity as
+    /// `spread` says ([`spread`]); none by default.
+    pub fn with_capacity_spread(mut self, spread: spread::CapacitySpread) -> Self {
+        self.spread = spread;
+        self
     }
 
     /// Answer the engine's reads of `run`, claimed by a request sent at `claim_sent`, from
@@ -240,6 +258,7 @@ impl GuardedStore {
     /// write is in flight (reads go to the API) and returned once the write landed, for the
     /// caller to put back or build the read-back from (see `store/view.rs`).
     async fn write_run(&self, id: Uuid, update: RunUpdate) -> Result<Option<Taken>, StoreError> {
+        let update = self.spread.apply(id, update, Utc::now());
         let taken = self.views.take(id);
         let target = update.status;
         let scheduled_at = update.scheduled_at;
