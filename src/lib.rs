@@ -91,6 +91,7 @@ pub use report::{
 };
 pub use secrets::SecretError;
 pub use settings::{ConfigError, FunctionRole, Settings, WakeSettings, WebhookSecret, WorkerToken};
+pub use store::spread::CapacitySpread;
 pub use trigger::TriggerError;
 pub use wake::{LocalWakeQueue, SqsWakeQueue, WakeQueue, Waker};
 pub use worker::LambdaWorker;

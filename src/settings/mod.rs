@@ -320,7 +320,7 @@ pub struct Settings {
     pub poison_mode: PoisonMode,
     pub max_handbacks_without_progress: u32,
     pub max_capacity_wait: Duration,
-    /// The least window capacity wake-ups are spread over (`crate::store::spread`).
+    /// The least window capacity wake-ups are spread over ([`crate::CapacitySpread`]).
     pub capacity_spread: Duration,
     /// The most.
     pub capacity_spread_max: Duration,
