@@ -86,8 +86,9 @@ pub use poison::dynamodb::{DynamoPoisonTable, DynamoSetupError};
 pub use poison::memory::MemoryPoisonTable;
 pub use poison::{PoisonMode, PoisonPolicy, PoisonTable};
 pub use report::{
-    ApiErrorCount, BatchRequest, Due, FaultKind, FlushReport, InvocationSummary, Outcome,
-    RunReport, SleepWatch, Spend, StopReason, TimerWake, WakeReport, WakeTrigger, WatchReport,
+    ApiErrorCount, BatchRequest, CHARS_PER_TOKEN, Due, FaultKind, FlushReport, InvocationSummary,
+    Outcome, RunReport, SleepWatch, Spend, StopReason, TimerWake, WakeReport, WakeTrigger,
+    WatchReport,
 };
 pub use secrets::SecretError;
 pub use settings::{ConfigError, FunctionRole, Settings, WakeSettings, WebhookSecret, WorkerToken};
