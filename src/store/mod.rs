@@ -485,8 +485,10 @@ impl RunStore for GuardedStore {
                 || self.step_created(&step),
             )
             .await?;
-            self.spends.created(created.id, created.run_id);
             let scope = CallScope::current();
+            // A sub-workflow child's steps count for the run whose execution makes them.
+            let run = scope.run_key().map_or(created.run_id, |k| k.run_id);
+            self.spends.created(created.id, run);
             scope.saw_steps([created.id]);
             // The engine starts the step on this answer: not on a lease about to end.
             scope.start_margin_left().await;

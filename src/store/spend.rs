@@ -2,8 +2,10 @@
 //! honest source: the usage and cost the engine puts in each step's final `PUT /steps/{id}`,
 //! from the provider's answer), and which of its steps are still running.
 //!
-//! A step is known by the run it belongs to from its creation (`POST /steps`, from any task: the
-//! branches of `ctx.parallel` included), or else from the execution scope its write is made in.
+//! A step counts for the run whose execution scope created it (a sub-workflow child's steps for
+//! the run executing it), else for the run it belongs to (created from a task outside any
+//! execution scope: the branches of `ctx.parallel`), else, when this worker did not see it
+//! created, for the run of the execution scope its write is made in.
 //! Only writes that landed count; a write sent again after a lost answer counts once.
 
 use std::collections::{HashMap, HashSet};
