@@ -631,6 +631,18 @@ impl LambdaWorkerBuilder {
         self
     }
 
+    /// How runs put to sleep for provider capacity together are woken spread out: each wake time
+    /// moves later by an offset drawn from the run id over a window of half the wait, at least
+    /// `spread` and at most `max` (never below `spread`); zero for both: no spread. Wider than
+    /// the API waker's 10 s tick and the timer wake-ups' 2 s grouping by default
+    /// ([`crate::CapacitySpread`]). Variable `IRONFLOW_CAPACITY_SPREAD_SECS` (seconds); default 30.
+    /// Variable `IRONFLOW_CAPACITY_SPREAD_MAX_SECS` (seconds); default 300.
+    pub fn capacity_spread(mut self, spread: Duration, max: Duration) -> Self {
+        self.settings.capacity_spread = spread;
+        self.settings.capacity_spread_max = max;
+        self
+    }
+
     /// CloudWatch namespace of the EMF metrics: 1 to 255 of ASCII letters, digits, `. - _ / # :`
     /// and space, not starting with `:` or `AWS/` (CloudWatch drops the metrics of any other).
     /// Variable `IRONFLOW_METRICS_NAMESPACE`; default `ironflow-lambda`.

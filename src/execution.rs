@@ -49,7 +49,7 @@ use crate::handback::{self, HandbackContext, HandbackPolicy, Why};
 use crate::lease::{LeaseEnd, LeaseRefresher};
 use crate::orphans;
 use crate::process_mark::{LiveMark, RunMark};
-use crate::report::{Fate, Outcome, RunReport};
+use crate::report::{Fate, Outcome, RunReport, Spend};
 use crate::runtime::{ExecutionRuntime, StuckExecutions};
 use crate::step_times::StepTimes;
 use crate::store::GuardedStore;
@@ -205,6 +205,17 @@ async fn execute_in_span(p: ExecutionParams, claimed: Claimed) -> RunReport {
             )
         });
     }
+    report.spend = spend(&p, &scope, &report);
+    info!(
+        outcome = ?report.outcome,
+        input_tokens = report.spend.input_tokens,
+        output_tokens = report.spend.output_tokens,
+        cost_usd = report.spend.cost_usd,
+        steps_cut = report.spend.steps_cut,
+        calls_cut = report.spend.calls_cut,
+        estimated_input_tokens = report.spend.estimated_input_tokens,
+        "run execution ended"
+    );
     if stuck {
         report.stuck = true;
         let note = "its execution did not stop (a step blocks its thread)";
@@ -214,6 +225,17 @@ async fn execute_in_span(p: ExecutionParams, claimed: Claimed) -> RunReport {
         });
     }
     report
+}
+
+/// What the run's steps used and cost in this execution (the records this worker wrote), the
+/// model calls its scope saw cut, and, for a run handed back, its steps still running (cut).
+fn spend(p: &ExecutionParams, scope: &CallScope, report: &RunReport) -> Spend {
+    let (mut spend, open) = p.engine_store.take_spend(report.run_id);
+    if report.outcome == Outcome::HandedBack {
+        spend.steps_cut = open;
+    }
+    (spend.calls_cut, spend.estimated_input_tokens) = scope.calls_cut();
+    spend
 }
 
 /// Kill what the run's steps left running (detached processes included: they carry `mark`),

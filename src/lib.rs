@@ -87,11 +87,13 @@ pub use poison::dynamodb::{DynamoPoisonTable, DynamoSetupError};
 pub use poison::memory::MemoryPoisonTable;
 pub use poison::{PoisonMode, PoisonPolicy, PoisonTable};
 pub use report::{
-    ApiErrorCount, BatchRequest, Due, FaultKind, FlushReport, InvocationSummary, Outcome,
-    RunReport, SleepWatch, StopReason, TimerWake, WakeReport, WakeTrigger, WatchReport,
+    ApiErrorCount, BatchRequest, CHARS_PER_TOKEN, Due, FaultKind, FlushReport, InvocationSummary,
+    Outcome, RunReport, SleepWatch, Spend, StopReason, TimerWake, WakeReport, WakeTrigger,
+    WatchReport,
 };
 pub use secrets::SecretError;
 pub use settings::{ConfigError, FunctionRole, Settings, WakeSettings, WebhookSecret, WorkerToken};
+pub use store::spread::CapacitySpread;
 pub use trigger::TriggerError;
 pub use wake::{LocalWakeQueue, SqsWakeQueue, WakeQueue, Waker};
 pub use worker::LambdaWorker;

@@ -19,15 +19,23 @@
 //! | `PoisonTableErrors` | Count | function |
 //! | `TimeLeftAtExit` | Milliseconds | function |
 //! | `Backlog` | Count | function (when the pending count is known) |
+//! | `InputTokens`, `OutputTokens` | Count | function, workflow |
+//! | `CostUsd` | None (US dollars; one value per run that spent, `Sum` is the total) | function, workflow |
+//! | `StepsCutAtCutoff` | Count | function, workflow |
+//!
+//! The spend metrics are the recorded figures of [`crate::Spend`]: a model call cut at the cutoff
+//! is in none of them (the summary's `calls_cut` and `estimated_input_tokens` report it).
 //!
 //! ironflow's own metrics (`ironflow_runs_total`, `ironflow_step_duration_seconds`, ...) go
 //! through the same recorder.
 
-use metrics::{Unit, counter, describe_counter, describe_gauge, gauge};
+use metrics::{
+    Unit, counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram,
+};
 use metrics_cloudwatch_embedded::Collector;
 use tracing::warn;
 
-use crate::report::{InvocationSummary, Outcome};
+use crate::report::{InvocationSummary, Outcome, Spend};
 
 /// `RunsClaimed`: runs claimed by an invocation.
 pub const RUNS_CLAIMED: &str = "RunsClaimed";
@@ -52,6 +60,16 @@ pub const POISON_TABLE_ERRORS: &str = "PoisonTableErrors";
 pub const TIME_LEFT_AT_EXIT: &str = "TimeLeftAtExit";
 /// `Backlog`: pending runs this worker can take, as the API counted them after the batch.
 pub const BACKLOG: &str = "Backlog";
+
+/// `InputTokens`: input tokens of the steps that ended, as their provider reported them.
+pub const INPUT_TOKENS: &str = "InputTokens";
+/// `OutputTokens`: output tokens of the steps that ended, as their provider reported them.
+pub const OUTPUT_TOKENS: &str = "OutputTokens";
+/// `CostUsd`: what those steps cost, in US dollars, one value per run that spent.
+pub const COST_USD: &str = "CostUsd";
+/// `StepsCutAtCutoff`: steps still running when their run was handed back (done again by the
+/// next invocation).
+pub const STEPS_CUT_AT_CUTOFF: &str = "StepsCutAtCutoff";
 
 /// The metric counting runs that ended with `outcome`.
 pub fn outcome_metric(outcome: Outcome) -> &'static str {
@@ -98,6 +116,10 @@ pub fn install(namespace: &str, function: &str) -> Option<&'static Collector> {
             );
             describe_gauge!(TIME_LEFT_AT_EXIT, Unit::Milliseconds, "time left at exit");
             describe_gauge!(BACKLOG, Unit::Count, "pending runs");
+            describe_counter!(INPUT_TOKENS, Unit::Count, "model input tokens");
+            describe_counter!(OUTPUT_TOKENS, Unit::Count, "model output tokens");
+            describe_histogram!(COST_USD, "model cost in US dollars");
+            describe_counter!(STEPS_CUT_AT_CUTOFF, Unit::Count, "steps cut by a handback");
             Some(collector)
         }
         Err(e) => {
@@ -112,6 +134,7 @@ pub fn record(summary: &InvocationSummary) {
     counter!(RUNS_CLAIMED).increment(summary.claimed as u64);
     for run in &summary.runs {
         counter!(outcome_metric(run.outcome), "workflow" => run.workflow.clone()).increment(1);
+        record_spend(&run.workflow, &run.spend);
     }
     for fault in &summary.api_errors {
         counter!(API_ERRORS, "route" => fault.route, "kind" => fault.kind.as_str())
@@ -132,6 +155,18 @@ pub fn record(summary: &InvocationSummary) {
     // Known when the wake-up step counted the pending runs (`IRONFLOW_WAKE_QUEUE_URL` set).
     if let Some(pending) = summary.wake_ups.as_ref().and_then(|w| w.pending_runs) {
         gauge!(BACKLOG).set(pending as f64);
+    }
+}
+
+/// Record what one run's model calls used (zero counts are left out of the document).
+fn record_spend(workflow: &str, spend: &Spend) {
+    let workflow = workflow.to_string();
+    counter!(INPUT_TOKENS, "workflow" => workflow.clone()).increment(spend.input_tokens);
+    counter!(OUTPUT_TOKENS, "workflow" => workflow.clone()).increment(spend.output_tokens);
+    counter!(STEPS_CUT_AT_CUTOFF, "workflow" => workflow.clone())
+        .increment(u64::from(spend.steps_cut));
+    if spend.cost_usd > 0.0 {
+        histogram!(COST_USD, "workflow" => workflow).record(spend.cost_usd);
     }
 }
 

@@ -1,8 +1,9 @@
 //! The data an invocation reports, shared by the modules that produce and read it: how each
 //! run ended ([`Outcome`], [`RunReport`]), why the claim loop stopped ([`StopReason`]), the
 //! API faults met ([`FaultKind`], [`ApiErrorCount`]), the step logs forwarded ([`FlushReport`]),
-//! the wake-ups sent ([`WakeReport`]), the invocation's JSON summary ([`InvocationSummary`]),
-//! and what a trigger asks for ([`BatchRequest`]).
+//! the wake-ups sent ([`WakeReport`]), what the runs' model calls used and cost ([`Spend`]), the
+//! invocation's JSON summary ([`InvocationSummary`]), and what a trigger asks for
+//! ([`BatchRequest`]).
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -91,6 +92,11 @@ pub struct RunReport {
     /// When it becomes claimable again, if this invocation left it waiting for a known time.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub due: Option<Due>,
+    /// What its steps' model calls used and cost in this invocation, in the summary as its
+    /// fields (`input_tokens`, `output_tokens`, `cost_usd`, `steps_cut`, `calls_cut`,
+    /// `estimated_input_tokens`).
+    #[serde(flatten)]
+    pub spend: Spend,
     /// The run's attempt counter when claimed (`retry_count`), part of the failure id.
     #[serde(skip)]
     pub retry_count: u32,
@@ -155,6 +161,7 @@ impl RunReport {
             left_to_reaper: fate.left_to_reaper,
             stuck: false,
             due: fate.due,
+            spend: Spend::default(),
             retry_count: run.retry_count,
             lease_recoveries: run.lease_recoveries,
         }
@@ -165,6 +172,55 @@ impl RunReport {
     /// while it waited for one (LeaseLost).
     pub(crate) fn not_executed(run: &Run, fate: Fate) -> Self {
         Self::new(run, fate, Duration::ZERO)
+    }
+}
+
+/// What a run's model calls used and cost in one invocation (per run in [`RunReport`], summed
+/// over the runs in [`InvocationSummary`]; `docs/agents.md`, "What a run costs").
+///
+/// **Recorded** figures come from the engine's step records as this worker wrote them to the
+/// API (`PUT /steps/{id}`: the usage and cost the provider returned for a step that ended):
+/// exact as far as the provider's answer and its price table are. **Estimated** figures are for
+/// model calls cut at the cutoff, which return no usage and which the engine charges to no step:
+/// their input tokens are estimated from the request this worker sent, at
+/// [`CHARS_PER_TOKEN`] characters a token (rounded up); their output tokens are unknown (at
+/// most the model's output limit) and not counted.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct Spend {
+    /// Input tokens the provider reported for the steps that ended (prompt cache reads and
+    /// writes not included).
+    pub input_tokens: u64,
+    /// Output tokens the provider reported for the steps that ended.
+    pub output_tokens: u64,
+    /// What those steps cost, in US dollars, as the provider priced them (a model without a
+    /// price counts 0).
+    pub cost_usd: f64,
+    /// Steps still running when the run was handed back at the cutoff (their work is done
+    /// again by the next invocation).
+    pub steps_cut: u32,
+    /// Model calls in flight when the run's execution stopped (cut at the cutoff, or by a
+    /// handback): sent, maybe billed, never answered here.
+    pub calls_cut: u32,
+    /// Their input tokens, **estimated** from the request size (see above): not part of
+    /// `input_tokens`, nor of the run's cost cap.
+    pub estimated_input_tokens: u64,
+}
+
+/// The characters a token is estimated at for a cut model call's input (4, the usual rule of
+/// thumb for English text with Claude and Nova tokenizers; code and other languages take more
+/// tokens per character).
+pub const CHARS_PER_TOKEN: u64 = 4;
+
+impl std::ops::AddAssign for Spend {
+    fn add_assign(&mut self, other: Self) {
+        self.input_tokens = self.input_tokens.saturating_add(other.input_tokens);
+        self.output_tokens = self.output_tokens.saturating_add(other.output_tokens);
+        self.cost_usd += other.cost_usd;
+        self.steps_cut = self.steps_cut.saturating_add(other.steps_cut);
+        self.calls_cut = self.calls_cut.saturating_add(other.calls_cut);
+        self.estimated_input_tokens = self
+            .estimated_input_tokens
+            .saturating_add(other.estimated_input_tokens);
     }
 }
 
@@ -258,6 +314,11 @@ pub struct InvocationSummary {
     pub stop_reason: StopReason,
     /// Errors that concern the batch rather than one run (claim failures).
     pub errors: Vec<String>,
+    /// What the runs' model calls used and cost in this invocation, summed over `runs` (each
+    /// run's own in its entry), as its fields: `input_tokens`, `output_tokens`, `cost_usd`,
+    /// `steps_cut`, `calls_cut`, `estimated_input_tokens`.
+    #[serde(flatten)]
+    pub spend: Spend,
     /// Infrastructure faults the invocation's calls met, the executions' included, per route
     /// and kind (each attempt that met one counts; most were retried and overcome). Never a
     /// workflow failure: see `docs/faults.md`.
@@ -480,6 +541,7 @@ mod tests {
             left_to_reaper: false,
             stuck: false,
             due: None,
+            spend: Spend::default(),
             retry_count: 0,
             lease_recoveries: 0,
         };

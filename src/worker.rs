@@ -32,6 +32,7 @@ use crate::settings::{Settings, WebhookSecret};
 use crate::step_times::StepTimes;
 use crate::store::GuardedStore;
 use crate::store::fault::FaultLog;
+use crate::store::spread::CapacitySpread;
 use crate::wake::Waker;
 use crate::wake::fleet::FleetMark;
 use crate::webhook::Receiver;
@@ -110,11 +111,14 @@ impl LambdaWorker {
         // Two stores, two HTTP clients: one for the engine, polled on the execution runtime,
         // one for the invocation's own calls, on the caller's (crate::runtime, crate::calls).
         let engine_writes = ApiClient::new(&s.api_url, credentials.clone())?;
-        let engine_store = Arc::new(GuardedStore::api(
-            &s.api_url,
-            credentials.clone(),
-            engine_writes,
-        ));
+        let engine_store = Arc::new(
+            GuardedStore::api(&s.api_url, credentials.clone(), engine_writes).with_capacity_spread(
+                CapacitySpread {
+                    spread: s.capacity_spread,
+                    max: s.capacity_spread_max,
+                },
+            ),
+        );
         let store: Arc<dyn Store> = engine_store.clone();
         let strategy = parts
             .account_strategy

@@ -19,7 +19,7 @@ use tracing::{info, warn};
 use super::calls::{Sleep, backoff, capacity_wait};
 use crate::deadline::later;
 use crate::secrets::{ApiKey, ApiKeySecret, SecretError};
-use crate::store::scope::CallScope;
+use crate::store::scope::{CallScope, ModelCall};
 
 /// The shortest time between two reads of the secret after a refusal: 1 minute.
 pub const REREAD_AT_MOST_EVERY: Duration = Duration::from_secs(60);
@@ -321,15 +321,32 @@ async fn bounded(
             None => provider.invoke(config).await,
         }
     };
-    match CallScope::execution_cutoff() {
+    let chars = [
+        Some(config.prompt.as_str()),
+        config.system_prompt.as_deref(),
+        config.append_system_prompt.as_deref(),
+        config.json_schema.as_deref(),
+    ]
+    .into_iter()
+    .flatten()
+    .map(|text| u64::try_from(text.chars().count()).unwrap_or(u64::MAX))
+    .fold(0, u64::saturating_add);
+    let in_flight = ModelCall::start(chars);
+    let answer = match CallScope::execution_cutoff() {
         None => call.await,
         Some(cutoff) => {
             let limit = cutoff.saturating_duration_since(Instant::now());
-            timeout_at(cutoff, call)
-                .await
-                .unwrap_or(Err(AgentError::Timeout { limit }))
+            match timeout_at(cutoff, call).await {
+                Ok(answer) => answer,
+                Err(_) => {
+                    drop(in_flight);
+                    return Err(AgentError::Timeout { limit });
+                }
+            }
         }
-    }
+    };
+    in_flight.answered();
+    answer
 }
 
 impl AgentProvider for AnthropicSecretProvider {

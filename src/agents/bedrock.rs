@@ -247,8 +247,14 @@ impl BedrockProvider {
         let mut spent = Spent::new(model, &self.prices);
         let mut trace = Trace::new(config.verbose);
         for turn_no in 1..=max_turns {
-            let output =
-                calls::converse(|| request.call(client), model, config, &self.limits).await?;
+            let output = calls::converse(
+                || request.call(client),
+                request.chars(),
+                model,
+                config,
+                &self.limits,
+            )
+            .await?;
             let turn = converse::read(output);
             spent.add(turn.usage);
             trace.answer(&turn);

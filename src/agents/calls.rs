@@ -28,7 +28,7 @@ use tokio::time::{Instant, sleep, timeout_at};
 use tracing::{info, warn};
 
 use crate::deadline::later;
-use crate::store::scope::CallScope;
+use crate::store::scope::{CallScope, ModelCall};
 
 /// The provider kind of a capacity wait (what the run's `capacity_wait_kind` names).
 pub(crate) const KIND: &str = "bedrock";
@@ -69,10 +69,12 @@ enum Failure {
     Refused(AgentError),
 }
 
-/// Send the request `request` builds (once per attempt) to `model`, bounded and retried as the
-/// module docs say, for the step `config`.
+/// Send the request `request` builds (once per attempt, `request_chars` characters of text) to
+/// `model`, bounded and retried as the module docs say, for the step `config`. An attempt dropped
+/// before its answer counts as a cut call ([`ModelCall`]).
 pub(crate) async fn converse(
     request: impl Fn() -> ConverseFluentBuilder,
+    request_chars: u64,
     model: &str,
     config: &AgentConfig,
     limits: &Limits,
@@ -84,7 +86,14 @@ pub(crate) async fn converse(
         let now = Instant::now();
         let own_limit = later(now, limits.call_limit);
         let bound = cutoff.map_or(own_limit, |c| own_limit.min(c));
-        let failure = match timeout_at(bound, request().send()).await {
+        let call = ModelCall::start(request_chars);
+        let answer = timeout_at(bound, request().send()).await;
+        if answer.is_ok() {
+            call.answered();
+        } else {
+            drop(call);
+        }
+        let failure = match answer {
             Ok(Ok(output)) => return Ok(output),
             Ok(Err(err)) => classify(&err, model),
             Err(_) => {

@@ -185,6 +185,33 @@ impl Request {
             .set_output_config(self.output_config.clone())
     }
 
+    /// The characters of text the call sends: the system prompt, the messages' text, and the
+    /// other blocks and the tool specifications by the length of their debug text (an
+    /// overestimate of their JSON); what a cut call's input tokens are estimated from.
+    pub fn chars(&self) -> u64 {
+        fn len(text: &str) -> u64 {
+            u64::try_from(text.chars().count()).unwrap_or(u64::MAX)
+        }
+        let system = match &self.system {
+            Some(SystemContentBlock::Text(text)) => len(text),
+            Some(other) => len(&format!("{other:?}")),
+            None => 0,
+        };
+        let messages = self
+            .messages
+            .iter()
+            .flat_map(|m| m.content())
+            .map(|block| match block {
+                ContentBlock::Text(text) => len(text),
+                other => len(&format!("{other:?}")),
+            });
+        let tools = self
+            .tool_config
+            .as_ref()
+            .map_or(0, |t| len(&format!("{t:?}")));
+        messages.fold(system.saturating_add(tools), u64::saturating_add)
+    }
+
     /// Add the model's message `assistant` and the tool results `results` answering it.
     ///
     /// # Errors

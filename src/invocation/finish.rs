@@ -12,7 +12,7 @@ use tracing::info;
 use super::Batch;
 use crate::api::logs::LogInbox;
 use crate::orphans::InvocationGuard;
-use crate::report::{Due, FlushReport, InvocationSummary, Outcome, RunReport, StopReason};
+use crate::report::{Due, FlushReport, InvocationSummary, Outcome, RunReport, Spend, StopReason};
 use crate::wake::{self, BatchEnd};
 use crate::worker::LambdaWorker;
 use crate::{heartbeat, metrics, process_mark};
@@ -107,6 +107,10 @@ impl Batch<'_> {
                 wake::after_batch(waker, &w.api, w.settings.max_runs_per_invocation, end).await
             }
         };
+        let mut spend = Spend::default();
+        for r in &runs {
+            spend += r.spend;
+        }
         let summary = InvocationSummary {
             request_id: self.invoked.request_id.to_string(),
             worker_id: self.worker_id,
@@ -115,6 +119,7 @@ impl Batch<'_> {
             runs,
             stop_reason,
             errors: self.errors,
+            spend,
             api_errors: self.faults.snapshot(),
             lease_recoveries: self.poison.lease_recoveries(),
             time_left_ms: u64::try_from(self.budget.until_deadline().as_millis())
@@ -130,6 +135,11 @@ impl Batch<'_> {
             claimed = summary.claimed,
             stop_reason = summary.stop_reason.as_str(),
             time_left_ms = summary.time_left_ms,
+            input_tokens = spend.input_tokens,
+            output_tokens = spend.output_tokens,
+            cost_usd = spend.cost_usd,
+            calls_cut = spend.calls_cut,
+            estimated_input_tokens = spend.estimated_input_tokens,
             "invocation finished"
         );
         summary

@@ -13,7 +13,7 @@ use std::collections::BTreeMap;
 use super::Invoked;
 use crate::admission::Refused;
 use crate::deadline::Budget;
-use crate::report::{Fate, FlushReport, InvocationSummary, Outcome, RunReport, StopReason};
+use crate::report::{Fate, FlushReport, InvocationSummary, Outcome, RunReport, Spend, StopReason};
 use crate::store::scope::RunKey;
 
 /// Fail a claimed run of a blocked workflow without executing it.
@@ -129,6 +129,7 @@ pub(super) fn not_admitted(
         runs: Vec::new(),
         stop_reason,
         errors: vec![error.to_string()],
+        spend: Spend::default(),
         api_errors: Vec::new(),
         lease_recoveries: 0,
         time_left_ms: u64::try_from(budget.until_deadline().as_millis()).unwrap_or(u64::MAX),

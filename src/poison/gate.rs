@@ -425,6 +425,7 @@ mod tests {
             left_to_reaper: false,
             stuck: false,
             due: None,
+            spend: crate::report::Spend::default(),
             retry_count: 0,
             lease_recoveries: 0,
         }

@@ -325,6 +325,10 @@ pub struct Settings {
     /// The expected duration of a step never seen (`IRONFLOW_DEFAULT_STEP_SECS`).
     pub default_step_duration: Duration,
     pub max_capacity_wait: Duration,
+    /// The least window capacity wake-ups are spread over ([`crate::CapacitySpread`]).
+    pub capacity_spread: Duration,
+    /// The most.
+    pub capacity_spread_max: Duration,
     /// Never logged: it usually embeds a secret.
     pub heartbeat_url: Option<String>,
     pub emulated_invocation: Option<Duration>,
@@ -379,6 +383,8 @@ impl Settings {
             cutoff_aware_starts: CUTOFF_AWARE_STARTS.default_value(),
             default_step_duration: DEFAULT_STEP_SECS.default_value(),
             max_capacity_wait: MAX_CAPACITY_WAIT.default_value(),
+            capacity_spread: CAPACITY_SPREAD.default_value(),
+            capacity_spread_max: CAPACITY_SPREAD_MAX.default_value(),
             heartbeat_url: HEARTBEAT_URL.default_value(),
             emulated_invocation: EMULATED_INVOCATION.default_value(),
             wake_queue_url: WAKE_QUEUE_URL.default_value(),

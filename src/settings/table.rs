@@ -393,6 +393,34 @@ pub const MAX_CAPACITY_WAIT: Setting<Duration> = Setting {
     access: field!(max_capacity_wait),
 };
 
+pub const CAPACITY_SPREAD: Setting<Duration> = Setting {
+    variable: "IRONFLOW_CAPACITY_SPREAD_SECS",
+    setter: "capacity_spread",
+    meaning: "least window [throttled runs' wake-ups](docs/agents.md#throttled-runs) spread over",
+    unit: Unit::Secs,
+    default: Duration::from_secs(30),
+    default_doc: None,
+    min: None,
+    max: Some(MAX_DURATION),
+    rule: None,
+    shown: Shown::Raw,
+    access: field!(capacity_spread),
+};
+
+pub const CAPACITY_SPREAD_MAX: Setting<Duration> = Setting {
+    variable: "IRONFLOW_CAPACITY_SPREAD_MAX_SECS",
+    setter: "capacity_spread",
+    meaning: "its bound for long waits",
+    unit: Unit::Secs,
+    default: Duration::from_secs(300),
+    default_doc: None,
+    min: None,
+    max: Some(MAX_DURATION),
+    rule: None,
+    shown: Shown::Raw,
+    access: field!(capacity_spread_max),
+};
+
 pub const ANTHROPIC_API_KEY_SECRET_ARN: Setting<Option<String>> = Setting {
     variable: "IRONFLOW_ANTHROPIC_API_KEY_SECRET_ARN",
     setter: "from_env_and_secrets",
@@ -583,6 +611,8 @@ pub static VARIABLES: &[&Variable] = &[
     &CUTOFF_AWARE_STARTS,
     &DEFAULT_STEP_SECS,
     &MAX_CAPACITY_WAIT,
+    &CAPACITY_SPREAD,
+    &CAPACITY_SPREAD_MAX,
     &ANTHROPIC_API_KEY_SECRET_ARN,
     &HEARTBEAT_URL,
     &EMULATED_INVOCATION,

@@ -48,6 +48,8 @@ pub(crate) mod holder;
 mod put;
 mod readback;
 pub mod scope;
+mod spend;
+pub mod spread;
 mod view;
 
 use std::sync::{Arc, PoisonError, RwLock};
@@ -68,6 +70,7 @@ use self::scope::CallScope;
 use self::view::{Taken, Views};
 use crate::api::ApiClient;
 use crate::credentials::Credentials;
+use crate::report::Spend;
 
 /// Attempts of a claim (`GET /runs/next`) that meets faults: 3. A claim the API refuses for a
 /// wrong base URL (an empty 404) or a proxy's error page looks like a server fault; the
@@ -79,6 +82,12 @@ pub const CLAIM_ATTEMPTS: u32 = 3;
 const CLAIM_RETRIES: guard::Retries = guard::Retries {
     attempts: Some(CLAIM_ATTEMPTS),
     attempt_limit: false,
+};
+
+/// No spread of capacity wake-ups (a store built without [`GuardedStore::with_capacity_spread`]).
+const NO_SPREAD: spread::CapacitySpread = spread::CapacitySpread {
+    spread: Duration::ZERO,
+    max: Duration::ZERO,
 };
 
 /// Forwards each listed method to the store as first built, unchanged: `ApiRunStore` answers
@@ -142,6 +151,10 @@ pub struct GuardedStore {
     base: Arc<dyn Store>,
     /// The runs held under this worker's leases, as known (see [`GuardedStore::prime`]).
     views: Views,
+    /// What the held runs' steps used and cost ([`GuardedStore::take_spend`]).
+    spends: spend::Spends,
+    /// How capacity wake-ups are spread ([`spread`]).
+    spread: spread::CapacitySpread,
 }
 
 impl GuardedStore {
@@ -159,6 +172,8 @@ impl GuardedStore {
                 current: RwLock::new((generation, store)),
             }),
             views: Views::default(),
+            spends: spend::Spends::default(),
+            spread: NO_SPREAD,
         }
     }
 
@@ -169,7 +184,16 @@ impl GuardedStore {
             base: inner.clone(),
             source: Source::Fixed(inner),
             views: Views::default(),
+            spends: spend::Spends::default(),
+            spread: NO_SPREAD,
         }
+    }
+
+    /// This store, spreading the wake times of runs put to sleep for provider capacity as
+    /// `spread` says ([`spread`]); none by default.
+    pub fn with_capacity_spread(mut self, spread: spread::CapacitySpread) -> Self {
+        self.spread = spread;
+        self
     }
 
     /// Answer the engine's reads of `run`, claimed by a request sent at `claim_sent`, from
@@ -193,6 +217,14 @@ impl GuardedStore {
     /// request sent at `sent` while the run waited for a slot (see `store/view.rs`).
     pub fn keep_steps(&self, run_id: Uuid, steps: Vec<Step>, sent: Instant) {
         self.views.keep_steps(run_id, steps, sent);
+    }
+
+    /// What run `run_id`'s steps used and cost as this worker wrote their records since it began
+    /// holding the run (`input_tokens`, `output_tokens`, `cost_usd` of [`Spend`]; the rest zero),
+    /// and how many of its steps were created or started and not ended; forgotten once taken
+    /// (at the end of the run's execution here).
+    pub fn take_spend(&self, run_id: Uuid) -> (Spend, u32) {
+        self.spends.take(run_id)
     }
 
     /// Stop answering reads of `run_id` from its view (its status changed): the next read goes
@@ -227,6 +259,7 @@ impl GuardedStore {
     /// write is in flight (reads go to the API) and returned once the write landed, for the
     /// caller to put back or build the read-back from (see `store/view.rs`).
     async fn write_run(&self, id: Uuid, update: RunUpdate) -> Result<Option<Taken>, StoreError> {
+        let update = self.spread.apply(id, update, Utc::now());
         let taken = self.views.take(id);
         let target = update.status;
         let scheduled_at = update.scheduled_at;
@@ -456,6 +489,9 @@ impl RunStore for GuardedStore {
             )
             .await?;
             let scope = CallScope::current();
+            // A sub-workflow child's steps count for the run whose execution makes them.
+            let run = scope.run_key().map_or(created.run_id, |k| k.run_id);
+            self.spends.created(created.id, run);
             scope.saw_steps([created.id]);
             if let Some(fit) = scope.fit() {
                 fit.created(&created);
@@ -481,6 +517,8 @@ impl RunStore for GuardedStore {
             if let Some(fit) = scope.fit() {
                 fit.updated(id, &update);
             }
+            self.spends
+                .landed(id, &update, scope.run_key().map(|k| k.run_id));
             Ok(())
         })
     }

@@ -15,11 +15,11 @@
 //! through the cutoff and carries on afterwards, is held back and never reaches the API.
 
 use std::collections::HashSet;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use crate::report::Due;
+use crate::report::{CHARS_PER_TOKEN, Due};
 use ironflow_store::entities::{NewStep, RunStatus};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -147,6 +147,10 @@ pub struct CallScope {
     /// When its own run becomes claimable again, as its last landed write left it (a retry's
     /// backoff, a sleep's wake time).
     due: Mutex<Option<Due>>,
+    /// Model calls of this scope's work dropped before their answer ([`ModelCall`]).
+    calls_cut: AtomicU32,
+    /// Their estimated input tokens.
+    estimated_input_tokens: AtomicU64,
 }
 
 impl CallScope {
@@ -169,6 +173,8 @@ impl CallScope {
             seen_steps: Mutex::new(HashSet::new()),
             statuses_written: Mutex::new(Vec::new()),
             due: Mutex::new(None),
+            calls_cut: AtomicU32::new(0),
+            estimated_input_tokens: AtomicU64::new(0),
         }
     }
 
@@ -445,6 +451,16 @@ impl CallScope {
             .any(|s| *s != RunStatus::Running)
     }
 
+    /// Model calls of this scope's work that were sent and dropped before their answer (cut at
+    /// the cutoff, or with the execution), and their input tokens as estimated from the requests'
+    /// size ([`ModelCall`]).
+    pub fn calls_cut(&self) -> (u32, u64) {
+        (
+            self.calls_cut.load(Ordering::Relaxed),
+            self.estimated_input_tokens.load(Ordering::Relaxed),
+        )
+    }
+
     /// Hold back every later call of this scope (it never reaches the API).
     pub fn fence(&self) {
         self.fenced.store(true, Ordering::SeqCst);
@@ -480,6 +496,60 @@ impl CallScope {
         self.stop.cancelled().await;
         self.stop_reason()
             .unwrap_or_else(|| ScopeStop::Fault(ApiFault::timeout("(unknown)", Duration::ZERO)))
+    }
+}
+
+/// A model call in flight, from just before its request leaves until its answer (an error
+/// answer included) arrives: dropped without [`ModelCall::answered`] (its future was dropped at
+/// the cutoff, or with the execution's task), it counts as cut in the execution scope it was
+/// started in, with its input tokens estimated from `request_chars` at
+/// [`CHARS_PER_TOKEN`] characters a token, and is logged. A call made outside an execution
+/// scope (a branch of `ctx.parallel`, which the engine spawns as a task of its own) is logged
+/// only.
+#[derive(Debug)]
+pub(crate) struct ModelCall {
+    scope: Option<Arc<CallScope>>,
+    estimated_input_tokens: u64,
+    answered: bool,
+}
+
+impl ModelCall {
+    /// A call whose request holds `request_chars` characters of text, about to be sent.
+    pub(crate) fn start(request_chars: u64) -> Self {
+        let scope = SCOPE
+            .try_with(Arc::clone)
+            .ok()
+            .filter(|scope| scope.run.is_some());
+        Self {
+            scope,
+            estimated_input_tokens: request_chars.div_ceil(CHARS_PER_TOKEN),
+            answered: false,
+        }
+    }
+
+    /// The call was answered.
+    pub(crate) fn answered(mut self) {
+        self.answered = true;
+    }
+}
+
+impl Drop for ModelCall {
+    fn drop(&mut self) {
+        if self.answered {
+            return;
+        }
+        tracing::warn!(
+            estimated_input_tokens = self.estimated_input_tokens,
+            counted = self.scope.is_some(),
+            "model call cut before its answer: its usage is unknown (input tokens estimated from \
+             the request size)"
+        );
+        if let Some(scope) = &self.scope {
+            scope.calls_cut.fetch_add(1, Ordering::Relaxed);
+            scope
+                .estimated_input_tokens
+                .fetch_add(self.estimated_input_tokens, Ordering::Relaxed);
+        }
     }
 }
 

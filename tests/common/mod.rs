@@ -56,7 +56,8 @@ impl Harness {
         }
     }
 
-    /// A builder with test-sized settings: 200 ms lease refreshes, a 500 ms margin.
+    /// A builder with test-sized settings: 200 ms lease refreshes, a 500 ms margin, throttled
+    /// runs woken without spread (tests/cost.rs sets one).
     pub fn builder(&self) -> LambdaWorkerBuilder {
         LambdaWorkerBuilder::new(&self.api.url(), self.api.token())
             .provider(Arc::new(ClaudeCodeProvider::new()))
@@ -64,6 +65,7 @@ impl Harness {
             .lease_refresh_interval(Duration::from_millis(200))
             .deadline_margin(Duration::from_millis(500))
             .min_claim_budget(Duration::from_millis(200))
+            .capacity_spread(Duration::ZERO, Duration::ZERO)
     }
 
     pub fn path(&self, name: &str) -> PathBuf {

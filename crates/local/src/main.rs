@@ -833,15 +833,25 @@ fn print_tally(invocations: &[Invoked], posted: &Posted, left_on_queue: usize) {
 /// `--serve`, where the deployable function's invocations are not seen here). Steps are counted
 /// by position: a step interrupted at a handback (or failed before a run-level retry) keeps its
 /// row, and the run's next execution adds another for the same position, shown apart as an
-/// earlier attempt. A step's own retries (its retry policy) stay in one row.
+/// earlier attempt. A step's own retries (its retry policy) stay in one row. Tokens in/out are
+/// the sums of the run's step records (every attempt's, as the provider reported them) and the
+/// cost is the run's `cost_usd` (what the engine charged it); a model call cut at the cutoff is
+/// in neither (each invocation's summary estimates it: docs/agents.md, "What a run costs").
 async fn print_table(
     api: &LocalApi,
     runs: &[Uuid],
     drained: Option<&Drained>,
 ) -> Result<usize, Box<dyn std::error::Error>> {
     println!(
-        "\n{:<17} {:<38} {:<10} {:>17}  {:>11} {:<26}  error",
-        "workflow", "run", "state", "created → claimed", "invocations", "steps done/all"
+        "\n{:<17} {:<38} {:<10} {:>17}  {:>11} {:<26} {:>15} {:>10}  error",
+        "workflow",
+        "run",
+        "state",
+        "created → claimed",
+        "invocations",
+        "steps done/all",
+        "tokens in/out",
+        "cost $"
     );
     let mut terminal = 0;
     for id in runs {
@@ -864,6 +874,8 @@ async fn print_table(
         if run.status.state.is_terminal() {
             terminal += 1;
         }
+        let tokens_in: u64 = steps.iter().filter_map(|s| s.input_tokens).sum();
+        let tokens_out: u64 = steps.iter().filter_map(|s| s.output_tokens).sum();
         let claimed = drained
             .and_then(|d| d.claim_ms.get(id))
             .map_or("-".to_string(), |ms| format!("{ms} ms"));
@@ -875,7 +887,7 @@ async fn print_table(
                 .to_string()
         });
         println!(
-            "{:<17} {:<38} {:<10} {:>17}  {:>11} {:<26}  {}",
+            "{:<17} {:<38} {:<10} {:>17}  {:>11} {:<26} {:>15} {:>10}  {}",
             run.workflow_name,
             // Uuid's Display ignores the width: pad its string.
             run.id.to_string(),
@@ -883,6 +895,8 @@ async fn print_table(
             claimed,
             invocations,
             step_count,
+            format!("{tokens_in}/{tokens_out}"),
+            run.cost_usd.round_dp(6).to_string(),
             run.error.as_deref().unwrap_or("")
         );
     }

@@ -102,6 +102,16 @@ fn the_main_job_drains_every_run_on_push_and_counts_steps_by_position() {
     ] {
         let row = line_starting(&stdout, workflow);
         assert!(row.contains("Completed") && row.contains(steps), "{row}");
+        // Its tokens in/out (the server's counts) and its cost (Nova Lite's price) in the table.
+        let cells: Vec<&str> = row.split_whitespace().collect();
+        // A completed run has no error: its last cells are tokens in/out, then the cost.
+        let (tokens, cost) = (cells[cells.len() - 2], cells[cells.len() - 1]);
+        let (tokens_in, tokens_out) = tokens
+            .split_once('/')
+            .unwrap_or_else(|| panic!("no tokens in/out in {row}"));
+        assert!(tokens_in.parse::<u64>().unwrap() > 0, "{row}");
+        assert!(tokens_out.parse::<u64>().unwrap() > 0, "{row}");
+        assert!(cost.parse::<f64>().unwrap() > 0.0, "{row}");
     }
     let approved = line_starting(&stdout, "approved human-review run ");
     let review = line_starting(&stdout, "human-review ");
