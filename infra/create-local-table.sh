@@ -2,7 +2,7 @@
 # Create the poison-pill table on a local DynamoDB-protocol endpoint (moto's server, DynamoDB
 # Local), with the schema the function expects and the SAM template declares:
 #   partition key "pk" (S) only, on-demand billing (PAY_PER_REQUEST), TTL on "expires_at".
-# The schema is defined once, in src/poison/dynamodb.rs (PARTITION_KEY, TTL_ATTRIBUTE);
+# The schema is defined once, in src/poison/dynamodb/mod.rs (PARTITION_KEY, TTL_ATTRIBUTE);
 # tests/poison_dynamodb.rs runs this script and checks the table it creates against it.
 #
 # Usage: infra/create-local-table.sh ENDPOINT [TABLE]
@@ -31,8 +31,8 @@ import sys
 
 import boto3
 
-PARTITION_KEY = "pk"        # src/poison/dynamodb.rs PARTITION_KEY
-TTL_ATTRIBUTE = "expires_at"  # src/poison/dynamodb.rs TTL_ATTRIBUTE
+PARTITION_KEY = "pk"        # src/poison/dynamodb/mod.rs PARTITION_KEY
+TTL_ATTRIBUTE = "expires_at"  # src/poison/dynamodb/mod.rs TTL_ATTRIBUTE
 
 endpoint, table = sys.argv[1], sys.argv[2]
 ddb = boto3.client("dynamodb", endpoint_url=endpoint)

@@ -41,7 +41,7 @@ use common::start_step;
 
 // --- helpers (local to this file) ---------------------------------------------------------
 
-/// Create a table with the schema of `src/poison/dynamodb.rs` (pk S, on demand, TTL).
+/// Create a table with the schema of `src/poison/dynamodb/` (pk S, on demand, TTL).
 async fn create_table(endpoint: &str) -> String {
     let name = unique_table();
     create_table_keyed(endpoint, &name, PARTITION_KEY).await;

@@ -57,7 +57,7 @@ impl CapacitySpread {
             let wait = (at - now).to_std().unwrap_or_default();
             let offset = self.offset(run_id, wait);
             let later = TimeDelta::from_std(offset).unwrap_or_default();
-            update.scheduled_at = Some(at + later);
+            update.scheduled_at = Some(at.checked_add_signed(later).unwrap_or(at));
             info!(
                 offset_ms = u64::try_from(offset.as_millis()).unwrap_or(u64::MAX),
                 window_ms = u64::try_from(self.window(wait).as_millis()).unwrap_or(u64::MAX),

@@ -1,4 +1,4 @@
-//! DynamoDB calls of the poison-pill table (`src/poison/dynamodb.rs`) against moto's server.
+//! DynamoDB calls of the poison-pill table (`src/poison/dynamodb/`) against moto's server.
 //!
 //! moto: `IRONFLOW_TEST_MOTO_ENDPOINT` if set, else `.venv/bin/moto_server` (installed by
 //! `./scripts/test`) started by [`Moto::find_or_start`] before the bench makes itself a child
@@ -257,7 +257,7 @@ pub async fn measure(
     Ok(DynamoDb::Measured(phases))
 }
 
-/// A table with the schema of `src/poison/dynamodb.rs` (`pk` S, on demand).
+/// A table with the schema of `src/poison/dynamodb/` (`pk` S, on demand).
 async fn create_table(config: &aws_sdk_dynamodb::Config) -> Result<String, BenchError> {
     let name = format!("bench-poison-{}", Uuid::new_v4().simple());
     let schema = |e: aws_sdk_dynamodb::error::BuildError| BenchError::msg(format!("schema: {e}"));

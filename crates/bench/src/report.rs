@@ -786,7 +786,7 @@ fn dynamodb_section(md: &mut String, s: &DrainSettings, r: &Results) {
         DynamoDb::Measured(phases) => {
             let _ = writeln!(
                 md,
-                "The poison-pill table in DynamoDB (`src/poison/dynamodb.rs`, fail mode) against \
+                "The poison-pill table in DynamoDB (`src/poison/dynamodb/`, fail mode) against \
                  moto's server, counted by the table's own per-operation counter (every HTTP \
                  request its client sends, retries included; the cold start's `DescribeTable` \
                  left out). Our invocations back to back, N = {}, C = {}; the failure path runs \
