@@ -11,7 +11,6 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use aws_config::{BehaviorVersion, Region};
 use common::{Backend, Harness};
 use ironflow_lambda::poison::now_ms;
 use ironflow_lambda::{BedrockProvider, MemoryPoisonTable, Outcome, PoisonPolicy, PoisonTable};
@@ -213,14 +212,7 @@ async fn setup_with(
     let server = ModelServer::start(script(first))
         .await
         .expect("model server");
-    let aws = aws_config::defaults(BehaviorVersion::latest())
-        .region(Region::new("us-east-1"))
-        .endpoint_url(server.url())
-        .credentials_provider(aws_sdk_sqs::config::Credentials::new(
-            "testing", "testing", None, None, "tests",
-        ))
-        .load()
-        .await;
+    let aws = common::moto::aws_config_at(&server.url()).await;
     let poison = Arc::new(MemoryPoisonTable::new(PoisonPolicy::default()));
     let worker = my_workflows::patterns::register(
         harness

@@ -8,7 +8,6 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use aws_config::{BehaviorVersion, Region};
 use chrono::{TimeDelta, Utc};
 use common::{Backend, Harness};
 use ironflow_core::provider::AgentConfig;
@@ -66,14 +65,7 @@ async fn server() -> ModelServer {
 }
 
 async fn bedrock(server: &ModelServer) -> BedrockProvider {
-    let aws = aws_config::defaults(BehaviorVersion::latest())
-        .region(Region::new("us-east-1"))
-        .endpoint_url(server.url())
-        .credentials_provider(aws_sdk_sqs::config::Credentials::new(
-            "testing", "testing", None, None, "tests",
-        ))
-        .load()
-        .await;
+    let aws = common::moto::aws_config_at(&server.url()).await;
     BedrockProvider::new(&aws)
 }
 
@@ -136,19 +128,8 @@ async fn tokens_cost_and_a_cut_call_reach_the_summary_and_the_metrics(backend: B
     }
     assert_eq!(json["estimated_input_tokens"], chars.div_ceil(4));
 
-    let mut out = Vec::new();
-    metrics::flush(collector, &mut out);
-    let text = String::from_utf8(out).unwrap();
-    let documents: Vec<serde_json::Value> = text
-        .lines()
-        .map(|l| serde_json::from_str(l).expect("one JSON document per line"))
-        .collect();
-    let find = |name: &str| {
-        documents
-            .iter()
-            .find(|d| d.get(name).is_some())
-            .unwrap_or_else(|| panic!("{name} missing from {text}"))
-    };
+    let emf = common::Emf::flush(collector);
+    let (find, text) = (|name: &str| emf.find(name), &emf.text);
     assert_eq!(find("InputTokens")["InputTokens"], IN);
     assert_eq!(find("OutputTokens")["OutputTokens"], OUT);
     assert_eq!(find("StepsCutAtCutoff")["StepsCutAtCutoff"], 1);

@@ -375,26 +375,14 @@ async fn metrics_are_recorded_in_embedded_metric_format() {
 
     let summary = h.invoke(&worker, LONG).await;
     assert_eq!(summary.claimed, 2);
-    let mut out = Vec::new();
-    metrics::flush(collector, &mut out);
-
-    let text = String::from_utf8(out).unwrap();
-    let documents: Vec<serde_json::Value> = text
-        .lines()
-        .map(|l| serde_json::from_str(l).expect("one JSON document per line"))
-        .collect();
-    let find = |name: &str| {
-        documents
-            .iter()
-            .find(|d| d.get(name).is_some())
-            .unwrap_or_else(|| panic!("{name} missing from {text}"))
-    };
+    let emf = common::Emf::flush(collector);
+    let find = |name: &str| emf.find(name);
     assert_eq!(find("RunsClaimed")["RunsClaimed"], 2);
     assert_eq!(find("RunsCompleted")["workflow"], "ok");
     assert_eq!(find("RunsFailed")["workflow"], "ko");
     assert_eq!(find("RunsClaimed")["function"], "fn-under-test");
     assert!(find("TimeLeftAtExit")["_aws"]["CloudWatchMetrics"].is_array());
-    let units = text.contains("\"Unit\":\"Milliseconds\"");
+    let (units, text) = (emf.text.contains("\"Unit\":\"Milliseconds\""), &emf.text);
     assert!(units, "TimeLeftAtExit carries its unit: {text}");
 }
 

@@ -266,3 +266,32 @@ macro_rules! on_both_stores {
         }
     };
 }
+
+/// The EMF documents a metrics collector flushed: one JSON document per line.
+pub struct Emf {
+    /// The flushed text, for failure messages.
+    pub text: String,
+    documents: Vec<serde_json::Value>,
+}
+
+impl Emf {
+    /// Flush `collector` and parse what it wrote.
+    pub fn flush(collector: &metrics_cloudwatch_embedded::Collector) -> Self {
+        let mut out = Vec::new();
+        ironflow_lambda::metrics::flush(collector, &mut out);
+        let text = String::from_utf8(out).expect("UTF-8 metrics");
+        let documents = text
+            .lines()
+            .map(|l| serde_json::from_str(l).expect("one JSON document per line"))
+            .collect();
+        Self { text, documents }
+    }
+
+    /// The first document carrying metric `name`.
+    pub fn find(&self, name: &str) -> &serde_json::Value {
+        self.documents
+            .iter()
+            .find(|d| d.get(name).is_some())
+            .unwrap_or_else(|| panic!("{name} missing from {}", self.text))
+    }
+}

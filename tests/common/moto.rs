@@ -15,9 +15,15 @@ pub fn moto_endpoint() -> String {
 /// The AWS SDK's shared configuration for moto's server (any service's client), with test
 /// credentials, through the SDK's own loader.
 pub async fn aws_config() -> aws_config::SdkConfig {
+    aws_config_at(&moto_endpoint()).await
+}
+
+/// The AWS SDK's shared configuration for a stand-in at `endpoint` (moto, the scripted model
+/// server), with test credentials, through the SDK's own loader.
+pub async fn aws_config_at(endpoint: &str) -> aws_config::SdkConfig {
     use aws_config::{BehaviorVersion, Region};
     aws_config::defaults(BehaviorVersion::latest())
-        .endpoint_url(moto_endpoint())
+        .endpoint_url(endpoint)
         .region(Region::new("us-east-1"))
         .credentials_provider(aws_sdk_secretsmanager::config::Credentials::new(
             "testing", "testing", None, None, "moto",
