@@ -603,6 +603,24 @@ impl LambdaWorkerBuilder {
         self
     }
 
+    /// Whether a step that would not fit in the time left before the cutoff is not started: the
+    /// run is handed back at once, and the next invocation starts the step with a full budget
+    /// (docs/design.md, "Cutoff-aware starts"). `false`: every step starts as the engine asks,
+    /// and one still running at the cutoff is cut there. Variable
+    /// `IRONFLOW_CUTOFF_AWARE_STARTS`; default `true`.
+    pub fn cutoff_aware_starts(mut self, on: bool) -> Self {
+        self.settings.cutoff_aware_starts = on;
+        self
+    }
+
+    /// The expected duration of a step this process never saw complete and whose run never
+    /// recorded it, for cutoff-aware starts ([`LambdaWorkerBuilder::cutoff_aware_starts`]).
+    /// Variable `IRONFLOW_DEFAULT_STEP_SECS` (seconds); default 10.
+    pub fn default_step_duration(mut self, expected: Duration) -> Self {
+        self.settings.default_step_duration = expected;
+        self
+    }
+
     /// How long an agent step that sets no `max_capacity_wait` of its own may wait for provider
     /// capacity in all, across the sleeps it is put to (every provider account rate limited, or
     /// Bedrock throttling past its retries: [`crate::BedrockProvider`]); the run sleeps, holding

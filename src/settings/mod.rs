@@ -319,6 +319,11 @@ pub struct Settings {
     pub poison_namespace: String,
     pub poison_mode: PoisonMode,
     pub max_handbacks_without_progress: u32,
+    /// Whether a step that would not fit before the cutoff is deferred to the next invocation
+    /// (`IRONFLOW_CUTOFF_AWARE_STARTS`).
+    pub cutoff_aware_starts: bool,
+    /// The expected duration of a step never seen (`IRONFLOW_DEFAULT_STEP_SECS`).
+    pub default_step_duration: Duration,
     pub max_capacity_wait: Duration,
     /// Never logged: it usually embeds a secret.
     pub heartbeat_url: Option<String>,
@@ -371,6 +376,8 @@ impl Settings {
             poison_namespace: POISON_NAMESPACE.default_value(),
             poison_mode: POISON_MODE.default_value(),
             max_handbacks_without_progress: MAX_HANDBACKS_WITHOUT_PROGRESS.default_value(),
+            cutoff_aware_starts: CUTOFF_AWARE_STARTS.default_value(),
+            default_step_duration: DEFAULT_STEP_SECS.default_value(),
             max_capacity_wait: MAX_CAPACITY_WAIT.default_value(),
             heartbeat_url: HEARTBEAT_URL.default_value(),
             emulated_invocation: EMULATED_INVOCATION.default_value(),

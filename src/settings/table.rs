@@ -351,6 +351,34 @@ pub const MAX_HANDBACKS_WITHOUT_PROGRESS: Setting<u32> = Setting {
     access: field!(max_handbacks_without_progress),
 };
 
+pub const CUTOFF_AWARE_STARTS: Setting<bool> = Setting {
+    variable: "IRONFLOW_CUTOFF_AWARE_STARTS",
+    setter: "cutoff_aware_starts",
+    meaning: "[defer a step](docs/design.md#cutoff-aware-starts) that would outlast the cutoff",
+    unit: Unit::None,
+    default: true,
+    default_doc: None,
+    min: None,
+    max: None,
+    rule: None,
+    shown: Shown::Raw,
+    access: field!(cutoff_aware_starts),
+};
+
+pub const DEFAULT_STEP_SECS: Setting<Duration> = Setting {
+    variable: "IRONFLOW_DEFAULT_STEP_SECS",
+    setter: "default_step_duration",
+    meaning: "expected time of an unseen step",
+    unit: Unit::Secs,
+    default: Duration::from_secs(10),
+    default_doc: None,
+    min: None,
+    max: Some(MAX_DURATION),
+    rule: Some(above_zero),
+    shown: Shown::Raw,
+    access: field!(default_step_duration),
+};
+
 pub const MAX_CAPACITY_WAIT: Setting<Duration> = Setting {
     variable: "IRONFLOW_MAX_CAPACITY_WAIT_SECS",
     setter: "max_capacity_wait",
@@ -552,6 +580,8 @@ pub static VARIABLES: &[&Variable] = &[
     &POISON_NAMESPACE,
     &POISON_MODE,
     &MAX_HANDBACKS_WITHOUT_PROGRESS,
+    &CUTOFF_AWARE_STARTS,
+    &DEFAULT_STEP_SECS,
     &MAX_CAPACITY_WAIT,
     &ANTHROPIC_API_KEY_SECRET_ARN,
     &HEARTBEAT_URL,
