@@ -209,9 +209,10 @@ struct Args {
     #[arg(long, conflicts_with_all = ["drain_only", "production_only", "managed_only", "pickup_only"])]
     agents_only: bool,
     /// The agent rows' time scale: model latencies, the invocation's length, the deadline
-    /// margin and the minimum claim budget are multiplied by it (0.05 at least: the margin's
-    /// 500 ms floor).
-    #[arg(long, value_name = "FACTOR", default_value_t = 0.1, value_parser = time_scale)]
+    /// margin, the minimum claim budget and the default step duration are multiplied by it
+    /// (0.05 at least: the margin's 500 ms floor; at 0.1 the 1 s margin is short for a
+    /// handback of 32 runs over PostgreSQL on a loaded machine).
+    #[arg(long, value_name = "FACTOR", default_value_t = 0.2, value_parser = time_scale)]
     time_scale: f64,
     /// The seed of the agent rows' model latencies.
     #[arg(long, value_name = "SEED", default_value_t = 26)]
@@ -259,7 +260,9 @@ fn time_scale(factor: &str) -> Result<f64, String> {
         .parse::<f64>()
         .ok()
         .filter(|f| (0.05..=1.0).contains(f))
-        .ok_or(format!("expected a time scale from 0.05 to 1, got {factor:?}"))
+        .ok_or(format!(
+            "expected a time scale from 0.05 to 1, got {factor:?}"
+        ))
 }
 
 /// Checked now, not after minutes of drains.
@@ -448,7 +451,7 @@ async fn run(o: Options) -> Result<(), BenchError> {
     ironflow_lambda::orphans::become_subreaper();
     let machine = report::Machine::read();
     let whole_blocks = 2 * o.rows.len();
-    if !o.rounds.is_multiple_of(whole_blocks) {
+    if !o.rounds.is_multiple_of(whole_blocks) && !only {
         eprintln!(
             "note: {} rounds is not a multiple of {whole_blocks} (2 × {} rows): the order is \
              balanced only over whole blocks of {whole_blocks} rounds",
@@ -544,8 +547,7 @@ async fn loopback_drains(
     o: &Options,
 ) -> Result<BTreeMap<(Workload, Which), Vec<DrainResult>>, BenchError> {
     let mut drains: BTreeMap<(Workload, Which), Vec<DrainResult>> = BTreeMap::new();
-    let loopback_rounds = if o.production_only || o.managed_only || o.pickup_only || o.agents_only
-    {
+    let loopback_rounds = if o.production_only || o.managed_only || o.pickup_only || o.agents_only {
         0
     } else {
         o.rounds

@@ -154,7 +154,10 @@ pub async fn measure(
     let api = LocalApi::start_apart(&token, &Backend::Memory, API_THREADS).await?;
     let mut ids = Vec::with_capacity(a.cut_runs);
     for _ in 0..a.cut_runs {
-        let run = api.store().create_run(new_run(Workload::Agent.name(), 0)).await?;
+        let run = api
+            .store()
+            .create_run(new_run(Workload::Agent.name(), 0))
+            .await?;
         ids.push(run.into_run().id);
     }
     let s = DrainSettings {
@@ -251,6 +254,14 @@ async fn instance(
             .count();
         finished.fetch_add(ended, Ordering::SeqCst);
         if summary.claimed == 0 {
+            if tally.empty % 200 == 199 {
+                eprintln!(
+                    "agents: cutoff row: {} of {} runs ended after {:.1} s",
+                    finished.load(Ordering::SeqCst),
+                    s.runs,
+                    start.elapsed().as_secs_f64()
+                );
+            }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }

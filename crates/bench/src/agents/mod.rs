@@ -87,9 +87,7 @@ pub fn provider(url: &str) -> BedrockProvider {
 
 /// `builder` with cutoff-aware step starts on or off.
 pub fn cutoff_aware(builder: LambdaWorkerBuilder, on: bool) -> LambdaWorkerBuilder {
-    // PLACEHOLDER until the `fit` branch's setter is merged.
-    let _ = on;
-    builder
+    builder.cutoff_aware_starts(on)
 }
 
 /// The agent rows' settings (`--agents-only`; defaults in `main.rs`).
@@ -310,7 +308,14 @@ async fn managed_rows(o: &Options) -> Result<Vec<ManagedRow>, BenchError> {
             ..o.managed.clone()
         };
         let job = Job::Bench(workload);
-        let d = Box::pin(managed::drain(&bench, Shape::OneProcess, job, &s, &settings)).await?;
+        let d = Box::pin(managed::drain(
+            &bench,
+            Shape::OneProcess,
+            job,
+            &s,
+            &settings,
+        ))
+        .await?;
         let calls = server.calls();
         eprintln!(
             "agents: managed {} M = {m}: {:.3} s  {:.1} runs/s  peak RSS {:.1} MiB  {} calls ({} cut)",

@@ -183,10 +183,11 @@ fn cutoff(md: &mut String, a: &AgentSettings, r: &Agents) {
          Cut calls and their tokens are counted at the model server: requests whose client \
          closed the connection before the answer (the tokens each answer would have \
          reported). A handback more than {:.0} % of the invocation before its cutoff is a \
-         deferred start; \"budget left\" is the time from each handback to its cutoff (the \
-         run's handback taken as the invocation's start plus the time it executed: with C = \
-         N every run is claimed at the start). Billed is the invocations' summed duration \
-         per run (real); executed, the run's own execution time summed over its \
+         deferred start; \"budget left\" is the time from each handback (the run's \
+         `updated_at` in the store, read as the invocation returns) to its invocation's \
+         cutoff. Billed is the invocations' summed duration \
+         per run (real), of the invocations that claimed a run (the row's instances poll \
+         while others hold every run; a deployed fleet is woken instead); executed, the run's own execution time summed over its \
          invocations (what one invocation per run would bill, less its overhead).\n",
         a.cut_runs,
         a.cut_parallel,
@@ -301,10 +302,13 @@ pub fn measured(a: &AgentSettings, r: &Agents, workload: Workload) -> Option<Mea
             };
             (pick(Which::Ours), pick(Which::Reference), 1.0)
         };
-    let runs = |d: &[&DrainResult]| d.len() as f64 * if workload == Workload::Agent {
-        a.drain_runs as f64
-    } else {
-        a.billed_runs as f64
+    let runs = |d: &[&DrainResult]| {
+        d.len() as f64
+            * if workload == Workload::Agent {
+                a.drain_runs as f64
+            } else {
+                a.billed_runs as f64
+            }
     };
     let billed: f64 = ours.iter().map(|d| d.billed.as_secs_f64()).sum();
     let ref_wall: f64 = reference.iter().map(|d| d.wall.as_secs_f64()).sum();
@@ -339,7 +343,9 @@ fn dollars(md: &mut String, a: &AgentSettings, r: &Agents) {
         let _ = writeln!(
             md,
             "| {name} | {} | {} | {} |",
-            param.value, param.unit, param.source
+            number(param.value),
+            param.unit,
+            param.source
         );
     }
     let _ = writeln!(
@@ -353,10 +359,8 @@ fn dollars(md: &mut String, a: &AgentSettings, r: &Agents) {
          | reference runs/s |\n|---|---|---|---|---|"
     );
     let workloads = [Workload::NoOp, Workload::ThreeStepShell, Workload::Agent];
-    let figures: Vec<(Workload, Option<Measured>)> = workloads
-        .iter()
-        .map(|&w| (w, measured(a, r, w)))
-        .collect();
+    let figures: Vec<(Workload, Option<Measured>)> =
+        workloads.iter().map(|&w| (w, measured(a, r, w))).collect();
     for (w, m) in &figures {
         match m {
             Some(m) => {
@@ -420,6 +424,13 @@ fn dollar_table(md: &mut String, p: &Prices, figures: &[(Workload, Option<Measur
     );
 }
 
+/// A parameter's value without float noise: up to 10 decimals, trailing zeros trimmed.
+fn number(value: f64) -> String {
+    let text = format!("{value:.10}");
+    let text = text.trim_end_matches('0').trim_end_matches('.');
+    text.to_string()
+}
+
 /// The parameters, named.
 pub fn params(p: &Prices) -> [(&'static str, Param); 13] {
     [
@@ -429,11 +440,20 @@ pub fn params(p: &Prices) -> [(&'static str, Param); 13] {
         ("SQS request", p.sqs_request),
         ("SQS requests per wake-up", p.sqs_requests_per_wake_up),
         ("invocations per created run (push)", p.invocations_per_run),
-        ("of them Function URL requests", p.function_url_requests_per_run),
-        ("invocations per run that sleeps once", p.invocations_per_sleeping_run),
+        (
+            "of them Function URL requests",
+            p.function_url_requests_per_run,
+        ),
+        (
+            "invocations per run that sleeps once",
+            p.invocations_per_sleeping_run,
+        ),
         ("managed instance", p.managed_instance_hour),
         ("managed instances' management fee", p.managed_fee),
-        ("processes per managed instance", p.managed_processes_per_instance),
+        (
+            "processes per managed instance",
+            p.managed_processes_per_instance,
+        ),
         ("managed instances at least", p.managed_min_instances),
         ("always-on reference instance", p.always_on_hour),
     ]
@@ -445,7 +465,8 @@ mod tests {
 
     #[test]
     fn the_section_replaces_its_own_part_of_the_report_and_nothing_else() {
-        let old = "# B\n\n## A\n\na\n\n## Agent runs and dollars\n\nold\n\n### sub\n\nx\n\n## Z\n\nz\n";
+        let old =
+            "# B\n\n## A\n\na\n\n## Agent runs and dollars\n\nold\n\n### sub\n\nx\n\n## Z\n\nz\n";
         let new = splice(old, "## Agent runs and dollars\n\nnew\n");
         assert_eq!(
             new,
