@@ -11,6 +11,8 @@
 //!                             │ Panicked → fail_or_schedule_retry (retryable)
 //!   an API fault the store's retries could not overcome
 //!                             → handback (an infrastructure error, never a workflow failure)
+//!   the next step would not fit before the cutoff (not created: cutoff-aware starts)
+//!                             → handback (not counted by the loop guard)
 //!   the lease ended           → Cancelled │ LeaseLost (nothing written)
 //!                             │ expired: handback once the lease is confirmed again
 //!   run deadline              → TimedOut → fail_or_schedule_retry (retryable)
@@ -49,7 +51,9 @@ use crate::orphans;
 use crate::process_mark::{LiveMark, RunMark};
 use crate::report::{Fate, Outcome, RunReport};
 use crate::runtime::{ExecutionRuntime, StuckExecutions};
+use crate::step_times::StepTimes;
 use crate::store::GuardedStore;
+use crate::store::fit::StartFit;
 use crate::store::scope::{CallScope, InFlight, RunKey, ScopeStop};
 
 /// How long a stopped execution's task is awaited after its abort: 100 ms. Cancelled at its
@@ -71,6 +75,12 @@ pub(crate) struct ExecutionParams {
     pub lease: LeaseRequest,
     pub run_timeout: Duration,
     pub cutoff: Instant,
+    /// When the invocation started: a run that starts later may gain that time by a deferral.
+    pub invocation_start: Instant,
+    /// The steps' durations this process saw, for cutoff-aware starts; `None`: off.
+    pub step_times: Option<Arc<StepTimes>>,
+    /// The expected duration of a step never seen.
+    pub default_step: Duration,
     /// No write of ours past this: the invocation deadline minus the response's reserve.
     pub last_write: Instant,
     pub handback: HandbackPolicy,
@@ -147,15 +157,19 @@ async fn execute_in_span(p: ExecutionParams, claimed: Claimed) -> RunReport {
         "executing run"
     );
 
-    let scope = Arc::new(
-        CallScope::execution(
-            key,
-            p.cutoff,
-            refresher.clock().clone(),
-            p.calls.faults.clone(),
-        )
-        .with_start_margin(start_margin),
-    );
+    let mut scope = CallScope::execution(
+        key,
+        p.cutoff,
+        refresher.clock().clone(),
+        p.calls.faults.clone(),
+    )
+    .with_start_margin(start_margin);
+    if let Some(times) = &p.step_times {
+        let late = started.saturating_duration_since(p.invocation_start);
+        let fit = StartFit::new(&run.workflow_name, times.clone(), p.default_step, late);
+        scope = scope.with_fit(fit);
+    }
+    let scope = Arc::new(scope);
     // Every process the run's steps start carries this mark: they end with the run.
     let live_mark = LiveMark::new();
     let mark = live_mark.mark();
@@ -385,6 +399,16 @@ async fn decide(
         Stop::Scope(ScopeStop::Fault(fault)) => {
             warn!(error = %fault, "the API kept failing: handing the run back");
             hand_back(ctx, Why::ApiFault(fault)).await
+        }
+        Stop::Scope(ScopeStop::Deferred(deferral)) => {
+            info!(
+                step = %deferral.step,
+                expected_ms = deferral.expected.as_millis() as u64,
+                left_ms = deferral.left.as_millis() as u64,
+                "the next step would not fit before the cutoff: handing the run back to start it \
+                 in the next invocation"
+            );
+            hand_back(ctx, Why::Deferred(deferral)).await
         }
         Stop::Scope(ScopeStop::RunLeft { status, held_by }) => {
             let end = match status {

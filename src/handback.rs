@@ -1,8 +1,9 @@
 //! Handback: a run whose execution stopped before its end goes back to Pending, to be resumed
 //! by the next invocation through ironflow's replay (completed steps are served from the store,
 //! the interrupted step runs again). A run is handed back at the cutoff, when its attempt ended
-//! on an API fault (an infrastructure error is never a workflow failure), and when its lease
-//! expired without a confirmed refresh but can still be confirmed now.
+//! on an API fault (an infrastructure error is never a workflow failure), when its lease
+//! expired without a confirmed refresh but can still be confirmed now, and before a step that
+//! would not fit before the cutoff (cutoff-aware starts: [`Why::Deferred`]).
 //!
 //! By the time [`hand_back`] is called the execution has been stopped (and fenced: nothing it
 //! sends reaches the API) and the lease refresher has stopped. Then, in order, with the
@@ -21,7 +22,8 @@
 //!    then or later). The reaper's interruptions of a dead holder's steps never count (the
 //!    poison pill counts that death). Handbacks after an API fault or an expired lease never
 //!    count: an infrastructure error is never a workflow failure, and a run claimed late in an
-//!    invocation is not a slow step;
+//!    invocation is not a slow step; nor does a deferral (the step was not started, and a
+//!    fresh invocation never defers a step it could give no more time: `crate::store::fit`);
 //! 3. mark the steps left Running as interrupted (as `Engine::interrupt_running_steps` does),
 //!    with this handback's mark in the step's debug messages ([`INTERRUPTION_KEY`]): `cutoff`
 //!    for one the loop guard counts, another word for one it does not (so that later handbacks
@@ -54,6 +56,7 @@ use uuid::Uuid;
 use crate::calls::Calls;
 use crate::report::{Fate, Outcome};
 use crate::store::fault::ApiFault;
+use crate::store::fit::Deferral;
 use crate::store::scope::RunKey;
 #[cfg(doc)]
 use crate::store::scope::{CallScope, SLOW_ANSWER};
@@ -99,11 +102,14 @@ pub(crate) enum Why {
     ApiFault(ApiFault),
     /// Its lease expired without a confirmed refresh (the description).
     LeaseExpired(String),
+    /// Its next step would not fit before the cutoff and was not created (cutoff-aware
+    /// starts, [`crate::store::fit`]): never counted by the loop guard.
+    Deferred(Deferral),
 }
 
 /// The key of the debug message that marks an interruption written by a handback
 /// (`{"ironflow_lambda_interruption": "cutoff" | "api_fault" | "lease_expired" |
-/// "short_cutoff"}`): [`COUNTED_MARK`] for one the loop guard counts.
+/// "short_cutoff" | "cutoff_after_progress" | "deferred"}`): [`COUNTED_MARK`] for one the loop guard counts.
 pub const INTERRUPTION_KEY: &str = "ironflow_lambda_interruption";
 
 /// The interruption mark of a cutoff the loop guard counts.
@@ -120,6 +126,7 @@ impl Why {
             Self::Cutoff => "short_cutoff",
             Self::ApiFault(_) => "api_fault",
             Self::LeaseExpired(_) => "lease_expired",
+            Self::Deferred(_) => "deferred",
         }
     }
 
@@ -135,6 +142,9 @@ impl Why {
             Self::Cutoff => None,
             Self::ApiFault(fault) => Some(format!("handed back after an API fault: {fault}")),
             Self::LeaseExpired(end) => Some(format!("{end}; confirmed again and handed back")),
+            Self::Deferred(deferral) => Some(format!(
+                "{deferral}: handed back to start it in the next invocation"
+            )),
         }
     }
 }
@@ -564,6 +574,16 @@ mod tests {
             "lost time to the API"
         );
         assert!(!Why::LeaseExpired(String::new()).counts(&policy, long, false));
+        let deferred = Why::Deferred(Deferral {
+            step: "s".into(),
+            expected: long,
+            left: short,
+        });
+        assert!(
+            !deferred.counts(&policy, long, false),
+            "a deferral never counts"
+        );
+        assert_eq!(deferred.mark(false, false), "deferred");
         assert!(Why::Cutoff.note().is_none());
         let fault = ApiFault::timeout("PUT /runs/{id}", Duration::from_millis(5));
         assert!(Why::ApiFault(fault).note().unwrap().contains("API fault"));

@@ -71,6 +71,7 @@ mod runtime;
 pub mod samples;
 mod secrets;
 pub mod settings;
+mod step_times;
 mod store;
 mod trigger;
 mod wake;

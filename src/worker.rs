@@ -29,6 +29,7 @@ use crate::pool::PoolWarden;
 use crate::runtime::{self, ExecutionRuntime, StuckExecutions};
 use crate::secrets::{TokenSecret, WebhookSecretSource};
 use crate::settings::{Settings, WebhookSecret};
+use crate::step_times::StepTimes;
 use crate::store::GuardedStore;
 use crate::store::fault::FaultLog;
 use crate::wake::Waker;
@@ -67,6 +68,8 @@ pub struct LambdaWorker {
     pub(crate) poison_seen: Arc<SeenCounters>,
     pub(crate) pool: PoolWarden,
     pub(crate) pace: RunPace,
+    /// How long steps took, as this process saw them ([`crate::step_times`]).
+    pub(crate) step_times: Arc<StepTimes>,
     pub(crate) logs: Arc<LogForwarder>,
     pub(crate) api: ApiClient,
     pub(crate) wake: Option<Waker>,
@@ -181,6 +184,7 @@ impl LambdaWorker {
             poison_seen: Arc::default(),
             pool: PoolWarden::new(parts.idle_probe_after),
             pace: RunPace::new(s.claim_ahead_percent),
+            step_times: Arc::default(),
             logs: Arc::new(LogForwarder::new(api.clone(), log_sender, log_receiver)),
             api,
             wake: parts.waker,

@@ -23,7 +23,7 @@ use std::time::Duration;
 
 use futures_util::future::join_all;
 use ironflow_engine::engine::chain_root;
-use ironflow_store::entities::LeaseRequest;
+use ironflow_store::entities::{LeaseRequest, Run};
 use ironflow_store::store::RunStore;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::task::{JoinError, JoinSet};
@@ -48,6 +48,7 @@ use crate::report::{
     BatchRequest, Fate, InvocationSummary, Outcome, RunReport, SleepWatch, StopReason,
 };
 use crate::store::fault::FaultLog;
+use crate::store::fit;
 use crate::worker::LambdaWorker;
 
 /// Time kept for the response after our last write to the API: 250 ms.
@@ -197,6 +198,9 @@ impl<'w> Batch<'w> {
             lease: lease.clone(),
             run_timeout: s.run_timeout,
             cutoff: budget.cutoff(),
+            invocation_start: Instant::now(),
+            step_times: s.cutoff_aware_starts.then(|| worker.step_times.clone()),
+            default_step: s.default_step_duration,
             last_write,
             handback: HandbackPolicy {
                 max_without_progress: s.max_handbacks_without_progress,
@@ -427,6 +431,9 @@ impl<'w> Batch<'w> {
             self.reports.insert(run.id, report);
             return Taken::Stop(StopReason::Retiring);
         }
+        if let Some(deferral) = self.first_step_would_not_fit(&run) {
+            return self.release_unfit(&run, &deferral).await;
+        }
         self.order.push(run.id);
         // Its step logs come to this invocation, whichever pump routes them.
         self.log_routes.route(run.id);
@@ -475,6 +482,40 @@ impl<'w> Batch<'w> {
         };
         self.poison.on_claim(&claimed.run, steps).await;
         Taken::Run(Box::new(claimed))
+    }
+
+    /// Cutoff-aware starts in the claim window: a claimed run that never executed (its next
+    /// step is its workflow's first) whose first step, as this process saw it take, would not
+    /// fit before the cutoff yet would in the next invocation ([`fit::deferral`]). The claim
+    /// does not say which run comes, so this is decided once it came; a run that executed
+    /// before, whose next step is known only to its handler, is left to the step gate
+    /// ([`CallScope::may_start`](crate::store::scope::CallScope::may_start)), and so is a
+    /// workflow whose first step this process never saw complete.
+    fn first_step_would_not_fit(&self, run: &Run) -> Option<fit::Deferral> {
+        let times = self.params.step_times.as_ref()?;
+        if run.duration_ms > 0 {
+            return None;
+        }
+        let (step, expected) = times.first_step(&run.workflow_name)?;
+        let now = Instant::now();
+        let left = self.params.cutoff.saturating_duration_since(now);
+        let gain = now.saturating_duration_since(self.params.invocation_start);
+        fit::deferral(&step, expected, left, gain)
+    }
+
+    /// Write `run`, claimed, back to Pending unexecuted: its first step would not fit
+    /// (`deferral`). An invocation with the time it needs takes it; the claims stop here (the
+    /// next one could take it again).
+    async fn release_unfit(&mut self, run: &Run, deferral: &fit::Deferral) -> Taken {
+        let why = format!("run released before its first step: {deferral}");
+        let mut report =
+            unstarted::release(&self.calls, run, &self.lease, self.last_write, &why).await;
+        if report.outcome == Outcome::Released {
+            report.error = Some(why);
+        }
+        self.order.push(run.id);
+        self.reports.insert(run.id, report);
+        Taken::Stop(StopReason::Cutoff)
     }
 
     /// A run whose lease, as the API stated it in the claim's answer, ends before its first

@@ -42,6 +42,7 @@
 //! Calls `ApiRunStore` answers locally (routes a worker does not have) are forwarded as they are.
 
 pub mod fault;
+pub mod fit;
 pub mod guard;
 pub(crate) mod holder;
 mod put;
@@ -442,6 +443,8 @@ impl RunStore for GuardedStore {
 
     fn create_step(&self, step: NewStep) -> StoreFuture<'_, Step> {
         Box::pin(async move {
+            // Not a step that would be cut at the cutoff: the run is handed back instead.
+            CallScope::current().may_start(&step).await;
             let created = guard::write(
                 "POST /steps",
                 self.credentials(),
@@ -454,6 +457,9 @@ impl RunStore for GuardedStore {
             .await?;
             let scope = CallScope::current();
             scope.saw_steps([created.id]);
+            if let Some(fit) = scope.fit() {
+                fit.created(&created);
+            }
             // The engine starts the step on this answer: not on a lease about to end.
             scope.start_margin_left().await;
             Ok(created)
@@ -461,14 +467,22 @@ impl RunStore for GuardedStore {
     }
 
     fn update_step(&self, id: Uuid, update: StepUpdate) -> StoreFuture<'_, ()> {
-        let update = holder::mark_start(update, &CallScope::current());
+        let scope = CallScope::current();
+        let update = holder::mark_start(update, &scope);
         let target = update.status;
-        Box::pin(guard::write(
-            "PUT /steps/{id}",
-            self.credentials(),
-            move || self.put_step(id, update.clone()),
-            move || self.step_write_landed(id, target),
-        ))
+        Box::pin(async move {
+            guard::write(
+                "PUT /steps/{id}",
+                self.credentials(),
+                || self.put_step(id, update.clone()),
+                || self.step_write_landed(id, target),
+            )
+            .await?;
+            if let Some(fit) = scope.fit() {
+                fit.updated(id, &update);
+            }
+            Ok(())
+        })
     }
 
     fn list_steps(&self, run_id: Uuid) -> StoreFuture<'_, Vec<Step>> {
@@ -482,7 +496,11 @@ impl RunStore for GuardedStore {
                     .await?
                 }
             };
-            CallScope::current().saw_steps(steps.iter().map(|s| s.id));
+            let scope = CallScope::current();
+            scope.saw_steps(steps.iter().map(|s| s.id));
+            if let Some(fit) = scope.fit() {
+                fit.read_history(&steps);
+            }
             Ok(steps)
         })
     }

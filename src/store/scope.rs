@@ -20,12 +20,13 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use crate::report::Due;
-use ironflow_store::entities::RunStatus;
+use ironflow_store::entities::{NewStep, RunStatus};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use super::fault::{ApiFault, FaultKind, FaultLog};
+use super::fit::{Deferral, StartFit};
 use crate::deadline::LeaseClock;
 use crate::deadline::later;
 
@@ -106,6 +107,9 @@ pub enum ScopeStop {
         /// Who holds its lease now, if anyone.
         held_by: Option<String>,
     },
+    /// The step about to be created would not fit before the cutoff, yet would in the next
+    /// invocation ([`CallScope::may_start`]): the run is handed back, the step not created.
+    Deferred(Deferral),
 }
 
 /// The run a scope's calls are about, and the lease they run under.
@@ -124,6 +128,8 @@ pub struct CallScope {
     until: Instant,
     lease: Option<Arc<LeaseClock>>,
     start_margin: Duration,
+    /// Cutoff-aware starts ([`StartFit`]); `None`: every step starts.
+    fit: Option<StartFit>,
     on_fault: OnFault,
     faults: Arc<FaultLog>,
     fenced: AtomicBool,
@@ -152,6 +158,7 @@ impl CallScope {
             until,
             lease: None,
             start_margin: Duration::ZERO,
+            fit: None,
             on_fault: OnFault::Return,
             faults,
             fenced: AtomicBool::new(false),
@@ -240,6 +247,37 @@ impl CallScope {
     pub fn with_start_margin(mut self, margin: Duration) -> Self {
         self.start_margin = margin;
         self
+    }
+
+    /// Steps of this scope start only if they fit before its bound (the cutoff), by `fit`.
+    pub fn with_fit(mut self, fit: StartFit) -> Self {
+        self.fit = Some(fit);
+        self
+    }
+
+    /// The cutoff-aware start rule of this scope, if any.
+    pub fn fit(&self) -> Option<&StartFit> {
+        self.fit.as_ref()
+    }
+
+    /// Called before `step` is created: when it works in the invocation ([`super::fit::works`])
+    /// and would not fit before this scope's bound (an execution's cutoff) but would in the
+    /// next invocation ([`StartFit::defer`]), the scope stops ([`ScopeStop::Deferred`]) and this
+    /// never returns: no step record is left for a step that never started, and the
+    /// supervisor hands the run back. Returns at once otherwise, and in a scope without the
+    /// rule.
+    pub async fn may_start(&self, step: &NewStep) {
+        let Some(fit) = &self.fit else {
+            return;
+        };
+        if !super::fit::works(&step.kind, step.is_error_handler) {
+            return;
+        }
+        let left = self.until.saturating_duration_since(Instant::now());
+        if let Some(deferral) = fit.defer(&step.name, left) {
+            self.stop(ScopeStop::Deferred(deferral));
+            std::future::pending::<()>().await;
+        }
     }
 
     /// Until when the lease this scope runs under is valid, as far as this worker knows, and
