@@ -38,7 +38,8 @@ pub struct CutRow {
     /// Invocations, and those that claimed nothing.
     pub invocations: usize,
     pub empty_invocations: usize,
-    /// Runs handed back (at the cutoff, or before it by a deferred start).
+    /// Runs handed back (at the cutoff, or before it by a deferred start) or released (by the
+    /// claim window: their first step would not fit).
     pub handbacks: usize,
     /// Handbacks that left more than [`EARLY`] of the invocation unused before its cutoff:
     /// starts deferred (none without cutoff-aware starts, whose handbacks come at the cutoff).
@@ -116,7 +117,9 @@ impl Tally {
         }
         for run in &summary.runs {
             self.executed += run.executed;
-            if run.outcome != Outcome::HandedBack {
+            // A release is the claim window's deferral: a run claimed whose first step would
+            // not fit.
+            if !matches!(run.outcome, Outcome::HandedBack | Outcome::Released) {
                 continue;
             }
             self.handbacks += 1;

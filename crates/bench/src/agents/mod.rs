@@ -36,7 +36,7 @@ use crate::pickup::Rng;
 use crate::{BenchError, Options};
 
 pub use cutoff::CutRow;
-pub use report::{replace_section, section};
+pub use report::{keep_section, replace_section, section};
 
 /// The agent workflow's name.
 pub const WORKFLOW: &str = "bench-agent-3";

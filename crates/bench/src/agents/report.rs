@@ -41,6 +41,27 @@ pub fn splice(old: &str, section: &str) -> String {
         + "\n"
 }
 
+/// The agent section of `report`, if it has one (from its heading to the next `## ` heading
+/// or the end).
+pub fn extract(report: &str) -> Option<&str> {
+    let start = report.find(&format!("\n{HEADING}"))? + 1;
+    let rest = &report[start..];
+    let end = rest[HEADING.len()..]
+        .find("\n## ")
+        .map_or(rest.len(), |e| HEADING.len() + e + 1);
+    Some(rest[..end].trim_end_matches('\n'))
+}
+
+/// `new` (the full run's report, which does not measure the agent rows) with the agent
+/// section of `old` (the file it replaces) kept at its end: written by `--agents-only`, it is
+/// not lost when the rest of the file is measured again.
+pub fn keep_section(old: &str, new: String) -> String {
+    match extract(old) {
+        Some(section) if extract(&new).is_none() => splice(&new, section),
+        _ => new,
+    }
+}
+
 /// The section, from what was measured.
 pub fn section(o: &Options, m: &Machine, r: &Agents) -> String {
     let a = &o.agents;
@@ -116,7 +137,7 @@ fn drains(md: &mut String, a: &AgentSettings, r: &Agents) {
     let _ = writeln!(
         md,
         "K = {} agent runs drained by each worker at C = {} (ours: N = C per invocation, \
-         invocations back to back), {} rounds, each first in turn, from the embedded API on \
+         invocations back to back, cutoff-aware starts on as by default), rounds: {}, each worker first in turn, from the embedded API on \
          PostgreSQL behind the production rows' delay proxy.\n",
         a.drain_runs, a.drain_concurrency, a.drain_rounds
     );
@@ -199,7 +220,7 @@ fn cutoff(md: &mut String, a: &AgentSettings, r: &Agents) {
     let _ = writeln!(
         md,
         "| cutoff-aware starts | completed | model calls | cut (share) | tokens wasted (in + \
-         out) | handbacks | of them deferred starts | budget left at handbacks (real s) | \
+         out) | handbacks and releases | of them deferred starts | budget left at handbacks (real s) | \
          billed per run (real s) | executed per run (real s) | drain (real s) \
          |\n|---|---|---|---|---|---|---|---|---|---|---|"
     );
@@ -483,5 +504,22 @@ mod tests {
             splice("# B\n\n## A\n\na\n", "## Agent runs and dollars\n\nnew\n"),
             "# B\n\n## A\n\na\n\n## Agent runs and dollars\n\nnew\n"
         );
+    }
+
+    #[test]
+    fn the_full_run_keeps_the_agent_section_it_does_not_measure() {
+        let old =
+            "# B\n\n## A\n\nold a\n\n## Agent runs and dollars\n\nagents\n\n### x\n\n## Z\n\nz\n";
+        assert_eq!(
+            extract(old),
+            Some("## Agent runs and dollars\n\nagents\n\n### x")
+        );
+        let new = "# B\n\n## A\n\nnew a\n".to_string();
+        assert_eq!(
+            keep_section(old, new),
+            "# B\n\n## A\n\nnew a\n\n## Agent runs and dollars\n\nagents\n\n### x\n"
+        );
+        // Nothing to keep.
+        assert_eq!(keep_section("# B\n", "# C\n".to_string()), "# C\n");
     }
 }
