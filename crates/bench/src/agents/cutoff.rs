@@ -270,3 +270,52 @@ async fn instance(
     }
     Ok(tally)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::agents::{AgentSettings, cost::Prices, model_server};
+
+    /// A few runs at the smallest time scale: the row's invariants, not its figures.
+    fn smoke() -> AgentSettings {
+        AgentSettings {
+            time_scale: 0.05,
+            // 0.1–1 s a call, scaled: a run fits an invocation or two.
+            latency: (Duration::from_secs(2), Duration::from_secs(20)),
+            tokens: (20, 5),
+            invocation: Duration::from_secs(60),
+            managed_invocation: Duration::from_secs(900),
+            seed: 7,
+            drain_runs: 0,
+            drain_concurrency: 1,
+            drain_rounds: 0,
+            rtt_us: 0,
+            cut_runs: 6,
+            cut_parallel: 2,
+            cut_concurrency: 3,
+            managed_runs: 0,
+            managed_ms: Vec::new(),
+            managed_concurrency: 1,
+            billed_runs: 0,
+            prices: Prices::default(),
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn every_call_is_counted_answered_or_cut_with_its_tokens_and_every_run_completes() {
+        let a = smoke();
+        for aware in [false, true] {
+            let server = model_server(&a, 64, 1).expect("the model server starts");
+            let row = measure(&a, &server, aware).await.expect("the row runs");
+            assert_eq!(row.completed, a.cut_runs, "{}", row.line());
+            let c = &row.calls;
+            assert_eq!(c.answered + c.abandoned, c.total, "{}", row.line());
+            // Three answered calls per completed run at least; every answer's usage is exact.
+            assert!(c.answered >= 3 * a.cut_runs as u64, "{}", row.line());
+            assert_eq!(c.answered_tokens.input, c.answered * a.tokens.0);
+            assert_eq!(c.abandoned_tokens.output, c.abandoned * a.tokens.1);
+            assert!(row.early_handbacks <= row.handbacks);
+            assert!(row.billed > Duration::ZERO && row.invocations > 0);
+        }
+    }
+}
