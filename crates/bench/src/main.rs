@@ -205,7 +205,7 @@ struct Args {
     /// PostgreSQL over a 2 ms round trip, model calls cut at the cutoff with cutoff-aware
     /// starts off and on, agent runs per managed-instances process at M = 16 and 64, and $
     /// per 1 million runs; replaces the "Agent runs and dollars" section of BENCHMARKS.md
-    /// (with --quick: prints it only). About 15 minutes; --quick about 3.
+    /// (with --quick: prints it only). About 17 minutes; --quick about 3-4.
     #[arg(long, conflicts_with_all = ["drain_only", "production_only", "managed_only", "pickup_only"])]
     agents_only: bool,
     /// The agent rows' time scale: model latencies, the invocation's length, the deadline
