@@ -32,6 +32,9 @@ pub enum Workload {
     NoOp,
     /// Three shell steps, each `echo`ing one line (a process spawn, step writes, a log push).
     ThreeStepShell,
+    /// Three agent steps against the scripted model server ([`crate::agents`]); not in
+    /// [`Workload::ALL`]: drained only by the agent rows (`--agents-only`).
+    Agent,
 }
 
 impl Workload {
@@ -41,6 +44,7 @@ impl Workload {
         match self {
             Workload::NoOp => "bench-noop",
             Workload::ThreeStepShell => "bench-shell-3",
+            Workload::Agent => crate::agents::WORKFLOW,
         }
     }
 
@@ -57,6 +61,7 @@ impl Workload {
         match self {
             Workload::NoOp => "no-op (a handler with no step)",
             Workload::ThreeStepShell => "three-step shell (`echo` ×3)",
+            Workload::Agent => "agent (three model calls)",
         }
     }
 
@@ -65,6 +70,7 @@ impl Workload {
         match self {
             Workload::NoOp => b.register(NoOp),
             Workload::ThreeStepShell => b.register(ThreeStepShell),
+            Workload::Agent => b.register(crate::agents::AgentRun),
         }
     }
 
@@ -73,6 +79,7 @@ impl Workload {
         match self {
             Workload::NoOp => b.register(NoOp),
             Workload::ThreeStepShell => b.register(ThreeStepShell),
+            Workload::Agent => b.register(crate::agents::AgentRun),
         }
     }
 }
@@ -231,6 +238,87 @@ pub struct DrainSettings {
     pub poll_interval: Duration,
     /// The PostgreSQL server the [`Link::Postgres`] drains create their databases on.
     pub postgres: Option<String>,
+    /// The scripted model server's URL the agent steps call (Bedrock Converse), for
+    /// [`Workload::Agent`]; other workloads get the Claude Code provider, never called.
+    pub model_endpoint: Option<String>,
+    /// The factor applied to the worker's time settings that follow the invocation's length
+    /// (its deadline margin and minimum claim budget), as the agent rows scale model latencies
+    /// and the invocation ([`crate::agents`]); 1 elsewhere: the defaults.
+    pub time_scale: f64,
+    /// Cutoff-aware step starts on or off (`None`: the worker's default).
+    pub cutoff_aware: Option<bool>,
+}
+
+impl DrainSettings {
+    /// The worker's deadline margin and minimum claim budget: their defaults times
+    /// [`DrainSettings::time_scale`].
+    pub fn scaled_margins(&self) -> (Duration, Duration) {
+        use ironflow_lambda::settings::{DEFAULT_DEADLINE_MARGIN, DEFAULT_MIN_CLAIM_BUDGET};
+        (
+            DEFAULT_DEADLINE_MARGIN.mul_f64(self.time_scale),
+            DEFAULT_MIN_CLAIM_BUDGET.mul_f64(self.time_scale),
+        )
+    }
+
+    /// The expected duration of an unseen step for cutoff-aware starts: its default times
+    /// [`DrainSettings::time_scale`], whole seconds (the variable's unit), 1 s at least.
+    pub fn scaled_default_step(&self) -> Duration {
+        let secs = ironflow_lambda::settings::table::DEFAULT_STEP_SECS
+            .default
+            .mul_f64(self.time_scale)
+            .as_secs_f64()
+            .round()
+            .max(1.0);
+        Duration::from_secs_f64(secs)
+    }
+
+    /// `builder` with the scaled time settings and the cutoff-aware choice, when they differ
+    /// from the defaults.
+    pub fn scaled(&self, builder: LambdaWorkerBuilder) -> LambdaWorkerBuilder {
+        let builder = if self.time_scale == 1.0 {
+            builder
+        } else {
+            let (margin, budget) = self.scaled_margins();
+            builder
+                .deadline_margin(margin)
+                .min_claim_budget(budget)
+                .default_step_duration(self.scaled_default_step())
+        };
+        match self.cutoff_aware {
+            Some(on) => crate::agents::cutoff_aware(builder, on),
+            None => builder,
+        }
+    }
+
+    /// The same as environment variables, for a function process.
+    pub fn function_env(&self) -> Vec<(&'static str, String)> {
+        let mut env = Vec::new();
+        if let Some(url) = &self.model_endpoint {
+            env.push(("AWS_ENDPOINT_URL_BEDROCK_RUNTIME", url.clone()));
+        }
+        if self.time_scale != 1.0 {
+            let (margin, budget) = self.scaled_margins();
+            env.push((
+                "IRONFLOW_DEADLINE_MARGIN_MS",
+                margin.as_millis().to_string(),
+            ));
+            env.push((
+                "IRONFLOW_MIN_CLAIM_BUDGET_MS",
+                budget.as_millis().to_string(),
+            ));
+            let step = self.scaled_default_step().as_secs();
+            env.push(("IRONFLOW_DEFAULT_STEP_SECS", step.to_string()));
+        }
+        env
+    }
+
+    /// The agent provider both workers get.
+    pub fn provider(&self) -> Arc<dyn ironflow_core::provider::AgentProvider> {
+        match &self.model_endpoint {
+            Some(url) => Arc::new(crate::agents::provider(url)),
+            None => Arc::new(ClaudeCodeProvider::new()),
+        }
+    }
 }
 
 /// One drain.
@@ -245,6 +333,9 @@ pub struct DrainResult {
     pub requests: BTreeMap<String, u64>,
     /// Our invocations used (0 for the reference worker).
     pub invocations: usize,
+    /// What Lambda would bill of our invocations that claimed a run: the sum of their
+    /// durations, each rounded up to a whole millisecond (zero for the reference worker).
+    pub billed: Duration,
     /// Median time from a run's claim to its end, from the API's `started_at` and
     /// `completed_at` (`None` on the loopback link, where runs are not read back).
     pub run_latency: Option<Duration>,
@@ -412,7 +503,7 @@ pub async fn drain(
     let started_wall = chrono::Utc::now();
     let usage_before = Usage::now();
 
-    let (seen, start, invocations, usage) = match which {
+    let (seen, start, (invocations, billed), usage) = match which {
         Which::Reference => {
             drain_reference(workload, s, &url, &token, watcher, usage_before).await?
         }
@@ -453,6 +544,7 @@ pub async fn drain(
         from_first_claim,
         requests,
         invocations,
+        billed,
         usage,
         run_latency,
         measured_rtt,
@@ -468,8 +560,8 @@ async fn drain_reference(
     token: &str,
     watcher: tokio::task::JoinHandle<Result<Seen, BenchError>>,
     usage_before: Usage,
-) -> Result<(Seen, Instant, usize, Usage), BenchError> {
-    let builder = WorkerBuilder::new(url, token).provider(Arc::new(ClaudeCodeProvider::new()));
+) -> Result<(Seen, Instant, (usize, Duration), Usage), BenchError> {
+    let builder = WorkerBuilder::new(url, token).provider(s.provider());
     let worker = workload
         .register_reference(builder)
         .concurrency(s.concurrency)
@@ -486,7 +578,7 @@ async fn drain_reference(
     let usage = Usage::since(usage_before);
     task.abort();
     let _ = task.await;
-    Ok((done, start, 0, usage))
+    Ok((done, start, (0, Duration::ZERO), usage))
 }
 
 /// Our invocations, back to back, until every run has ended in one of them.
@@ -498,33 +590,35 @@ async fn drain_ours(
     token: &str,
     watcher: tokio::task::JoinHandle<Result<Seen, BenchError>>,
     usage_before: Usage,
-) -> Result<(Seen, Instant, usize, Usage), BenchError> {
+) -> Result<(Seen, Instant, (usize, Duration), Usage), BenchError> {
     let max_runs = which.max_runs(s);
     let claim_ahead_percent = if which == Which::OursNoClaimAhead {
         0
     } else {
         ironflow_lambda::settings::DEFAULT_CLAIM_AHEAD_PERCENT
     };
-    let builder =
-        LambdaWorkerBuilder::new(url, token).provider(Arc::new(ClaudeCodeProvider::new()));
-    let worker = Arc::new(
-        workload
-            .register_ours(builder)
-            .concurrency(s.concurrency)
-            .max_runs_per_invocation(max_runs)
-            .claim_ahead_percent(claim_ahead_percent)
-            .function_timeout(s.invocation)
-            .build()?,
-    );
+    let builder = LambdaWorkerBuilder::new(url, token).provider(s.provider());
+    let builder = workload
+        .register_ours(builder)
+        .concurrency(s.concurrency)
+        .max_runs_per_invocation(max_runs)
+        .claim_ahead_percent(claim_ahead_percent)
+        .function_timeout(s.invocation);
+    let worker = Arc::new(s.scaled(builder).build()?);
     let start = Instant::now();
     let mut invocations = 0;
+    let mut billed = Duration::ZERO;
     let mut finished = 0;
     while finished < s.runs {
         if start.elapsed() > DRAIN_LIMIT {
             return Err(BenchError::msg("our invocations did not drain in time"));
         }
         invocations += 1;
+        let began = Instant::now();
         let summary = invoke(&worker, invocations, s.invocation).await?;
+        if summary.claimed > 0 {
+            billed += billed_ms(began.elapsed());
+        }
         finished += summary
             .runs
             .iter()
@@ -537,7 +631,11 @@ async fn drain_ours(
                 )
             })
             .count();
-        if summary.claimed == 0 && finished < s.runs {
+        if summary.claimed == 0 && finished < s.runs && workload == Workload::Agent {
+            // A run whose handback could not be written before the scaled margin ran out is
+            // left to the API's reaper, which requeues it after the lease TTL: wait for it.
+            sleep(Duration::from_millis(100)).await;
+        } else if summary.claimed == 0 && finished < s.runs {
             return Err(BenchError::msg(format!(
                 "an invocation claimed nothing with {} runs left: {:?}",
                 s.runs - finished,
@@ -548,7 +646,19 @@ async fn drain_ours(
     let done = timeout(DRAIN_LIMIT, watcher)
         .await
         .map_err(|_| BenchError::msg("runs reported finished are not terminal"))???;
-    Ok((done, start, invocations, Usage::since(usage_before)))
+    Ok((
+        done,
+        start,
+        (invocations, billed),
+        Usage::since(usage_before),
+    ))
+}
+
+/// An invocation's duration as Lambda bills it: rounded up to a whole millisecond, 1 ms at
+/// least.
+pub fn billed_ms(duration: Duration) -> Duration {
+    let ms = duration.as_micros().div_ceil(1000).max(1);
+    Duration::from_millis(u64::try_from(ms).unwrap_or(u64::MAX))
 }
 
 /// The API's store for `link`: in memory, or a fresh database on `s.postgres`.

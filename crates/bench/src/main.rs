@@ -11,7 +11,11 @@
 //! cargo run --release -p ironflow-lambda-bench -- --quick        # small run, prints only
 //! cargo run --release -p ironflow-lambda-bench -- --managed-only # the managed-instances rows
 //! cargo run --release -p ironflow-lambda-bench -- --pickup-only  # the pickup-latency rows
+//! cargo run --release -p ironflow-lambda-bench -- --agents-only  # agent rows and dollars
 //! ```
+//!
+//! `--agents-only` ([`agents`]) replaces its own section of `BENCHMARKS.md` ("Agent runs and
+//! dollars") and leaves the rest of the file as it is; with `--quick` it prints only.
 //!
 //! The first command builds the deployable function as deployed, whose cold start, size and
 //! memory are measured.
@@ -19,6 +23,7 @@
 //! The options: `--help` ([`Args`]).
 //! Not part of the test command.
 
+mod agents;
 mod drain;
 mod dynamodb;
 mod latency;
@@ -101,6 +106,11 @@ pub struct Options {
     pub pickup: PickupSettings,
     /// Only the pickup-latency rows (`--pickup-only`): the report's section printed.
     pub pickup_only: bool,
+    /// The agent rows and the dollars.
+    pub agents: agents::AgentSettings,
+    /// Only the agent rows and the dollars (`--agents-only`): their section printed and, but
+    /// with `--quick`, written into `BENCHMARKS.md` in place of the old one.
+    pub agents_only: bool,
 }
 
 /// The command line (`--help` prints it).
@@ -191,6 +201,22 @@ struct Args {
     /// 3000, 300 with --quick).
     #[arg(long, value_name = "K", value_parser = clap::value_parser!(u32).range(1..))]
     managed_quick_shell_runs: Option<u32>,
+    /// Only the agent rows and the dollars (issue 26): agent drains against the reference on
+    /// PostgreSQL over a 2 ms round trip, model calls cut at the cutoff with cutoff-aware
+    /// starts off and on, agent runs per managed-instances process at M = 16 and 64, and $
+    /// per 1 million runs; replaces the "Agent runs and dollars" section of BENCHMARKS.md
+    /// (with --quick: prints it only). About 17 minutes; --quick about 3-4.
+    #[arg(long, conflicts_with_all = ["drain_only", "production_only", "managed_only", "pickup_only"])]
+    agents_only: bool,
+    /// The agent rows' time scale: model latencies, the invocation's length, the deadline
+    /// margin, the minimum claim budget and the default step duration are multiplied by it
+    /// (0.05 at least: the margin's 500 ms floor; at 0.1 the 1 s margin is short for a
+    /// handback of 32 runs over PostgreSQL on a loaded machine).
+    #[arg(long, value_name = "FACTOR", default_value_t = 0.2, value_parser = time_scale)]
+    time_scale: f64,
+    /// The seed of the agent rows' model latencies.
+    #[arg(long, value_name = "SEED", default_value_t = 26)]
+    agent_seed: u64,
     /// The rows of each round, comma-separated, out of reference, ours, no-claim-ahead,
     /// one-invocation, larger-batch (with --drain-only; default all).
     #[arg(long, value_name = "LIST", value_parser = rows, requires = "drain_only")]
@@ -227,6 +253,18 @@ fn rtt(ms: &str) -> Result<u64, String> {
         ))
 }
 
+/// A time scale from 0.05 (the deadline margin's 500 ms floor at the default 10 s) to 1.
+fn time_scale(factor: &str) -> Result<f64, String> {
+    factor
+        .trim()
+        .parse::<f64>()
+        .ok()
+        .filter(|f| (0.05..=1.0).contains(f))
+        .ok_or(format!(
+            "expected a time scale from 0.05 to 1, got {factor:?}"
+        ))
+}
+
 /// Checked now, not after minutes of drains.
 fn existing_file(path: &str) -> Result<PathBuf, String> {
     let path = PathBuf::from(path);
@@ -256,6 +294,9 @@ impl Args {
                 invocation: Duration::from_secs(60),
                 poll_interval: Duration::from_millis(100),
                 postgres: self.postgres_url,
+                model_endpoint: None,
+                time_scale: 1.0,
+                cutoff_aware: None,
             },
             workloads: self
                 .workload
@@ -296,6 +337,7 @@ impl Args {
                 noop_runs: count(self.managed_noop_runs, 6000, 600),
                 shell_runs: count(self.managed_shell_runs, 1500, 150),
                 quick_shell_runs: count(self.managed_quick_shell_runs, 3000, 300),
+                agent_runs: 0,
                 rounds: count(self.managed_rounds, 4, 1),
                 enabled: self.managed_rounds != Some(0),
             },
@@ -307,6 +349,27 @@ impl Args {
                 max_runs: self.max_runs as usize,
             },
             pickup_only: self.pickup_only,
+            agents: agents::AgentSettings {
+                time_scale: self.time_scale,
+                latency: (Duration::from_secs(2), Duration::from_secs(40)),
+                tokens: (2000, 500),
+                invocation: Duration::from_secs(60),
+                managed_invocation: Duration::from_secs(900),
+                seed: self.agent_seed,
+                drain_runs: if quick { 32 } else { 128 },
+                drain_concurrency: 32,
+                drain_rounds: if quick { 1 } else { 2 },
+                rtt_us: 2000,
+                cut_runs: if quick { 128 } else { 1000 },
+                cut_parallel: 8,
+                cut_concurrency: 16,
+                managed_runs: if quick { 256 } else { 1000 },
+                managed_ms: vec![16, 64],
+                managed_concurrency: 8,
+                billed_runs: if quick { 50 } else { 500 },
+                prices: agents::cost::Prices::default(),
+            },
+            agents_only: self.agents_only,
         }
     }
 }
@@ -377,7 +440,8 @@ async fn bench() -> ExitCode {
 async fn run(o: Options) -> Result<(), BenchError> {
     // moto first: started before we become a subreaper, it is not our descendant, and our
     // invocations' orphan sweep leaves it alone.
-    let only = o.drain_only || o.production_only || o.managed_only || o.pickup_only;
+    let only =
+        o.drain_only || o.production_only || o.managed_only || o.pickup_only || o.agents_only;
     let moto = if only {
         Err("not measured: --drain-only".to_string())
     } else {
@@ -387,7 +451,7 @@ async fn run(o: Options) -> Result<(), BenchError> {
     ironflow_lambda::orphans::become_subreaper();
     let machine = report::Machine::read();
     let whole_blocks = 2 * o.rows.len();
-    if !o.rounds.is_multiple_of(whole_blocks) {
+    if !o.rounds.is_multiple_of(whole_blocks) && !only {
         eprintln!(
             "note: {} rounds is not a multiple of {whole_blocks} (2 × {} rows): the order is \
              balanced only over whole blocks of {whole_blocks} rounds",
@@ -409,6 +473,16 @@ async fn run(o: Options) -> Result<(), BenchError> {
     }
     if o.pickup_only {
         pickup::print(&pickup::measure(&o.pickup).await?);
+        return Ok(());
+    }
+    if o.agents_only {
+        let measured = Box::pin(agents::measure(&o)).await?;
+        let section = agents::section(&o, &machine.finish(), &measured);
+        println!("{section}");
+        if let Some(out) = &o.out {
+            agents::replace_section(out, &section)?;
+            eprintln!("replaced the agent section of {}", out.display());
+        }
         return Ok(());
     }
     let production = if o.managed_only {
@@ -461,7 +535,9 @@ async fn run(o: Options) -> Result<(), BenchError> {
     let markdown = report::render(&o, &machine.finish(), &results);
     println!("{markdown}");
     if let Some(out) = &o.out {
-        std::fs::write(out, &markdown)?;
+        // The agent section (`--agents-only`) is not measured here: kept as it was.
+        let old = std::fs::read_to_string(out).unwrap_or_default();
+        std::fs::write(out, agents::keep_section(&old, markdown))?;
         eprintln!("wrote {}", out.display());
     }
     Ok(())
@@ -473,7 +549,7 @@ async fn loopback_drains(
     o: &Options,
 ) -> Result<BTreeMap<(Workload, Which), Vec<DrainResult>>, BenchError> {
     let mut drains: BTreeMap<(Workload, Which), Vec<DrainResult>> = BTreeMap::new();
-    let loopback_rounds = if o.production_only || o.managed_only || o.pickup_only {
+    let loopback_rounds = if o.production_only || o.managed_only || o.pickup_only || o.agents_only {
         0
     } else {
         o.rounds

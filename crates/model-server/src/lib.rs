@@ -60,7 +60,7 @@ use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
-pub use record::{Calls, Outcome, Request, Route};
+pub use record::{Calls, Outcome, Request, Route, TokenCount};
 pub use script::{Match, Reply, ReplyKind, Rule, Script, ToolCall, Usage};
 
 use server::Shared;

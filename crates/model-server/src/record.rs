@@ -171,6 +171,13 @@ fn join_texts<'a>(blocks: impl Iterator<Item = &'a Value>, sep: &str) -> String 
 
 /// Call counts: every request to either route is counted when it arrives, whatever its
 /// answer (errors, cuts, 401s and validation errors included).
+///
+/// Each request also ends one of two ways, counted once it has: its answer was handed to the
+/// connection after its delay ([`Calls::answered`]), or its client closed the connection
+/// before that, so no answer was written ([`Calls::abandoned`]: a call cut by the client, e.g.
+/// a step stopped at an invocation's cutoff). A request still waiting is in neither. An
+/// answer handed over as the client closes the connection is counted answered (the server
+/// cannot know whether its bytes arrived).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Calls {
     /// All requests.
@@ -179,6 +186,33 @@ pub struct Calls {
     pub by_model: BTreeMap<String, u64>,
     /// Per API.
     pub by_route: BTreeMap<Route, u64>,
+    /// Requests answered (a scripted cut included: the server closed the connection itself).
+    pub answered: u64,
+    /// Requests whose client closed the connection before the answer was written.
+    pub abandoned: u64,
+    /// The tokens the answered requests reported in their usage (input + output; zero for an
+    /// error, which reports none).
+    pub answered_tokens: TokenCount,
+    /// The tokens the abandoned requests' answers would have reported: what a model would
+    /// have processed for a call its client gave up (the whole prompt and the whole answer,
+    /// as scripted or estimated: see [`crate::Reply::usage`]).
+    pub abandoned_tokens: TokenCount,
+}
+
+/// Input and output tokens, summed over requests.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TokenCount {
+    /// Input (prompt) tokens.
+    pub input: u64,
+    /// Output (completion) tokens.
+    pub output: u64,
+}
+
+impl TokenCount {
+    pub(crate) fn add(&mut self, input: u64, output: u64) {
+        self.input = self.input.saturating_add(input);
+        self.output = self.output.saturating_add(output);
+    }
 }
 
 impl Calls {

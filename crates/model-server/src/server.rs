@@ -20,7 +20,7 @@ use tokio::task::JoinSet;
 use crate::converse;
 use crate::messages::{self, ErrorType};
 use crate::record::{Calls, Outcome, Request, Route};
-use crate::script::{ReplyKind, Script};
+use crate::script::{ReplyKind, Script, Usage};
 use crate::wire::{self, Answer};
 
 /// The largest request body read (Anthropic's limit; Bedrock's is smaller): 32 MiB.
@@ -133,7 +133,7 @@ async fn answer(
     });
 
     // 2. Count, record, choose.
-    let (deferred, delay, seq) = {
+    let (deferred, delay, seq, usage) = {
         let mut state = shared.state();
         state.calls.count(route, &model);
         let seq = state.calls.total;
@@ -145,18 +145,27 @@ async fn answer(
             body,
             outcome: Outcome::Text,
         };
-        let (outcome, deferred, delay) = choose(&mut state, &record);
+        let (outcome, deferred, delay, usage) = choose(&mut state, &record);
         record.outcome = outcome;
         state.requests.push(record);
-        (deferred, delay, seq)
+        (deferred, delay, seq, usage)
     };
     shared.total.send_modify(|total| *total += 1);
+    // Counts the request abandoned if this future is dropped (hyper drops it when the client
+    // closes the connection mid-request) before the answer is handed over below.
+    let mut ending = Ending {
+        shared: &shared,
+        usage,
+        answered: false,
+    };
 
     // 3. Wait.
     if !delay.is_zero() {
         tokio::time::sleep(delay).await;
     }
     // 4. Answer.
+    ending.answered = true;
+    drop(ending);
     match deferred(started.elapsed()) {
         Answer::Cut => Err(CutConnection),
         Answer::Body {
@@ -177,12 +186,41 @@ async fn answer(
     }
 }
 
+/// How a request ended, counted when dropped: answered, or abandoned by its client.
+struct Ending<'a> {
+    shared: &'a Shared,
+    /// The usage its answer reports (zero for an error).
+    usage: Usage,
+    answered: bool,
+}
+
+impl Drop for Ending<'_> {
+    fn drop(&mut self) {
+        let mut state = self.shared.state();
+        let (input, output) = (self.usage.input_tokens, self.usage.output_tokens);
+        if self.answered {
+            state.calls.answered += 1;
+            state.calls.answered_tokens.add(input, output);
+        } else {
+            state.calls.abandoned += 1;
+            state.calls.abandoned_tokens.add(input, output);
+        }
+    }
+}
+
+/// No tokens: what an error answer reports.
+const NO_USAGE: Usage = Usage {
+    input_tokens: 0,
+    output_tokens: 0,
+};
+
 /// An answer to write once the delay is over: it is given the time elapsed since the
 /// request arrived (Converse's `metrics.latencyMs`).
 type Deferred = Box<dyn FnOnce(Duration) -> Answer + Send>;
 
-/// The outcome, the answer and the delay before it, for one recorded request.
-fn choose(state: &mut State, request: &Request) -> (Outcome, Deferred, Duration) {
+/// The outcome, the answer, the delay before it and the usage it reports (zero for an
+/// error), for one recorded request.
+fn choose(state: &mut State, request: &Request) -> (Outcome, Deferred, Duration, Usage) {
     let now = |answer: Answer| -> Deferred { Box::new(move |_| answer) };
     let seq = request.seq;
     let script = &state.script;
@@ -190,7 +228,12 @@ fn choose(state: &mut State, request: &Request) -> (Outcome, Deferred, Duration)
         && let Some(refusal) =
             messages::refuse(request.api_key(), |k| script.refused_keys.contains(k), seq)
     {
-        return (Outcome::Unauthorized, now(refusal), Duration::ZERO);
+        return (
+            Outcome::Unauthorized,
+            now(refusal),
+            Duration::ZERO,
+            NO_USAGE,
+        );
     }
     let invalid = match request.route {
         Route::Converse => converse::validate(&request.body),
@@ -205,10 +248,11 @@ fn choose(state: &mut State, request: &Request) -> (Outcome, Deferred, Duration)
             Route::Converse => converse::unknown_model(&request.model),
             Route::Messages => messages::unknown_model(&request.model, seq),
         };
-        return (Outcome::UnknownModel, now(answer), Duration::ZERO);
+        return (Outcome::UnknownModel, now(answer), Duration::ZERO, NO_USAGE);
     }
     if let Err(message) = invalid {
-        return invalid_request(request, message);
+        let (outcome, answer, delay) = invalid_request(request, message);
+        return (outcome, answer, delay, NO_USAGE);
     }
     let system = request.system();
     let last_user = request.last_user_text();
@@ -218,16 +262,25 @@ fn choose(state: &mut State, request: &Request) -> (Outcome, Deferred, Duration)
             .next_reply(request.route, &request.model, &last_user, system.as_deref())
     else {
         let text: String = last_user.chars().take(200).collect();
-        return invalid_request(
+        let (outcome, answer, delay) = invalid_request(
             request,
             format!("unscripted request for model {}: {text}", request.model),
         );
+        return (outcome, answer, delay, NO_USAGE);
     };
     let delay = state.script.latency.saturating_add(reply.delay);
     let usage = reply
         .usage
         .unwrap_or_else(|| wire::estimate_usage(&request.body, &reply.kind));
     let outcome = outcome_of(&reply.kind);
+    // Only a model's answer reports usage; an error or a cut reports none.
+    let reported = match reply.kind {
+        ReplyKind::Text(_)
+        | ReplyKind::Truncated(_)
+        | ReplyKind::ToolUse { .. }
+        | ReplyKind::Structured(_) => usage,
+        _ => NO_USAGE,
+    };
     let (body, route, kind) = (request.body.clone(), request.route, reply.kind);
     // Tool ids are numbered now, in arrival order, not in the order the delays end.
     let first_id = state.next_tool_id;
@@ -246,7 +299,7 @@ fn choose(state: &mut State, request: &Request) -> (Outcome, Deferred, Duration)
             Route::Messages => messages::reply(&kind, &body, usage, seq, &mut id),
         }
     });
-    (outcome, deferred, delay)
+    (outcome, deferred, delay, reported)
 }
 
 /// The service's validation error with `message`, answered at once.

@@ -728,3 +728,52 @@ async fn a_truncated_answer_stops_at_max_tokens() {
     assert_eq!(first_text(&out), Some(r#"{"verdict": "app"#));
     assert_eq!(server.requests()[0].outcome, Outcome::Truncated);
 }
+
+#[tokio::test]
+async fn a_call_its_client_gives_up_is_counted_abandoned_with_the_tokens_it_would_have_cost() {
+    let server = start(
+        Script::new().on(
+            Match::any(),
+            [
+                Reply::text("late")
+                    .delayed(Duration::from_secs(120))
+                    .with_usage(700, 300),
+                Reply::text("next").with_usage(11, 5),
+            ],
+        ),
+    )
+    .await;
+    let client = client(&server, RetryConfig::disabled());
+
+    // The client drops the call before its answer, as a step stopped at the cutoff does.
+    let asked = ask(&client, SONNET, "hi");
+    let waited = tokio::time::timeout(Duration::from_secs(60), async {
+        tokio::select! {
+            _ = asked => panic!("answered before its delay"),
+            _ = server.wait_for_calls(1) => {}
+        }
+    });
+    waited.await.expect("the call arrives");
+    let ended = |calls: &ironflow_model_server::Calls| calls.answered + calls.abandoned;
+    // Dropped: the connection closes, the server sees it and stops waiting.
+    tokio::time::timeout(Duration::from_secs(60), async {
+        while ended(&server.calls()) < 1 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .expect("the abandoned call is counted");
+    let out = ask(&client, SONNET, "hi").await.expect("answered");
+    assert_eq!(first_text(&out), Some("next"));
+
+    let calls = server.calls();
+    assert_eq!((calls.total, calls.answered, calls.abandoned), (2, 1, 1));
+    assert_eq!(
+        (calls.abandoned_tokens.input, calls.abandoned_tokens.output),
+        (700, 300)
+    );
+    assert_eq!(
+        (calls.answered_tokens.input, calls.answered_tokens.output),
+        (11, 5)
+    );
+}

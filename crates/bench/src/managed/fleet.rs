@@ -88,6 +88,7 @@ impl Fleet {
             if shape == Shape::OneProcess {
                 cmd.env("AWS_LAMBDA_MAX_CONCURRENCY", m.max_concurrency.to_string());
             }
+            cmd.envs(s.function_env());
             let mut child = cmd.spawn().map_err(|e| {
                 BenchError::msg(format!("starting {} as a function: {e}", binary.display()))
             })?;

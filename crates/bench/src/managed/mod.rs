@@ -40,10 +40,17 @@ pub const FUNCTION_MODE: &str = "IRONFLOW_LAMBDA_BENCH_AS_FUNCTION";
 
 /// The bench binary as a Lambda function: `ironflow_lambda::run` with the bench's workloads.
 pub fn function_main() -> ExitCode {
-    ironflow_lambda::run(|worker| {
-        let worker = worker.provider(Arc::new(ClaudeCodeProvider::new()));
+    // The agent rows point the Bedrock client at the scripted model server.
+    let agents = std::env::var_os("AWS_ENDPOINT_URL_BEDROCK_RUNTIME").is_some();
+    ironflow_lambda::run(move |worker| {
+        let worker = if agents {
+            worker.provider(Arc::new(ironflow_lambda::BedrockProvider::from_env()))
+        } else {
+            worker.provider(Arc::new(ClaudeCodeProvider::new()))
+        };
         Workload::ALL
             .into_iter()
+            .chain([Workload::Agent])
             .fold(worker, |worker, w| w.register_ours(worker))
     })
 }
@@ -142,6 +149,8 @@ pub struct ManagedSettings {
     pub shell_runs: usize,
     /// K of the deployable binary's `quick-shell` drains.
     pub quick_shell_runs: usize,
+    /// K of the agent drains (`--agents-only`).
+    pub agent_runs: usize,
     pub rounds: usize,
     /// Measure the rows at all (`--managed-rounds 0` turns them off).
     pub enabled: bool,
@@ -153,6 +162,7 @@ impl ManagedSettings {
         match job {
             Job::Bench(Workload::NoOp) => self.noop_runs,
             Job::Bench(Workload::ThreeStepShell) => self.shell_runs,
+            Job::Bench(Workload::Agent) => self.agent_runs,
             Job::QuickShell => self.quick_shell_runs,
         }
     }
@@ -311,7 +321,7 @@ fn line(job: Job, shape: Shape, d: &ManagedDrain) -> String {
 }
 
 /// One drain of `job`'s K runs by `shape`'s processes of `binary`.
-async fn drain(
+pub(crate) async fn drain(
     binary: &Path,
     shape: Shape,
     job: Job,
