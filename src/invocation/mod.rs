@@ -428,7 +428,7 @@ impl<'w> Batch<'w> {
             let report =
                 unstarted::release(&self.calls, &run, &self.lease, self.last_write, why).await;
             self.order.push(run.id);
-            self.reports.insert(run.id, report);
+            self.keep_unexecuted(report).await;
             return Taken::Stop(StopReason::Retiring);
         }
         if let Some(deferral) = self.first_step_would_not_fit(&run) {
@@ -514,7 +514,7 @@ impl<'w> Batch<'w> {
             report.error = Some(why);
         }
         self.order.push(run.id);
-        self.reports.insert(run.id, report);
+        self.keep_unexecuted(report).await;
         Taken::Stop(StopReason::Cutoff)
     }
 
@@ -538,7 +538,7 @@ impl<'w> Batch<'w> {
         let report = unstarted::release(&self.calls, &run, &self.lease, self.last_write, why)
             .instrument(claimed.span)
             .await;
-        self.reports.insert(run.id, report);
+        self.keep_unexecuted(report).await;
         Taken::Released
     }
 
@@ -551,7 +551,7 @@ impl<'w> Batch<'w> {
                 let report =
                     unstarted::release(&self.calls, &run, &self.lease, self.last_write, why).await;
                 self.order.push(report.run_id);
-                self.reports.insert(report.run_id, report);
+                self.keep_unexecuted(report).await;
             }
             Ok(None) => {}
             Err(e) => {
@@ -569,7 +569,7 @@ impl<'w> Batch<'w> {
             warn!(run_id = %run.id, "abandoning a run claimed ahead: lease lost while it waited");
             let error = format!("{}, before the run started", end.describe());
             let report = RunReport::not_executed(run, Fate::new(Outcome::LeaseLost, Some(error)));
-            self.reports.insert(run.id, report);
+            self.keep_unexecuted(report).await;
             return;
         }
         if let Some(reason) = self.poison.blocked_reason(&run.workflow_name).await {
@@ -584,7 +584,7 @@ impl<'w> Batch<'w> {
                     unstarted::defer_blocked(calls, &run, lease, reason, until).await
                 }
             };
-            self.reports.insert(run.id, report);
+            self.keep_unexecuted(report).await;
             return;
         }
         let params = self.params.clone();
@@ -605,6 +605,14 @@ impl<'w> Batch<'w> {
             }
             () = sleep_until(window_end) => false,
         }
+    }
+
+    /// Keep the report of a run this invocation claimed and did not execute; a run it left
+    /// to the reaper (its write-back failed) or whose lease it lost has its next recovery
+    /// noted as expected ([`PoisonGate::expect_recovery`]).
+    async fn keep_unexecuted(&mut self, report: RunReport) {
+        self.poison.expect_recovery(&report).await;
+        self.reports.insert(report.run_id, report);
     }
 
     /// Turn a finished execution into its report and update the poison-pill table.
@@ -639,7 +647,7 @@ impl<'w> Batch<'w> {
             let why = "run claimed ahead released: no slot freed in time, Pending again";
             let report =
                 unstarted::release(&self.calls, &run, &self.lease, self.last_write, why).await;
-            self.reports.insert(run.id, report);
+            self.keep_unexecuted(report).await;
         }
     }
 

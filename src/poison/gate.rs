@@ -231,15 +231,7 @@ impl PoisonGate {
     /// invocation: this invocation returned, only its lease or its write to the API failed.
     pub async fn record(&mut self, report: &RunReport) {
         let workflow = report.workflow.as_str();
-        let recovery_expected = report.left_to_reaper || report.outcome == Outcome::LeaseLost;
-        if recovery_expected && self.table_usable() {
-            let expected = report.lease_recoveries.saturating_add(1);
-            let table = self.table.clone();
-            let note = table.observe_lease_recoveries(report.run_id, expected, now_ms());
-            if let Err(e) = self.bounded("observe lease recoveries", note).await {
-                self.table_error(Some(workflow), &e, "its recovery will count as a failure");
-            }
-        }
+        self.expect_recovery(report).await;
         if report.outcome.is_workflow_failure() {
             let failure_id = format!("{}/{}", report.run_id, report.retry_count);
             self.record_failure(workflow, &failure_id).await;
@@ -257,6 +249,26 @@ impl PoisonGate {
                 }
                 Err(e) => self.table_error(Some(workflow), &e, "the counter is not reset"),
             }
+        }
+    }
+
+    /// Note the next lease recovery of `report`'s run as expected when this invocation left
+    /// the run to the API's reaper or lost its lease, executed or not (a claim released
+    /// unexecuted whose write-back failed leaves it Running too): that recovery is no death,
+    /// and the step an earlier holder left interrupted, still the run's newest, must not count
+    /// again as one. Part of [`PoisonGate::record`]; called alone for the runs this invocation
+    /// did not execute.
+    pub async fn expect_recovery(&mut self, report: &RunReport) {
+        let recovery_expected = report.left_to_reaper || report.outcome == Outcome::LeaseLost;
+        if !recovery_expected || !self.table_usable() {
+            return;
+        }
+        let expected = report.lease_recoveries.saturating_add(1);
+        let table = self.table.clone();
+        let note = table.observe_lease_recoveries(report.run_id, expected, now_ms());
+        if let Err(e) = self.bounded("observe lease recoveries", note).await {
+            let workflow = report.workflow.as_str();
+            self.table_error(Some(workflow), &e, "its recovery will count as a failure");
         }
     }
 
@@ -639,6 +651,33 @@ mod tests {
         }
         assert_eq!(gate.lease_recoveries(), 2);
         assert_eq!(gate.blocked_reason("wf").await, None);
+    }
+
+    #[tokio::test]
+    async fn a_run_left_to_the_reaper_unexecuted_does_not_count_its_old_holder_s_step_again() {
+        let table = Arc::new(MemoryPoisonTable::new(policy()));
+        // Recovered once: the claimer counts the death of `dead-1`, whose step is the newest.
+        let (mut run, steps) = recovered("wf", Some("dead-1")).await;
+        let mut first = PoisonGate::new(table.clone(), policy(), PoisonMode::Fail, later(), "a");
+        first.on_claim(&run, async { Some(steps.clone()) }).await;
+        assert_eq!(first.lease_recoveries(), 1);
+        // `a` releases it unexecuted, its write-back fails: left to the reaper, which recovers
+        // it a second time with the same newest step.
+        let mut released = report("wf", Outcome::Released);
+        (
+            released.run_id,
+            released.left_to_reaper,
+            released.lease_recoveries,
+        ) = (run.id, true, run.lease_recoveries);
+        first.expect_recovery(&released).await;
+        run.lease_recoveries = 2;
+        let mut next = PoisonGate::new(table.clone(), policy(), PoisonMode::Fail, later(), "b");
+        next.on_claim(&run, async { Some(steps) }).await;
+        assert_eq!(
+            next.lease_recoveries(),
+            0,
+            "an expected recovery is no death"
+        );
     }
 
     #[tokio::test]
