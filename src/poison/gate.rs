@@ -587,37 +587,15 @@ mod tests {
     /// A run of `workflow` the reaper recovered once, and its one step, left Running by
     /// `holder` (named in the step's mark, as the worker's store writes it, when `Some`).
     async fn recovered(workflow: &str, holder: Option<&str>) -> (Run, Vec<Step>) {
-        use ironflow_store::entities::{NewStep, StepKind, StepStatus, StepUpdate};
         use ironflow_store::memory::InMemoryStore;
         use ironflow_store::store::RunStore;
 
         let store = InMemoryStore::new();
-        store
-            .create_run(ironflow_local_api::new_run(workflow, 0))
-            .await
-            .unwrap();
-        let mut run = store.pick_next_pending(None).await.unwrap().unwrap();
-        let step = store
-            .create_step(NewStep {
-                run_id: run.id,
-                trace_id: Uuid::new_v4(),
-                name: "s".into(),
-                kind: StepKind::Shell,
-                position: 0,
-                input: None,
-                is_error_handler: false,
-            })
-            .await
-            .unwrap();
-        let start = StepUpdate {
-            status: Some(StepStatus::Running),
-            debug_messages: holder
-                .map(|h| serde_json::json!([{ crate::store::holder::HOLDER_KEY: h }])),
-            ..StepUpdate::default()
-        };
-        store.update_step(step.id, start).await.unwrap();
+        let id = crate::poison::recovery::tests::run(&store, workflow).await;
+        crate::poison::recovery::tests::started_by(&store, id, 0, holder, None).await;
+        let mut run = store.get_run(id).await.unwrap().unwrap();
         run.lease_recoveries = 1;
-        let steps = store.list_steps(run.id).await.unwrap();
+        let steps = store.list_steps(id).await.unwrap();
         (run, steps)
     }
 

@@ -42,7 +42,7 @@ pub(crate) fn dead_holder(steps: &[Step]) -> Option<Option<&str>> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use ironflow_store::entities::{NewStep, StepKind, StepUpdate};
     use ironflow_store::memory::InMemoryStore;
     use ironflow_store::store::RunStore;
@@ -60,7 +60,7 @@ mod tests {
 
     /// A step of `run` at `position`, started by `holder` (its mark, as the worker's store
     /// writes it, if any), then ended with `end` (if any).
-    async fn started_by(
+    pub(crate) async fn started_by(
         store: &InMemoryStore,
         run: Uuid,
         position: u32,
@@ -109,8 +109,9 @@ mod tests {
         }
     }
 
-    async fn run(store: &InMemoryStore) -> Uuid {
-        let new = ironflow_local_api::new_run("wf", 0);
+    /// A run of `workflow`, claimed.
+    pub(crate) async fn run(store: &InMemoryStore, workflow: &str) -> Uuid {
+        let new = ironflow_local_api::new_run(workflow, 0);
         store.create_run(new).await.unwrap();
         store.pick_next_pending(None).await.unwrap().unwrap().id
     }
@@ -118,7 +119,7 @@ mod tests {
     #[tokio::test]
     async fn a_step_left_running_or_interrupted_by_the_reaper_is_the_dead_holder_s() {
         let store = InMemoryStore::new();
-        let id = run(&store).await;
+        let id = run(&store, "wf").await;
         assert_eq!(dead_holder(&[]), None, "a claim that never executed");
 
         step(&store, id, 0, Some(completed())).await;
@@ -133,7 +134,7 @@ mod tests {
         let steps = store.list_steps(id).await.unwrap();
         assert_eq!(dead_holder(&steps), Some(None), "interrupted by the reaper");
 
-        let other = run(&store).await;
+        let other = run(&store, "wf").await;
         step(&store, other, 0, None).await;
         let steps = store.list_steps(other).await.unwrap();
         assert_eq!(dead_holder(&steps), Some(None), "left Running");
@@ -142,13 +143,13 @@ mod tests {
     #[tokio::test]
     async fn the_dead_holder_is_named_by_its_step_s_mark_which_the_reaper_keeps() {
         let store = InMemoryStore::new();
-        let id = run(&store).await;
+        let id = run(&store, "wf").await;
         started_by(&store, id, 0, Some("w-old"), Some(completed())).await;
         started_by(&store, id, 1, Some("w-dead"), None).await;
         let steps = store.list_steps(id).await.unwrap();
         assert_eq!(dead_holder(&steps), Some(Some("w-dead")), "left Running");
 
-        let other = run(&store).await;
+        let other = run(&store, "wf").await;
         started_by(&store, other, 0, Some("w-dead"), Some(interrupted(None))).await;
         let steps = store.list_steps(other).await.unwrap();
         assert_eq!(
@@ -157,7 +158,7 @@ mod tests {
             "interrupted by the reaper, whose cleanup leaves debug messages as they were"
         );
 
-        let handed_back = run(&store).await;
+        let handed_back = run(&store, "wf").await;
         let mark = Some(interrupted(Some(COUNTED_MARK)));
         started_by(&store, handed_back, 0, Some("w-live"), mark).await;
         let steps = store.list_steps(handed_back).await.unwrap();
