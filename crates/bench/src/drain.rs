@@ -10,9 +10,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ironflow_core::providers::claude::ClaudeCodeProvider;
-use ironflow_engine::config::ShellConfig;
-use ironflow_engine::context::WorkflowContext;
-use ironflow_engine::handler::{HandlerFuture, WorkflowHandler};
 use ironflow_lambda::InvocationSummary;
 use ironflow_lambda::{LambdaWorker, LambdaWorkerBuilder};
 use ironflow_local_api::{Backend, DelayProxy, LocalApi, new_run};
@@ -24,97 +21,8 @@ use tokio::time::{Instant, sleep, timeout};
 use uuid::Uuid;
 
 use crate::BenchError;
-
-/// The workflows drained.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub enum Workload {
-    /// A handler with no step: the run's whole cost is the worker's and the API's.
-    NoOp,
-    /// Three shell steps, each `echo`ing one line (a process spawn, step writes, a log push).
-    ThreeStepShell,
-    /// Three agent steps against the scripted model server ([`crate::agents`]); not in
-    /// [`Workload::ALL`]: drained only by the agent rows (`--agents-only`).
-    Agent,
-}
-
-impl Workload {
-    pub const ALL: [Workload; 2] = [Workload::NoOp, Workload::ThreeStepShell];
-
-    pub fn name(self) -> &'static str {
-        match self {
-            Workload::NoOp => "bench-noop",
-            Workload::ThreeStepShell => "bench-shell-3",
-            Workload::Agent => crate::agents::WORKFLOW,
-        }
-    }
-
-    /// The workload named `name` on the command line (`noop`, `shell`).
-    pub fn parse(name: &str) -> Option<Self> {
-        match name {
-            "noop" => Some(Workload::NoOp),
-            "shell" => Some(Workload::ThreeStepShell),
-            _ => None,
-        }
-    }
-
-    pub fn describe(self) -> &'static str {
-        match self {
-            Workload::NoOp => "no-op (a handler with no step)",
-            Workload::ThreeStepShell => "three-step shell (`echo` ×3)",
-            Workload::Agent => "agent (three model calls)",
-        }
-    }
-
-    /// The reference worker's builder with this workload registered.
-    fn register_reference(self, b: WorkerBuilder) -> WorkerBuilder {
-        match self {
-            Workload::NoOp => b.register(NoOp),
-            Workload::ThreeStepShell => b.register(ThreeStepShell),
-            Workload::Agent => b.register(crate::agents::AgentRun),
-        }
-    }
-
-    /// Our builder with this workload registered.
-    pub fn register_ours(self, b: LambdaWorkerBuilder) -> LambdaWorkerBuilder {
-        match self {
-            Workload::NoOp => b.register(NoOp),
-            Workload::ThreeStepShell => b.register(ThreeStepShell),
-            Workload::Agent => b.register(crate::agents::AgentRun),
-        }
-    }
-}
-
-/// A workflow handler with no step.
-pub struct NoOp;
-
-impl WorkflowHandler for NoOp {
-    fn name(&self) -> &str {
-        Workload::NoOp.name()
-    }
-
-    fn execute<'a>(&'a self, _ctx: &'a mut WorkflowContext) -> HandlerFuture<'a> {
-        Box::pin(async { Ok(()) })
-    }
-}
-
-/// Three shell steps, each printing one line.
-pub struct ThreeStepShell;
-
-impl WorkflowHandler for ThreeStepShell {
-    fn name(&self) -> &str {
-        Workload::ThreeStepShell.name()
-    }
-
-    fn execute<'a>(&'a self, ctx: &'a mut WorkflowContext) -> HandlerFuture<'a> {
-        Box::pin(async move {
-            for step in ["fetch", "build", "publish"] {
-                ctx.shell(step, ShellConfig::new(&format!("echo {step} done")))
-                    .await?;
-            }
-            Ok(())
-        })
-    }
-}
+use crate::usage::Usage;
+use crate::workload::Workload;
 
 /// Which worker drains.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -285,7 +193,7 @@ impl DrainSettings {
                 .default_step_duration(self.scaled_default_step())
         };
         match self.cutoff_aware {
-            Some(on) => crate::agents::cutoff_aware(builder, on),
+            Some(on) => crate::agents::workflow::cutoff_aware(builder, on),
             None => builder,
         }
     }
@@ -315,7 +223,7 @@ impl DrainSettings {
     /// The agent provider both workers get.
     pub fn provider(&self) -> Arc<dyn ironflow_core::provider::AgentProvider> {
         match &self.model_endpoint {
-            Some(url) => Arc::new(crate::agents::provider(url)),
+            Some(url) => Arc::new(crate::agents::workflow::provider(url)),
             None => Arc::new(ClaudeCodeProvider::new()),
         }
     }
@@ -349,94 +257,23 @@ pub struct DrainResult {
     pub usage: Usage,
 }
 
-/// [`Usage`] per run drained.
-#[derive(Debug, Clone, Copy)]
-pub struct UsagePerRun {
-    /// This process's CPU time per run, in ms.
-    pub cpu_ms: f64,
-    /// The reaped children's CPU time per run, in ms.
-    pub children_cpu_ms: f64,
-    pub voluntary_switches: f64,
-    pub involuntary_switches: f64,
+/// Each drain's wall time, in s.
+pub fn walls(results: &[DrainResult]) -> Vec<f64> {
+    results.iter().map(|r| r.wall.as_secs_f64()).collect()
 }
 
-impl UsagePerRun {
-    /// The field-by-field median of `results`' usage per run, `runs` runs each.
-    pub fn median(results: &[DrainResult], runs: usize) -> Self {
-        let per_run: Vec<UsagePerRun> = results.iter().map(|r| r.usage.per_run(runs)).collect();
-        let median = |f: fn(&UsagePerRun) -> f64| {
-            crate::report::median(&per_run.iter().map(f).collect::<Vec<_>>())
-        };
-        Self {
-            cpu_ms: median(|u| u.cpu_ms),
-            children_cpu_ms: median(|u| u.children_cpu_ms),
-            voluntary_switches: median(|u| u.voluntary_switches),
-            involuntary_switches: median(|u| u.involuntary_switches),
-        }
-    }
-}
-
-/// CPU time and context switches over a span, from `getrusage(2)`.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct Usage {
-    /// User + system CPU time of this process, all threads.
-    pub cpu: Duration,
-    /// User + system CPU time of the children reaped in the span (`RUSAGE_CHILDREN`).
-    pub children_cpu: Duration,
-    /// Voluntary context switches of this process (a thread parked: waiting for work or I/O).
-    pub voluntary_switches: u64,
-    /// Involuntary context switches of this process (a thread preempted by the scheduler).
-    pub involuntary_switches: u64,
-}
-
-impl Usage {
-    /// This process's and its reaped children's usage so far.
-    pub(crate) fn now() -> Self {
-        let get = |who| {
-            // SAFETY: getrusage writes one rusage into the zeroed struct it is given and reads
-            // nothing else.
-            let mut u: libc::rusage = unsafe { std::mem::zeroed() };
-            let rc = unsafe { libc::getrusage(who, &mut u) };
-            (rc == 0).then_some(u)
-        };
-        let cpu = |u: &libc::rusage| {
-            let us = |t: libc::timeval| t.tv_sec as u64 * 1_000_000 + t.tv_usec as u64;
-            Duration::from_micros(us(u.ru_utime) + us(u.ru_stime))
-        };
-        let (me, children) = (get(libc::RUSAGE_SELF), get(libc::RUSAGE_CHILDREN));
-        Self {
-            cpu: me.as_ref().map(cpu).unwrap_or_default(),
-            children_cpu: children.as_ref().map(cpu).unwrap_or_default(),
-            voluntary_switches: me.map_or(0, |u| u.ru_nvcsw as u64),
-            involuntary_switches: me.map_or(0, |u| u.ru_nivcsw as u64),
-        }
-    }
-
-    /// This usage divided among `runs` runs.
-    pub fn per_run(&self, runs: usize) -> UsagePerRun {
-        let runs = runs.max(1) as f64;
-        UsagePerRun {
-            cpu_ms: self.cpu.as_secs_f64() * 1000.0 / runs,
-            children_cpu_ms: self.children_cpu.as_secs_f64() * 1000.0 / runs,
-            voluntary_switches: self.voluntary_switches as f64 / runs,
-            involuntary_switches: self.involuntary_switches as f64 / runs,
-        }
-    }
-
-    /// The usage between `before` and now.
-    pub(crate) fn since(before: Self) -> Self {
-        let now = Self::now();
-        Self {
-            cpu: now.cpu.saturating_sub(before.cpu),
-            children_cpu: now.children_cpu.saturating_sub(before.children_cpu),
-            voluntary_switches: now
-                .voluntary_switches
-                .saturating_sub(before.voluntary_switches),
-            involuntary_switches: now
-                .involuntary_switches
-                .saturating_sub(before.involuntary_switches),
-        }
-    }
+/// The median of per-round ratios: in each round, `ours`'s wall time over `reference`'s (both
+/// lists in round order, one drain per round each). A round drains a workload with every row
+/// one after the other, so each ratio compares two drains seconds apart: a machine that slows
+/// down or speeds up over the run moves both alike, where the ratio of the two medians can
+/// pair a fast stretch of one with a slow one of the other.
+pub fn paired_ratio(ours: &[DrainResult], reference: &[DrainResult]) -> f64 {
+    let ratios: Vec<f64> = walls(ours)
+        .iter()
+        .zip(walls(reference))
+        .map(|(o, r)| o / r)
+        .collect();
+    crate::stats::median(&ratios)
 }
 
 impl DrainResult {

@@ -34,7 +34,8 @@ use ironflow_local_api::{LocalApi, new_run};
 use uuid::Uuid;
 
 use crate::BenchError;
-use crate::drain::{DrainSettings, NoOp, ThreeStepShell, Workload, invoke};
+use crate::drain::{DrainSettings, invoke};
+use crate::workload::{NoOp, ThreeStepShell, Workload};
 
 /// moto's server for the measurement: found in the environment, or started (and killed on drop).
 pub struct Moto {

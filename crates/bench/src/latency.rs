@@ -17,7 +17,8 @@ use tokio::time::Instant;
 use uuid::Uuid;
 
 use crate::BenchError;
-use crate::drain::{DrainSettings, Workload, invoke, invoke_with};
+use crate::drain::{DrainSettings, invoke, invoke_with};
+use crate::workload::Workload;
 
 /// Idle invocations, in milliseconds each.
 #[derive(Debug, Clone)]

@@ -27,22 +27,28 @@ mod agents;
 mod drain;
 mod dynamodb;
 mod latency;
+mod machine;
 mod managed;
+mod markdown;
 mod pickup;
 mod process;
 mod production;
 mod report;
+mod stats;
+mod usage;
+mod workload;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use drain::{DrainResult, DrainSettings, Link, UsagePerRun, Which, Workload};
+use drain::{DrainResult, DrainSettings, Link, Which};
 use latency::DeadlineSettings;
 use managed::ManagedSettings;
 use pickup::PickupSettings;
 use production::ProductionSettings;
+use workload::Workload;
 
 /// Anything that stops the bench, with what it was doing.
 #[derive(Debug, thiserror::Error)]
@@ -449,7 +455,7 @@ async fn run(o: Options) -> Result<(), BenchError> {
     };
     // Like the deployed function: descendants left by shell steps are reaped by us.
     ironflow_lambda::orphans::become_subreaper();
-    let machine = report::Machine::read();
+    let machine = machine::Machine::read();
     let whole_blocks = 2 * o.rows.len();
     if !o.rounds.is_multiple_of(whole_blocks) && !only {
         eprintln!(
@@ -468,7 +474,7 @@ async fn run(o: Options) -> Result<(), BenchError> {
     let drains = loopback_drains(&o).await?;
 
     if o.drain_only {
-        print_drain_medians(&drains, o.drain.runs);
+        report::drain::print_medians(&drains, o.drain.runs);
         return Ok(());
     }
     if o.pickup_only {
@@ -610,36 +616,6 @@ fn round_order(rows: &[Which], round: usize) -> Vec<Which> {
         order.reverse();
     }
     order
-}
-
-/// `--drain-only`: per workload and row, the median wall time, its ratio to the reference's
-/// (when the reference row ran) and the median CPU time and context switches per run.
-fn print_drain_medians(drains: &BTreeMap<(Workload, Which), Vec<DrainResult>>, runs: usize) {
-    let median_wall = |rs: &[DrainResult]| report::median(&report::walls(rs));
-    for ((w, which), rs) in drains {
-        let wall = median_wall(rs);
-        let ratio = drains
-            .get(&(*w, Which::Reference))
-            .map(|reference| {
-                format!(
-                    " ({:.3} of the reference; per round {:.3})",
-                    wall / median_wall(reference),
-                    report::paired_ratio(rs, reference)
-                )
-            })
-            .unwrap_or_default();
-        let u = UsagePerRun::median(rs, runs);
-        println!(
-            "{:<14} {:<15} {wall:.3} s{ratio}  per run: CPU {:.3} ms + children {:.3} ms, \
-             {:.1} voluntary + {:.1} involuntary switches",
-            w.name(),
-            which.flag(),
-            u.cpu_ms,
-            u.children_cpu_ms,
-            u.voluntary_switches,
-            u.involuntary_switches,
-        );
-    }
 }
 
 /// Now, in ms since the Unix epoch.

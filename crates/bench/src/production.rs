@@ -4,8 +4,11 @@
 
 use std::collections::BTreeMap;
 
-use crate::drain::{self, DrainResult, Link, Which, Workload};
-use crate::{BenchError, Options, report};
+use crate::drain::{self, DrainResult, Link, Which};
+use crate::workload::Workload;
+use crate::markdown::yes;
+use crate::stats::median;
+use crate::{BenchError, Options};
 
 /// The production-path drains, or why they were not measured.
 #[derive(Debug, Default)]
@@ -79,15 +82,15 @@ pub fn print_medians(p: &Production, runs: usize) {
         return;
     }
     for ((link, workload, which), rs) in &p.drains {
-        let wall = report::median(&report::walls(rs));
+        let wall = median(&drain::walls(rs));
         let ratio = p
             .drains
             .get(&(*link, *workload, Which::Reference))
             .map(|reference| {
                 format!(
                     " ({:.3} of the reference; per round {:.3})",
-                    wall / report::median(&report::walls(reference)),
-                    report::paired_ratio(rs, reference)
+                    wall / median(&drain::walls(reference)),
+                    drain::paired_ratio(rs, reference)
                 )
             })
             .unwrap_or_default();
@@ -126,9 +129,9 @@ struct Medians {
 
 fn medians(rs: &[DrainResult], runs: usize) -> Medians {
     let ms =
-        |f: &dyn Fn(&DrainResult) -> f64| report::median(&rs.iter().map(f).collect::<Vec<_>>());
+        |f: &dyn Fn(&DrainResult) -> f64| median(&rs.iter().map(f).collect::<Vec<_>>());
     Medians {
-        wall: report::median(&report::walls(rs)),
+        wall: median(&drain::walls(rs)),
         requests: rs.iter().map(|r| r.total_requests() as f64).sum::<f64>()
             / (rs.len() * runs).max(1) as f64,
         latency_ms: ms(&|r| r.run_latency.unwrap_or_default().as_secs_f64() * 1000.0),
@@ -181,8 +184,8 @@ pub fn section(md: &mut String, o: &Options, p: &Production) {
             (Which::Reference, _) | (_, None) => String::new(),
             (_, Some(reference)) => format!(
                 "{:.3} ({:.3})",
-                m.wall / report::median(&report::walls(reference)),
-                report::paired_ratio(rs, reference)
+                m.wall / median(&drain::walls(reference)),
+                drain::paired_ratio(rs, reference)
             ),
         };
         let trips = match loopback.get(&(*workload, *which)) {
@@ -229,14 +232,14 @@ fn targets(md: &mut String, p: &Production, runs: usize) {
             continue;
         };
         let ratio =
-            report::median(&report::walls(ours)) / report::median(&report::walls(reference));
-        let paired = report::paired_ratio(ours, reference);
+            median(&drain::walls(ours)) / median(&drain::walls(reference));
+        let paired = drain::paired_ratio(ours, reference);
         let _ = writeln!(
             md,
             "| drain ours / reference, {}, {}: ≤ {bound} | {ratio:.3} (per round {paired:.3}) | {} |",
             workload.describe(),
             link.describe(),
-            report::yes(ratio <= bound && paired <= bound)
+            yes(ratio <= bound && paired <= bound)
         );
     }
     for workload in Workload::ALL {
@@ -256,7 +259,7 @@ fn targets(md: &mut String, p: &Production, runs: usize) {
                 "| API requests per run, {}, {}: ≤ reference − 2 | {ours:.2} vs {reference:.2} | {} |",
                 workload.describe(),
                 link.describe(),
-                report::yes(ours <= reference - 2.0 + 1e-9)
+                yes(ours <= reference - 2.0 + 1e-9)
             );
         }
     }

@@ -19,7 +19,8 @@ use uuid::Uuid;
 
 use super::AgentSettings;
 use crate::BenchError;
-use crate::drain::{API_THREADS, DrainSettings, Workload, billed_ms, invoke};
+use crate::drain::{API_THREADS, DrainSettings, billed_ms, invoke};
+use crate::workload::Workload;
 
 /// Longest a cutoff row may take: past it the instances stop, and the row reports the runs
 /// that completed.

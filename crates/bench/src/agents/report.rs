@@ -6,8 +6,11 @@ use std::path::Path;
 
 use super::cost::{self, Measured, Param, Prices};
 use super::{AgentSettings, Agents, CutRow};
-use crate::drain::{DrainResult, Which, Workload};
-use crate::report::{Machine, median, yes};
+use crate::drain::{DrainResult, Which};
+use crate::workload::Workload;
+use crate::machine::Machine;
+use crate::markdown::{self, yes};
+use crate::stats::median;
 use crate::{BenchError, Options};
 
 /// The section's heading: what [`replace_section`] looks for.
@@ -23,33 +26,13 @@ pub fn replace_section(path: &Path, section: &str) -> Result<(), BenchError> {
 
 /// `old` with its agent section replaced by `section` (appended if absent).
 pub fn splice(old: &str, section: &str) -> String {
-    let section = section.trim_matches('\n');
-    let Some(start) = old.find(&format!("\n{HEADING}")) else {
-        return format!("{}\n\n{section}\n", old.trim_end_matches('\n'));
-    };
-    let rest = &old[start + 1..];
-    let end = rest[HEADING.len()..]
-        .find("\n## ")
-        .map_or(old.len(), |e| start + 1 + HEADING.len() + e + 1);
-    format!(
-        "{}\n\n{section}\n\n{}",
-        old[..start].trim_end_matches('\n'),
-        &old[end..]
-    )
-    .trim_end_matches('\n')
-    .to_string()
-        + "\n"
+    markdown::splice(old, HEADING, section)
 }
 
 /// The agent section of `report`, if it has one (from its heading to the next `## ` heading
 /// or the end).
 pub fn extract(report: &str) -> Option<&str> {
-    let start = report.find(&format!("\n{HEADING}"))? + 1;
-    let rest = &report[start..];
-    let end = rest[HEADING.len()..]
-        .find("\n## ")
-        .map_or(rest.len(), |e| HEADING.len() + e + 1);
-    Some(rest[..end].trim_end_matches('\n'))
+    markdown::extract(report, HEADING)
 }
 
 /// `new` (the full run's report, which does not measure the agent rows) with the agent

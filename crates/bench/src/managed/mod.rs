@@ -27,7 +27,9 @@ use ironflow_local_api::{Backend, LocalApi, new_run};
 use ironflow_store::entities::RunStatus;
 use uuid::Uuid;
 
-use crate::drain::{API_THREADS, DrainSettings, Usage, Workload};
+use crate::drain::{API_THREADS, DrainSettings};
+use crate::usage::Usage;
+use crate::workload::Workload;
 use crate::{BenchError, Options};
 use fleet::Fleet;
 pub use fleet::Logs;

@@ -6,7 +6,8 @@ use std::fmt::Write;
 
 use super::{Job, Managed, ManagedDrain, Shape};
 use crate::Options;
-use crate::report::{median, yes};
+use crate::markdown::yes;
+use crate::stats::median;
 
 /// The bounds: one process's throughput at least this share of M processes'...
 const THROUGHPUT_BOUND: f64 = 0.9;
@@ -383,7 +384,7 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
-    use crate::drain::Workload;
+    use crate::workload::Workload;
     use crate::managed::ProcessUse;
 
     fn drain(wall_ms: u64, peak_rss_kib: &[u64]) -> ManagedDrain {

@@ -5,7 +5,8 @@ use std::fmt::Write as _;
 use super::fleet::{SCHEDULE_MAX_RUNS, TICK};
 use super::workflows::{LONG_NAP_SECS, NAP_SECS};
 use super::{Kind, Pickup, PickupSettings, Row, Setup};
-use crate::report::{median, percentile, yes};
+use crate::markdown::yes;
+use crate::stats::{median, percentile};
 
 /// The pickup p99 target with push, from creation (issue 20): 200 ms.
 const PUSH_P99_TARGET_MS: f64 = 200.0;

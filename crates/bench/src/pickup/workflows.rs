@@ -16,7 +16,7 @@ use uuid::Uuid;
 
 use super::Kind;
 use crate::BenchError;
-use crate::drain::{NoOp, Workload};
+use crate::workload::{NoOp, Workload};
 
 /// The sleep of the sleep rows: 3 s.
 pub const NAP_SECS: u64 = 3;
