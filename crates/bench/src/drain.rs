@@ -13,8 +13,6 @@ use ironflow_core::providers::claude::ClaudeCodeProvider;
 use ironflow_lambda::InvocationSummary;
 use ironflow_lambda::{LambdaWorker, LambdaWorkerBuilder};
 use ironflow_local_api::{Backend, DelayProxy, LocalApi, new_run};
-use ironflow_store::entities::RunStatus;
-use ironflow_store::store::Store;
 use ironflow_worker::WorkerBuilder;
 use lambda_runtime::{Context, LambdaEvent};
 use tokio::time::{Instant, sleep, timeout};
@@ -22,6 +20,7 @@ use uuid::Uuid;
 
 use crate::BenchError;
 use crate::usage::Usage;
+use crate::watch::{Seen, all_terminal, timestamps};
 use crate::workload::Workload;
 
 /// Which worker drains.
@@ -521,44 +520,6 @@ fn api_addr(api: &LocalApi) -> Result<std::net::SocketAddr, BenchError> {
         .map_err(|e| BenchError::msg(format!("the API's URL {url} is not an address: {e}")))
 }
 
-/// The drained runs' timestamps, from the API's store.
-struct Timestamps {
-    first_started: chrono::DateTime<chrono::Utc>,
-    last_completed: chrono::DateTime<chrono::Utc>,
-    /// Median of `completed_at − started_at` (claim to end).
-    median_latency: Duration,
-}
-
-async fn timestamps(store: &Arc<dyn Store>, ids: &[Uuid]) -> Result<Timestamps, BenchError> {
-    let mut first_started = None;
-    let mut last_completed = None;
-    let mut latencies = Vec::with_capacity(ids.len());
-    for id in ids {
-        let Some(run) = store.get_run(*id).await? else {
-            continue;
-        };
-        let (Some(started), Some(completed)) = (run.started_at, run.completed_at) else {
-            return Err(BenchError::msg(format!(
-                "run {id} has no start or end time"
-            )));
-        };
-        first_started =
-            Some(first_started.map_or(started, |f: chrono::DateTime<_>| f.min(started)));
-        last_completed =
-            Some(last_completed.map_or(completed, |l: chrono::DateTime<_>| l.max(completed)));
-        latencies.push((completed - started).to_std().unwrap_or_default());
-    }
-    latencies.sort();
-    let (Some(first_started), Some(last_completed)) = (first_started, last_completed) else {
-        return Err(BenchError::msg("no drained run to time"));
-    };
-    Ok(Timestamps {
-        first_started,
-        last_completed,
-        median_latency: latencies[latencies.len() / 2],
-    })
-}
-
 /// One invocation of ours through the Lambda handler, with a deadline `invocation` from now,
 /// awaited where it is called: the bench runs in a task on the worker threads, as the deployed
 /// function runs its Lambda runtime loop (`handler::in_worker_task`).
@@ -580,51 +541,4 @@ pub async fn invoke_with(
 ) -> Result<InvocationSummary, BenchError> {
     let event = LambdaEvent::new(serde_json::json!({}), context);
     Ok(ironflow_lambda::handle_summary(worker, event).await?)
-}
-
-/// When the watcher saw the first run claimed, and every run terminal.
-#[derive(Debug, Clone, Copy)]
-struct Seen {
-    first_claimed: Instant,
-    all_terminal: Instant,
-}
-
-/// Resolves when every run in `ids` is terminal.
-///
-/// Runs are claimed oldest first, so each poll walks the remaining runs in creation order,
-/// drops the terminal ones, keeps the running ones and stops at the first one still pending
-/// (every younger one is pending too): a poll costs about C + 1 store reads, not K.
-async fn all_terminal(
-    store: Arc<dyn Store>,
-    ids: Vec<Uuid>,
-    poll: Duration,
-) -> Result<Seen, BenchError> {
-    let mut remaining = std::collections::VecDeque::from(ids);
-    let mut first_claimed = None;
-    loop {
-        let mut kept = Vec::new();
-        while let Some(id) = remaining.pop_front() {
-            let state = store.get_run(id).await?.map(|r| r.status.state);
-            match state {
-                Some(RunStatus::Pending) => {
-                    kept.push(id);
-                    break;
-                }
-                Some(state) if state.is_terminal() => {}
-                _ => kept.push(id),
-            }
-            first_claimed.get_or_insert_with(Instant::now);
-        }
-        if remaining.is_empty() && kept.is_empty() {
-            let now = Instant::now();
-            return Ok(Seen {
-                first_claimed: first_claimed.unwrap_or(now),
-                all_terminal: now,
-            });
-        }
-        for id in kept.into_iter().rev() {
-            remaining.push_front(id);
-        }
-        sleep(poll).await;
-    }
 }

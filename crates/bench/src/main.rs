@@ -36,6 +36,7 @@ mod production;
 mod report;
 mod stats;
 mod usage;
+mod watch;
 mod workload;
 
 use std::collections::BTreeMap;

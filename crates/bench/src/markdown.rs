@@ -69,7 +69,9 @@ mod tests {
         assert_eq!(extract(old, "## E"), None);
         assert_eq!(
             replace_rows(old, &["| b | 3 | **no** |".to_string()]).as_deref(),
-            Ok("# B\n\n## A\n\n| a | 1 | yes |\n| b | 3 | **no** |\n\n## C\n\nold\n\n### c\n\n## D\n\nd\n")
+            Ok(
+                "# B\n\n## A\n\n| a | 1 | yes |\n| b | 3 | **no** |\n\n## C\n\nold\n\n### c\n\n## D\n\nd\n"
+            )
         );
         assert!(replace_rows(old, &["| x | 3 | yes |".to_string()]).is_err());
     }

@@ -5,9 +5,9 @@
 use std::collections::BTreeMap;
 
 use crate::drain::{self, DrainResult, Link, Which};
-use crate::workload::Workload;
 use crate::markdown::yes;
 use crate::stats::median;
+use crate::workload::Workload;
 use crate::{BenchError, Options};
 
 /// The production-path drains, or why they were not measured.
@@ -128,8 +128,7 @@ struct Medians {
 }
 
 fn medians(rs: &[DrainResult], runs: usize) -> Medians {
-    let ms =
-        |f: &dyn Fn(&DrainResult) -> f64| median(&rs.iter().map(f).collect::<Vec<_>>());
+    let ms = |f: &dyn Fn(&DrainResult) -> f64| median(&rs.iter().map(f).collect::<Vec<_>>());
     Medians {
         wall: median(&drain::walls(rs)),
         requests: rs.iter().map(|r| r.total_requests() as f64).sum::<f64>()
@@ -231,8 +230,7 @@ fn targets(md: &mut String, p: &Production, runs: usize) {
         ) else {
             continue;
         };
-        let ratio =
-            median(&drain::walls(ours)) / median(&drain::walls(reference));
+        let ratio = median(&drain::walls(ours)) / median(&drain::walls(reference));
         let paired = drain::paired_ratio(ours, reference);
         let _ = writeln!(
             md,

@@ -20,9 +20,8 @@ impl UsagePerRun {
     /// The field-by-field median of `usages` per run, `runs` runs each.
     pub fn median<'a>(usages: impl IntoIterator<Item = &'a Usage>, runs: usize) -> Self {
         let per_run: Vec<UsagePerRun> = usages.into_iter().map(|u| u.per_run(runs)).collect();
-        let median = |f: fn(&UsagePerRun) -> f64| {
-            stats::median(&per_run.iter().map(f).collect::<Vec<_>>())
-        };
+        let median =
+            |f: fn(&UsagePerRun) -> f64| stats::median(&per_run.iter().map(f).collect::<Vec<_>>());
         Self {
             cpu_ms: median(|u| u.cpu_ms),
             children_cpu_ms: median(|u| u.children_cpu_ms),

@@ -27,9 +27,9 @@ use std::time::Duration;
 use ironflow_model_server::{Calls, Match, ModelServer, Reply, Script};
 
 use crate::drain::{self, DrainResult, DrainSettings, Link, Which};
-use crate::workload::Workload;
 use crate::managed::{self, Job, ManagedDrain, ManagedSettings, Shape};
 use crate::pickup::Rng;
+use crate::workload::Workload;
 use crate::{BenchError, Options};
 
 pub use cutoff::CutRow;

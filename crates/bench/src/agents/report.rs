@@ -7,10 +7,10 @@ use std::path::Path;
 use super::cost::{self, Measured, Param, Prices};
 use super::{AgentSettings, Agents, CutRow};
 use crate::drain::{DrainResult, Which};
-use crate::workload::Workload;
 use crate::machine::Machine;
 use crate::markdown::{self, yes};
 use crate::stats::median;
+use crate::workload::Workload;
 use crate::{BenchError, Options};
 
 /// The section's heading: what [`replace_section`] looks for.

@@ -384,8 +384,8 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
-    use crate::workload::Workload;
     use crate::managed::ProcessUse;
+    use crate::workload::Workload;
 
     fn drain(wall_ms: u64, peak_rss_kib: &[u64]) -> ManagedDrain {
         ManagedDrain {

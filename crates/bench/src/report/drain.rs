@@ -104,10 +104,7 @@ impl DrainSummary {
                 ratios.insert((w, which), ratio);
             }
         }
-        Self {
-            rows,
-            ratios,
-        }
+        Self { rows, ratios }
     }
 }
 
@@ -429,4 +426,3 @@ fn requests_section(md: &mut String, s: &DrainSettings, sum: &DrainSummary) {
         );
     }
 }
-
