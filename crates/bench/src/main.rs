@@ -34,6 +34,7 @@ mod pickup;
 mod process;
 mod production;
 mod report;
+mod runtime_api;
 mod stats;
 mod usage;
 mod watch;

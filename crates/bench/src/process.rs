@@ -1,180 +1,22 @@
 //! The deployable binary as a process: cold start, stripped size, peak RSS.
 //!
-//! The release `ironflow-lambda` binary (built as deployed) is started
-//! against a stand-in for AWS's Lambda Runtime API on loopback. The Runtime API is AWS's
-//! protocol, not ironflow's, and no implementation of it ships in a registry package, so this
-//! hand-written stub is the legitimate peer here: it serves
-//! `GET /2018-06-01/runtime/invocation/next` (recording when it arrives), and takes
-//! `POST .../invocation/{id}/response`, `.../error` and `/runtime/init/error`.
+//! The release `ironflow-lambda` binary (built as deployed) is started against the stand-in
+//! for AWS's Lambda Runtime API on loopback ([`crate::runtime_api`]): its first
+//! `GET /2018-06-01/runtime/invocation/next` ends the cold start; one event hands it a batch.
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use axum::Router;
-use axum::body::Bytes;
-use axum::extract::State;
-use axum::http::{HeaderMap, HeaderValue, StatusCode};
-use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
 use ironflow_local_api::{LocalApi, new_run};
-use tokio::net::TcpListener;
-use tokio::sync::Notify;
-use tokio::time::{Instant, timeout};
+use tokio::time::Instant;
 use uuid::Uuid;
 
 use crate::BenchError;
+use crate::runtime_api::{Dispatcher, Endpoint};
 
-/// One event the stub hands out on the next `GET .../invocation/next`.
-struct Event {
-    request_id: String,
-    deadline_ms: u64,
-    body: String,
-}
-
-#[derive(Default)]
-struct StubState {
-    /// When each `GET .../invocation/next` arrived.
-    polls: Mutex<Vec<Instant>>,
-    /// The event to serve on the next poll; later polls hang.
-    event: Mutex<Option<Event>>,
-    /// Bodies posted to `.../response` (Ok) or to an error route (Err).
-    results: Mutex<Vec<Result<String, String>>>,
-    changed: Notify,
-}
-
-/// A stand-in for the Lambda Runtime API (see the module docs). Stops when dropped.
-struct RuntimeStub {
-    addr: std::net::SocketAddr,
-    state: Arc<StubState>,
-    server: tokio::task::JoinHandle<()>,
-}
-
-impl Drop for RuntimeStub {
-    fn drop(&mut self) {
-        self.server.abort();
-    }
-}
-
-impl RuntimeStub {
-    async fn start(event: Option<Event>) -> Result<Self, BenchError> {
-        let state = Arc::new(StubState::default());
-        *lock(&state.event) = event;
-        let app = Router::new()
-            .route("/2018-06-01/runtime/invocation/next", get(next))
-            .route(
-                "/2018-06-01/runtime/invocation/{id}/response",
-                post(|State(s): State<Arc<StubState>>, body: Bytes| async move {
-                    record(&s, Ok(String::from_utf8_lossy(&body).into_owned()))
-                }),
-            )
-            .route(
-                "/2018-06-01/runtime/invocation/{id}/error",
-                post(|State(s): State<Arc<StubState>>, body: Bytes| async move {
-                    record(&s, Err(String::from_utf8_lossy(&body).into_owned()))
-                }),
-            )
-            .route(
-                "/2018-06-01/runtime/init/error",
-                post(|State(s): State<Arc<StubState>>, body: Bytes| async move {
-                    record(&s, Err(String::from_utf8_lossy(&body).into_owned()))
-                }),
-            )
-            .with_state(state.clone());
-        let listener = TcpListener::bind("127.0.0.1:0").await?;
-        let addr = listener.local_addr()?;
-        let server = tokio::spawn(async move {
-            let _ = axum::serve(listener, app).await;
-        });
-        Ok(Self {
-            addr,
-            state,
-            server,
-        })
-    }
-
-    /// Wait until the `n`-th poll has arrived; returns when it did.
-    async fn poll(&self, n: usize, limit: Duration) -> Result<Instant, BenchError> {
-        let end = Instant::now() + limit;
-        loop {
-            let notified = self.state.changed.notified();
-            if let Some(at) = lock(&self.state.polls).get(n - 1) {
-                return Ok(*at);
-            }
-            if let Some(Err(e)) = lock(&self.state.results).first() {
-                return Err(BenchError::msg(format!("the function reported: {e}")));
-            }
-            if timeout(end.saturating_duration_since(Instant::now()), notified)
-                .await
-                .is_err()
-            {
-                return Err(BenchError::msg(format!(
-                    "the function did not poll the Runtime API ({n} time(s)) within {limit:?}"
-                )));
-            }
-        }
-    }
-
-    /// Wait for the first posted result.
-    async fn result(&self, limit: Duration) -> Result<String, BenchError> {
-        let end = Instant::now() + limit;
-        loop {
-            let notified = self.state.changed.notified();
-            match lock(&self.state.results).first() {
-                Some(Ok(body)) => return Ok(body.clone()),
-                Some(Err(e)) => return Err(BenchError::msg(format!("the function failed: {e}"))),
-                None => {}
-            }
-            if timeout(end.saturating_duration_since(Instant::now()), notified)
-                .await
-                .is_err()
-            {
-                return Err(BenchError::msg("the function did not respond in time"));
-            }
-        }
-    }
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
-}
-
-fn record(s: &StubState, result: Result<String, String>) -> StatusCode {
-    lock(&s.results).push(result);
-    s.changed.notify_waiters();
-    StatusCode::ACCEPTED
-}
-
-async fn next(State(s): State<Arc<StubState>>) -> Response {
-    let at = Instant::now();
-    lock(&s.polls).push(at);
-    s.changed.notify_waiters();
-    let event = lock(&s.event).take();
-    let Some(event) = event else {
-        // No event: the function waits here, as a warm function between invocations does.
-        std::future::pending::<()>().await;
-        return StatusCode::NO_CONTENT.into_response();
-    };
-    let mut headers = HeaderMap::new();
-    let mut put = |name: &'static str, value: &str| {
-        if let Ok(v) = HeaderValue::from_str(value) {
-            headers.insert(name, v);
-        }
-    };
-    put("lambda-runtime-aws-request-id", &event.request_id);
-    put("lambda-runtime-deadline-ms", &event.deadline_ms.to_string());
-    put(
-        "lambda-runtime-invoked-function-arn",
-        "arn:aws:lambda:us-east-1:000000000000:function:ironflow-lambda-bench",
-    );
-    put(
-        "lambda-runtime-trace-id",
-        "Root=1-00000000-000000000000000000000000",
-    );
-    put("content-type", "application/json");
-    (StatusCode::OK, headers, event.body).into_response()
-}
+/// The one event of [`batch_memory`]: a direct invocation.
+const BATCH_EVENT: &str = "{}";
 
 /// The command that builds the deployable function the bench measures.
 pub const BUILD_FUNCTION: &str = "cargo build --release --bin ironflow-lambda";
@@ -241,17 +83,19 @@ pub async fn cold_starts(
     let mut times = Vec::with_capacity(count);
     let mut rss_kib = 0;
     for _ in 0..count {
-        let stub = RuntimeStub::start(None).await?;
+        // Never opened: no event, the function waits in its first poll.
+        let stub = Dispatcher::with_event(1, 0, Duration::from_secs(60), "bench-cold", BATCH_EVENT);
+        let endpoint = Endpoint::start(stub.clone(), 0).await?;
         let mut cmd = function_command(
             binary,
-            stub.addr,
+            endpoint.addr,
             "http://127.0.0.1:9",
             "bench-token",
             concurrency,
         );
         let start = Instant::now();
         let mut child = cmd.spawn()?;
-        let ready = stub.poll(1, Duration::from_secs(10)).await;
+        let ready = stub.polled(0, 1, Duration::from_secs(10)).await;
         if let Some(pid) = child.id() {
             rss_kib = rss_kib.max(status_kib(pid, "VmHWM").unwrap_or(0));
         }
@@ -279,19 +123,20 @@ pub async fn batch_memory(binary: &Path, concurrency: usize) -> Result<BatchMemo
     for _ in 0..8 {
         api.store().create_run(new_run("quick-shell", 0)).await?;
     }
-    let stub = RuntimeStub::start(Some(Event {
-        request_id: "bench-rss".into(),
-        deadline_ms: crate::epoch_ms() + 60_000,
-        body: "{}".into(),
-    }))
-    .await?;
-    let mut child = function_command(binary, stub.addr, &api.url(), &token, concurrency).spawn()?;
-    let body = stub.result(Duration::from_secs(60)).await;
-    let polled = stub.poll(2, Duration::from_secs(10)).await;
+    // Events until the answers report the 8 runs' end: one, when the batch completes.
+    let stub = Dispatcher::with_event(1, 8, Duration::from_secs(60), "bench-rss", BATCH_EVENT);
+    let endpoint = Endpoint::start(stub.clone(), 0).await?;
+    stub.open();
+    let mut child =
+        function_command(binary, endpoint.addr, &api.url(), &token, concurrency).spawn()?;
+    let answered = stub.answered(1, Duration::from_secs(60)).await;
+    let polled = stub.polled(0, 2, Duration::from_secs(10)).await;
     let peak = child.id().and_then(|pid| status_kib(pid, "VmHWM"));
     let _ = child.kill().await;
     polled?;
-    let summary: serde_json::Value = serde_json::from_str(&body?)?;
+    let summary = answered?
+        .last_summary
+        .ok_or_else(|| BenchError::msg("the function answered no summary"))?;
     let completed = summary["outcomes"]["completed"].as_u64().unwrap_or(0);
     if completed != 8 {
         return Err(BenchError::msg(format!(

@@ -11,10 +11,10 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, ChildStderr, ChildStdout};
 use tokio::task::JoinHandle;
 
-use super::runtime::{Dispatcher, Endpoint};
 use super::{FUNCTION_MODE, Job, ManagedSettings, Shape};
 use crate::BenchError;
 use crate::drain::DrainSettings;
+use crate::runtime_api::{Dispatcher, Endpoint};
 
 /// A process's output: its JSON log lines on stdout, anything on stderr.
 #[derive(Debug, Clone, Default)]

@@ -6,7 +6,7 @@
 //! Each process is this bench binary started again in function mode ([`FUNCTION_MODE`]:
 //! `ironflow_lambda::run` with the bench's workloads registered, the entry point the
 //! deployable `ironflow-lambda` binary calls with its sample workflows, which do not include
-//! them), against its own endpoint of a stand-in for the Lambda Runtime API ([`runtime`]) and
+//! them), against its own endpoint of a stand-in for the Lambda Runtime API ([`crate::runtime_api`]) and
 //! the embedded API on its in-memory store. The drain's clock starts once every process waits
 //! on its poll loops and stops when the invocations' answers have reported the end of every
 //! run (no watcher polling the store); the store is checked afterwards. Peak RSS is each
@@ -14,7 +14,6 @@
 
 mod fleet;
 mod report;
-mod runtime;
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -28,13 +27,13 @@ use ironflow_store::entities::RunStatus;
 use uuid::Uuid;
 
 use crate::drain::{API_THREADS, DrainSettings};
+use crate::runtime_api::{Dispatcher, Slots, Tally};
 use crate::usage::Usage;
 use crate::workload::Workload;
 use crate::{BenchError, Options};
 use fleet::Fleet;
 pub use fleet::Logs;
 pub use report::{print_medians, section};
-use runtime::{Dispatcher, Slots, Tally};
 
 /// Set in a process's environment, the bench binary is a Lambda function instead
 /// ([`function_main`]).

@@ -1,12 +1,15 @@
-//! The Lambda Runtime API of a Lambda Managed Instances drain: one endpoint per function
-//! process (each execution environment has its own `AWS_LAMBDA_RUNTIME_API`), and one
-//! [`Dispatcher`] behind them all that hands out invocation events, a stream of them, to the
-//! concurrent `GET /2018-06-01/runtime/invocation/next` long-polls of every process, and tallies
-//! the answers (`POST .../invocation/{id}/response` or `.../error`).
+//! A stand-in for AWS's Lambda Runtime API, the one every function process of the bench
+//! polls: the managed-instances drains ([`crate::managed`]) and the deployable binary's cold
+//! start and peak RSS ([`crate::process`]). One endpoint per function process (each execution
+//! environment has its own `AWS_LAMBDA_RUNTIME_API`), and one [`Dispatcher`] behind them all
+//! that hands out invocation events, a stream of them, to the concurrent
+//! `GET /2018-06-01/runtime/invocation/next` long-polls of every process, and tallies the
+//! answers (`POST .../invocation/{id}/response` or `.../error`, `/runtime/init/error`).
 //!
-//! As in `crate::process`, a hand-written stub: the Runtime API is AWS's protocol and no
-//! package ships it. The events are direct invocations (`{"reason": ...}`: one batch of the
-//! configured N), each with a deadline [`Dispatcher::new`]'s `deadline` away.
+//! A hand-written stub: the Runtime API is AWS's protocol, not ironflow's, and no package ships
+//! an implementation of it. The events are direct invocations (by default `{"reason": ...}`:
+//! one batch of the configured N; [`Dispatcher::with_event`] sets another body), each with a
+//! deadline [`Dispatcher::new`]'s `deadline` away.
 //!
 //! When to serve: no event before [`Dispatcher::open`] (so that every process's poll loops are
 //! waiting when the drain starts); then one event per poll, at once, so that each process keeps
@@ -59,6 +62,8 @@ pub struct Slots {
     since: Option<Instant>,
     /// Invocations answered.
     pub invocations: usize,
+    /// When the first `GET .../next` arrived.
+    first_poll: Option<Instant>,
 }
 
 impl Slots {
@@ -96,6 +101,8 @@ pub struct Tally {
     pub errors: usize,
     /// The first [`KEPT_ERRORS`] of them.
     pub first_errors: Vec<String>,
+    /// The last summary answered, as posted.
+    pub last_summary: Option<serde_json::Value>,
 }
 
 impl Tally {
@@ -131,7 +138,14 @@ pub struct Dispatcher {
     state: Mutex<Ledger>,
     changed: Notify,
     deadline: Duration,
+    /// The events' request ids start with it.
+    label: &'static str,
+    /// The events' body.
+    body: &'static str,
 }
+
+/// The body of a managed-instances drain's events.
+const MANAGED_EVENT: &str = r#"{"reason": "bench: managed-instances drain"}"#;
 
 /// One event, as served.
 struct Event {
@@ -142,6 +156,18 @@ struct Event {
 impl Dispatcher {
     /// For `processes` processes draining `target` runs, each event's deadline `deadline` away.
     pub fn new(processes: usize, target: usize, deadline: Duration) -> Arc<Self> {
+        Self::with_event(processes, target, deadline, "managed", MANAGED_EVENT)
+    }
+
+    /// As [`Dispatcher::new`], the events' request ids `{label}-{process}-{n}` and their body
+    /// `body`.
+    pub fn with_event(
+        processes: usize,
+        target: usize,
+        deadline: Duration,
+        label: &'static str,
+        body: &'static str,
+    ) -> Arc<Self> {
         Arc::new(Self {
             state: Mutex::new(Ledger {
                 opened: None,
@@ -155,6 +181,8 @@ impl Dispatcher {
             }),
             changed: Notify::new(),
             deadline,
+            label,
+            body,
         })
     }
 
@@ -184,6 +212,38 @@ impl Dispatcher {
         let _ = self.wait(settle, alive, &|s| all_loops(s)).await;
         alive()?;
         Ok(polls(&self.lock()))
+    }
+
+    /// Wait until process `p` has polled `n` times (`GET .../next`), or the function reported
+    /// an error; returns when its first poll arrived.
+    pub async fn polled(&self, p: usize, n: usize, limit: Duration) -> Result<Instant, BenchError> {
+        let mut ok = || Ok(());
+        let polled = |s: &Ledger| s.processes[p].polls >= n || s.tally.errors > 0;
+        // Timed out or not, the ledger says what happened.
+        let _ = self.wait(limit, &mut ok, &polled).await;
+        let s = self.lock();
+        match (s.processes[p].first_poll, s.tally.first_errors.first()) {
+            (Some(first), _) if s.processes[p].polls >= n => Ok(first),
+            (_, Some(e)) => Err(BenchError::msg(format!("the function reported: {e}"))),
+            _ => Err(BenchError::msg(format!(
+                "the function did not poll the Runtime API ({n} time(s)) within {limit:?}"
+            ))),
+        }
+    }
+
+    /// Wait until `n` invocations are answered; the tally then. A function that reported an
+    /// error (init error, invocation error) fails it.
+    pub async fn answered(&self, n: usize, limit: Duration) -> Result<Tally, BenchError> {
+        let mut ok = || Ok(());
+        let answered = |s: &Ledger| s.tally.invocations >= n || s.tally.errors > 0;
+        self.wait(limit, &mut ok, &answered)
+            .await
+            .map_err(|_| BenchError::msg("the function did not respond in time"))?;
+        let tally = self.lock().tally.clone();
+        match tally.first_errors.first() {
+            Some(e) => Err(BenchError::msg(format!("the function failed: {e}"))),
+            None => Ok(tally),
+        }
     }
 
     /// Start serving events; the drain's clock starts (returned).
@@ -256,7 +316,10 @@ impl Dispatcher {
     /// The event for the next poll of process `p`, once there is one.
     async fn next(&self, p: usize) -> Event {
         {
-            self.lock().processes[p].polls += 1;
+            let mut s = self.lock();
+            let process = &mut s.processes[p];
+            process.polls += 1;
+            process.first_poll.get_or_insert_with(Instant::now);
         }
         self.changed.notify_waiters();
         loop {
@@ -269,7 +332,7 @@ impl Dispatcher {
                     let end = s.done;
                     s.processes[p].change(1, Instant::now(), end);
                     return Event {
-                        request_id: format!("managed-{p}-{n}"),
+                        request_id: format!("{}-{p}-{n}", self.label),
                         deadline_ms: crate::epoch_ms() + self.deadline.as_millis() as u64,
                     };
                 }
@@ -290,7 +353,10 @@ impl Dispatcher {
             serde_json::from_slice::<serde_json::Value>(body)
                 .map_err(|e| format!("a response that is not a summary ({e})"))
         }) {
-            Ok(summary) => tally_summary(&mut s, &summary),
+            Ok(summary) => {
+                tally_summary(&mut s, &summary);
+                s.tally.last_summary = Some(summary);
+            }
             Err(e) => s.tally.error(e),
         }
         if s.finished >= s.target && s.done.is_none() {
@@ -391,6 +457,7 @@ impl Endpoint {
 
 async fn next(State((d, p)): State<Shared>) -> Response {
     let event = d.next(p).await;
+    let body = d.body;
     let mut headers = HeaderMap::new();
     let mut put = |name: &'static str, value: &str| {
         if let Ok(v) = HeaderValue::from_str(value) {
@@ -408,7 +475,6 @@ async fn next(State((d, p)): State<Shared>) -> Response {
         "Root=1-00000000-000000000000000000000000",
     );
     put("content-type", "application/json");
-    let body = r#"{"reason": "bench: managed-instances drain"}"#;
     (StatusCode::OK, headers, body).into_response()
 }
 
@@ -479,5 +545,40 @@ mod tests {
         let (_, tally) = d.finish();
         assert_eq!(tally.errors, 2);
         assert_eq!(tally.first_errors[0], "invocation error: boom");
+    }
+
+    #[tokio::test]
+    async fn one_event_for_a_batch_and_none_for_a_cold_start() {
+        // A cold start: never opened, the first poll is timed and waits.
+        let cold = Dispatcher::with_event(1, 0, Duration::from_secs(60), "cold", "{}");
+        let poll = tokio::spawn({
+            let cold = cold.clone();
+            async move { cold.next(0).await.request_id }
+        });
+        let first = cold.polled(0, 1, Duration::from_secs(5)).await.unwrap();
+        assert!(first <= Instant::now());
+        assert!(!poll.is_finished(), "no event for a cold start");
+        poll.abort();
+        // A batch: one event; its summary answered, kept; the next poll gets nothing.
+        let batch = Dispatcher::with_event(1, 2, Duration::from_secs(60), "rss", "{}");
+        batch.open();
+        assert_eq!(batch.next(0).await.request_id, "rss-0-1");
+        batch.answer(0, Ok(&summary(2, &["completed", "completed"])));
+        let tally = batch.answered(1, Duration::from_secs(5)).await.unwrap();
+        assert_eq!(tally.last_summary.unwrap()["claimed"], 2);
+        assert!(!batch.lock().may_serve(), "one event only");
+        // An init error fails both waits, with the function's words.
+        let failed = Dispatcher::with_event(1, 1, Duration::from_secs(60), "x", "{}");
+        failed.init_error(b"no handler");
+        let e = failed
+            .polled(0, 1, Duration::from_secs(5))
+            .await
+            .unwrap_err();
+        assert!(e.to_string().contains("no handler"), "{e}");
+        let e = failed
+            .answered(1, Duration::from_secs(5))
+            .await
+            .unwrap_err();
+        assert!(e.to_string().contains("no handler"), "{e}");
     }
 }
