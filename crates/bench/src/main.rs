@@ -7,23 +7,27 @@
 //!
 //! ```sh
 //! cargo build --release --bin ironflow-lambda \
-//!   && cargo run --release -p ironflow-lambda-bench              # full run, writes BENCHMARKS.md
+//!   && cargo run --release -p ironflow-lambda-bench              # `all`: full run, writes BENCHMARKS.md
 //! cargo run --release -p ironflow-lambda-bench -- --quick        # small run, prints only
-//! cargo run --release -p ironflow-lambda-bench -- --managed-only # the managed-instances rows
-//! cargo run --release -p ironflow-lambda-bench -- --pickup-only  # the pickup-latency rows
-//! cargo run --release -p ironflow-lambda-bench -- --agents-only  # agent rows and dollars
+//! cargo run --release -p ironflow-lambda-bench -- drain          # the drain throughput rows
+//! cargo run --release -p ironflow-lambda-bench -- production     # the production-path rows
+//! cargo run --release -p ironflow-lambda-bench -- managed        # the managed-instances rows
+//! cargo run --release -p ironflow-lambda-bench -- pickup         # the pickup-latency rows
+//! cargo run --release -p ironflow-lambda-bench -- agents         # agent rows and dollars
 //! ```
 //!
-//! `--agents-only` ([`agents`]) replaces its own section of `BENCHMARKS.md` ("Agent runs and
-//! dollars") and leaves the rest of the file as it is; with `--quick` it prints only.
+//! `agents` ([`agents`]) replaces its own section of `BENCHMARKS.md` ("Agent runs and
+//! dollars") and `drain` the drain rows' parts ([`report::drain::write`]), leaving the rest of
+//! the file as it is; with `--quick` they print only.
 //!
 //! The first command builds the deployable function as deployed, whose cold start, size and
 //! memory are measured.
 //!
-//! The options: `--help` ([`Args`]).
+//! The options: `--help` ([`cli::Args`]), and each subcommand's `--help`.
 //! Not part of the test command.
 
 mod agents;
+mod cli;
 mod drain;
 mod dynamodb;
 mod latency;
@@ -40,12 +44,10 @@ mod usage;
 mod watch;
 mod workload;
 
-use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::time::Duration;
 
-use drain::{DrainResult, DrainSettings, Link, Which};
+use drain::{DrainSettings, Link, Which};
 use latency::DeadlineSettings;
 use managed::ManagedSettings;
 use pickup::PickupSettings;
@@ -81,16 +83,35 @@ impl BenchError {
     }
 }
 
+/// The section a run measures (its subcommand, [`cli`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Section {
+    /// Every section but the agent rows; writes `BENCHMARKS.md`.
+    All,
+    /// The loopback drain rows: medians printed, their parts of `BENCHMARKS.md` replaced
+    /// ([`report::drain::write`]).
+    Drain,
+    /// The production-path drains: medians printed.
+    Production,
+    /// The Lambda Managed Instances rows: medians and the report's section printed.
+    Managed,
+    /// The pickup-latency rows: the report's section printed.
+    Pickup,
+    /// The agent rows and the dollars: their section printed and, but with `--quick`, written
+    /// into `BENCHMARKS.md` in place of the old one.
+    Agents,
+}
+
 /// What to run.
 #[derive(Debug, Clone)]
 pub struct Options {
     pub quick: bool,
-    /// Only the drain rounds (`--drain-only`): medians printed, no report written.
-    pub drain_only: bool,
+    /// The section measured.
+    pub section: Section,
     pub drain: DrainSettings,
-    /// The workloads drained (`--workload`; default both).
+    /// The workloads drained (`drain --workload`; default both).
     pub workloads: Vec<Workload>,
-    /// The rows of each round, in order (`--rows`; default [`Which::ALL`]).
+    /// The rows of each round, in order (`drain --rows`; default [`Which::ALL`]).
     pub rows: Vec<Which>,
     pub rounds: usize,
     pub idle_invocations: usize,
@@ -98,293 +119,23 @@ pub struct Options {
     pub deadline_invocations: usize,
     pub cold_starts: usize,
     pub dynamodb_runs: usize,
+    /// Where the report, or the section's part of it, is written (`None`: printed only).
     pub out: Option<PathBuf>,
     pub function: Option<PathBuf>,
     pub args: Vec<String>,
     /// The production-path rows (PostgreSQL, round trips).
     pub production: ProductionSettings,
-    /// Only the production-path drains (`--production-only`): medians printed.
-    pub production_only: bool,
     /// The Lambda Managed Instances rows.
     pub managed: ManagedSettings,
-    /// Only the Lambda Managed Instances rows (`--managed-only`): medians and the report's
-    /// section printed.
-    pub managed_only: bool,
     /// The pickup-latency rows.
     pub pickup: PickupSettings,
-    /// Only the pickup-latency rows (`--pickup-only`): the report's section printed.
-    pub pickup_only: bool,
     /// The agent rows and the dollars.
     pub agents: agents::AgentSettings,
-    /// Only the agent rows and the dollars (`--agents-only`): their section printed and, but
-    /// with `--quick`, written into `BENCHMARKS.md` in place of the old one.
-    pub agents_only: bool,
-}
-
-/// The command line (`--help` prints it).
-#[derive(Debug, clap::Parser)]
-#[command(
-    name = "ironflow-lambda-bench",
-    about = "Benchmark ironflow-lambda against the reference worker on this machine; writes BENCHMARKS.md"
-)]
-struct Args {
-    /// Small counts; prints the report, writes nothing.
-    #[arg(long)]
-    quick: bool,
-    /// Only the drain rounds, their medians printed; nothing written.
-    #[arg(long)]
-    drain_only: bool,
-    /// Runs per drain (default 500, 50 with --quick).
-    #[arg(long, value_name = "K", value_parser = clap::value_parser!(u32).range(1..))]
-    runs: Option<u32>,
-    /// Rounds of drains (default 20, 2 with --quick).
-    #[arg(long, value_name = "R", value_parser = clap::value_parser!(u32).range(1..))]
-    rounds: Option<u32>,
-    /// Runs executing at once (C).
-    #[arg(long, value_name = "C", default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..))]
-    concurrency: u32,
-    /// Runs one invocation claims at most (N).
-    #[arg(long, value_name = "N", default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..))]
-    max_runs: u32,
-    /// Where to write the report (default BENCHMARKS.md of the repository).
-    #[arg(long, value_name = "PATH")]
-    out: Option<PathBuf>,
-    /// The function binary to measure (default: the release `ironflow-lambda` beside the bench).
-    #[arg(long, value_name = "PATH", value_parser = existing_file)]
-    function: Option<PathBuf>,
-    /// One workload instead of both (with --drain-only).
-    #[arg(long, value_parser = ["noop", "shell"], requires = "drain_only")]
-    workload: Option<String>,
-    /// PostgreSQL server of the production-path rows (a fresh database per drain), e.g.
-    /// postgres://postgres@127.0.0.1:5432 (default: IRONFLOW_TEST_POSTGRES_URL). Without
-    /// one, those rows are not measured.
-    #[arg(
-        long,
-        env = "IRONFLOW_TEST_POSTGRES_URL",
-        hide_env_values = true,
-        value_name = "URL"
-    )]
-    postgres_url: Option<String>,
-    /// Round trips added between the workers and the API in the production-path rows, in ms,
-    /// comma-separated (0: PostgreSQL on loopback).
-    #[arg(long, value_name = "MS", value_delimiter = ',', default_value = "0,1,2,5", value_parser = rtt)]
-    rtts_ms: Vec<u64>,
-    /// Rounds of production-path drains (default 3, 1 with --quick).
-    #[arg(long, value_name = "R", value_parser = clap::value_parser!(u32).range(1..))]
-    production_rounds: Option<u32>,
-    /// Only the production-path drains, their medians printed; nothing written.
-    #[arg(long, conflicts_with = "drain_only", requires = "postgres_url")]
-    production_only: bool,
-    /// Only the Lambda Managed Instances rows (one process with M invocations at once against
-    /// M processes with one each): their medians and the report's section printed; nothing
-    /// written.
-    #[arg(long, conflicts_with_all = ["drain_only", "production_only"])]
-    managed_only: bool,
-    /// Only the pickup-latency rows (creation → claim and due → claim at an idle fleet, ours
-    /// with push, ours with the schedule alone, the reference): the report's section printed;
-    /// nothing written.
-    #[arg(long, conflicts_with_all = ["drain_only", "production_only", "managed_only"])]
-    pickup_only: bool,
-    /// K: runs per pickup row (default 50, 10 with --quick; 0: none).
-    #[arg(long, value_name = "K")]
-    pickup_runs: Option<u32>,
-    /// The seed of the pickup rows' random moments.
-    #[arg(long, value_name = "SEED", default_value_t = 20)]
-    pickup_seed: u64,
-    /// M: invocations at once in the managed-instances rows (`AWS_LAMBDA_MAX_CONCURRENCY` of
-    /// the one process, and the number of single-invocation processes).
-    #[arg(long, value_name = "M", default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=64))]
-    max_concurrency: u32,
-    /// Rounds of managed-instances drains (default 4, each layout first in half of them; 1 with
-    /// --quick; 0: none).
-    #[arg(long, value_name = "R")]
-    managed_rounds: Option<u32>,
-    /// Runs per no-op managed-instances drain (default 6000, 600 with --quick).
-    #[arg(long, value_name = "K", value_parser = clap::value_parser!(u32).range(1..))]
-    managed_noop_runs: Option<u32>,
-    /// Runs per three-step shell managed-instances drain (default 1500, 150 with --quick).
-    #[arg(long, value_name = "K", value_parser = clap::value_parser!(u32).range(1..))]
-    managed_shell_runs: Option<u32>,
-    /// Runs per managed-instances drain of the deployable binary's `quick-shell` (default
-    /// 3000, 300 with --quick).
-    #[arg(long, value_name = "K", value_parser = clap::value_parser!(u32).range(1..))]
-    managed_quick_shell_runs: Option<u32>,
-    /// Only the agent rows and the dollars (issue 26): agent drains against the reference on
-    /// PostgreSQL over a 2 ms round trip, model calls cut at the cutoff with cutoff-aware
-    /// starts off and on, agent runs per managed-instances process at M = 16 and 64, and $
-    /// per 1 million runs; replaces the "Agent runs and dollars" section of BENCHMARKS.md
-    /// (with --quick: prints it only). About 17 minutes; --quick about 3-4.
-    #[arg(long, conflicts_with_all = ["drain_only", "production_only", "managed_only", "pickup_only"])]
-    agents_only: bool,
-    /// The agent rows' time scale: model latencies, the invocation's length, the deadline
-    /// margin, the minimum claim budget and the default step duration are multiplied by it
-    /// (0.05 at least: the margin's 500 ms floor; at 0.1 the 1 s margin is short for a
-    /// handback of 32 runs over PostgreSQL on a loaded machine).
-    #[arg(long, value_name = "FACTOR", default_value_t = 0.2, value_parser = time_scale)]
-    time_scale: f64,
-    /// The seed of the agent rows' model latencies.
-    #[arg(long, value_name = "SEED", default_value_t = 26)]
-    agent_seed: u64,
-    /// The rows of each round, comma-separated, out of reference, ours, no-claim-ahead,
-    /// one-invocation, larger-batch (with --drain-only; default all).
-    #[arg(long, value_name = "LIST", value_parser = rows, requires = "drain_only")]
-    rows: Option<Rows>,
-}
-
-/// The rows of `--rows`, in order, each once.
-#[derive(Debug, Clone)]
-struct Rows(Vec<Which>);
-
-fn rows(list: &str) -> Result<Rows, String> {
-    let mut rows: Vec<Which> = Vec::new();
-    for name in list.split(',') {
-        let row = Which::parse(name.trim()).ok_or(format!(
-            "expected reference, ours, no-claim-ahead, one-invocation or larger-batch, got {name:?}"
-        ))?;
-        if rows.contains(&row) {
-            return Err(format!("{name:?} is named twice"));
-        }
-        rows.push(row);
-    }
-    Ok(Rows(rows))
-}
-
-/// A round trip in ms (0 to 1000, fractions allowed), as µs.
-fn rtt(ms: &str) -> Result<u64, String> {
-    ms.trim()
-        .parse::<f64>()
-        .ok()
-        .filter(|ms| (0.0..=1000.0).contains(ms))
-        .map(|ms| (ms * 1000.0).round() as u64)
-        .ok_or(format!(
-            "expected a round trip in ms from 0 to 1000, got {ms:?}"
-        ))
-}
-
-/// A time scale from 0.05 (the deadline margin's 500 ms floor at the default 10 s) to 1.
-fn time_scale(factor: &str) -> Result<f64, String> {
-    factor
-        .trim()
-        .parse::<f64>()
-        .ok()
-        .filter(|f| (0.05..=1.0).contains(f))
-        .ok_or(format!(
-            "expected a time scale from 0.05 to 1, got {factor:?}"
-        ))
-}
-
-/// Checked now, not after minutes of drains.
-fn existing_file(path: &str) -> Result<PathBuf, String> {
-    let path = PathBuf::from(path);
-    if path.is_file() {
-        Ok(path)
-    } else {
-        Err(format!(
-            "{}: no such file (the function binary to measure)",
-            path.display()
-        ))
-    }
-}
-
-impl Args {
-    fn options(self, args: Vec<String>) -> Options {
-        let quick = self.quick;
-        let count = |given: Option<u32>, full: usize, small: usize| {
-            given.map_or(if quick { small } else { full }, |n| n as usize)
-        };
-        Options {
-            quick,
-            drain_only: self.drain_only,
-            drain: DrainSettings {
-                runs: count(self.runs, 500, 50),
-                concurrency: self.concurrency as usize,
-                max_runs: self.max_runs as usize,
-                invocation: Duration::from_secs(60),
-                poll_interval: Duration::from_millis(100),
-                postgres: self.postgres_url,
-                model_endpoint: None,
-                time_scale: 1.0,
-                cutoff_aware: None,
-            },
-            workloads: self
-                .workload
-                .as_deref()
-                .and_then(Workload::parse)
-                .map_or_else(|| Workload::ALL.to_vec(), |w| vec![w]),
-            rows: self.rows.map_or_else(|| Which::ALL.to_vec(), |r| r.0),
-            // Single rounds swing by ±20 % on a shared 2-core machine: medians of 20 hold to a
-            // few %. 20 is two whole blocks of the round order's design (2 × 5 rows,
-            // `round_order`).
-            rounds: count(self.rounds, 20, 2),
-            idle_invocations: if quick { 50 } else { 200 },
-            deadline: DeadlineSettings {
-                invocation: Duration::from_secs(3),
-                margin: Duration::from_secs(1),
-                runs: 2,
-            },
-            deadline_invocations: if quick { 3 } else { 20 },
-            cold_starts: if quick { 5 } else { 30 },
-            dynamodb_runs: if quick { 16 } else { 96 },
-            out: self.out.or_else(|| {
-                (!quick && !self.drain_only)
-                    .then(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../BENCHMARKS.md"))
-            }),
-            function: self.function,
-            args,
-            production: ProductionSettings {
-                links: self
-                    .rtts_ms
-                    .iter()
-                    .map(|&rtt_us| Link::Postgres { rtt_us })
-                    .collect(),
-                rounds: count(self.production_rounds, 3, 1),
-            },
-            production_only: self.production_only,
-            managed: ManagedSettings {
-                max_concurrency: self.max_concurrency as usize,
-                noop_runs: count(self.managed_noop_runs, 6000, 600),
-                shell_runs: count(self.managed_shell_runs, 1500, 150),
-                quick_shell_runs: count(self.managed_quick_shell_runs, 3000, 300),
-                agent_runs: 0,
-                rounds: count(self.managed_rounds, 4, 1),
-                enabled: self.managed_rounds != Some(0),
-            },
-            managed_only: self.managed_only,
-            pickup: PickupSettings {
-                runs: count(self.pickup_runs, 50, 10),
-                seed: self.pickup_seed,
-                concurrency: self.concurrency as usize,
-                max_runs: self.max_runs as usize,
-            },
-            pickup_only: self.pickup_only,
-            agents: agents::AgentSettings {
-                time_scale: self.time_scale,
-                latency: (Duration::from_secs(2), Duration::from_secs(40)),
-                tokens: (2000, 500),
-                invocation: Duration::from_secs(60),
-                managed_invocation: Duration::from_secs(900),
-                seed: self.agent_seed,
-                drain_runs: if quick { 32 } else { 128 },
-                drain_concurrency: 32,
-                drain_rounds: if quick { 1 } else { 2 },
-                rtt_us: 2000,
-                cut_runs: if quick { 128 } else { 1000 },
-                cut_parallel: 8,
-                cut_concurrency: 16,
-                managed_runs: if quick { 256 } else { 1000 },
-                managed_ms: vec![16, 64],
-                managed_concurrency: 8,
-                billed_runs: if quick { 50 } else { 500 },
-                prices: agents::cost::Prices::default(),
-            },
-            agents_only: self.agents_only,
-        }
-    }
 }
 
 /// Everything measured.
 pub struct Results {
-    pub drains: BTreeMap<(Workload, Which), Vec<DrainResult>>,
+    pub drains: report::drain::Drains,
     pub idle: latency::Idle,
     pub deadline: latency::DeadlinePrecision,
     pub cold_start_ms: Vec<f64>,
@@ -415,7 +166,11 @@ fn main() -> ExitCode {
 }
 
 async fn bench() -> ExitCode {
-    let options = <Args as clap::Parser>::parse().options(std::env::args().skip(1).collect());
+    let options =
+        match <cli::Args as clap::Parser>::parse().options(std::env::args().skip(1).collect()) {
+            Ok(options) => options,
+            Err(e) => e.exit(),
+        };
     // The reference worker installs SIGINT/SIGTERM handlers that outlive it (its drain is
     // stopped by aborting its task), and they swallow the signals: Ctrl+C and SIGTERM must
     // still stop the bench, and the moto server it may have started.
@@ -448,18 +203,62 @@ async fn bench() -> ExitCode {
 async fn run(o: Options) -> Result<(), BenchError> {
     // moto first: started before we become a subreaper, it is not our descendant, and our
     // invocations' orphan sweep leaves it alone.
-    let only =
-        o.drain_only || o.production_only || o.managed_only || o.pickup_only || o.agents_only;
-    let moto = if only {
-        Err("not measured: --drain-only".to_string())
-    } else {
-        dynamodb::Moto::find_or_start().await
+    let moto = match o.section {
+        Section::All => dynamodb::Moto::find_or_start().await,
+        _ => Err("not measured: only another section".to_string()),
     };
     // Like the deployed function: descendants left by shell steps are reaped by us.
     ironflow_lambda::orphans::become_subreaper();
     let machine = machine::Machine::read();
+    match o.section {
+        Section::All => run_all(&o, machine, moto).await,
+        Section::Drain => {
+            let drains = loopback_drains(&o).await?;
+            report::drain::print_medians(&drains, o.drain.runs);
+            if let Some(out) = &o.out {
+                report::drain::write(out, &o, &machine.finish(), &drains)?;
+                eprintln!("replaced the drain rows' parts of {}", out.display());
+            }
+            Ok(())
+        }
+        Section::Production => {
+            production::print_medians(&production::measure(&o).await?, o.drain.runs);
+            Ok(())
+        }
+        Section::Managed => {
+            let managed = managed::measure(&o).await?;
+            managed::print_medians(&managed, &o);
+            // The section as the full run writes it into BENCHMARKS.md.
+            let mut section = String::new();
+            managed::section(&mut section, &o, &managed);
+            println!("\n--- the report's section:\n{section}");
+            Ok(())
+        }
+        Section::Pickup => {
+            pickup::print(&pickup::measure(&o.pickup).await?);
+            Ok(())
+        }
+        Section::Agents => {
+            let measured = Box::pin(agents::measure(&o)).await?;
+            let section = agents::section(&o, &machine.finish(), &measured);
+            println!("{section}");
+            if let Some(out) = &o.out {
+                agents::replace_section(out, &section)?;
+                eprintln!("replaced the agent section of {}", out.display());
+            }
+            Ok(())
+        }
+    }
+}
+
+/// `all`: every section but the agent rows, into the whole report.
+async fn run_all(
+    o: &Options,
+    machine: machine::Machine,
+    moto: Result<dynamodb::Moto, String>,
+) -> Result<(), BenchError> {
     let whole_blocks = 2 * o.rows.len();
-    if !o.rounds.is_multiple_of(whole_blocks) && !only {
+    if !o.rounds.is_multiple_of(whole_blocks) {
         eprintln!(
             "note: {} rounds is not a multiple of {whole_blocks} (2 × {} rows): the order is \
              balanced only over whole blocks of {whole_blocks} rounds",
@@ -467,51 +266,13 @@ async fn run(o: Options) -> Result<(), BenchError> {
             o.rows.len()
         );
     }
-    let binary = match (&o.function, only) {
-        (Some(path), _) => path.clone(),
-        (None, false) => process::function_beside_bench()?,
-        (None, true) => PathBuf::new(),
+    let binary = match &o.function {
+        Some(path) => path.clone(),
+        None => process::function_beside_bench()?,
     };
-
-    let drains = loopback_drains(&o).await?;
-
-    if o.drain_only {
-        report::drain::print_medians(&drains, o.drain.runs);
-        return Ok(());
-    }
-    if o.pickup_only {
-        pickup::print(&pickup::measure(&o.pickup).await?);
-        return Ok(());
-    }
-    if o.agents_only {
-        let measured = Box::pin(agents::measure(&o)).await?;
-        let section = agents::section(&o, &machine.finish(), &measured);
-        println!("{section}");
-        if let Some(out) = &o.out {
-            agents::replace_section(out, &section)?;
-            eprintln!("replaced the agent section of {}", out.display());
-        }
-        return Ok(());
-    }
-    let production = if o.managed_only {
-        production::Production::default()
-    } else {
-        production::measure(&o).await?
-    };
-    if o.production_only {
-        production::print_medians(&production, o.drain.runs);
-        return Ok(());
-    }
-    let managed = managed::measure(&o).await?;
-    if o.managed_only {
-        managed::print_medians(&managed, &o);
-        // The section as the full run writes it into BENCHMARKS.md.
-        let mut section = String::new();
-        managed::section(&mut section, &o, &managed);
-        println!("\n--- the report's section:\n{section}");
-        return Ok(());
-    }
-
+    let drains = loopback_drains(o).await?;
+    let production = production::measure(o).await?;
+    let managed = managed::measure(o).await?;
     eprintln!("idle invocations ...");
     let idle = latency::idle(&o.drain, o.idle_invocations).await?;
     eprintln!("deadline precision ...");
@@ -540,10 +301,10 @@ async fn run(o: Options) -> Result<(), BenchError> {
         managed,
         pickup,
     };
-    let markdown = report::render(&o, &machine.finish(), &results);
+    let markdown = report::render(o, &machine.finish(), &results);
     println!("{markdown}");
     if let Some(out) = &o.out {
-        // The agent section (`--agents-only`) is not measured here: kept as it was.
+        // The agent section (`agents`) is not measured here: kept as it was.
         let old = std::fs::read_to_string(out).unwrap_or_default();
         std::fs::write(out, agents::keep_section(&old, markdown))?;
         eprintln!("wrote {}", out.display());
@@ -552,17 +313,10 @@ async fn run(o: Options) -> Result<(), BenchError> {
 }
 
 /// The loopback drain rows, `o.rounds` rounds of every workload and row in a balanced order
-/// ([`round_order`]); none when only another section is measured.
-async fn loopback_drains(
-    o: &Options,
-) -> Result<BTreeMap<(Workload, Which), Vec<DrainResult>>, BenchError> {
-    let mut drains: BTreeMap<(Workload, Which), Vec<DrainResult>> = BTreeMap::new();
-    let loopback_rounds = if o.production_only || o.managed_only || o.pickup_only || o.agents_only {
-        0
-    } else {
-        o.rounds
-    };
-    for round in 0..loopback_rounds {
+/// ([`round_order`]).
+async fn loopback_drains(o: &Options) -> Result<report::drain::Drains, BenchError> {
+    let mut drains = report::drain::Drains::new();
+    for round in 0..o.rounds {
         for &workload in &o.workloads {
             for which in round_order(&o.rows, round) {
                 let r = drain::drain(which, workload, &o.drain, Link::Loopback).await?;

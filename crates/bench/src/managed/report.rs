@@ -407,8 +407,8 @@ mod tests {
 
     #[test]
     fn the_section_compares_one_process_with_m_processes_against_the_issues_bounds() {
-        let args = <crate::Args as clap::Parser>::parse_from(["bench", "--managed-only"]);
-        let o = args.options(Vec::new());
+        let args = <crate::cli::Args as clap::Parser>::parse_from(["bench", "managed"]);
+        let o = args.options(Vec::new()).unwrap();
         let noop = Job::Bench(Workload::NoOp);
         let mut p = Managed::default();
         // One process: 0.95 of the throughput (per round too), 30 % of the memory.

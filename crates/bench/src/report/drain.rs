@@ -5,12 +5,18 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write;
+use std::path::Path;
 
 use crate::drain::{DrainResult, DrainSettings, Which, paired_ratio, walls};
-use crate::markdown::yes;
+use crate::machine::Machine;
+use crate::markdown::{self, yes};
 use crate::stats::median;
 use crate::usage::UsagePerRun;
 use crate::workload::Workload;
+use crate::{BenchError, Options};
+
+/// The headings of the sections [`sections`] writes.
+const HEADINGS: [&str; 2] = ["## Drain throughput", "## HTTP requests per run"];
 
 /// Every drain of the loopback rows, by workload and row, in round order.
 pub type Drains = BTreeMap<(Workload, Which), Vec<DrainResult>>;
@@ -136,6 +142,62 @@ pub fn print_medians(drains: &Drains, runs: usize) {
             u.involuntary_switches,
         );
     }
+}
+
+/// Replace the drain rows' parts of the report at `out` with those of `drains` (every
+/// workload and row): their target rows, "Drain throughput" (opened by a line saying when and
+/// by what command they were measured on their own) and "HTTP requests per run". The rest of
+/// the file is kept as it is; a file without those parts is an error (the full run writes them).
+pub fn write(out: &Path, o: &Options, m: &Machine, drains: &Drains) -> Result<(), BenchError> {
+    let s = &o.drain;
+    let sum = DrainSummary::new(s, drains);
+    let old = std::fs::read_to_string(out)?;
+    let mut rows = String::new();
+    targets(&mut rows, &sum);
+    let rows: Vec<String> = rows.lines().map(str::to_string).collect();
+    let mut new = markdown::replace_rows(&old, &rows)
+        .map_err(|e| BenchError::msg(format!("{}: {e}", out.display())))?;
+    let mut md = String::new();
+    sections(&mut md, s, drains, &sum);
+    let note = format!(
+        "Measured on their own, not by the run the rest of this file comes from: on {} at \
+         commit {} by `cargo run --release -p ironflow-lambda-bench -- {}` ({} rounds; \
+         `nproc` {}, load {} at the start, {} at the end); their target rows above come \
+         from the same run.\n\n",
+        m.date,
+        m.commit,
+        o.args
+            .iter()
+            .filter(|a| !a.starts_with("postgres://"))
+            .map(String::as_str)
+            .collect::<Vec<_>>()
+            .join(" "),
+        o.rounds,
+        m.nproc,
+        m.load_start,
+        m.load_end,
+    );
+    for heading in HEADINGS {
+        let start = md
+            .find(heading)
+            .ok_or_else(|| BenchError::msg(format!("the drain rows wrote no {heading:?}")))?;
+        let end = md[start + heading.len()..]
+            .find("\n## ")
+            .map_or(md.len(), |e| start + heading.len() + e + 1);
+        let mut section = md[start..end].to_string();
+        if heading == HEADINGS[0] {
+            section.insert_str(heading.len() + 2, &note);
+        }
+        if markdown::extract(&new, heading).is_none() {
+            return Err(BenchError::msg(format!(
+                "{}: no {heading:?} section to replace (the full run writes it)",
+                out.display()
+            )));
+        }
+        new = markdown::splice(&new, heading, &section);
+    }
+    std::fs::write(out, new)?;
+    Ok(())
 }
 
 /// Writes the "Targets" section's rows of the drain rows: drain time, then requests per run,
@@ -423,6 +485,88 @@ fn requests_section(md: &mut String, s: &DrainSettings, sum: &DrainSummary) {
             md,
             "| **total** | **{:.3}** | **{:.3}** |\n",
             reference_total, ours_total
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::usage::Usage;
+
+    fn drains() -> Drains {
+        let mut drains = Drains::new();
+        for w in Workload::ALL {
+            for which in Which::ALL {
+                let ms = if which == Which::Reference { 1000 } else { 700 };
+                let result = DrainResult {
+                    wall: Duration::from_millis(ms),
+                    from_first_claim: Duration::from_millis(ms - 10),
+                    requests: BTreeMap::from([("POST /claim".to_string(), 3 * 500)]),
+                    invocations: 63,
+                    billed: Duration::ZERO,
+                    run_latency: None,
+                    measured_rtt: Duration::ZERO,
+                    usage: Usage::default(),
+                };
+                drains.insert((w, which), vec![result.clone(), result]);
+            }
+        }
+        drains
+    }
+
+    #[test]
+    fn the_drain_rows_replace_their_parts_of_the_report_and_nothing_else() {
+        let args = <crate::cli::Args as clap::Parser>::parse_from(["bench", "drain"]);
+        let o = args.options(vec!["drain".into()]).unwrap();
+        let old = include_str!("../../../../BENCHMARKS.md");
+        let out = std::env::temp_dir().join(format!("bench-{}.md", uuid::Uuid::new_v4()));
+        std::fs::write(&out, old).unwrap();
+        let written = write(&out, &o, &Machine::read().finish(), &drains());
+        let new = std::fs::read_to_string(&out).unwrap();
+        let _ = std::fs::remove_file(&out);
+        written.unwrap();
+        let throughput = markdown::extract(&new, HEADINGS[0]).unwrap();
+        assert!(throughput.contains("Measured on their own"), "{throughput}");
+        assert!(throughput.contains("`cargo run --release -p ironflow-lambda-bench -- drain`"));
+        assert!(
+            new.contains("| 0.700; 0.697; 0.700 | yes, ≤ 0.8 too |"),
+            "the targets"
+        );
+        assert!(new.contains("| API requests per run, no-op (a handler with no step): ours ≤ reference | 3.00 vs 3.00 | yes |"));
+        // Every other section as it was, in its place.
+        let headings = |md: &str| {
+            md.lines()
+                .filter(|l| l.starts_with("## "))
+                .map(str::to_string)
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(headings(&new), headings(old));
+        for heading in headings(old)
+            .iter()
+            .filter(|h| !HEADINGS.contains(&h.as_str()) && *h != "## Targets")
+        {
+            assert_eq!(
+                markdown::extract(&new, heading),
+                markdown::extract(old, heading),
+                "{heading}"
+            );
+        }
+        let rest = |md: &str| {
+            md.lines()
+                .filter(|l| {
+                    !l.starts_with("| drain time") && !l.starts_with("| API requests per run")
+                })
+                .take_while(|l| !l.starts_with(HEADINGS[0]))
+                .collect::<Vec<_>>()
+                .join("\n")
+        };
+        assert_eq!(
+            rest(&new),
+            rest(old),
+            "the file's head and the other targets"
         );
     }
 }
