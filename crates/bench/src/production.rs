@@ -75,7 +75,7 @@ pub async fn measure(o: &Options) -> Result<Production, BenchError> {
     })
 }
 
-/// The medians, printed (`--production-only`).
+/// The medians, printed (`production`).
 pub fn print_medians(p: &Production, runs: usize) {
     if let Some(why) = &p.skipped {
         println!("{why}");

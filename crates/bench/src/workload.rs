@@ -18,7 +18,7 @@ pub enum Workload {
     ThreeStepShell,
     /// Three agent steps against the scripted model server ([`crate::agents`],
     /// [`agents::AgentRun`]); not in
-    /// [`Workload::ALL`]: drained only by the agent rows (`--agents-only`).
+    /// [`Workload::ALL`]: drained only by the agent rows (`agents`).
     Agent,
 }
 

@@ -1,4 +1,4 @@
-//! The agent rows (issue 26, `--agents-only`): runs of three model calls against the scripted
+//! The agent rows (issue 26, the `agents` subcommand): runs of three model calls against the scripted
 //! model server (`ironflow-model-server`, Bedrock Converse), each call's latency drawn from a
 //! stated distribution (uniform over [`AgentSettings::latency`], seeded), every latency and
 //! the invocation's length multiplied by one time scale ([`AgentSettings::time_scale`]) so
@@ -35,7 +35,7 @@ use crate::{BenchError, Options};
 pub use cutoff::CutRow;
 pub use report::{keep_section, replace_section, section};
 
-/// The agent rows' settings (`--agents-only`; defaults in `main.rs`).
+/// The agent rows' settings (`agents`; defaults in `cli.rs`).
 #[derive(Debug, Clone)]
 pub struct AgentSettings {
     /// Every model latency and the invocation's length are multiplied by this (so are the

@@ -36,7 +36,7 @@ pub fn extract(report: &str) -> Option<&str> {
 }
 
 /// `new` (the full run's report, which does not measure the agent rows) with the agent
-/// section of `old` (the file it replaces) kept at its end: written by `--agents-only`, it is
+/// section of `old` (the file it replaces) kept at its end: written by `agents`, it is
 /// not lost when the rest of the file is measured again.
 pub fn keep_section(old: &str, new: String) -> String {
     match extract(old) {
@@ -88,7 +88,7 @@ pub fn section(o: &Options, m: &Machine, r: &Agents) -> String {
     md
 }
 
-/// The command that measured: `--agents-only` and its options.
+/// The command that measured: `agents` and its options.
 fn command(o: &Options) -> String {
     let args: Vec<&str> = o
         .args

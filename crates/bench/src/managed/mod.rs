@@ -150,7 +150,7 @@ pub struct ManagedSettings {
     pub shell_runs: usize,
     /// K of the deployable binary's `quick-shell` drains.
     pub quick_shell_runs: usize,
-    /// K of the agent drains (`--agents-only`).
+    /// K of the agent drains (`agents`).
     pub agent_runs: usize,
     pub rounds: usize,
     /// Measure the rows at all (`--managed-rounds 0` turns them off).

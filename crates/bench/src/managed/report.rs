@@ -1,5 +1,5 @@
 //! The managed-instances rows in the report (`BENCHMARKS.md`'s "Lambda Managed Instances"
-//! section) and on the terminal (`--managed-only`).
+//! section) and on the terminal (`managed`).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write;
@@ -93,7 +93,7 @@ fn pair(p: &Managed, job: Job) -> Option<(&[ManagedDrain], &[ManagedDrain])> {
     ))
 }
 
-/// `--managed-only`: the medians and ratios, printed.
+/// `managed`: the medians and ratios, printed.
 pub fn print_medians(p: &Managed, o: &Options) {
     if let Some(why) = &p.skipped {
         println!("{why}");

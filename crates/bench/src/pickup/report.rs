@@ -1,4 +1,4 @@
-//! The report's pickup section (and `--pickup-only`'s output).
+//! The report's pickup section (and `pickup`'s output).
 
 use std::fmt::Write as _;
 
@@ -16,7 +16,7 @@ const SQS_LAMBDA_SOURCE: &str = "Bite-Sized Serverless, \"Serverless Messaging: 
      (September 2022, eu-west-1: SQS standard → Lambda p10 13.7 ms, p50 16.2 ms, p90 33.8 ms, \
      p99 105 ms), https://bitesizedserverless.com/bite/serverless-messaging-latency-compared/";
 
-/// `--pickup-only`: the section as the full run writes it.
+/// `pickup`: the section as the full run writes it.
 pub fn print(p: &Pickup) {
     let mut md = String::new();
     section(&mut md, p);
