@@ -56,8 +56,10 @@ static STARTED: AtomicI32 = AtomicI32::new(0);
 pub fn kill_started_server() {
     let pid = STARTED.swap(0, Ordering::SeqCst);
     if pid > 0 {
-        // SAFETY: kill(2) on the pid of the server this bench started.
-        unsafe { libc::kill(pid, libc::SIGKILL) };
+        if let Some(pid) = rustix::process::Pid::from_raw(pid) {
+            // Gone already: nothing to stop.
+            let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
+        }
     }
 }
 

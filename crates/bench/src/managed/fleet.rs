@@ -190,9 +190,33 @@ fn process_cpu(pid: u32) -> Option<(Duration, Duration)> {
     // third field of the line (state) comes first.
     let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
     let field = |n: usize| fields.get(n - 3)?.parse::<u64>().ok();
-    // SAFETY: sysconf reads one configuration value and touches no memory of ours.
-    let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
-    let ticks = u64::try_from(ticks).ok().filter(|t| *t > 0)?;
+    let ticks = Some(rustix::param::clock_ticks_per_second()).filter(|t| *t > 0)?;
     let time = |t: u64| Duration::from_micros(t * 1_000_000 / ticks);
     Some((time(field(14)? + field(15)?), time(field(16)? + field(17)?)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_process_cpu_time_is_read_in_clock_ticks() {
+        // Spins until its own CPU time shows, one clock tick at least (10 s at most).
+        let spin = std::time::Instant::now();
+        let mut x = 0u64;
+        let own = loop {
+            let (own, _children) = process_cpu(std::process::id()).unwrap();
+            if own > Duration::ZERO || spin.elapsed() > Duration::from_secs(10) {
+                break own;
+            }
+            for _ in 0..1_000_000 {
+                x = std::hint::black_box(x.wrapping_add(1));
+            }
+        };
+        assert!(
+            own > Duration::ZERO && own < Duration::from_secs(3600),
+            "{own:?}"
+        );
+        assert_eq!(process_cpu(u32::MAX), None, "no such process");
+    }
 }
