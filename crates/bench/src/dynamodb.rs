@@ -55,11 +55,11 @@ static STARTED: AtomicI32 = AtomicI32::new(0);
 /// stops the bench (`std::process::exit` runs no destructor).
 pub fn kill_started_server() {
     let pid = STARTED.swap(0, Ordering::SeqCst);
-    if pid > 0 {
-        if let Some(pid) = rustix::process::Pid::from_raw(pid) {
-            // Gone already: nothing to stop.
-            let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
-        }
+    if pid > 0
+        && let Some(pid) = rustix::process::Pid::from_raw(pid)
+    {
+        // Gone already: nothing to stop.
+        let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
     }
 }
 
