@@ -54,6 +54,20 @@ pub fn replace_rows(old: &str, rows: &[String]) -> Result<String, String> {
     Ok(lines.join("\n") + if old.ends_with('\n') { "\n" } else { "" })
 }
 
+/// The command that measured a section on its own, as `cargo run` takes it: the bench's
+/// arguments `args`, a PostgreSQL server's URL left out (it may hold a password).
+pub fn command(args: &[String]) -> String {
+    let args: Vec<&str> = args
+        .iter()
+        .map(String::as_str)
+        .filter(|a| !a.starts_with("postgres://"))
+        .collect();
+    format!(
+        "cargo run --release -p ironflow-lambda-bench -- {}",
+        args.join(" ")
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -64,7 +64,7 @@ pub fn section(o: &Options, m: &Machine, r: &Agents) -> String {
          answer reports {} input and {} output tokens.\n",
         m.date,
         m.commit,
-        command(o),
+        markdown::command(&o.args),
         r.elapsed.as_secs_f64() / 60.0,
         m.nproc,
         m.load_start,
@@ -86,20 +86,6 @@ pub fn section(o: &Options, m: &Machine, r: &Agents) -> String {
     managed(&mut md, a, r);
     dollars(&mut md, a, r);
     md
-}
-
-/// The command that measured: `agents` and its options.
-fn command(o: &Options) -> String {
-    let args: Vec<&str> = o
-        .args
-        .iter()
-        .map(String::as_str)
-        .filter(|a| !a.starts_with("postgres://"))
-        .collect();
-    format!(
-        "cargo run --release -p ironflow-lambda-bench -- {}",
-        args.join(" ")
-    )
 }
 
 /// Real seconds from a scaled duration.

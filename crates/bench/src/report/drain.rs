@@ -1,7 +1,7 @@
 //! The drain rows' part of the report: the drain-time and request targets, the "Drain
 //! throughput" section (with where the time goes and the CPU per run) and the "HTTP requests per
 //! run" section; printed medians for `drain`, and those parts written alone into
-//! `BENCHMARKS.md` ([`write`]) when the drain rows are measured on their own.
+//! `BENCHMARKS.md` ([`write()`]) when the drain rows are measured on their own.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write;
@@ -161,17 +161,12 @@ pub fn write(out: &Path, o: &Options, m: &Machine, drains: &Drains) -> Result<()
     sections(&mut md, s, drains, &sum);
     let note = format!(
         "Measured on their own, not by the run the rest of this file comes from: on {} at \
-         commit {} by `cargo run --release -p ironflow-lambda-bench -- {}` ({} rounds; \
+         commit {} by `{}` ({} rounds; \
          `nproc` {}, load {} at the start, {} at the end); their target rows above come \
          from the same run.\n\n",
         m.date,
         m.commit,
-        o.args
-            .iter()
-            .filter(|a| !a.starts_with("postgres://"))
-            .map(String::as_str)
-            .collect::<Vec<_>>()
-            .join(" "),
+        markdown::command(&o.args),
         o.rounds,
         m.nproc,
         m.load_start,
