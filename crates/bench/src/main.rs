@@ -26,6 +26,7 @@
 mod agents;
 mod drain;
 mod dynamodb;
+mod fleet;
 mod latency;
 mod managed;
 mod pickup;
@@ -390,6 +391,10 @@ pub struct Results {
 }
 
 fn main() -> ExitCode {
+    // The fleet section (`fleet`, issue 28): its command, and its worker processes.
+    if let Some(code) = fleet::main() {
+        return code;
+    }
     // Started again by the managed-instances rows as a Lambda function.
     if std::env::var_os(managed::FUNCTION_MODE).is_some() {
         return managed::function_main();

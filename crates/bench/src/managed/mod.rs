@@ -14,7 +14,7 @@
 
 mod fleet;
 mod report;
-mod runtime;
+pub(crate) mod runtime;
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -387,7 +387,7 @@ pub(crate) async fn drain(
 }
 
 /// The requests counted since `before`, per route.
-fn requests_since(
+pub(crate) fn requests_since(
     before: &BTreeMap<String, u64>,
     after: BTreeMap<String, u64>,
 ) -> BTreeMap<String, u64> {
