@@ -79,5 +79,8 @@ fn two_workers_of_each_kind_run_every_workload_without_an_error_and_the_section_
     for ratio in ["| noop | 2 |", "| shell | 2 |", "| sleep | 2 |"] {
         assert!(stdout.contains(ratio), "no ratio row {ratio:?}:\n{stdout}");
     }
-    assert!(stdout.contains("### Projection: runs/s per API core"), "{stdout}");
+    assert!(
+        stdout.contains("### Projection: runs/s per API core"),
+        "{stdout}"
+    );
 }

@@ -147,13 +147,11 @@ pub fn main() -> Option<ExitCode> {
     if let Some(code) = workloads::role_main() {
         return Some(code);
     }
-    let mut argv = std::env::args();
-    let bench = argv.next().unwrap_or_default();
-    if argv.next().as_deref() != Some("fleet") {
-        return None;
-    }
+    let argv: Vec<String> = std::env::args().collect();
+    let args = fleet_args(&argv)?;
+    let bench = argv.first().cloned().unwrap_or_default();
     let command = <FleetCommand as clap::Parser>::parse_from(
-        std::iter::once(format!("{bench} fleet")).chain(argv),
+        std::iter::once(format!("{bench} fleet")).chain(args.iter().cloned()),
     );
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -165,14 +163,29 @@ pub fn main() -> Option<ExitCode> {
             return Some(ExitCode::FAILURE);
         }
     };
-    let args = std::env::args().skip(1).collect();
-    Some(match runtime.block_on(run(command.args, args)) {
+    let given = std::iter::once("fleet".to_string()).chain(args).collect();
+    Some(match runtime.block_on(run(command.args, given)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e}");
             ExitCode::FAILURE
         }
     })
+}
+
+/// The options of a `fleet` command line (`argv` with the program first): `fleet` first, or
+/// after `--postgres-url URL` (as `./scripts/bench fleet` passes it); `None` for another
+/// command line.
+fn fleet_args(argv: &[String]) -> Option<Vec<String>> {
+    let at = argv.iter().skip(1).take(3).position(|a| a == "fleet")? + 1;
+    let before = &argv[1..at];
+    let url_only = match before {
+        [] => true,
+        [one] => one.starts_with("--postgres-url="),
+        [flag, _] => flag == "--postgres-url",
+        _ => false,
+    };
+    url_only.then(|| before.iter().chain(&argv[at + 1..]).cloned().collect())
 }
 
 /// Everything the section measured.
@@ -244,5 +257,31 @@ fn spec(args: &FleetArgs, workload: FleetWorkload, worker: Worker, f: usize) -> 
         min_runs: args.min_runs,
         rtt: Duration::from_secs_f64(args.rtt_ms / 1000.0),
         postgres: args.postgres_url.clone(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn argv(s: &str) -> Vec<String> {
+        s.split_whitespace().map(String::from).collect()
+    }
+
+    #[test]
+    fn fleet_is_the_command_first_or_after_the_postgres_url_only() {
+        let args = |s: &str| fleet_args(&argv(s));
+        assert_eq!(args("bench fleet --fleets 1"), Some(argv("--fleets 1")));
+        assert_eq!(
+            args("bench --postgres-url postgres://h fleet --print-only"),
+            Some(argv("--postgres-url postgres://h --print-only"))
+        );
+        assert_eq!(
+            args("bench --postgres-url=postgres://h fleet"),
+            Some(argv("--postgres-url=postgres://h"))
+        );
+        assert_eq!(args("bench --quick"), None);
+        assert_eq!(args("bench --out fleet"), None);
+        assert_eq!(args("bench"), None);
     }
 }
