@@ -22,7 +22,7 @@ use tokio_util::task::AbortOnDropHandle;
 use uuid::Uuid;
 
 use super::postgres::{self, Counter, LockWaits, PgProbe, RunCounts};
-use super::processes::{Fleet, Spec};
+use super::processes::{Fleet, Spec, ThreadSample};
 use super::procfs::{self, Counters};
 use super::{FleetWorkload, Worker};
 use crate::BenchError;
@@ -72,6 +72,9 @@ pub struct Cell {
     /// The worker processes' own CPU time, and their reaped children's (the steps').
     pub worker_cpu: Duration,
     pub steps_cpu: Duration,
+    /// The worker processes' CPU time by thread name (threads alive at a read; a thread gone
+    /// within a second of its last read loses that second).
+    pub worker_threads: BTreeMap<String, Duration>,
     pub voluntary: u64,
     pub involuntary: u64,
     /// The bench process's CPU besides the API's threads: the delay proxy, the Runtime API
@@ -159,8 +162,8 @@ struct Setup {
 pub async fn measure(spec: &CellSpec) -> Result<Cell, BenchError> {
     let setup = Setup::start(spec).await?;
     let result = run_window(spec, &setup).await;
-    let Setup { api, backend, .. } = setup;
-    drop(api);
+    let backend = setup.backend.clone();
+    drop(setup);
     postgres::drop_database(&backend).await;
     result
 }
@@ -271,6 +274,48 @@ async fn feeder(
     }
 }
 
+/// The worker threads over a window: context switches, and CPU time by thread name.
+#[derive(Default)]
+struct ThreadWatch {
+    voluntary: Counters<(u32, u32)>,
+    involuntary: Counters<(u32, u32)>,
+    cpu: Counters<(u32, u32)>,
+    names: HashMap<(u32, u32), String>,
+}
+
+impl ThreadWatch {
+    /// Read every thread now; `begin`: the window starts.
+    fn sample(&mut self, fleet: &Fleet, begin: bool) {
+        let threads = fleet.threads();
+        let pick = |f: fn(&ThreadSample) -> u64| threads.iter().map(move |(k, t)| (*k, f(t)));
+        if begin {
+            self.voluntary.begin(pick(|t| t.voluntary));
+            self.involuntary.begin(pick(|t| t.involuntary));
+            self.cpu.begin(pick(|t| t.cpu));
+        } else {
+            self.voluntary.observe(pick(|t| t.voluntary));
+            self.involuntary.observe(pick(|t| t.involuntary));
+            self.cpu.observe(pick(|t| t.cpu));
+        }
+        for (k, t) in threads {
+            self.names.insert(k, t.name);
+        }
+    }
+
+    /// CPU time over the window per thread name.
+    fn cpu_by_name(&self) -> BTreeMap<String, Duration> {
+        let mut by_name: BTreeMap<String, u64> = BTreeMap::new();
+        for (k, ticks) in self.cpu.per_key() {
+            let name = self.names.get(k).cloned().unwrap_or_default();
+            *by_name.entry(name).or_default() += ticks;
+        }
+        by_name
+            .into_iter()
+            .map(|(name, t)| (name, procfs::ticks(t)))
+            .collect()
+    }
+}
+
 /// Start the fleet, warm up, measure the window, stop the fleet.
 async fn run_window(spec: &CellSpec, setup: &Setup) -> Result<Cell, BenchError> {
     let measured_rtt = setup.proxy.measure(10)?;
@@ -287,40 +332,14 @@ async fn run_window(spec: &CellSpec, setup: &Setup) -> Result<Cell, BenchError> 
     fleet.open();
     wait(&mut fleet, spec.warmup).await?;
 
-    let (mut voluntary, mut involuntary) = (Counters::default(), Counters::default());
-    let split = |s: Vec<((u32, u32), (u64, u64))>| -> (Vec<_>, Vec<_>) {
-        s.into_iter().map(|(k, (v, i))| ((k, v), (k, i))).unzip()
-    };
+    let mut threads = ThreadWatch::default();
     let start = setup.ends(&fleet).await?;
     if let Some(p) = &setup.probe {
         p.begin();
     }
-    let (v, i) = split(fleet.switches());
-    voluntary.begin(v);
-    involuntary.begin(i);
-    loop {
-        sleep(Duration::from_secs(1)).await;
-        fleet.alive()?;
-        let (v, i) = split(fleet.switches());
-        voluntary.observe(v);
-        involuntary.observe(i);
-        let elapsed = start.at.elapsed();
-        if elapsed >= spec.window {
-            let ended = setup.counter.counts().await?.ended;
-            if ended.saturating_sub(start.counts.ended) >= spec.min_runs {
-                break;
-            }
-            if elapsed > spec.window + OVERRUN {
-                return Err(BenchError::msg(format!(
-                    "fewer than {} runs ended in {elapsed:?}",
-                    spec.min_runs
-                )));
-            }
-        }
-    }
-    let (v, i) = split(fleet.switches());
-    voluntary.observe(v);
-    involuntary.observe(i);
+    threads.sample(&fleet, true);
+    window(spec, setup, &mut fleet, &start, &mut threads).await?;
+    threads.sample(&fleet, false);
     let end = setup.ends(&fleet).await?;
     let pg = setup.probe.as_ref().map(PgProbe::end).transpose()?;
     let output = fleet.stop().await;
@@ -332,14 +351,57 @@ async fn run_window(spec: &CellSpec, setup: &Setup) -> Result<Cell, BenchError> 
         .await?
         .failed_runs;
     let latencies = claim_latencies(setup.api.store(), &setup.ids, start.wall, end.wall).await?;
+    let mut cell = assemble(spec, &start, &end, &threads);
+    cell.pg_cpu = pg.and_then(|p| p.cpu);
+    cell.locks = pg.map(|p| p.locks);
+    cell.errors += output.errors + failed;
+    cell.first_errors = output.first;
+    if failed > 0 {
+        cell.first_errors
+            .push(format!("{failed} runs ended failed"));
+    }
+    cell.latencies = latencies;
+    cell.measured_rtt = measured_rtt;
+    Ok(cell)
+}
+
+/// Until the window has lasted its length and seen its minimum of runs end, the threads read
+/// every second.
+async fn window(
+    spec: &CellSpec,
+    setup: &Setup,
+    fleet: &mut Fleet,
+    start: &Ends,
+    threads: &mut ThreadWatch,
+) -> Result<(), BenchError> {
+    loop {
+        sleep(Duration::from_secs(1)).await;
+        fleet.alive()?;
+        threads.sample(fleet, false);
+        let elapsed = start.at.elapsed();
+        if elapsed < spec.window {
+            continue;
+        }
+        let ended = setup.counter.counts().await?.ended;
+        if ended.saturating_sub(start.counts.ended) >= spec.min_runs {
+            return Ok(());
+        }
+        if elapsed > spec.window + OVERRUN {
+            return Err(BenchError::msg(format!(
+                "fewer than {} runs ended in {elapsed:?}",
+                spec.min_runs
+            )));
+        }
+    }
+}
+
+/// The cell from what both ends and the threads read (PostgreSQL's figures, the output's
+/// errors and the latencies are added by the caller).
+fn assemble(spec: &CellSpec, start: &Ends, end: &Ends, threads: &ThreadWatch) -> Cell {
     let tally = match (start.tally, end.tally) {
         (Some(a), Some(b)) => Some((b.0 - a.0, b.1 - a.1, b.2 - a.2)),
         _ => None,
     };
-    let mut first_errors = output.first.clone();
-    if failed > 0 {
-        first_errors.push(format!("{failed} runs ended failed"));
-    }
     let api_cpu = end
         .api
         .iter()
@@ -351,27 +413,28 @@ async fn run_window(spec: &CellSpec, setup: &Setup) -> Result<Cell, BenchError> 
         .map(|(a, b)| b.0.saturating_sub(a.0) as f64 / b.1.saturating_sub(a.1).max(1) as f64);
     let api_cpu = procfs::ticks(api_cpu);
     let bench_all = procfs::ticks(end.bench.saturating_sub(start.bench));
-    Ok(Cell {
+    Cell {
         spec: spec.clone(),
         window: end.at - start.at,
         runs: end.counts.ended.saturating_sub(start.counts.ended),
         claimed: end.counts.claimed.saturating_sub(start.counts.claimed),
-        requests: crate::managed::requests_since(&start.requests, end.requests),
+        requests: crate::managed::requests_since(&start.requests, end.requests.clone()),
         api_cpu,
-        pg_cpu: pg.and_then(|p| p.cpu),
-        locks: pg.map(|p| p.locks),
+        pg_cpu: None,
+        locks: None,
         worker_cpu: procfs::ticks(end.workers.0.saturating_sub(start.workers.0)),
         steps_cpu: procfs::ticks(end.workers.1.saturating_sub(start.workers.1)),
-        voluntary: voluntary.total(),
-        involuntary: involuntary.total(),
+        worker_threads: threads.cpu_by_name(),
+        voluntary: threads.voluntary.total(),
+        involuntary: threads.involuntary.total(),
         bench_cpu: bench_all.saturating_sub(api_cpu),
         machine_busy: busy,
         invocations: tally.map(|t| (t.0, t.1)),
-        errors: tally.map_or(0, |t| t.2) + output.errors + failed,
-        first_errors,
-        latencies,
-        measured_rtt,
-    })
+        errors: tally.map_or(0, |t| t.2),
+        first_errors: Vec::new(),
+        latencies: Vec::new(),
+        measured_rtt: Duration::ZERO,
+    }
 }
 
 /// Wait `d`, checking every second that the fleet is alive.

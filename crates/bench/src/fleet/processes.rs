@@ -59,6 +59,18 @@ impl Output {
     }
 }
 
+/// One worker thread as `/proc` shows it.
+#[derive(Debug, Clone)]
+pub struct ThreadSample {
+    /// Its name (`comm`: `ironflow-exec` for our runs' runtime, `tokio-runtime-w` for a tokio
+    /// runtime's default, the binary's for the main thread).
+    pub name: String,
+    /// CPU ticks.
+    pub cpu: u64,
+    pub voluntary: u64,
+    pub involuntary: u64,
+}
+
 /// What the fleet's processes are given.
 pub struct Spec<'a> {
     pub worker: Worker,
@@ -144,12 +156,20 @@ impl Fleet {
             .fold((0, 0), |(a, b), (own, children)| (a + own, b + children))
     }
 
-    /// Every thread's voluntary and involuntary context switches, by (pid, tid).
-    pub fn switches(&self) -> Vec<((u32, u32), (u64, u64))> {
+    /// Every thread's name, CPU ticks and context switches, by (pid, tid).
+    pub fn threads(&self) -> Vec<((u32, u32), ThreadSample)> {
         self.pids()
             .flat_map(|pid| {
                 procfs::threads(pid).into_iter().filter_map(move |tid| {
-                    procfs::thread_switches(pid, tid).map(|s| ((pid, tid), s))
+                    let (name, cpu) = procfs::thread_cpu(pid, tid)?;
+                    let (voluntary, involuntary) = procfs::thread_switches(pid, tid)?;
+                    let sample = ThreadSample {
+                        name,
+                        cpu,
+                        voluntary,
+                        involuntary,
+                    };
+                    Some(((pid, tid), sample))
                 })
             })
             .collect()

@@ -147,10 +147,14 @@ impl<K: std::hash::Hash + Eq + Clone> Counters<K> {
 
     /// The growth over the window so far, summed over the keys.
     pub fn total(&self) -> u64 {
+        self.per_key().map(|(_, d)| d).sum()
+    }
+
+    /// The growth over the window so far, per key.
+    pub fn per_key(&self) -> impl Iterator<Item = (&K, u64)> {
         self.last
             .iter()
-            .map(|(k, v)| v.saturating_sub(self.base.get(k).copied().unwrap_or(0)))
-            .sum()
+            .map(|(k, v)| (k, v.saturating_sub(self.base.get(k).copied().unwrap_or(0))))
     }
 }
 

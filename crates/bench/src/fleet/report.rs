@@ -106,7 +106,12 @@ fn header(md: &mut String, r: &Fleets, m: &Machine) {
          ended in it; requests are counted at the API; CPU per run is the API's threads', \
          PostgreSQL's (the backends of the fleet's database and the server's background \
          processes, from `/proc/<pid>/stat`), the worker processes' own and their reaped \
-         children's (the steps'); switches are the worker threads' (`/proc/<pid>/task/*/status`). \
+         children's (the steps'); switches are the worker threads' (`/proc/<pid>/task/*/status`); \
+         by thread: for ours `ironflow-exec` is the runtime that executes the runs and the \
+         main thread (`ironflow-lambda`, the binary's name cut to 15 characters) the Lambda \
+         runtime loop with the claims, lease refreshers, watches, handbacks and the answer; for \
+         the reference `tokio-rt-worker` is its runtime (all of its work) and the main thread \
+         waits on it. \
          **Claim latency** is from a run's `started_at` (written by its claim, in the API's \
          transaction) to its first step's start (its end for a no-op run), read back from the \
          store for up to 300 runs claimed in the window: it includes the answer's way back, and \
@@ -199,21 +204,22 @@ fn workload_tables(md: &mut String, w: FleetWorkload, cells: &[&Cell]) {
     let _ = writeln!(
         md,
         "\n| F | worker | worker CPU per run (ms) | steps' CPU per run (ms) | voluntary switches \
-         per run | involuntary per run | cores: API / PostgreSQL / workers + steps / bench | \
-         machine busy |"
+         per run | involuntary per run | worker CPU per run by thread (ms) | cores: API / \
+         PostgreSQL / workers + steps / bench | machine busy |"
     );
-    let _ = writeln!(md, "|---|---|---|---|---|---|---|---|");
+    let _ = writeln!(md, "|---|---|---|---|---|---|---|---|---|");
     for c in cells {
         let runs = c.runs.max(1) as f64;
         let _ = writeln!(
             md,
-            "| {} | {} | {:.2} | {:.2} | {:.1} | {:.1} | {:.2} / {} / {:.2} / {:.2} | {} |",
+            "| {} | {} | {:.2} | {:.2} | {:.1} | {:.1} | {} | {:.2} / {} / {:.2} / {:.2} | {} |",
             c.spec.f,
             c.spec.worker.name(),
             c.ms_per_run(c.worker_cpu),
             c.ms_per_run(c.steps_cpu),
             c.voluntary as f64 / runs,
             c.involuntary as f64 / runs,
+            by_thread(c),
             c.cores(c.api_cpu),
             opt(c.pg_cpu.map(|d| c.cores(d)), 2),
             c.cores(c.worker_cpu + c.steps_cpu),
@@ -222,6 +228,22 @@ fn workload_tables(md: &mut String, w: FleetWorkload, cells: &[&Cell]) {
         );
     }
     let _ = writeln!(md);
+}
+
+/// The worker processes' CPU per run by thread name, the three largest first.
+fn by_thread(c: &Cell) -> String {
+    let mut v: Vec<(&String, &std::time::Duration)> = c.worker_threads.iter().collect();
+    v.sort_by(|a, b| b.1.cmp(a.1));
+    let top: Vec<String> = v
+        .iter()
+        .take(3)
+        .map(|(name, cpu)| format!("`{name}` {:.2}", c.ms_per_run(**cpu)))
+        .collect();
+    if top.is_empty() {
+        "–".to_string()
+    } else {
+        top.join(", ")
+    }
 }
 
 /// A worker's cells of one workload, by F ascending.
