@@ -540,9 +540,11 @@ async fn run(o: Options) -> Result<(), BenchError> {
     let markdown = report::render(&o, &machine.finish(), &results);
     println!("{markdown}");
     if let Some(out) = &o.out {
-        // The agent section (`--agents-only`) is not measured here: kept as it was.
+        // The agent section (`--agents-only`) and the fleet section (`fleet`) are not measured
+        // here: kept as they were.
         let old = std::fs::read_to_string(out).unwrap_or_default();
-        std::fs::write(out, agents::keep_section(&old, markdown))?;
+        let kept = fleet::keep_section(&old, agents::keep_section(&old, markdown));
+        std::fs::write(out, kept)?;
         eprintln!("wrote {}", out.display());
     }
     Ok(())

@@ -31,6 +31,7 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 pub use cell::{Cell, CellSpec};
+pub use report::keep_section;
 pub use workloads::FleetWorkload;
 
 use crate::BenchError;

@@ -483,6 +483,27 @@ pub fn replace_section(path: &Path, section: &str) -> Result<(), BenchError> {
     Ok(())
 }
 
+/// The fleet section of `report`, if it has one (from its heading to the next `## ` heading
+/// or the end).
+pub fn extract(report: &str) -> Option<&str> {
+    let start = report.find(&format!("\n{HEADING}"))? + 1;
+    let after = start + HEADING.len();
+    let end = report[after..]
+        .find("\n## ")
+        .map_or(report.len(), |e| after + e + 1);
+    Some(report[start..end].trim_end_matches('\n'))
+}
+
+/// `new` (a report that does not measure the fleet, as the full run's) with the fleet section
+/// of `old` (the file it replaces) kept at its end, so that it is not lost when the rest of the
+/// file is measured again.
+pub fn keep_section(old: &str, new: String) -> String {
+    match extract(old) {
+        Some(section) if extract(&new).is_none() => splice(&new, section),
+        _ => new,
+    }
+}
+
 /// `old` with its fleet section replaced by `section` (appended if absent).
 pub fn splice(old: &str, section: &str) -> String {
     let section = section.trim_matches('\n');
@@ -522,6 +543,18 @@ mod tests {
             splice("# B\n\n## A\n", &section),
             format!("# B\n\n## A\n\n{HEADING}\n\nnew\n")
         );
+    }
+
+    #[test]
+    fn a_report_without_the_section_gets_the_old_one_kept_at_its_end() {
+        let old = format!("# B\n\n## A\n\na\n\n{HEADING}\n\nfleet\n\n## Agent runs\n\nx\n");
+        assert_eq!(
+            keep_section(&old, "# C\n\n## A\n\nb\n".to_string()),
+            format!("# C\n\n## A\n\nb\n\n{HEADING}\n\nfleet\n")
+        );
+        let newer = format!("# C\n\n{HEADING}\n\nnew\n");
+        assert_eq!(keep_section(&old, newer.clone()), newer);
+        assert_eq!(keep_section("# B\n", "# C\n".to_string()), "# C\n");
     }
 
     #[test]
