@@ -4,7 +4,7 @@
 //!
 //! ```sh
 //! cargo build --release --bin ironflow-lambda && cargo build --release -p ironflow-lambda-bench
-//! cargo run --release -p ironflow-lambda-bench -- fleet     # about 22 min: the section
+//! cargo run --release -p ironflow-lambda-bench -- fleet     # about 20 min: the section
 //! cargo run --release -p ironflow-lambda-bench -- fleet --fleets 1,2 --workloads noop \
 //!   --warmup-secs 1 --window-secs 3 --print-only                 # a small look
 //! ```
