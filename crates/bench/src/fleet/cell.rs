@@ -121,7 +121,7 @@ impl Cell {
         let claims = self.requests.get(CLAIM_ROUTE).copied().unwrap_or(0);
         claims.saturating_sub(self.claimed) as f64 * 1000.0 / self.per_run()
     }
-    /// A share of 2 cores... of `cores` cores: `cpu` over the window.
+    /// Cores kept busy by `cpu` over the window (CPU time over the window's length).
     pub fn cores(&self, cpu: Duration) -> f64 {
         cpu.as_secs_f64() / self.secs()
     }
@@ -399,7 +399,11 @@ async fn window(
 /// errors and the latencies are added by the caller).
 fn assemble(spec: &CellSpec, start: &Ends, end: &Ends, threads: &ThreadWatch) -> Cell {
     let tally = match (start.tally, end.tally) {
-        (Some(a), Some(b)) => Some((b.0 - a.0, b.1 - a.1, b.2 - a.2)),
+        (Some(a), Some(b)) => Some((
+            b.0.saturating_sub(a.0),
+            b.1.saturating_sub(a.1),
+            b.2.saturating_sub(a.2),
+        )),
         _ => None,
     };
     let api_cpu = end
