@@ -405,8 +405,10 @@ fn ratios(md: &mut String, r: &Fleets) {
             );
             if ratio < goal {
                 missed.push(format!(
-                    "{} at saturation ({ratio:.2} < {goal:.1})",
-                    w.flag()
+                    "{} at saturation ({ratio:.2} < {goal:.1}; at ours' peak, F = {}: {})",
+                    w.flag(),
+                    o.spec.f,
+                    saturated(o)
                 ));
             }
         }
