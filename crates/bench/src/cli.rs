@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::drain::{DrainSettings, Link, Which};
+use crate::fleet::FleetArgs;
 use crate::latency::DeadlineSettings;
 use crate::managed::ManagedSettings;
 use crate::pickup::PickupSettings;
@@ -54,6 +55,11 @@ enum Command {
     /// 1 million runs; replaces the "Agent runs and dollars" section of BENCHMARKS.md (with
     /// --quick: prints it only). About 17 minutes; --quick about 3-4.
     Agents(AgentArgs),
+    /// Fleet scale (issue 28): F = 1, 2, 4, 8, 16, 32 workers at once, ours against the
+    /// reference's, on one API on PostgreSQL behind a 2 ms round trip, three workloads;
+    /// replaces the "Fleet scale" section of BENCHMARKS.md (with --print-only or --quick, or
+    /// without --postgres-url: prints it only). About 20 minutes.
+    Fleet(FleetArgs),
 }
 
 /// The options every section shares.
@@ -275,7 +281,17 @@ impl Args {
             managed,
             pickup,
             agents,
+            fleet,
         } = command.groups();
+        // The fleet section takes the shared options it uses from here.
+        let fleet = fleet.map(|f| FleetArgs {
+            concurrency: s.concurrency,
+            max_runs: s.max_runs,
+            postgres_url: s.postgres_url.clone(),
+            out: s.out.clone(),
+            print_only: f.print_only || quick,
+            ..f
+        });
         let workloads = drain_args
             .as_ref()
             .and_then(|d| d.workload.as_deref())
@@ -296,7 +312,8 @@ impl Args {
         let writes = match section {
             Section::All | Section::Agents => true,
             Section::Drain => whole_drain,
-            Section::Production | Section::Managed | Section::Pickup => false,
+            // The fleet section writes its own part ([`crate::fleet::run`]).
+            Section::Production | Section::Managed | Section::Pickup | Section::Fleet => false,
         };
         Ok(Options {
             quick,
@@ -337,6 +354,7 @@ impl Args {
             managed: managed.settings(quick),
             pickup: pickup.settings(quick, s.concurrency, s.max_runs),
             agents: agents.settings(quick),
+            fleet,
         })
     }
 }
@@ -350,6 +368,7 @@ struct Groups {
     managed: ManagedArgs,
     pickup: PickupArgs,
     agents: AgentArgs,
+    fleet: Option<FleetArgs>,
 }
 
 impl Command {
@@ -362,6 +381,7 @@ impl Command {
             managed: defaults(),
             pickup: defaults(),
             agents: defaults(),
+            fleet: None,
         };
         match self {
             Command::All(a) => {
@@ -377,6 +397,7 @@ impl Command {
             Command::Managed(m) => (g.section, g.managed) = (Section::Managed, m),
             Command::Pickup(k) => (g.section, g.pickup) = (Section::Pickup, k),
             Command::Agents(a) => (g.section, g.agents) = (Section::Agents, a),
+            Command::Fleet(f) => (g.section, g.fleet) = (Section::Fleet, Some(f)),
         }
         g
     }
@@ -480,6 +501,16 @@ mod tests {
         let o = parse(&["agents", "--time-scale", "0.5"]).unwrap();
         assert_eq!((o.section, o.agents.time_scale), (Section::Agents, 0.5));
         assert!(o.out.is_some(), "agents replaces its section");
+        // The fleet section takes the shared options it uses.
+        let o = parse(&["--postgres-url", "postgres://x", "fleet", "--fleets", "1,2"]).unwrap();
+        let f = o.fleet.expect("fleet's options");
+        assert_eq!(o.section, Section::Fleet);
+        assert_eq!((f.fleets, f.concurrency, f.max_runs), (vec![1, 2], 2, 8));
+        assert_eq!(f.postgres_url.as_deref(), Some("postgres://x"));
+        assert!(!f.print_only);
+        let f = parse(&["fleet", "--concurrency", "4", "--quick"]).unwrap().fleet;
+        assert_eq!(f.map(|f| (f.concurrency, f.print_only)), Some((4, true)));
+        assert!(parse(&["fleet", "--fleets", "0"]).is_err());
         // A section's own option belongs to it.
         assert!(parse(&["pickup", "--managed-rounds", "6"]).is_err());
         assert!(parse(&["--rows", "ours"]).is_err());

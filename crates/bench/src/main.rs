@@ -30,6 +30,7 @@ mod agents;
 mod cli;
 mod drain;
 mod dynamodb;
+mod fleet;
 mod latency;
 mod machine;
 mod managed;
@@ -100,6 +101,9 @@ pub enum Section {
     /// The agent rows and the dollars: their section printed and, but with `--quick`, written
     /// into `BENCHMARKS.md` in place of the old one.
     Agents,
+    /// Fleet scale: its section printed and, with PostgreSQL and without `--print-only`,
+    /// written into `BENCHMARKS.md` in place of the old one ([`fleet::run`]).
+    Fleet,
 }
 
 /// What to run.
@@ -131,6 +135,8 @@ pub struct Options {
     pub pickup: PickupSettings,
     /// The agent rows and the dollars.
     pub agents: agents::AgentSettings,
+    /// The fleet section's options (`fleet`; `None` for another section).
+    pub fleet: Option<fleet::FleetArgs>,
 }
 
 /// Everything measured.
@@ -149,6 +155,10 @@ pub struct Results {
 }
 
 fn main() -> ExitCode {
+    // Started again by the fleet section as one of its workers (ours or the reference).
+    if let Some(code) = fleet::role_main() {
+        return code;
+    }
     // Started again by the managed-instances rows as a Lambda function.
     if std::env::var_os(managed::FUNCTION_MODE).is_some() {
         return managed::function_main();
@@ -248,6 +258,10 @@ async fn run(o: Options) -> Result<(), BenchError> {
             }
             Ok(())
         }
+        Section::Fleet => match o.fleet.clone() {
+            Some(args) => fleet::run(args, o.args.clone()).await,
+            None => Err(BenchError::Msg("fleet: no options given".to_string())),
+        },
     }
 }
 
@@ -304,9 +318,11 @@ async fn run_all(
     let markdown = report::render(o, &machine.finish(), &results);
     println!("{markdown}");
     if let Some(out) = &o.out {
-        // The agent section (`agents`) is not measured here: kept as it was.
+        // The agent section (`agents`) and the fleet section (`fleet`) are not measured
+        // here: kept as they were.
         let old = std::fs::read_to_string(out).unwrap_or_default();
-        std::fs::write(out, agents::keep_section(&old, markdown))?;
+        let kept = fleet::keep_section(&old, agents::keep_section(&old, markdown));
+        std::fs::write(out, kept)?;
         eprintln!("wrote {}", out.display());
     }
     Ok(())

@@ -38,6 +38,27 @@ pub fn extract<'a>(report: &'a str, heading: &str) -> Option<&'a str> {
     Some(rest[..end].trim_end_matches('\n'))
 }
 
+/// `new` (a report that does not measure the section under `heading`) with that section of
+/// `old` (the file it replaces) kept at its end, so that it is not lost when the rest of the
+/// file is measured again.
+pub fn keep_section(old: &str, new: String, heading: &str) -> String {
+    match extract(old, heading) {
+        Some(section) if extract(&new, heading).is_none() => splice(&new, heading, section),
+        _ => new,
+    }
+}
+
+/// Replace the section under `heading` in the report at `path` ([`splice`]); the rest of the
+/// file is kept as it is (a missing file: the section alone).
+pub fn replace_section(
+    path: &std::path::Path,
+    heading: &str,
+    section: &str,
+) -> std::io::Result<()> {
+    let old = std::fs::read_to_string(path).unwrap_or_default();
+    std::fs::write(path, splice(&old, heading, section))
+}
+
 /// `old` with each line that starts as one of `rows` does (up to its first ` | `: a table
 /// row's first cell) replaced by that row. Errors name the first row `old` does not have.
 pub fn replace_rows(old: &str, rows: &[String]) -> Result<String, String> {

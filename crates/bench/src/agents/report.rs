@@ -19,30 +19,14 @@ pub const HEADING: &str = "## Agent runs and dollars";
 /// Replace the section in the report at `path` (from its heading to the next `## ` heading
 /// or the end), or append it; the rest of the file is kept as it is.
 pub fn replace_section(path: &Path, section: &str) -> Result<(), BenchError> {
-    let old = std::fs::read_to_string(path).unwrap_or_default();
-    std::fs::write(path, splice(&old, section))?;
-    Ok(())
-}
-
-/// `old` with its agent section replaced by `section` (appended if absent).
-pub fn splice(old: &str, section: &str) -> String {
-    markdown::splice(old, HEADING, section)
-}
-
-/// The agent section of `report`, if it has one (from its heading to the next `## ` heading
-/// or the end).
-pub fn extract(report: &str) -> Option<&str> {
-    markdown::extract(report, HEADING)
+    Ok(markdown::replace_section(path, HEADING, section)?)
 }
 
 /// `new` (the full run's report, which does not measure the agent rows) with the agent
 /// section of `old` (the file it replaces) kept at its end: written by `agents`, it is
 /// not lost when the rest of the file is measured again.
 pub fn keep_section(old: &str, new: String) -> String {
-    match extract(old) {
-        Some(section) if extract(&new).is_none() => splice(&new, section),
-        _ => new,
-    }
+    markdown::keep_section(old, new, HEADING)
 }
 
 /// The section, from what was measured.
@@ -457,7 +441,7 @@ mod tests {
     fn the_section_replaces_its_own_part_of_the_report_and_nothing_else() {
         let old =
             "# B\n\n## A\n\na\n\n## Agent runs and dollars\n\nold\n\n### sub\n\nx\n\n## Z\n\nz\n";
-        let new = splice(old, "## Agent runs and dollars\n\nnew\n");
+        let new = markdown::splice(old, HEADING, "## Agent runs and dollars\n\nnew\n");
         assert_eq!(
             new,
             "# B\n\n## A\n\na\n\n## Agent runs and dollars\n\nnew\n\n## Z\n\nz\n"
@@ -465,12 +449,16 @@ mod tests {
         // At the end of the file.
         let old = "# B\n\n## A\n\na\n\n## Agent runs and dollars\n\nold\n";
         assert_eq!(
-            splice(old, "## Agent runs and dollars\n\nnew"),
+            markdown::splice(old, HEADING, "## Agent runs and dollars\n\nnew"),
             "# B\n\n## A\n\na\n\n## Agent runs and dollars\n\nnew\n"
         );
         // Absent: appended.
         assert_eq!(
-            splice("# B\n\n## A\n\na\n", "## Agent runs and dollars\n\nnew\n"),
+            markdown::splice(
+                "# B\n\n## A\n\na\n",
+                HEADING,
+                "## Agent runs and dollars\n\nnew\n"
+            ),
             "# B\n\n## A\n\na\n\n## Agent runs and dollars\n\nnew\n"
         );
     }
@@ -480,7 +468,7 @@ mod tests {
         let old =
             "# B\n\n## A\n\nold a\n\n## Agent runs and dollars\n\nagents\n\n### x\n\n## Z\n\nz\n";
         assert_eq!(
-            extract(old),
+            markdown::extract(old, HEADING),
             Some("## Agent runs and dollars\n\nagents\n\n### x")
         );
         let new = "# B\n\n## A\n\nnew a\n".to_string();

@@ -388,7 +388,7 @@ pub(crate) async fn drain(
 }
 
 /// The requests counted since `before`, per route.
-fn requests_since(
+pub(crate) fn requests_since(
     before: &BTreeMap<String, u64>,
     after: BTreeMap<String, u64>,
 ) -> BTreeMap<String, u64> {
