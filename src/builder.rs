@@ -17,7 +17,7 @@ use ironflow_store::entities::validate_worker_tags;
 
 use crate::agents::AnthropicSecretProvider;
 use crate::build_error::BuildError;
-use crate::poison::dynamodb::DynamoPoisonTable;
+use crate::poison::DynamoPoisonTable;
 use crate::poison::{PoisonMode, PoisonTable};
 use crate::pool::DEFAULT_IDLE_PROBE_AFTER;
 use crate::secrets::{self, ApiKey, ApiKeySecret, TokenSecret, WebhookSecretSource};

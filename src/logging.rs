@@ -229,9 +229,11 @@ impl<W: Write> Write for RedactingWriter<W> {
 }
 
 /// A `MakeWriter` that appends to a shared buffer, for tests that read the logs back.
+#[cfg(any(test, feature = "test-support"))]
 #[derive(Clone, Default)]
 pub struct CaptureWriter(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
 
+#[cfg(any(test, feature = "test-support"))]
 impl CaptureWriter {
     /// Everything written so far.
     pub fn contents(&self) -> String {
@@ -245,6 +247,7 @@ impl CaptureWriter {
     }
 }
 
+#[cfg(any(test, feature = "test-support"))]
 impl Write for CaptureWriter {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
         self.0
@@ -259,6 +262,7 @@ impl Write for CaptureWriter {
     }
 }
 
+#[cfg(any(test, feature = "test-support"))]
 impl<'a> MakeWriter<'a> for CaptureWriter {
     type Writer = CaptureWriter;
 

@@ -22,7 +22,7 @@ use crate::build_error::BuildError;
 use crate::calls::Calls;
 use crate::claim_ahead::RunPace;
 use crate::credentials::Credentials;
-use crate::poison::memory::MemoryPoisonTable;
+use crate::poison::MemoryPoisonTable;
 use crate::poison::seen::SeenCounters;
 use crate::poison::{PoisonMode, PoisonTable};
 use crate::pool::PoolWarden;

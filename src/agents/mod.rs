@@ -11,7 +11,7 @@ pub(crate) mod budget;
 mod calls;
 mod converse;
 mod document;
-pub mod pricing;
+pub(crate) mod pricing;
 mod schema;
 mod session;
 mod tools;

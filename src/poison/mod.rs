@@ -15,11 +15,17 @@
 //! ([`dynamodb::DynamoPoisonTable`], selected by `IRONFLOW_POISON_TABLE`);
 //! [`memory::MemoryPoisonTable`] is the local and test default.
 
+#[cfg(not(feature = "test-support"))]
+pub(crate) mod dynamodb;
+#[cfg(feature = "test-support")]
 pub mod dynamodb;
-pub mod gate;
-pub mod memory;
+pub(crate) mod gate;
+mod memory;
 mod recovery;
-pub mod seen;
+pub(crate) mod seen;
+
+pub use dynamodb::{CallCounter, DynamoPoisonTable, DynamoSetupError};
+pub use memory::MemoryPoisonTable;
 
 use std::collections::HashMap;
 use std::fmt;

@@ -44,7 +44,7 @@
 mod role;
 mod row;
 mod rules;
-pub mod table;
+pub(crate) mod table;
 mod url;
 mod validate;
 mod value;
@@ -57,17 +57,14 @@ use std::fmt;
 use std::time::Duration;
 
 pub use role::{FUNCTION_ROLE_VAR, FunctionRole, ParseFunctionRoleError};
-pub use row::{Entry, Rule, Setting, Shown};
-pub use rules::{
-    SECRET_ARN_EXPECTED, is_metrics_namespace, is_namespace, is_secret_arn, is_table_name_or_arn,
-    is_token,
-};
-pub use table::{VARIABLES, Variable};
-pub use url::api_url_problem;
-pub use value::{Unit, Unparsed, Value};
-pub use wake::{
+pub(crate) use rules::{SECRET_ARN_EXPECTED, is_namespace, is_secret_arn, is_token};
+pub(crate) use table::{VARIABLES, Variable};
+#[cfg(feature = "test-support")]
+pub use table::DEFAULT_STEP_SECS;
+pub use wake::WakeSettings;
+pub(crate) use wake::{
     DEFAULT_MAX_WAKEUPS_PER_INVOCATION, DEFAULT_WAKE_DELAY, MAX_WAKE_DELAY,
-    MAX_WAKEUPS_PER_INVOCATION_LIMIT, WakeSettings,
+    MAX_WAKEUPS_PER_INVOCATION_LIMIT,
 };
 
 use crate::poison::{PoisonMode, PoisonPolicy};

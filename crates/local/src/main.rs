@@ -41,8 +41,8 @@ mod agents;
 
 use ironflow_core::provider::AgentProvider;
 use ironflow_lambda::{
-    InvocationSummary, LambdaWorker, LambdaWorkerBuilder, LocalWakeQueue, Response, WakeQueue,
-    WakeSettings, Waker,
+    InvocationSummary, LambdaWorker, LambdaWorkerBuilder, Response, settings::WakeSettings,
+    wake_ups::LocalWakeQueue, wake_ups::WakeQueue, wake_ups::Waker,
 };
 use ironflow_lambda::{orphans, samples};
 use ironflow_local_api::{Backend, FunctionUrl, LocalApi, UrlHandler, Webhook, new_run};
