@@ -81,7 +81,7 @@ impl LambdaWorkerBuilder {
         Self::from_settings(Settings::new(api_url, WorkerToken::new(worker_token)))
     }
 
-    /// A builder from the environment variables ([`crate::settings::VARIABLES`]).
+    /// A builder from the environment variables (the README's configuration table).
     ///
     /// # Errors
     ///
@@ -288,9 +288,9 @@ impl LambdaWorkerBuilder {
     }
 
     /// What the function serves (`IRONFLOW_FUNCTION_ROLE`):
-    /// [`FunctionRole::Worker`](crate::FunctionRole::Worker) (the default) runs batches, and
+    /// [`FunctionRole::Worker`](crate::settings::FunctionRole::Worker) (the default) runs batches, and
     /// answers Function URL requests too when a webhook secret is set;
-    /// [`FunctionRole::WebhookReceiver`](crate::FunctionRole::WebhookReceiver) answers Function
+    /// [`FunctionRole::WebhookReceiver`](crate::settings::FunctionRole::WebhookReceiver) answers Function
     /// URL requests only and refuses every other event with an error naming the role
     /// (docs/push.md, "Denial of service"). Variable `IRONFLOW_FUNCTION_ROLE`; default `worker`.
     ///
@@ -635,7 +635,7 @@ impl LambdaWorkerBuilder {
     /// moves later by an offset drawn from the run id over a window of half the wait, at least
     /// `spread` and at most `max` (never below `spread`); zero for both: no spread. Wider than
     /// the API waker's 10 s tick and the timer wake-ups' 2 s grouping by default
-    /// ([`crate::CapacitySpread`]). Variable `IRONFLOW_CAPACITY_SPREAD_SECS` (seconds); default 30.
+    /// ([`CapacitySpread`](crate::wake_ups::CapacitySpread)). Variable `IRONFLOW_CAPACITY_SPREAD_SECS` (seconds); default 30.
     /// Variable `IRONFLOW_CAPACITY_SPREAD_MAX_SECS` (seconds); default 300.
     pub fn capacity_spread(mut self, spread: Duration, max: Duration) -> Self {
         self.settings.capacity_spread = spread;

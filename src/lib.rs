@@ -126,7 +126,7 @@ pub use trigger::TriggerError;
 pub use worker::LambdaWorker;
 
 /// Wake-ups: the queue a function sends its own wake-up messages to when runs are left
-/// pending or come due ([`Waker`], given to [`LambdaWorkerBuilder::wake_ups`]), its two
+/// pending or come due ([`Waker`](crate::wake_ups::Waker), given to [`LambdaWorkerBuilder::wake_ups`]), its two
 /// implementations, and how capacity wake-ups are spread. What a wake-up is and when one is
 /// sent: `docs/push.md`; the module map:
 /// [docs/structure.md](https://github.com/ironflow-lambda/ironflow-lambda/blob/main/docs/structure.md).

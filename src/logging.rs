@@ -21,8 +21,8 @@
 //!    (`aws_smithy_runtime::client::orchestrator`: the GetSecretValue answer, SigV4 headers).
 //!    This crate's own TRACE lines (`ironflow_lambda*`) pass.
 //! 2. The writer redacts, in whatever line reaches it: every secret value the process holds
-//!    ([`redact`]: each [`WorkerToken`](crate::WorkerToken) and
-//!    [`WebhookSecret`](crate::WebhookSecret) registers itself when it is made, and a worker's
+//!    ([`redact`]: each [`WorkerToken`](crate::settings::WorkerToken) and
+//!    [`WebhookSecret`](crate::settings::WebhookSecret) registers itself when it is made, and a worker's
 //!    `IRONFLOW_HEARTBEAT_URL` when it is built), as it is, as JSON
 //!    and `Debug` escape it and percent-encoded; the digest of any `sha256=<hex>` (a webhook
 //!    signature); what follows `Bearer ` (an `Authorization` header); and the value of a

@@ -8,7 +8,7 @@
 //! New in the serverless form: a run claimed with a `lease_recoveries` above what this function
 //! last saw for it, whose steps show that its holder had started one, means the invocation that
 //! held it died (function timeout, out of memory) executing it; that counts as a failure of its
-//! workflow too (see [`PoisonTable::observe_lease_recoveries`], [`gate::PoisonGate::on_claim`]
+//! workflow too (see [`PoisonTable::observe_lease_recoveries`], `gate::PoisonGate::on_claim`
 //! and docs/faults.md). A recovery of a claim whose answer was lost does not.
 //!
 //! Lambda instances do not persist between calls, so the production table is shared

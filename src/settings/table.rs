@@ -6,7 +6,47 @@
 //! method's value is checked with it ([`super::Settings::validate`]), and tests check that the
 //! README's table and the builder method's documentation say what it says. Each row's
 //! documentation is its `meaning`.
-#![allow(missing_docs)]
+//!
+//! A setting is one row of this table: a [`Setting`] naming its environment variable, the
+//! [`LambdaWorkerBuilder`](crate::LambdaWorkerBuilder) method it mirrors, its meaning, its
+//! default as a typed value, its bounds and any rule beyond them. The rows drive everything
+//! else:
+//! - the parsing of the environment ([`super::Settings::from_lookup`]), and the check of every value,
+//!   from the environment or a builder method alike ([`super::Settings::validate`]): out of bounds or
+//!   against its rule, a value is refused, named with what was expected;
+//! - the defaults of [`super::Settings::new`];
+//! - the README's configuration table (a test checks it equals [`VARIABLES`], row for row);
+//! - the line each builder method's documentation carries
+//!   ([`Entry::doc_line`], e.g. ``Variable `IRONFLOW_CONCURRENCY`; default 2; ≥ 1.``;
+//!   a test checks each method carries the lines of its rows).
+//!
+//! [`super::Settings::validate`] also checks what no single value can (a refresh interval below the
+//! lease TTL, a margin below the function timeout...). Every error names the variable, what was
+//! expected and (except for secrets) what was found; the worker token never appears in an
+//! error, a log line or a `Debug` rendering. A variable set to something that is not UTF-8 is
+//! refused ([`super::Settings::from_env`]), never read as unset.
+//!
+//! # Adding a setting
+//!
+//! 1. Add the field to [`super::Settings`] and its default to [`super::Settings::new`] as
+//!    `ROW.default_value()`.
+//! 2. Add its row to `table.rs`, a `pub const` [`Setting`] (copy a row of the same type:
+//!    `usize`/`u32` counts, [`Duration`] in seconds or milliseconds ([`Unit`]), `String`,
+//!    `Option<String>`...), with `min`/`max` for its bounds and a `rule` (in `rules.rs` or
+//!    `url.rs`) for anything else a single value must be; `shown: Shown::Hidden(..)` for a
+//!    secret. Put it in [`VARIABLES`] where the README's table should show it.
+//! 3. Add the builder method, its documentation ending with the row's [`Entry::doc_line`]
+//!    (the failing test `every_setter_documents_its_rows` prints it).
+//! 4. Paste the README row the failing test `the_readme_s_configuration_table_is_the_table_of_variables`
+//!    prints.
+//! 5. A check across settings goes to `validate.rs`, naming the row (`p.add(&ROW, reason)`).
+//!
+//! A new type of value implements [`Value`](super::value::Value) (`value.rs`). A row written in the former style
+//! (`Variable { name, setter, meaning, default, apply }`) ports field by field: `name` is
+//! `variable`; the `default` string becomes the typed `default` (or `default_doc` when it is not
+//! a value, e.g. `none: receiver off`); what `apply` parsed is the [`Value`](super::value::Value) type and [`Unit`];
+//! the checks `apply` and `validate.rs` made on one value become `min`/`max` or the `rule`; the
+//! builder method's prose loses its default and bounds, which the row's doc line now states.
 
 use std::time::Duration;
 

@@ -50,10 +50,10 @@
 //! - **Lease recoveries** ([`PoisonTable::observe_lease_recoveries`]): one conditional
 //!   `UpdateItem` on the run's item, "absent or below the claimed value".
 //!
-//! Every call is bounded ([`sdk_timeouts`]: connect 1 s, attempt 2 s, operation 5 s, with the
+//! Every call is bounded (`sdk_timeouts`: connect 1 s, attempt 2 s, operation 5 s, with the
 //! SDK's standard retries). Errors are [`PoisonError`]s carrying the table name and the SDK
 //! error with its source chain; the invocation fails open on them (see
-//! [`gate`](super::gate)).
+//! `super::gate`).
 //!
 //! IAM actions the function needs on the table: `dynamodb:DescribeTable` (cold start),
 //! `dynamodb:GetItem`, `dynamodb:BatchGetItem`, `dynamodb:UpdateItem`, `dynamodb:DeleteItem`.
@@ -226,7 +226,7 @@ impl DynamoPoisonTable {
     }
 
     /// The table over `config` without checking it exists. The client runs with
-    /// [`sdk_timeouts`] and counts its calls ([`DynamoPoisonTable::calls`]).
+    /// `sdk_timeouts` and counts its calls ([`DynamoPoisonTable::calls`]).
     pub fn new(
         config: aws_sdk_dynamodb::Config,
         table: &str,
