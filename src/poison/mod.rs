@@ -30,21 +30,21 @@ pub use memory::MemoryPoisonTable;
 use std::collections::HashMap;
 use std::fmt;
 use std::str::FromStr;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use async_trait::async_trait;
 use uuid::Uuid;
 
 /// Default number of consecutive failures that blocks a workflow (`IRONFLOW_POISON_THRESHOLD`).
-pub const DEFAULT_THRESHOLD: u32 = 3;
+pub(crate) const DEFAULT_THRESHOLD: u32 = 3;
 /// Default time a blocked workflow stays blocked after its last failure
 /// (`IRONFLOW_POISON_COOLDOWN_SECS`).
-pub const DEFAULT_COOLDOWN: Duration = Duration::from_secs(5 * 60);
+pub(crate) const DEFAULT_COOLDOWN: Duration = Duration::from_secs(5 * 60);
 
 /// How long a table remembers the `lease_recoveries` it saw for a run: 7 days after the last
 /// increase (in DynamoDB, the run item's `expires_at`). A run claimed again after that with the
 /// same value counts one more failure.
-pub const RUN_RETENTION: Duration = Duration::from_secs(7 * 24 * 3600);
+pub(crate) const RUN_RETENTION: Duration = Duration::from_secs(7 * 24 * 3600);
 
 /// One workflow's consecutive-failure counter as stored in the table.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -55,7 +55,8 @@ pub struct FailureCounter {
     pub last_failure_ms: u64,
 }
 
-/// Threshold and cooldown: when a counter blocks its workflow.
+/// Threshold and cooldown: when a counter blocks its workflow. The default is the defaults of
+/// `IRONFLOW_POISON_THRESHOLD` and `IRONFLOW_POISON_COOLDOWN_SECS` (README, "Configuration").
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PoisonPolicy {
     /// Consecutive failures that block a workflow; at least 1.
@@ -216,11 +217,21 @@ pub trait PoisonTable: Send + Sync {
     ) -> Result<bool, PoisonError>;
 }
 
-/// Milliseconds since the Unix epoch, now (0 if the clock is before 1970).
-pub fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, duration_ms)
+#[cfg(not(feature = "test-support"))]
+pub(crate) use clock::now_ms;
+#[cfg(feature = "test-support")]
+pub use clock::now_ms;
+
+/// The clock of the counters (`now_ms` is public with the `test-support` feature only).
+mod clock {
+    use std::time::{SystemTime, UNIX_EPOCH};
+
+    /// Milliseconds since the Unix epoch, now (0 if the clock is before 1970).
+    pub fn now_ms() -> u64 {
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, super::duration_ms)
+    }
 }
 
 /// `d` in whole milliseconds, saturating.

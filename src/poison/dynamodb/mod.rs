@@ -21,7 +21,7 @@
 //! - one item per run claimed with `lease_recoveries > 0`, `pk = "<namespace>#run#<run id>"`
 //!   ([`run_key`]): `lease_recoveries_seen` (N, the highest value this function saw),
 //!   `seen_by` (S, a token of the write that set it) and `expires_at` (now +
-//!   [`RUN_RETENTION`]). Runs that were never recovered have no item.
+//!   `RUN_RETENTION`, 7 days). Runs that were never recovered have no item.
 //! - one item per function for the webhook receivers' wake-up mark,
 //!   `pk = "<namespace>#wake#pushed"`: `covered`, `in_flight_until_ms`, `tail_due_ms`,
 //!   `expires_at`, written
