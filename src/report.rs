@@ -3,7 +3,7 @@
 //! API faults met ([`FaultKind`], [`ApiErrorCount`]), the step logs forwarded ([`FlushReport`]),
 //! the wake-ups sent ([`WakeReport`]), what the runs' model calls used and cost ([`Spend`]), the
 //! invocation's JSON summary ([`InvocationSummary`]), and what a trigger asks for
-//! ([`BatchRequest`]).
+//! ([`BatchRequest`]). The module map: [docs/structure.md](https://github.com/ironflow-lambda/ironflow-lambda/blob/main/docs/structure.md).
 
 use std::collections::BTreeMap;
 use std::fmt;

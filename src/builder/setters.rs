@@ -87,7 +87,7 @@ impl LambdaWorkerBuilder {
     ///
     /// ```no_run
     /// # let builder = ironflow_lambda::LambdaWorkerBuilder::new("https://ironflow.example.com", "t");
-    /// let builder = builder.function_role(ironflow_lambda::FunctionRole::WebhookReceiver);
+    /// let builder = builder.function_role(ironflow_lambda::settings::FunctionRole::WebhookReceiver);
     /// ```
     pub fn function_role(mut self, role: crate::settings::FunctionRole) -> Self {
         self.settings.function_role = role;

@@ -12,8 +12,9 @@
 //! and docs/faults.md). A recovery of a claim whose answer was lost does not.
 //!
 //! Lambda instances do not persist between calls, so the production table is shared
-//! ([`dynamodb::DynamoPoisonTable`], selected by `IRONFLOW_POISON_TABLE`);
-//! [`memory::MemoryPoisonTable`] is the local and test default.
+//! ([`DynamoPoisonTable`], selected by `IRONFLOW_POISON_TABLE`);
+//! [`MemoryPoisonTable`] is the local and test default. The module map:
+//! [docs/structure.md](https://github.com/ironflow-lambda/ironflow-lambda/blob/main/docs/structure.md).
 
 #[cfg(not(feature = "test-support"))]
 pub(crate) mod dynamodb;
@@ -151,8 +152,8 @@ pub struct PoisonError {
 
 /// Storage of the consecutive-failure counters, one per workflow.
 ///
-/// Implementations: [`memory::MemoryPoisonTable`] (one process) and
-/// [`dynamodb::DynamoPoisonTable`] (shared by every Lambda instance). Each takes the
+/// Implementations: [`MemoryPoisonTable`] (one process) and
+/// [`DynamoPoisonTable`] (shared by every Lambda instance). Each takes the
 /// [`PoisonPolicy`] at construction so that it can treat an expired counter as absent.
 #[async_trait]
 pub trait PoisonTable: Send + Sync {
