@@ -134,3 +134,32 @@ pub mod wake_ups {
     pub use crate::store::spread::CapacitySpread;
     pub use crate::wake::{LocalWakeQueue, SqsWakeQueue, WakeQueue, Waker};
 }
+
+/// The internals stay crate-private: outside the crate, none of these paths compiles (each
+/// was public before issue 27; the list of what is public: docs/structure.md).
+///
+/// ```compile_fail
+/// use ironflow_lambda::poison::gate::PoisonGate;
+/// ```
+///
+/// ```compile_fail
+/// use ironflow_lambda::poison::seen::SeenCounters;
+/// ```
+///
+/// ```compile_fail
+/// use ironflow_lambda::settings::table::VARIABLES;
+/// ```
+///
+/// ```compile_fail
+/// use ironflow_lambda::settings::is_token;
+/// ```
+///
+/// ```compile_fail
+/// use ironflow_lambda::layers::MetricsLayer;
+/// ```
+///
+/// ```compile_fail
+/// use ironflow_lambda::poison::RUN_RETENTION;
+/// ```
+#[cfg(doctest)]
+pub struct InternalsArePrivate;

@@ -53,7 +53,7 @@ use crate::poison::{PoisonMode, PoisonPolicy};
 ///
 /// Each field is one environment variable (named in its documentation) and one builder
 /// method, whose documentation ends with the variable's default and bounds; the README's
-/// configuration table lists them all, and the table of the code (`src/settings/table.rs`)
+/// configuration table lists them all, and the table of the code (`src/settings/table/`)
 /// defines each once. Durations are [`Duration`]s; the variable's unit is named.
 ///
 /// Built by [`Settings::from_env`] or [`Settings::new`]; handed to
