@@ -5,7 +5,7 @@ use ironflow_engine::error::EngineError;
 use ironflow_store::entities::WorkerTagError;
 
 use crate::api::ClientError;
-use crate::poison::dynamodb::DynamoSetupError;
+use crate::poison::DynamoSetupError;
 use crate::secrets::SecretError;
 use crate::settings::ConfigError;
 

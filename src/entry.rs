@@ -58,12 +58,22 @@ const AWS_VARIABLES: [&str; 5] = [
 /// use std::process::ExitCode;
 /// use std::sync::Arc;
 /// use ironflow_lambda::BedrockProvider;
+/// # use ironflow_engine::context::WorkflowContext;
+/// # use ironflow_engine::handler::{HandlerFuture, WorkflowHandler};
+/// # /// A team's workflow (examples/my-workflows has real ones).
+/// # struct Hello;
+/// # impl WorkflowHandler for Hello {
+/// #     fn name(&self) -> &str { "hello" }
+/// #     fn execute<'a>(&'a self, _: &'a mut WorkflowContext) -> HandlerFuture<'a> {
+/// #         Box::pin(async { Ok(()) })
+/// #     }
+/// # }
 ///
 /// fn main() -> ExitCode {
 ///     ironflow_lambda::run(|worker| {
 ///         worker
 ///             .provider(Arc::new(BedrockProvider::from_env()))
-///             .register(ironflow_lambda::samples::QuickShell)
+///             .register(Hello)
 ///     })
 /// }
 /// ```

@@ -21,8 +21,8 @@
 //!    (`aws_smithy_runtime::client::orchestrator`: the GetSecretValue answer, SigV4 headers).
 //!    This crate's own TRACE lines (`ironflow_lambda*`) pass.
 //! 2. The writer redacts, in whatever line reaches it: every secret value the process holds
-//!    ([`redact`]: each [`WorkerToken`](crate::WorkerToken) and
-//!    [`WebhookSecret`](crate::WebhookSecret) registers itself when it is made, and a worker's
+//!    ([`redact`]: each [`WorkerToken`](crate::settings::WorkerToken) and
+//!    [`WebhookSecret`](crate::settings::WebhookSecret) registers itself when it is made, and a worker's
 //!    `IRONFLOW_HEARTBEAT_URL` when it is built), as it is, as JSON
 //!    and `Debug` escape it and percent-encoded; the digest of any `sha256=<hex>` (a webhook
 //!    signature); what follows `Bearer ` (an `Authorization` header); and the value of a
@@ -229,9 +229,11 @@ impl<W: Write> Write for RedactingWriter<W> {
 }
 
 /// A `MakeWriter` that appends to a shared buffer, for tests that read the logs back.
+#[cfg(any(test, feature = "test-support"))]
 #[derive(Clone, Default)]
 pub struct CaptureWriter(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
 
+#[cfg(any(test, feature = "test-support"))]
 impl CaptureWriter {
     /// Everything written so far.
     pub fn contents(&self) -> String {
@@ -245,6 +247,7 @@ impl CaptureWriter {
     }
 }
 
+#[cfg(any(test, feature = "test-support"))]
 impl Write for CaptureWriter {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
         self.0
@@ -259,6 +262,7 @@ impl Write for CaptureWriter {
     }
 }
 
+#[cfg(any(test, feature = "test-support"))]
 impl<'a> MakeWriter<'a> for CaptureWriter {
     type Writer = CaptureWriter;
 

@@ -23,7 +23,7 @@
 //! | `CostUsd` | None (US dollars; one value per run that spent, `Sum` is the total) | function, workflow |
 //! | `StepsCutAtCutoff` | Count | function, workflow |
 //!
-//! The spend metrics are the recorded figures of [`crate::Spend`]: a model call cut at the cutoff
+//! The spend metrics are the recorded figures of [`crate::report::Spend`]: a model call cut at the cutoff
 //! is in none of them (the summary's `calls_cut` and `estimated_input_tokens` report it).
 //!
 //! ironflow's own metrics (`ironflow_runs_total`, `ironflow_step_duration_seconds`, ...) go

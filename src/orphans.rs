@@ -93,6 +93,7 @@ impl Drop for InvocationGuard {
 
 /// Kill every descendant of this process with SIGKILL, then reap the ones that are its direct
 /// children, waiting at most `wait` for them to exit. Returns how many were killed.
+#[cfg(any(test, feature = "test-support"))]
 pub fn sweep(wait: Duration) -> usize {
     sweep_sparing(wait, |_| false)
 }

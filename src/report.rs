@@ -3,7 +3,7 @@
 //! API faults met ([`FaultKind`], [`ApiErrorCount`]), the step logs forwarded ([`FlushReport`]),
 //! the wake-ups sent ([`WakeReport`]), what the runs' model calls used and cost ([`Spend`]), the
 //! invocation's JSON summary ([`InvocationSummary`]), and what a trigger asks for
-//! ([`BatchRequest`]).
+//! ([`BatchRequest`]). The module map: [docs/structure.md](https://github.com/ironflow-lambda/ironflow-lambda/blob/main/docs/structure.md).
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -259,7 +259,7 @@ pub enum StopReason {
     /// A claim failed (API unreachable, auth refused...): see `errors`.
     ClaimError,
     /// The process is retiring (an execution stuck in workflow code, see
-    /// [`crate::layers::ExitWhenStuck`]) and ends once no invocation is in flight: nothing was
+    /// `crate::layers::ExitWhenStuck`) and ends once no invocation is in flight: nothing was
     /// claimed, or a claimed run was released because its stuck execution still holds it here.
     Retiring,
 }
@@ -439,7 +439,7 @@ pub enum WakeTrigger {
     HandedBack,
     /// The batch took all the runs it was asked for: more may be waiting.
     Backlog,
-    /// The ironflow API's webhook said runs are or will be Pending ([`crate::webhook`]).
+    /// The ironflow API's webhook said runs are or will be Pending (`docs/push.md`).
     Pushed,
     /// A run the batch left waiting is due ([`RunReport::due`]), or a sleeping run a timer
     /// wake-up watched was found Pending ([`SleepWatch`]).

@@ -22,7 +22,7 @@ use crate::build_error::BuildError;
 use crate::calls::Calls;
 use crate::claim_ahead::RunPace;
 use crate::credentials::Credentials;
-use crate::poison::memory::MemoryPoisonTable;
+use crate::poison::MemoryPoisonTable;
 use crate::poison::seen::SeenCounters;
 use crate::poison::{PoisonMode, PoisonTable};
 use crate::pool::PoolWarden;
@@ -48,7 +48,7 @@ use crate::webhook::replay_table::ReplayTable;
 /// what they share is safe to share: the engine and its HTTP clients (pooled connections), the
 /// execution runtime (M × C + 1 threads), the step-log channel (each line routed to the
 /// invocation that owns its run, `src/api/logs.rs`), the poison-pill table and the counters
-/// read from it (each invocation sees the others' outcomes, [`crate::poison::gate`]), and the
+/// read from it (each invocation sees the others' outcomes, `crate::poison::gate`), and the
 /// claim pace (atomic moving averages, `src/claim_ahead.rs`).
 pub struct LambdaWorker {
     /// The engine that executes runs, on [`LambdaWorker::runtime`].

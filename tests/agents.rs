@@ -13,7 +13,9 @@ use std::time::Duration;
 
 use common::{Backend, Harness};
 use ironflow_lambda::poison::now_ms;
-use ironflow_lambda::{BedrockProvider, MemoryPoisonTable, Outcome, PoisonPolicy, PoisonTable};
+use ironflow_lambda::{
+    BedrockProvider, MemoryPoisonTable, Outcome, PoisonTable, poison::PoisonPolicy,
+};
 use ironflow_local_api::new_run;
 use ironflow_model_server::{Match, ModelServer, Reply, Script};
 use ironflow_store::entities::{RunStatus, StepKind, StepStatus};

@@ -49,7 +49,7 @@ use ironflow_engine::handler::{HandlerFuture, WorkflowHandler};
 use ironflow_lambda::InvocationSummary;
 use ironflow_lambda::Outcome;
 use ironflow_lambda::logging::{self, CaptureWriter};
-use ironflow_lambda::{LambdaWorker, LambdaWorkerBuilder, MemoryPoisonTable, PoisonPolicy};
+use ironflow_lambda::{LambdaWorker, LambdaWorkerBuilder, MemoryPoisonTable, poison::PoisonPolicy};
 use ironflow_store::entities::{LeaseUpdate, RunStatus, RunUpdate, StepStatus};
 use ironflow_store::store::{LEASE_EXPIRED_ERROR, Store};
 use rand::rngs::StdRng;

@@ -13,7 +13,7 @@ use common::{Backend, Harness};
 use ironflow_core::provider::AgentConfig;
 use ironflow_engine::context::WorkflowContext;
 use ironflow_engine::handler::{HandlerFuture, WorkflowHandler};
-use ironflow_lambda::{BedrockProvider, CapacitySpread, LambdaWorker, Outcome, metrics};
+use ironflow_lambda::{BedrockProvider, LambdaWorker, Outcome, metrics, wake_ups::CapacitySpread};
 use ironflow_model_server::{Match, ModelServer, Reply, Script};
 use ironflow_store::entities::RunStatus;
 

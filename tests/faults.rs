@@ -12,7 +12,7 @@ use std::time::Duration;
 use common::{Harness, ShellWorkflow};
 use ironflow_lambda::LambdaWorkerBuilder;
 use ironflow_lambda::Outcome;
-use ironflow_lambda::StopReason;
+use ironflow_lambda::report::StopReason;
 use ironflow_store::entities::RunStatus;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};

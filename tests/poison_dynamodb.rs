@@ -29,7 +29,7 @@ use ironflow_lambda::poison::{PoisonMode, PoisonPolicy, PoisonTable, now_ms};
 use ironflow_lambda::samples;
 use ironflow_lambda::settings::Settings;
 use ironflow_lambda::{BuildError, LambdaWorker, LambdaWorkerBuilder};
-use ironflow_lambda::{InvocationSummary, StopReason};
+use ironflow_lambda::{InvocationSummary, report::StopReason};
 use ironflow_local_api::{LocalApi, new_run};
 use ironflow_store::entities::{LeaseRequest, RunStatus, StepStatus};
 use ironflow_store::store::RunStore;

@@ -14,8 +14,8 @@ use common::{Harness, ShellWorkflow, executions, wait_until};
 use ironflow_core::providers::claude::ClaudeCodeProvider;
 use ironflow_engine::context::WorkflowContext;
 use ironflow_engine::handler::{HandlerFuture, WorkflowHandler};
-use ironflow_lambda::FaultKind;
 use ironflow_lambda::Outcome;
+use ironflow_lambda::report::FaultKind;
 use ironflow_lambda::{LambdaWorker, LambdaWorkerBuilder};
 use ironflow_store::entities::RunStatus;
 

@@ -339,7 +339,7 @@ async fn a_token_rotated_while_the_instance_is_warm_is_read_again_when_the_api_r
         summary
             .api_errors
             .iter()
-            .any(|e| e.kind == ironflow_lambda::FaultKind::Unauthorized),
+            .any(|e| e.kind == ironflow_lambda::report::FaultKind::Unauthorized),
         "{summary:?}"
     );
 }

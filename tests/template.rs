@@ -2170,7 +2170,7 @@ fn the_webhook_receivers_environment_is_valid_receiver_settings() {
     .unwrap();
     assert_eq!(
         settings.function_role,
-        ironflow_lambda::FunctionRole::WebhookReceiver
+        ironflow_lambda::settings::FunctionRole::WebhookReceiver
     );
     assert!(settings.validate().is_empty(), "{:?}", settings.validate());
     assert_eq!(

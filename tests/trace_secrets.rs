@@ -20,7 +20,7 @@ use axum::Router;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, HeaderValue};
 use axum::routing::{get, post};
-use ironflow_lambda::WebhookSecret;
+use ironflow_lambda::settings::WebhookSecret;
 use ironflow_lambda::webhook::auth;
 use ironflow_local_api::{LocalApi, new_run};
 use serde_json::{Value, json};

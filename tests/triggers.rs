@@ -15,7 +15,7 @@ use ironflow_lambda::LambdaWorkerBuilder;
 use ironflow_lambda::TriggerError;
 use ironflow_lambda::samples;
 use ironflow_lambda::{HandlerError, Response};
-use ironflow_lambda::{WakeSettings, WakeTrigger, Waker};
+use ironflow_lambda::{report::WakeTrigger, settings::WakeSettings, wake_ups::Waker};
 use ironflow_local_api::{LocalApi, new_run};
 use ironflow_store::entities::RunStatus;
 use ironflow_store::store::Store;

@@ -10,7 +10,9 @@ use std::time::Duration;
 use base64::Engine as _;
 use ironflow_core::providers::claude::ClaudeCodeProvider;
 use ironflow_lambda::webhook::auth;
-use ironflow_lambda::{LambdaWorker, LambdaWorkerBuilder, WakeSettings, Waker, samples};
+use ironflow_lambda::{
+    LambdaWorker, LambdaWorkerBuilder, samples, settings::WakeSettings, wake_ups::Waker,
+};
 use ironflow_local_api::{Backend, FunctionUrl, LocalApi, UrlHandler, Webhook, new_run};
 use ironflow_store::entities::RunStatus;
 use ironflow_store::store::RunStore;
@@ -71,7 +73,8 @@ async fn only_a_valid_signature_or_token_wakes_and_bad_requests_get_their_answer
     // Refused, and nothing queued: missing, wrong secret, altered body, wrong token.
     let unsigned = request(&body, json!({}), "");
     let wrong_secret = {
-        let other = ironflow_lambda::WebhookSecret::new("another-secret-of-at-least-32-chars!!");
+        let other =
+            ironflow_lambda::settings::WebhookSecret::new("another-secret-of-at-least-32-chars!!");
         request(
             &body,
             json!({"x-signature-256": auth::sign(&other, body.as_bytes())}),

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use aws_config::{BehaviorVersion, Region, SdkConfig};
 use ironflow_core::providers::claude::ClaudeCodeProvider;
-use ironflow_lambda::{LambdaWorkerBuilder, WakeSettings, Waker, samples};
+use ironflow_lambda::{LambdaWorkerBuilder, samples, settings::WakeSettings, wake_ups::Waker};
 use ironflow_local_api::LocalApi;
 use serde_json::json;
 use uuid::Uuid;

@@ -14,10 +14,11 @@ use ironflow_core::providers::claude::ClaudeCodeProvider;
 use ironflow_engine::config::HumanInputConfig;
 use ironflow_engine::context::WorkflowContext;
 use ironflow_engine::handler::{HandlerFuture, WorkflowHandler};
-use ironflow_lambda::poison::dynamodb::DynamoPoisonTable;
+use ironflow_lambda::DynamoPoisonTable;
 use ironflow_lambda::poison::{PoisonMode, PoisonPolicy, PoisonTable, now_ms};
 use ironflow_lambda::{
-    LambdaWorker, LambdaWorkerBuilder, MemoryPoisonTable, WakeSettings, Waker, samples,
+    LambdaWorker, LambdaWorkerBuilder, MemoryPoisonTable, samples, settings::WakeSettings,
+    wake_ups::Waker,
 };
 use ironflow_local_api::{Backend, FunctionUrl, LocalApi, UrlHandler, Webhook, new_run};
 use ironflow_store::entities::{RunStatus, StepKind, StepStatus};

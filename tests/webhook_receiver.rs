@@ -10,8 +10,8 @@ use std::time::Duration;
 
 use ironflow_core::providers::claude::ClaudeCodeProvider;
 use ironflow_lambda::{
-    FunctionRole, HandlerError, LambdaWorker, LambdaWorkerBuilder, Response, WakeSettings, Waker,
-    samples,
+    HandlerError, LambdaWorker, LambdaWorkerBuilder, Response, samples, settings::FunctionRole,
+    settings::WakeSettings, wake_ups::Waker,
 };
 use ironflow_local_api::LocalApi;
 use ironflow_store::entities::RunStatus;

@@ -45,7 +45,7 @@ struct KeyState {
 /// `IRONFLOW_ANTHROPIC_API_KEY_SECRET_ARN`; [`AnthropicSecretProvider::from_secret`] elsewhere).
 ///
 /// The key is never logged, at any level: it is registered for redaction when read
-/// ([`crate::logging`]) and no line of this crate carries it. ironflow's provider fixes the key
+/// (`crate::logging`) and no line of this crate carries it. ironflow's provider fixes the key
 /// when it is built, so this one wraps it: when the API refuses the key (HTTP 401, it was
 /// rotated), the secret is read again, at most once per [`REREAD_AT_MOST_EVERY`] for the whole
 /// instance, and with a new key the inner provider is rebuilt and the call made once more. A

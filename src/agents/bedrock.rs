@@ -198,7 +198,7 @@ impl BedrockProvider {
     }
 
     /// The price of `model` (a foundation model id, or its prefix), used before the built-in
-    /// table ([`crate::agents::pricing::BEDROCK_PRICES`]): for a model the table lacks, or a
+    /// table (`BEDROCK_PRICES`, `src/agents/pricing.rs`): for a model the table lacks, or a
     /// price that changed.
     pub fn with_price(mut self, model: &str, rates: ModelPricing) -> Self {
         self.prices.push((model.to_string(), rates));

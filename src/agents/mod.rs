@@ -3,7 +3,8 @@
 //! function's role) and [`AnthropicSecretProvider`] (the Anthropic Messages API, its key read
 //! from Secrets Manager). Register one on the worker with
 //! [`LambdaWorkerBuilder::provider`](crate::LambdaWorkerBuilder::provider). Which to use, the
-//! time limits and the IAM setup: the repository's `docs/agents.md`.
+//! time limits and the IAM setup: the repository's `docs/agents.md`; the module map:
+//! [docs/structure.md](https://github.com/ironflow-lambda/ironflow-lambda/blob/main/docs/structure.md).
 
 mod anthropic;
 mod bedrock;
@@ -11,7 +12,7 @@ pub(crate) mod budget;
 mod calls;
 mod converse;
 mod document;
-pub mod pricing;
+pub(crate) mod pricing;
 mod schema;
 mod session;
 mod tools;

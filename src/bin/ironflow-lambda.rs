@@ -7,7 +7,12 @@
 use std::process::ExitCode;
 use std::sync::Arc;
 
-use ironflow_lambda::{BedrockProvider, samples};
+use ironflow_lambda::BedrockProvider;
+
+// The library's sample workflows, compiled into the function itself: the library exports them
+// only with its `test-support` feature, which a deployed function leaves off.
+#[path = "../samples.rs"]
+mod samples;
 
 fn main() -> ExitCode {
     ironflow_lambda::run(|worker| {

@@ -31,7 +31,7 @@ struct State {
 /// ```
 /// # tokio_test_block_on(async {
 /// use ironflow_lambda::poison::{PoisonPolicy, PoisonTable};
-/// use ironflow_lambda::poison::memory::MemoryPoisonTable;
+/// use ironflow_lambda::MemoryPoisonTable;
 ///
 /// let table = MemoryPoisonTable::new(PoisonPolicy::default());
 /// let counter = table.record_failure("deploy", "run-1/1", 1_000).await.unwrap();

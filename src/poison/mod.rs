@@ -8,37 +8,44 @@
 //! New in the serverless form: a run claimed with a `lease_recoveries` above what this function
 //! last saw for it, whose steps show that its holder had started one, means the invocation that
 //! held it died (function timeout, out of memory) executing it; that counts as a failure of its
-//! workflow too (see [`PoisonTable::observe_lease_recoveries`], [`gate::PoisonGate::on_claim`]
+//! workflow too (see [`PoisonTable::observe_lease_recoveries`], `gate::PoisonGate::on_claim`
 //! and docs/faults.md). A recovery of a claim whose answer was lost does not.
 //!
 //! Lambda instances do not persist between calls, so the production table is shared
-//! ([`dynamodb::DynamoPoisonTable`], selected by `IRONFLOW_POISON_TABLE`);
-//! [`memory::MemoryPoisonTable`] is the local and test default.
+//! ([`DynamoPoisonTable`], selected by `IRONFLOW_POISON_TABLE`);
+//! [`MemoryPoisonTable`] is the local and test default. The module map:
+//! [docs/structure.md](https://github.com/ironflow-lambda/ironflow-lambda/blob/main/docs/structure.md).
 
+#[cfg(not(feature = "test-support"))]
+pub(crate) mod dynamodb;
+#[cfg(feature = "test-support")]
 pub mod dynamodb;
-pub mod gate;
-pub mod memory;
+pub(crate) mod gate;
+mod memory;
 mod recovery;
-pub mod seen;
+pub(crate) mod seen;
+
+pub use dynamodb::{CallCounter, DynamoPoisonTable, DynamoSetupError};
+pub use memory::MemoryPoisonTable;
 
 use std::collections::HashMap;
 use std::fmt;
 use std::str::FromStr;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use async_trait::async_trait;
 use uuid::Uuid;
 
 /// Default number of consecutive failures that blocks a workflow (`IRONFLOW_POISON_THRESHOLD`).
-pub const DEFAULT_THRESHOLD: u32 = 3;
+pub(crate) const DEFAULT_THRESHOLD: u32 = 3;
 /// Default time a blocked workflow stays blocked after its last failure
 /// (`IRONFLOW_POISON_COOLDOWN_SECS`).
-pub const DEFAULT_COOLDOWN: Duration = Duration::from_secs(5 * 60);
+pub(crate) const DEFAULT_COOLDOWN: Duration = Duration::from_secs(5 * 60);
 
 /// How long a table remembers the `lease_recoveries` it saw for a run: 7 days after the last
 /// increase (in DynamoDB, the run item's `expires_at`). A run claimed again after that with the
 /// same value counts one more failure.
-pub const RUN_RETENTION: Duration = Duration::from_secs(7 * 24 * 3600);
+pub(crate) const RUN_RETENTION: Duration = Duration::from_secs(7 * 24 * 3600);
 
 /// One workflow's consecutive-failure counter as stored in the table.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -49,7 +56,8 @@ pub struct FailureCounter {
     pub last_failure_ms: u64,
 }
 
-/// Threshold and cooldown: when a counter blocks its workflow.
+/// Threshold and cooldown: when a counter blocks its workflow. The default is the defaults of
+/// `IRONFLOW_POISON_THRESHOLD` and `IRONFLOW_POISON_COOLDOWN_SECS` (README, "Configuration").
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PoisonPolicy {
     /// Consecutive failures that block a workflow; at least 1.
@@ -144,8 +152,8 @@ pub struct PoisonError {
 
 /// Storage of the consecutive-failure counters, one per workflow.
 ///
-/// Implementations: [`memory::MemoryPoisonTable`] (one process) and
-/// [`dynamodb::DynamoPoisonTable`] (shared by every Lambda instance). Each takes the
+/// Implementations: [`MemoryPoisonTable`] (one process) and
+/// [`DynamoPoisonTable`] (shared by every Lambda instance). Each takes the
 /// [`PoisonPolicy`] at construction so that it can treat an expired counter as absent.
 #[async_trait]
 pub trait PoisonTable: Send + Sync {
@@ -210,11 +218,21 @@ pub trait PoisonTable: Send + Sync {
     ) -> Result<bool, PoisonError>;
 }
 
-/// Milliseconds since the Unix epoch, now (0 if the clock is before 1970).
-pub fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, duration_ms)
+#[cfg(not(feature = "test-support"))]
+pub(crate) use clock::now_ms;
+#[cfg(feature = "test-support")]
+pub use clock::now_ms;
+
+/// The clock of the counters (`now_ms` is public with the `test-support` feature only).
+mod clock {
+    use std::time::{SystemTime, UNIX_EPOCH};
+
+    /// Milliseconds since the Unix epoch, now (0 if the clock is before 1970).
+    pub fn now_ms() -> u64 {
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, super::duration_ms)
+    }
 }
 
 /// `d` in whole milliseconds, saturating.

@@ -1,358 +1,188 @@
-//! Every tunable of the worker, each defined once.
+//! Every tunable of the worker, each defined once: the [`Settings`], read from the environment
+//! ([`Settings::from_env`]) or set by the builder's methods, and checked either way
+//! ([`Settings::validate`]); an error names the variable, what was expected and (except for
+//! secrets) what was found ([`ConfigError`]).
 //!
-//! A setting is one row of [`table`]: a [`Setting`] naming its environment variable, the
-//! [`LambdaWorkerBuilder`](crate::LambdaWorkerBuilder) method it mirrors, its meaning, its
-//! default as a typed value, its bounds and any rule beyond them. The rows drive everything
-//! else:
-//! - the parsing of the environment ([`Settings::from_lookup`]), and the check of every value,
-//!   from the environment or a builder method alike ([`Settings::validate`]): out of bounds or
-//!   against its rule, a value is refused, named with what was expected;
-//! - the defaults of [`Settings::new`] (and the `DEFAULT_*` constants);
-//! - the README's configuration table (a test checks it equals [`VARIABLES`], row for row);
-//! - the line each builder method's documentation carries
-//!   ([`Entry::doc_line`], e.g. ``Variable `IRONFLOW_CONCURRENCY`; default 2; ≥ 1.``;
-//!   a test checks each method carries the lines of its rows).
-//!
-//! [`Settings::validate`] also checks what no single value can (a refresh interval below the
-//! lease TTL, a margin below the function timeout...). Every error names the variable, what was
-//! expected and (except for secrets) what was found; the worker token never appears in an
-//! error, a log line or a `Debug` rendering. A variable set to something that is not UTF-8 is
-//! refused ([`Settings::from_env`]), never read as unset.
-//!
-//! # Adding a setting
-//!
-//! 1. Add the field to [`Settings`] and its default to [`Settings::new`] as
-//!    `ROW.default_value()`.
-//! 2. Add its row to `table.rs`, a `pub const` [`Setting`] (copy a row of the same type:
-//!    `usize`/`u32` counts, [`Duration`] in seconds or milliseconds ([`Unit`]), `String`,
-//!    `Option<String>`...), with `min`/`max` for its bounds and a `rule` (in `rules.rs` or
-//!    `url.rs`) for anything else a single value must be; `shown: Shown::Hidden(..)` for a
-//!    secret. Put it in [`VARIABLES`] where the README's table should show it.
-//! 3. Add the builder method, its documentation ending with the row's [`Entry::doc_line`]
-//!    (the failing test `every_setter_documents_its_rows` prints it).
-//! 4. Paste the README row the failing test `the_readme_s_configuration_table_is_the_table_of_variables`
-//!    prints.
-//! 5. A check across settings goes to `validate.rs`, naming the row (`p.add(&ROW, reason)`).
-//!
-//! A new type of value implements [`Value`] (`value.rs`). A row written in the former style
-//! (`Variable { name, setter, meaning, default, apply }`) ports field by field: `name` is
-//! `variable`; the `default` string becomes the typed `default` (or `default_doc` when it is not
-//! a value, e.g. `none: receiver off`); what `apply` parsed is the [`Value`] type and [`Unit`];
-//! the checks `apply` and `validate.rs` made on one value become `min`/`max` or the `rule`; the
-//! builder method's prose loses its default and bounds, which the row's doc line now states.
+//! What an operator handles here: the secret newtypes ([`WorkerToken`], [`WebhookSecret`]),
+//! which never print themselves; the variables that name a secret or the function's role
+//! (`*_VAR`); the function's role ([`FunctionRole`]); the wake-up settings ([`WakeSettings`]).
+//! Each variable, its default and its bounds: the README's configuration table. How a setting
+//! is added (a row of `table.rs`):
+//! [docs/structure.md](https://github.com/ironflow-lambda/ironflow-lambda/blob/main/docs/structure.md).
 
+mod defaults;
+mod env;
+mod error;
 mod role;
 mod row;
 mod rules;
-pub mod table;
+mod secret;
+pub(crate) mod table;
 mod url;
 mod validate;
 mod value;
 mod wake;
 
-use std::borrow::Cow;
-use std::collections::HashMap;
-use std::ffi::OsString;
-use std::fmt;
 use std::time::Duration;
 
-pub use role::{FUNCTION_ROLE_VAR, FunctionRole, ParseFunctionRoleError};
-pub use row::{Entry, Rule, Setting, Shown};
-pub use rules::{
-    SECRET_ARN_EXPECTED, is_metrics_namespace, is_namespace, is_secret_arn, is_table_name_or_arn,
-    is_token,
+pub(crate) use defaults::*;
+#[cfg(feature = "test-support")]
+pub use defaults::{
+    DEFAULT_CLAIM_AHEAD_PERCENT, DEFAULT_DEADLINE_MARGIN, DEFAULT_MIN_CLAIM_BUDGET,
+    DEFAULT_STEP_DURATION,
 };
-pub use table::{VARIABLES, Variable};
-pub use url::api_url_problem;
-pub use value::{Unit, Unparsed, Value};
-pub use wake::{
+use env::position;
+pub(crate) use env::{environment, is_set};
+pub use error::{ConfigError, Problem};
+pub use role::{FUNCTION_ROLE_VAR, FunctionRole, ParseFunctionRoleError};
+pub(crate) use rules::{SECRET_ARN_EXPECTED, is_namespace, is_secret_arn, is_token};
+pub use secret::{
+    ANTHROPIC_API_KEY_SECRET_ARN_VAR, MIN_WEBHOOK_SECRET_LEN, WEBHOOK_SECRET_ARN_VAR,
+    WEBHOOK_SECRET_VAR, WORKER_TOKEN_SECRET_ARN_VAR, WORKER_TOKEN_VAR, WebhookSecret, WorkerToken,
+};
+pub(crate) use table::{VARIABLES, Variable};
+pub use wake::WakeSettings;
+pub(crate) use wake::{
     DEFAULT_MAX_WAKEUPS_PER_INVOCATION, DEFAULT_WAKE_DELAY, MAX_WAKE_DELAY,
-    MAX_WAKEUPS_PER_INVOCATION_LIMIT, WakeSettings,
+    MAX_WAKEUPS_PER_INVOCATION_LIMIT,
 };
 
 use crate::poison::{PoisonMode, PoisonPolicy};
 
-/// Default runs claimed per invocation (N), of [`table::MAX_RUNS_PER_INVOCATION`].
-pub const DEFAULT_MAX_RUNS_PER_INVOCATION: usize = table::MAX_RUNS_PER_INVOCATION.default;
-/// Default number of runs executing at once, as the reference worker ([`table::CONCURRENCY`]).
-pub const DEFAULT_CONCURRENCY: usize = table::CONCURRENCY.default;
-/// Most runs one process may execute at once, M × C: 4096 (each has an execution thread).
-pub const MAX_RUNS_PER_PROCESS: usize = 4096;
-/// Default run timeout, as the reference worker's ([`table::RUN_TIMEOUT`]).
-pub const DEFAULT_RUN_TIMEOUT: Duration = table::RUN_TIMEOUT.default;
-/// Default margin before the invocation deadline, time to hand runs back with retries when
-/// the API fails ([`table::DEADLINE_MARGIN`]).
-pub const DEFAULT_DEADLINE_MARGIN: Duration = table::DEADLINE_MARGIN.default;
-/// Default minimum time before the cutoff for a claim ([`table::MIN_CLAIM_BUDGET`]).
-pub const DEFAULT_MIN_CLAIM_BUDGET: Duration = table::MIN_CLAIM_BUDGET.default;
-/// Default threshold of claim-ahead, in % of a run's execution time
-/// ([`table::CLAIM_AHEAD_PERCENT`]).
-pub const DEFAULT_CLAIM_AHEAD_PERCENT: u32 = table::CLAIM_AHEAD_PERCENT.default;
-/// Default function timeout assumed when none is configured: Lambda's maximum
-/// ([`table::FUNCTION_TIMEOUT`]).
-pub const DEFAULT_FUNCTION_TIMEOUT: Duration = table::FUNCTION_TIMEOUT.default;
-/// Default lease TTL, as the reference worker's ([`table::LEASE_TTL`]).
-pub const DEFAULT_LEASE_TTL: Duration = table::LEASE_TTL.default;
-/// Default lease refresh interval, as the reference worker's
-/// ([`table::LEASE_REFRESH_INTERVAL`]).
-pub const DEFAULT_LEASE_REFRESH_INTERVAL: Duration = table::LEASE_REFRESH_INTERVAL.default;
-/// Default prefix of worker ids ([`table::WORKER_ID_PREFIX`]).
-pub const DEFAULT_WORKER_ID_PREFIX: &str = table::WORKER_ID_PREFIX.default;
-/// Default namespace of the poison-pill table's keys when `AWS_LAMBDA_FUNCTION_NAME` is unset
-/// ([`table::POISON_NAMESPACE`]).
-pub const DEFAULT_POISON_NAMESPACE: &str = table::POISON_NAMESPACE.default;
-/// Longest accepted poison-pill namespace, in bytes.
-pub const MAX_POISON_NAMESPACE_LEN: usize = 200;
-/// Default number of handbacks in a row without a completed step before a run is failed
-/// ([`table::MAX_HANDBACKS_WITHOUT_PROGRESS`]).
-pub const DEFAULT_MAX_HANDBACKS_WITHOUT_PROGRESS: u32 =
-    table::MAX_HANDBACKS_WITHOUT_PROGRESS.default;
-/// Default CloudWatch namespace of the EMF metrics ([`table::METRICS_NAMESPACE`]).
-pub const DEFAULT_METRICS_NAMESPACE: &str = table::METRICS_NAMESPACE.default;
-/// How far an event's `at` may be from now, either way, for the webhook receiver to take it
-/// (`IRONFLOW_WEBHOOK_REPLAY_WINDOW_SECS`): 5 minutes (docs/push.md, "Replays").
-pub const DEFAULT_WEBHOOK_REPLAY_WINDOW: Duration = table::WEBHOOK_REPLAY_WINDOW.default;
-
-/// The longest duration any setting takes: 100 years, so that
-/// every deadline computed from a setting is an instant this crate can hold.
-pub const MAX_DURATION: Duration = crate::deadline::HORIZON;
-/// The lease TTLs the API accepts: 1 to 3600 s (its `validate_lease_ttl`).
-pub const LEASE_TTL_RANGE: std::ops::RangeInclusive<Duration> =
-    Duration::from_secs(1)..=Duration::from_secs(3600);
-/// The smallest deadline margin: 500 ms. A handback needs a few requests (the lease, the steps,
-/// the status) and the response its reserve (250 ms) before the deadline.
-pub const MIN_DEADLINE_MARGIN: Duration = Duration::from_millis(500);
-/// The smallest minimum claim budget: 100 ms.
-pub const MIN_CLAIM_BUDGET: Duration = Duration::from_millis(100);
-
-/// The environment variable naming the secret that holds the worker token: the secret's ARN
-/// (`arn:aws:secretsmanager:REGION:ACCOUNT:secret:NAME-SUFFIX`). Its `SecretString` is the token.
-pub const WORKER_TOKEN_SECRET_ARN_VAR: &str = table::WORKER_TOKEN_SECRET_ARN.variable;
-/// The environment variable holding the worker token itself.
-pub const WORKER_TOKEN_VAR: &str = table::WORKER_TOKEN.variable;
-/// The API's worker token. Its `Debug` and `Display` print `***`.
-#[derive(Clone, PartialEq, Eq)]
-pub struct WorkerToken(String);
-
-impl WorkerToken {
-    /// Wrap a token; from now on it is redacted from every log line ([`crate::logging::redact`]).
-    pub fn new(token: impl Into<String>) -> Self {
-        let token = token.into();
-        crate::logging::redact(&token);
-        Self(token)
-    }
-
-    /// The token itself, for the `Authorization` header only.
-    pub fn expose(&self) -> &str {
-        &self.0
-    }
-}
-
-impl fmt::Debug for WorkerToken {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("WorkerToken(***)")
-    }
-}
-
-impl fmt::Display for WorkerToken {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("***")
-    }
-}
-
-/// The variable naming the Secrets Manager secret that holds the Anthropic API key
-/// ([`crate::AnthropicSecretProvider`]).
-pub const ANTHROPIC_API_KEY_SECRET_ARN_VAR: &str = table::ANTHROPIC_API_KEY_SECRET_ARN.variable;
-
-/// The variable holding the webhook receiver's secret itself.
-pub const WEBHOOK_SECRET_VAR: &str = table::WEBHOOK_SECRET.variable;
-/// The variable naming the Secrets Manager secret that holds it.
-pub const WEBHOOK_SECRET_ARN_VAR: &str = table::WEBHOOK_SECRET_ARN.variable;
-/// The shortest webhook secret accepted: 32 characters (it may travel in the URL).
-pub const MIN_WEBHOOK_SECRET_LEN: usize = 32;
-
-/// The secret the ironflow API's webhook proves itself with ([`crate::webhook`]): the key of
-/// its `X-Signature-256` HMAC, or the token in the URL it is configured with. Its `Debug` and
-/// `Display` print `***`.
-#[derive(Clone, PartialEq, Eq)]
-pub struct WebhookSecret(String);
-
-impl WebhookSecret {
-    /// Wrap a secret; from now on it is redacted from every log line
-    /// ([`crate::logging::redact`]).
-    pub fn new(secret: impl Into<String>) -> Self {
-        let secret = secret.into();
-        crate::logging::redact(&secret);
-        Self(secret)
-    }
-
-    /// The secret itself, for the receiver's checks only.
-    pub fn expose(&self) -> &str {
-        &self.0
-    }
-
-    /// Whether it can serve: at least [`MIN_WEBHOOK_SECRET_LEN`] visible ASCII characters
-    /// (no spaces: it may travel in a URL).
-    pub fn is_usable(&self) -> bool {
-        self.0.len() >= MIN_WEBHOOK_SECRET_LEN && self.0.chars().all(|c| c.is_ascii_graphic())
-    }
-}
-
-impl fmt::Debug for WebhookSecret {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("WebhookSecret(***)")
-    }
-}
-
-impl fmt::Display for WebhookSecret {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("***")
-    }
-}
-
-/// A missing, malformed or unusable environment variable.
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum ConfigError {
-    /// A required variable is not set (or is empty).
-    #[error("environment variable {variable} is not set: expected {expected}")]
-    Missing {
-        /// The variable's name.
-        variable: &'static str,
-        /// The expected form.
-        expected: &'static str,
-    },
-    /// A variable is set to something this crate cannot parse, or to a value that cannot
-    /// work (out of its bounds, against its rule).
-    #[error("environment variable {variable} is invalid: expected {expected}, found {found:?}")]
-    Invalid {
-        /// The variable's name.
-        variable: &'static str,
-        /// What was expected: the form, the bounds.
-        expected: Cow<'static, str>,
-        /// The value found (never the value of a secret).
-        found: String,
-    },
-    /// A variable's value cannot work with the others ([`Settings::validate`]).
-    #[error("environment variable {variable} cannot work: {reason}")]
-    Unusable {
-        /// The variable's name.
-        variable: &'static str,
-        /// Why, with the values involved.
-        reason: String,
-    },
-    /// More than one variable is wrong: each of them, in the order of [`VARIABLES`].
-    #[error("{} environment variables are wrong: {}", .0.len(), list(.0))]
-    Several(Vec<ConfigError>),
-}
-
-impl ConfigError {
-    /// The variable it names (`""` for [`ConfigError::Several`]).
-    fn variable(&self) -> &'static str {
-        match self {
-            Self::Missing { variable, .. }
-            | Self::Invalid { variable, .. }
-            | Self::Unusable { variable, .. } => variable,
-            Self::Several(_) => "",
-        }
-    }
-
-    /// Each error it holds: itself, or the errors of [`ConfigError::Several`].
-    fn into_list(self) -> Vec<ConfigError> {
-        match self {
-            Self::Several(errors) => errors,
-            one => vec![one],
-        }
-    }
-}
-
-/// `1) <error>; 2) <error>...`
-fn list(errors: &[ConfigError]) -> String {
-    errors
-        .iter()
-        .enumerate()
-        .map(|(i, e)| format!("{}) {e}", i + 1))
-        .collect::<Vec<_>>()
-        .join("; ")
-}
-
-/// A setting that cannot work, found by [`Settings::validate`].
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Problem {
-    /// The environment variable of the setting.
-    pub variable: &'static str,
-    /// The builder method of the setting.
-    pub setter: &'static str,
-    /// Why it cannot work, with the values involved.
-    pub reason: String,
-}
-
-/// Every tunable of the worker, with the reference worker's defaults where it has one. The
-/// fields are described by [`VARIABLES`] (one row each: its variable, the builder method named
-/// there, its default and bounds).
+/// Every tunable of the worker, with the reference worker's defaults where it has one.
+///
+/// Each field is one environment variable (named in its documentation) and one builder
+/// method, whose documentation ends with the variable's default and bounds; the README's
+/// configuration table lists them all, and the table of the code (`src/settings/table/`)
+/// defines each once. Durations are [`Duration`]s; the variable's unit is named.
 ///
 /// Built by [`Settings::from_env`] or [`Settings::new`]; handed to
 /// [`LambdaWorkerBuilder::from_settings`](crate::LambdaWorkerBuilder::from_settings).
 #[derive(Debug, Clone)]
-#[allow(missing_docs)]
 pub struct Settings {
+    /// The ironflow API's base URL, e.g. `https://ironflow.example.com` (`IRONFLOW_API_URL`, required;
+    /// [`LambdaWorkerBuilder::new`](crate::LambdaWorkerBuilder::new)).
     pub api_url: String,
+    /// Whether an `http://` API URL other than loopback is accepted (`IRONFLOW_ALLOW_INSECURE_HTTP`;
+    /// [`LambdaWorkerBuilder::allow_insecure_http`](crate::LambdaWorkerBuilder::allow_insecure_http)).
     pub allow_insecure_http: bool,
+    /// The API's worker token (`IRONFLOW_WORKER_TOKEN`, or the secret `IRONFLOW_WORKER_TOKEN_SECRET_ARN`
+    /// names; required). Never logged.
     pub worker_token: WorkerToken,
+    /// Runs claimed per invocation, N (`IRONFLOW_MAX_RUNS_PER_INVOCATION`;
+    /// [`LambdaWorkerBuilder::max_runs_per_invocation`](crate::LambdaWorkerBuilder::max_runs_per_invocation)).
     pub max_runs_per_invocation: usize,
+    /// Runs one invocation executes at once, C (`IRONFLOW_CONCURRENCY`;
+    /// [`LambdaWorkerBuilder::concurrency`](crate::LambdaWorkerBuilder::concurrency)).
     pub concurrency: usize,
     /// Invocations one process serves at once, M (`AWS_LAMBDA_MAX_CONCURRENCY`, set by Lambda
-    /// Managed Instances): default 1.
+    /// Managed Instances; [`LambdaWorkerBuilder::concurrent_invocations`](crate::LambdaWorkerBuilder::concurrent_invocations)).
     pub concurrent_invocations: usize,
+    /// A run's execution time before it times out, whole seconds (`IRONFLOW_RUN_TIMEOUT_SECS`;
+    /// [`LambdaWorkerBuilder::run_timeout`](crate::LambdaWorkerBuilder::run_timeout)).
     pub run_timeout: Duration,
+    /// Time kept before the invocation's deadline to hand runs back, milliseconds
+    /// (`IRONFLOW_DEADLINE_MARGIN_MS`; [`LambdaWorkerBuilder::deadline_margin`](crate::LambdaWorkerBuilder::deadline_margin)).
     pub deadline_margin: Duration,
+    /// The least time before the cutoff a claim needs, milliseconds (`IRONFLOW_MIN_CLAIM_BUDGET_MS`;
+    /// [`LambdaWorkerBuilder::min_claim_budget`](crate::LambdaWorkerBuilder::min_claim_budget)).
     pub min_claim_budget: Duration,
+    /// Claim-ahead's threshold, in % of a run's execution time (`IRONFLOW_CLAIM_AHEAD_PERCENT`;
+    /// [`LambdaWorkerBuilder::claim_ahead_percent`](crate::LambdaWorkerBuilder::claim_ahead_percent)).
     pub claim_ahead_percent: u32,
+    /// The function's configured timeout, whole seconds (`IRONFLOW_FUNCTION_TIMEOUT_SECS`;
+    /// [`LambdaWorkerBuilder::function_timeout`](crate::LambdaWorkerBuilder::function_timeout)).
     pub function_timeout: Duration,
+    /// The lease TTL asked of the API, whole seconds (`IRONFLOW_LEASE_TTL_SECS`;
+    /// [`LambdaWorkerBuilder::lease_ttl`](crate::LambdaWorkerBuilder::lease_ttl)).
     pub lease_ttl: Duration,
+    /// How often the lease is refreshed, whole seconds (`IRONFLOW_LEASE_REFRESH_INTERVAL_SECS`;
+    /// [`LambdaWorkerBuilder::lease_refresh_interval`](crate::LambdaWorkerBuilder::lease_refresh_interval)).
     pub lease_refresh_interval: Duration,
+    /// The worker's tags, which select the runs it claims (`IRONFLOW_WORKER_TAGS`, comma-separated;
+    /// [`LambdaWorkerBuilder::tags`](crate::LambdaWorkerBuilder::tags)).
     pub tags: Vec<String>,
+    /// The prefix of the worker id each invocation claims under (`IRONFLOW_WORKER_ID_PREFIX`;
+    /// [`LambdaWorkerBuilder::worker_id_prefix`](crate::LambdaWorkerBuilder::worker_id_prefix)).
     pub worker_id_prefix: String,
-    /// Threshold and cooldown (`IRONFLOW_POISON_THRESHOLD`, `IRONFLOW_POISON_COOLDOWN_SECS`).
+    /// The poison pill's threshold and cooldown (`IRONFLOW_POISON_THRESHOLD`,
+    /// `IRONFLOW_POISON_COOLDOWN_SECS`; [`LambdaWorkerBuilder::poison_threshold`](crate::LambdaWorkerBuilder::poison_threshold),
+    /// [`LambdaWorkerBuilder::poison_cooldown`](crate::LambdaWorkerBuilder::poison_cooldown)).
     pub poison: PoisonPolicy,
+    /// The DynamoDB table of the poison-pill counters, a name or an ARN; `None`: the in-memory table
+    /// (`IRONFLOW_POISON_TABLE`; [`LambdaWorkerBuilder::connect_poison_table`](crate::LambdaWorkerBuilder::connect_poison_table)).
     pub poison_table: Option<String>,
+    /// The namespace of this function's keys in the poison-pill table (`IRONFLOW_POISON_NAMESPACE`,
+    /// else `AWS_LAMBDA_FUNCTION_NAME`; [`LambdaWorkerBuilder::poison_namespace`](crate::LambdaWorkerBuilder::poison_namespace)).
     pub poison_namespace: String,
+    /// What a blocked workflow's runs get (`IRONFLOW_POISON_MODE`;
+    /// [`LambdaWorkerBuilder::poison_mode`](crate::LambdaWorkerBuilder::poison_mode)).
     pub poison_mode: PoisonMode,
+    /// Handbacks in a row without a completed step before a run is failed
+    /// (`IRONFLOW_MAX_HANDBACKS_WITHOUT_PROGRESS`;
+    /// [`LambdaWorkerBuilder::max_handbacks_without_progress`](crate::LambdaWorkerBuilder::max_handbacks_without_progress)).
     pub max_handbacks_without_progress: u32,
     /// Whether a step that would not fit before the cutoff is deferred to the next invocation
-    /// (`IRONFLOW_CUTOFF_AWARE_STARTS`).
+    /// (`IRONFLOW_CUTOFF_AWARE_STARTS`;
+    /// [`LambdaWorkerBuilder::cutoff_aware_starts`](crate::LambdaWorkerBuilder::cutoff_aware_starts)).
     pub cutoff_aware_starts: bool,
-    /// The expected duration of a step never seen (`IRONFLOW_DEFAULT_STEP_SECS`).
+    /// The expected duration of a step never seen, seconds (`IRONFLOW_DEFAULT_STEP_SECS`;
+    /// [`LambdaWorkerBuilder::default_step_duration`](crate::LambdaWorkerBuilder::default_step_duration)).
     pub default_step_duration: Duration,
+    /// The longest wait for provider capacity a run sleeps through, whole seconds
+    /// (`IRONFLOW_MAX_CAPACITY_WAIT_SECS`;
+    /// [`LambdaWorkerBuilder::max_capacity_wait`](crate::LambdaWorkerBuilder::max_capacity_wait)).
     pub max_capacity_wait: Duration,
-    /// The least window capacity wake-ups are spread over ([`crate::CapacitySpread`]).
+    /// The least window capacity wake-ups are spread over, whole seconds
+    /// (`IRONFLOW_CAPACITY_SPREAD_SECS`; [`LambdaWorkerBuilder::capacity_spread`](crate::LambdaWorkerBuilder::capacity_spread)).
     pub capacity_spread: Duration,
-    /// The most.
+    /// The most window capacity wake-ups are spread over, whole seconds
+    /// (`IRONFLOW_CAPACITY_SPREAD_MAX_SECS`; [`LambdaWorkerBuilder::capacity_spread`](crate::LambdaWorkerBuilder::capacity_spread)).
     pub capacity_spread_max: Duration,
-    /// Never logged: it usually embeds a secret.
+    /// The URL pinged after each invocation, `None`: none (`IRONFLOW_HEARTBEAT_URL`;
+    /// [`LambdaWorkerBuilder::heartbeat_url`](crate::LambdaWorkerBuilder::heartbeat_url)). Never logged: it usually embeds a
+    /// secret.
     pub heartbeat_url: Option<String>,
+    /// An invocation length to emulate instead of the event's deadline, whole seconds; `None`: the
+    /// real one (`IRONFLOW_EMULATED_INVOCATION_SECS`;
+    /// [`LambdaWorkerBuilder::emulated_invocation`](crate::LambdaWorkerBuilder::emulated_invocation)).
     pub emulated_invocation: Option<Duration>,
+    /// The SQS queue wake-ups are sent to; `None`: none sent (`IRONFLOW_WAKE_QUEUE_URL`;
+    /// [`LambdaWorkerBuilder::wake_ups`](crate::LambdaWorkerBuilder::wake_ups)).
     pub wake_queue_url: Option<String>,
+    /// Most wake-up messages one invocation sends (`IRONFLOW_MAX_WAKEUPS_PER_INVOCATION`;
+    /// [`WakeSettings::max_per_invocation`]).
     pub max_wakeups_per_invocation: usize,
+    /// The delay of a wake-up sent after a handback, whole seconds (`IRONFLOW_WAKE_DELAY_SECS`;
+    /// [`WakeSettings::handback_delay`]).
     pub wake_delay: Duration,
+    /// The CloudWatch namespace of the EMF metrics (`IRONFLOW_METRICS_NAMESPACE`;
+    /// [`LambdaWorkerBuilder::metrics_namespace`](crate::LambdaWorkerBuilder::metrics_namespace)).
     pub metrics_namespace: String,
-    /// The webhook receiver's secret; `None`: the receiver is off. Never logged.
+    /// The webhook receiver's secret; `None`: the receiver is off (`IRONFLOW_WEBHOOK_SECRET`, or the
+    /// secret `IRONFLOW_WEBHOOK_SECRET_ARN` names;
+    /// [`LambdaWorkerBuilder::webhook_secret`](crate::LambdaWorkerBuilder::webhook_secret)). Never logged.
     pub webhook_secret: Option<WebhookSecret>,
-    /// The ARN the worker token was read from (`IRONFLOW_WORKER_TOKEN_SECRET_ARN`), if any.
+    /// The ARN the worker token was read from (`IRONFLOW_WORKER_TOKEN_SECRET_ARN`), if any
+    /// ([`LambdaWorkerBuilder::from_env_and_secrets`](crate::LambdaWorkerBuilder::from_env_and_secrets)).
     pub worker_token_secret_arn: Option<String>,
-    /// The ARN the webhook secret was read from (`IRONFLOW_WEBHOOK_SECRET_ARN`), if any.
+    /// The ARN the webhook secret was read from (`IRONFLOW_WEBHOOK_SECRET_ARN`), if any
+    /// ([`LambdaWorkerBuilder::from_env_and_secrets`](crate::LambdaWorkerBuilder::from_env_and_secrets)).
     pub webhook_secret_arn: Option<String>,
     /// The ARN the Anthropic API key is read from (`IRONFLOW_ANTHROPIC_API_KEY_SECRET_ARN`), if
     /// any ([`crate::AnthropicSecretProvider`]).
     pub anthropic_api_key_secret_arn: Option<String>,
-    /// How far an event's `at` may be from now, either way (`IRONFLOW_WEBHOOK_REPLAY_WINDOW_SECS`).
+    /// How far an event's `at` may be from now, either way, for the webhook receiver to take it,
+    /// whole seconds (`IRONFLOW_WEBHOOK_REPLAY_WINDOW_SECS`;
+    /// [`LambdaWorkerBuilder::webhook_replay_window`](crate::LambdaWorkerBuilder::webhook_replay_window)).
     pub webhook_replay_window: Duration,
-    /// What the function serves (`IRONFLOW_FUNCTION_ROLE`): default [`FunctionRole::Worker`].
+    /// What the function serves (`IRONFLOW_FUNCTION_ROLE`;
+    /// [`LambdaWorkerBuilder::function_role`](crate::LambdaWorkerBuilder::function_role)).
     pub function_role: FunctionRole,
 }
 
 impl Settings {
-    /// Settings with every default (each row's [`Setting::default_value`]), for `api_url` and
+    /// Settings with every default (each variable's default: the README's configuration table), for `api_url` and
     /// `worker_token`.
     pub fn new(api_url: &str, worker_token: WorkerToken) -> Self {
         use table::*;
@@ -410,312 +240,20 @@ impl Settings {
         })
     }
 
-    /// Settings from the process environment (see [`VARIABLES`]).
-    ///
-    /// # Errors
-    ///
-    /// [`ConfigError`] naming the variable that is missing, malformed, not UTF-8 or cannot
-    /// work ([`ConfigError::Several`] listing each of them when there are more).
-    pub fn from_env() -> Result<Self, ConfigError> {
-        Self::from_lookup(environment()?)
-    }
-
-    /// Settings from any variable lookup (the environment, a map in tests).
-    ///
-    /// # Errors
-    ///
-    /// As [`Settings::from_env`].
-    pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
-        Self::from_lookup_with_token(lookup, None)
-    }
-
-    /// [`Settings::from_lookup`] with the worker token already known (read from Secrets
-    /// Manager at cold start); `None` reads `IRONFLOW_WORKER_TOKEN`.
-    ///
-    /// # Errors
-    ///
-    /// As [`Settings::from_env`].
-    pub fn from_lookup_with_token(
-        lookup: impl Fn(&str) -> Option<String>,
-        worker_token: Option<WorkerToken>,
-    ) -> Result<Self, ConfigError> {
-        let get = |name: &str| {
-            lookup(name)
-                .map(|v| v.trim().to_string())
-                .filter(|v| !v.is_empty())
-        };
-        let mut s = Self::new("", WorkerToken::new(""));
-        let namespace_set = get(table::POISON_NAMESPACE.variable).is_some();
-        if let Some(function) = get(FUNCTION_NAME_VAR).filter(|_| !namespace_set) {
-            s.poison_namespace = function;
-        }
-        // Every variable is checked, and every problem reported at once: a cold start that fails
-        // on a bad environment names all of them in one log line. First each value is parsed,
-        // then checked (a rule may depend on a variable further down the table).
-        let mut errors = Vec::new();
-        let mut parsed = Vec::new();
-        for v in VARIABLES.iter().copied() {
-            let Some(raw) = get(v.variable()) else {
-                continue;
-            };
-            match v.parse_into(&mut s, &raw) {
-                Ok(()) => parsed.push((v, raw)),
-                Err(expected) => errors.push(invalid(v, expected, &raw)),
-            }
-        }
-        if let Some(token) = worker_token {
-            s.worker_token = token;
-        }
-        let set: Vec<&'static str> = parsed.iter().map(|(v, _)| v.variable()).collect();
-        for (v, raw) in parsed {
-            if let Err(expected) = v.check(&s) {
-                errors.push(invalid(v, expected, &raw));
-            }
-        }
-        missing(&s, &mut errors);
-        without_queue(&s, &set, &mut errors);
-        if !namespace_set && !is_namespace(&s.poison_namespace) {
-            errors.push(ConfigError::Invalid {
-                variable: "AWS_LAMBDA_FUNCTION_NAME (default of IRONFLOW_POISON_NAMESPACE)",
-                expected: rules::NAMESPACE_EXPECTED.into(),
-                found: s.poison_namespace.clone(),
-            });
-        }
-        // What no single value shows, for the variables that parsed.
-        for p in s.validate() {
-            if !errors_name(&errors, p.variable) {
-                errors.push(ConfigError::Unusable {
-                    variable: p.variable,
-                    reason: p.reason,
-                });
-            }
-        }
-        order(&mut errors);
-        match errors.len() {
-            0 => Ok(s),
-            1 => Err(errors.remove(0)),
-            _ => Err(ConfigError::Several(errors)),
-        }
-    }
-
     /// What cannot work in these settings (each named by its variable and builder method), in
-    /// the order of [`VARIABLES`]; empty when they can. The builder refuses settings with a
+    /// the order of the README's configuration table; empty when they can. The builder refuses settings with a
     /// problem, and so does [`Settings::from_lookup`].
     pub fn validate(&self) -> Vec<Problem> {
         validate::problems(self)
     }
 }
 
-/// The variable Lambda names the function in (the default of `IRONFLOW_POISON_NAMESPACE`).
-const FUNCTION_NAME_VAR: &str = "AWS_LAMBDA_FUNCTION_NAME";
-
-/// The error of `v` set to `raw`, which is not what `expected` says.
-fn invalid(v: &Variable, expected: Cow<'static, str>, raw: &str) -> ConfigError {
-    ConfigError::Invalid {
-        variable: v.variable(),
-        expected,
-        found: v.found(raw),
-    }
-}
-
-/// A wake-up variable set without a queue, even to its default: it would be ignored without a
-/// word ([`Settings::validate`] sees only values that differ from the defaults, as the builder
-/// cannot tell a default from a value set to it).
-fn without_queue(s: &Settings, set: &[&str], errors: &mut Vec<ConfigError>) {
-    let wake = [
-        table::MAX_WAKEUPS_PER_INVOCATION.variable,
-        table::WAKE_DELAY.variable,
-    ];
-    let given: Vec<&str> = wake.into_iter().filter(|v| set.contains(v)).collect();
-    if s.wake_queue_url.is_none() && !given.is_empty() {
-        errors.push(ConfigError::Unusable {
-            variable: table::WAKE_QUEUE_URL.variable,
-            reason: format!(
-                "{} is set, and applies only to a wake queue: set the queue's URL, or unset it \
-                 to send no wake-ups",
-                given.join(" and ")
-            ),
-        });
-    }
-}
-
-/// The errors of the required variables that are not set.
-fn missing(s: &Settings, errors: &mut Vec<ConfigError>) {
-    if s.api_url.is_empty() {
-        errors.push(ConfigError::Missing {
-            variable: table::API_URL.variable,
-            expected: "the ironflow API's base URL, e.g. https://ironflow.example.com",
-        });
-    }
-    if s.worker_token.expose().is_empty() && !errors_name(errors, WORKER_TOKEN_VAR) {
-        errors.push(ConfigError::Missing {
-            variable: WORKER_TOKEN_VAR,
-            expected: "the ironflow API's worker token (WORKER_TOKEN on the API), or                        IRONFLOW_WORKER_TOKEN_SECRET_ARN naming a Secrets Manager secret that                        holds it",
-        });
-    }
-}
-
-/// The process environment's variables of this crate ([`VARIABLES`] and
-/// `AWS_LAMBDA_FUNCTION_NAME`), as a lookup for [`Settings::from_lookup`] and the secrets.
-///
-/// # Errors
-///
-/// [`ConfigError`] naming each variable set to something that is not valid UTF-8 (read as
-/// unset, it would silently become its default: a poison table name the in-memory table).
-///
-/// A variable whose name is a near miss of one of them (`IRONFLOW_POISON_TABEL`) is refused
-/// too, naming the one it misspells: ignored, its setting would silently keep its default.
-pub fn environment() -> Result<impl Fn(&str) -> Option<String> + Clone, ConfigError> {
-    let names: Vec<String> = std::env::vars_os()
-        .filter_map(|(name, _)| name.into_string().ok())
-        .collect();
-    let mut errors = misspelt(&names);
-    let (values, unreadable) = os_values(|name| std::env::var_os(name));
-    errors.extend(unreadable);
-    let lookup = move |name: &str| values.get(name).cloned();
-    if errors.is_empty() {
-        return Ok(lookup);
-    }
-    // One error names every problem: the values that did read are checked too.
-    // (A variable not read for want of UTF-8 is not reported again as missing.)
-    if let Err(more) = Settings::from_lookup(lookup.clone()) {
-        for e in more.into_list() {
-            if !errors_name(&errors, e.variable()) {
-                errors.push(e);
-            }
-        }
-    }
-    order(&mut errors);
-    match errors.len() {
-        1 => Err(errors.remove(0)),
-        _ => Err(ConfigError::Several(errors)),
-    }
-}
-
-/// Whether `lookup` holds a non-blank value for `variable` (what the settings read as set).
-pub(crate) fn is_set(lookup: impl Fn(&str) -> Option<String>, variable: &str) -> bool {
-    lookup(variable).is_some_and(|v| !v.trim().is_empty())
-}
-
-/// The errors of the `IRONFLOW_*` names in `names` that are no variable of [`VARIABLES`] but
-/// within two edits of one (a misspelling): each names the variable it is closest to.
-pub fn misspelt(names: &[String]) -> Vec<ConfigError> {
-    let mut errors = Vec::new();
-    for name in names.iter().filter(|n| n.starts_with("IRONFLOW_")) {
-        if VARIABLES.iter().any(|v| v.variable() == name) {
-            continue;
-        }
-        let closest = VARIABLES
-            .iter()
-            .map(|v| (edits(name, v.variable()), v.variable()))
-            .min();
-        if let Some((distance, variable)) = closest.filter(|(d, _)| *d <= 2) {
-            errors.push(ConfigError::Unusable {
-                variable,
-                reason: format!(
-                    "{name} is set, and this worker reads no such variable: a misspelling of \
-                     {variable} ({distance} letter(s) apart)? Rename it, or {variable} keeps its \
-                     default"
-                ),
-            });
-        }
-    }
-    errors
-}
-
-/// The edit distance between `a` and `b` (insertions, deletions, substitutions of bytes).
-fn edits(a: &str, b: &str) -> usize {
-    let b = b.as_bytes();
-    let mut row: Vec<usize> = (0..=b.len()).collect();
-    for (i, ca) in a.bytes().enumerate() {
-        let mut diagonal = row[0];
-        row[0] = i + 1;
-        for (j, cb) in b.iter().enumerate() {
-            let next = (diagonal + usize::from(ca != *cb))
-                .min(row[j] + 1)
-                .min(row[j + 1] + 1);
-            diagonal = row[j + 1];
-            row[j + 1] = next;
-        }
-    }
-    row[b.len()]
-}
-
-/// [`environment`] over any lookup of raw values.
-///
-/// # Errors
-///
-/// As [`environment`].
-pub fn os_lookup(
-    lookup: impl Fn(&str) -> Option<OsString>,
-) -> Result<impl Fn(&str) -> Option<String> + Clone, ConfigError> {
-    let (values, mut errors) = os_values(lookup);
-    match errors.len() {
-        0 => Ok(move |name: &str| values.get(name).cloned()),
-        1 => Err(errors.remove(0)),
-        _ => Err(ConfigError::Several(errors)),
-    }
-}
-
-/// The variables of [`VARIABLES`] and `AWS_LAMBDA_FUNCTION_NAME` that `lookup` holds as UTF-8
-/// text, and an error naming each one it holds as anything else.
-fn os_values(
-    lookup: impl Fn(&str) -> Option<OsString>,
-) -> (HashMap<&'static str, String>, Vec<ConfigError>) {
-    let mut values = HashMap::new();
-    let mut errors = Vec::new();
-    let names = VARIABLES.iter().map(|v| (v.variable(), Some(*v)));
-    for (name, row) in names.chain([(FUNCTION_NAME_VAR, None)]) {
-        match lookup(name).map(OsString::into_string) {
-            None => {}
-            Some(Ok(value)) => {
-                values.insert(name, value);
-            }
-            Some(Err(raw)) => {
-                let lossy = raw.to_string_lossy();
-                errors.push(ConfigError::Invalid {
-                    variable: name,
-                    expected: "valid UTF-8 text".into(),
-                    found: row.map_or_else(|| lossy.to_string(), |v| v.found(&lossy)),
-                });
-            }
-        }
-    }
-    (values, errors)
-}
-
-/// Whether an error in `errors` concerns `variable`.
-fn errors_name(errors: &[ConfigError], variable: &str) -> bool {
-    errors.iter().any(|e| match e {
-        ConfigError::Missing { variable: v, .. }
-        | ConfigError::Invalid { variable: v, .. }
-        | ConfigError::Unusable { variable: v, .. } => *v == variable,
-        ConfigError::Several(_) => false,
-    })
-}
-
-/// The position of `variable` in [`VARIABLES`] (after them: anything else).
-fn position(variable: &str) -> usize {
-    VARIABLES
-        .iter()
-        .position(|v| v.variable() == variable || variable.contains(v.variable()))
-        .unwrap_or(usize::MAX)
-}
-
-/// Sort `errors` in the order of [`VARIABLES`], the order they are documented in.
-fn order(errors: &mut [ConfigError]) {
-    errors.sort_by_key(|e| match e {
-        ConfigError::Missing { variable, .. }
-        | ConfigError::Invalid { variable, .. }
-        | ConfigError::Unusable { variable, .. } => position(variable),
-        ConfigError::Several(_) => usize::MAX,
-    });
-}
-
 #[cfg(test)]
 pub(crate) mod tests {
     use std::collections::HashMap;
+    use std::ffi::OsString;
 
+    use super::env::{edits, misspelt, os_lookup};
     use super::*;
 
     /// A variable lookup over `vars`, for tests of `from_lookup` parsers.
@@ -1166,7 +704,11 @@ pub(crate) mod tests {
 
     /// The documentation of each public method of the builder, its `///` lines joined.
     fn setter_docs() -> HashMap<String, String> {
-        let builder = include_str!("../builder.rs");
+        let builder = concat!(
+            include_str!("../builder/mod.rs"),
+            include_str!("../builder/setters.rs"),
+            include_str!("../builder/poison_table.rs"),
+        );
         let mut docs = HashMap::new();
         let mut doc = Vec::new();
         for line in builder.lines().map(str::trim) {

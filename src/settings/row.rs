@@ -32,6 +32,10 @@ pub struct Access<T> {
 
 /// One setting: everything about it, written once. See the module documentation of
 /// [`crate::settings`] for how to add one.
+#[cfg_attr(
+    not(test),
+    allow(dead_code, reason = "the README and setter-doc tests render the table")
+)]
 pub struct Setting<T: Value> {
     /// Its environment variable, e.g. `IRONFLOW_CONCURRENCY`.
     pub variable: &'static str,
@@ -58,6 +62,10 @@ pub struct Setting<T: Value> {
     pub(super) access: Access<T>,
 }
 
+#[cfg_attr(
+    not(test),
+    allow(dead_code, reason = "the README and setter-doc tests render the table")
+)]
 impl<T: Value> Setting<T> {
     /// Its default value.
     pub fn default_value(&self) -> T {
@@ -103,6 +111,10 @@ impl<T: Value> Setting<T> {
 }
 
 /// A row of [`VARIABLES`](super::VARIABLES), whatever the type of its value.
+#[cfg_attr(
+    not(test),
+    allow(dead_code, reason = "the README and setter-doc tests render the table")
+)]
 pub trait Entry: Sync {
     /// Its environment variable.
     fn variable(&self) -> &'static str;

@@ -19,6 +19,10 @@ pub enum Unit {
     Millis,
 }
 
+#[cfg_attr(
+    not(test),
+    allow(dead_code, reason = "the README and setter-doc tests render the table")
+)]
 impl Unit {
     /// The unit as a setter's documentation names it: ` (seconds)`, ` (milliseconds)` or nothing.
     pub(super) fn doc(self) -> &'static str {
@@ -39,6 +43,10 @@ pub enum Unparsed {
 }
 
 /// A type a setting holds.
+#[cfg_attr(
+    not(test),
+    allow(dead_code, reason = "the README and setter-doc tests render the table")
+)]
 pub trait Value: Clone + Send + Sync + 'static {
     /// The form its default takes in a `const` row (`&'static str` for a `String`).
     type Const: Copy + Send + Sync + 'static;

@@ -125,11 +125,13 @@ impl Seen {
     }
 
     /// Bodies remembered now.
+    #[cfg(test)]
     pub fn len(&self) -> usize {
         self.state().expiry.len()
     }
 
     /// Whether none is remembered.
+    #[cfg(test)]
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use ironflow_lambda::webhook::auth;
-use ironflow_lambda::{LambdaWorker, Response, WebhookSecret};
+use ironflow_lambda::{LambdaWorker, Response, settings::WebhookSecret};
 use lambda_runtime::{Context, LambdaEvent};
 use serde_json::{Value, json};
 use uuid::Uuid;

@@ -170,8 +170,7 @@ impl DrainSettings {
     /// The expected duration of an unseen step for cutoff-aware starts: its default times
     /// [`DrainSettings::time_scale`], whole seconds (the variable's unit), 1 s at least.
     pub fn scaled_default_step(&self) -> Duration {
-        let secs = ironflow_lambda::settings::table::DEFAULT_STEP_SECS
-            .default
+        let secs = ironflow_lambda::settings::DEFAULT_STEP_DURATION
             .mul_f64(self.time_scale)
             .as_secs_f64()
             .round()

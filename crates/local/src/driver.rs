@@ -10,8 +10,8 @@ use std::time::Duration;
 use ironflow_core::provider::AgentProvider;
 use ironflow_lambda::samples;
 use ironflow_lambda::{
-    InvocationSummary, LambdaWorker, LambdaWorkerBuilder, LocalWakeQueue, Response, WakeQueue,
-    WakeSettings, Waker,
+    InvocationSummary, LambdaWorker, LambdaWorkerBuilder, Response, settings::WakeSettings,
+    wake_ups::LocalWakeQueue, wake_ups::WakeQueue, wake_ups::Waker,
 };
 use ironflow_local_api::{LocalApi, UrlHandler};
 use ironflow_store::store::Store;

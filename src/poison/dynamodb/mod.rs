@@ -21,7 +21,7 @@
 //! - one item per run claimed with `lease_recoveries > 0`, `pk = "<namespace>#run#<run id>"`
 //!   ([`run_key`]): `lease_recoveries_seen` (N, the highest value this function saw),
 //!   `seen_by` (S, a token of the write that set it) and `expires_at` (now +
-//!   [`RUN_RETENTION`]). Runs that were never recovered have no item.
+//!   `RUN_RETENTION`, 7 days). Runs that were never recovered have no item.
 //! - one item per function for the webhook receivers' wake-up mark,
 //!   `pk = "<namespace>#wake#pushed"`: `covered`, `in_flight_until_ms`, `tail_due_ms`,
 //!   `expires_at`, written
@@ -50,10 +50,10 @@
 //! - **Lease recoveries** ([`PoisonTable::observe_lease_recoveries`]): one conditional
 //!   `UpdateItem` on the run's item, "absent or below the claimed value".
 //!
-//! Every call is bounded ([`sdk_timeouts`]: connect 1 s, attempt 2 s, operation 5 s, with the
+//! Every call is bounded (`sdk_timeouts`: connect 1 s, attempt 2 s, operation 5 s, with the
 //! SDK's standard retries). Errors are [`PoisonError`]s carrying the table name and the SDK
 //! error with its source chain; the invocation fails open on them (see
-//! [`gate`](super::gate)).
+//! `super::gate`).
 //!
 //! IAM actions the function needs on the table: `dynamodb:DescribeTable` (cold start),
 //! `dynamodb:GetItem`, `dynamodb:BatchGetItem`, `dynamodb:UpdateItem`, `dynamodb:DeleteItem`.
@@ -226,7 +226,7 @@ impl DynamoPoisonTable {
     }
 
     /// The table over `config` without checking it exists. The client runs with
-    /// [`sdk_timeouts`] and counts its calls ([`DynamoPoisonTable::calls`]).
+    /// `sdk_timeouts` and counts its calls ([`DynamoPoisonTable::calls`]).
     pub fn new(
         config: aws_sdk_dynamodb::Config,
         table: &str,

@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use ironflow_core::providers::claude::ClaudeCodeProvider;
 use ironflow_lambda::{
-    InvocationSummary, LambdaWorker, LambdaWorkerBuilder, LocalWakeQueue, Response, WakeQueue,
-    WakeSettings, Waker,
+    InvocationSummary, LambdaWorker, LambdaWorkerBuilder, Response, settings::WakeSettings,
+    wake_ups::LocalWakeQueue, wake_ups::WakeQueue, wake_ups::Waker,
 };
 use ironflow_local_api::{Backend, FunctionUrl, LocalApi, UrlHandler, Webhook, new_run};
 use ironflow_store::entities::RunStatus;

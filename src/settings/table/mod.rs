@@ -6,7 +6,47 @@
 //! method's value is checked with it ([`super::Settings::validate`]), and tests check that the
 //! README's table and the builder method's documentation say what it says. Each row's
 //! documentation is its `meaning`.
-#![allow(missing_docs)]
+//!
+//! A setting is one row of this table: a [`Setting`] naming its environment variable, the
+//! [`LambdaWorkerBuilder`](crate::LambdaWorkerBuilder) method it mirrors, its meaning, its
+//! default as a typed value, its bounds and any rule beyond them. The rows drive everything
+//! else:
+//! - the parsing of the environment ([`super::Settings::from_lookup`]), and the check of every value,
+//!   from the environment or a builder method alike ([`super::Settings::validate`]): out of bounds or
+//!   against its rule, a value is refused, named with what was expected;
+//! - the defaults of [`super::Settings::new`];
+//! - the README's configuration table (a test checks it equals [`VARIABLES`], row for row);
+//! - the line each builder method's documentation carries
+//!   ([`Entry::doc_line`], e.g. ``Variable `IRONFLOW_CONCURRENCY`; default 2; ≥ 1.``;
+//!   a test checks each method carries the lines of its rows).
+//!
+//! [`super::Settings::validate`] also checks what no single value can (a refresh interval below the
+//! lease TTL, a margin below the function timeout...). Every error names the variable, what was
+//! expected and (except for secrets) what was found; the worker token never appears in an
+//! error, a log line or a `Debug` rendering. A variable set to something that is not UTF-8 is
+//! refused ([`super::Settings::from_env`]), never read as unset.
+//!
+//! # Adding a setting
+//!
+//! 1. Add the field to [`super::Settings`] and its default to [`super::Settings::new`] as
+//!    `ROW.default_value()`.
+//! 2. Add its row to `table.rs`, a `pub const` [`Setting`] (copy a row of the same type:
+//!    `usize`/`u32` counts, [`Duration`] in seconds or milliseconds ([`Unit`]), `String`,
+//!    `Option<String>`...), with `min`/`max` for its bounds and a `rule` (in `rules.rs` or
+//!    `url.rs`) for anything else a single value must be; `shown: Shown::Hidden(..)` for a
+//!    secret. Put it in [`VARIABLES`] where the README's table should show it.
+//! 3. Add the builder method, its documentation ending with the row's [`Entry::doc_line`]
+//!    (the failing test `every_setter_documents_its_rows` prints it).
+//! 4. Paste the README row the failing test `the_readme_s_configuration_table_is_the_table_of_variables`
+//!    prints.
+//! 5. A check across settings goes to `validate.rs`, naming the row (`p.add(&ROW, reason)`).
+//!
+//! A new type of value implements [`Value`](super::value::Value) (`value.rs`). A row written in the former style
+//! (`Variable { name, setter, meaning, default, apply }`) ports field by field: `name` is
+//! `variable`; the `default` string becomes the typed `default` (or `default_doc` when it is not
+//! a value, e.g. `none: receiver off`); what `apply` parsed is the [`Value`](super::value::Value) type and [`Unit`];
+//! the checks `apply` and `validate.rs` made on one value become `min`/`max` or the `rule`; the
+//! builder method's prose loses its default and bounds, which the row's doc line now states.
 
 use std::time::Duration;
 
@@ -29,6 +69,12 @@ macro_rules! field {
         }
     };
 }
+
+mod push;
+mod steps;
+
+pub use push::*;
+pub use steps::*;
 
 /// What an error shows instead of a secret's value.
 const SECRET: Shown = Shown::Hidden("(not shown: it is a secret)");
@@ -349,239 +395,6 @@ pub const MAX_HANDBACKS_WITHOUT_PROGRESS: Setting<u32> = Setting {
     rule: None,
     shown: Shown::Raw,
     access: field!(max_handbacks_without_progress),
-};
-
-pub const CUTOFF_AWARE_STARTS: Setting<bool> = Setting {
-    variable: "IRONFLOW_CUTOFF_AWARE_STARTS",
-    setter: "cutoff_aware_starts",
-    meaning: "[defer a step](docs/design.md#cutoff-aware-starts) that would outlast the cutoff",
-    unit: Unit::None,
-    default: true,
-    default_doc: None,
-    min: None,
-    max: None,
-    rule: None,
-    shown: Shown::Raw,
-    access: field!(cutoff_aware_starts),
-};
-
-pub const DEFAULT_STEP_SECS: Setting<Duration> = Setting {
-    variable: "IRONFLOW_DEFAULT_STEP_SECS",
-    setter: "default_step_duration",
-    meaning: "expected time of an unseen step",
-    unit: Unit::Secs,
-    default: Duration::from_secs(10),
-    default_doc: None,
-    min: None,
-    max: Some(MAX_DURATION),
-    rule: Some(above_zero),
-    shown: Shown::Raw,
-    access: field!(default_step_duration),
-};
-
-pub const MAX_CAPACITY_WAIT: Setting<Duration> = Setting {
-    variable: "IRONFLOW_MAX_CAPACITY_WAIT_SECS",
-    setter: "max_capacity_wait",
-    meaning: "how long an agent step may wait for provider capacity",
-    unit: Unit::Secs,
-    default: ironflow_engine::accounts::DEFAULT_MAX_CAPACITY_WAIT,
-    default_doc: None,
-    min: None,
-    max: Some(MAX_DURATION),
-    rule: None,
-    shown: Shown::Raw,
-    access: field!(max_capacity_wait),
-};
-
-pub const CAPACITY_SPREAD: Setting<Duration> = Setting {
-    variable: "IRONFLOW_CAPACITY_SPREAD_SECS",
-    setter: "capacity_spread",
-    meaning: "least window [throttled runs' wake-ups](docs/agents.md#throttled-runs) spread over",
-    unit: Unit::Secs,
-    default: Duration::from_secs(30),
-    default_doc: None,
-    min: None,
-    max: Some(MAX_DURATION),
-    rule: None,
-    shown: Shown::Raw,
-    access: field!(capacity_spread),
-};
-
-pub const CAPACITY_SPREAD_MAX: Setting<Duration> = Setting {
-    variable: "IRONFLOW_CAPACITY_SPREAD_MAX_SECS",
-    setter: "capacity_spread",
-    meaning: "its bound for long waits",
-    unit: Unit::Secs,
-    default: Duration::from_secs(300),
-    default_doc: None,
-    min: None,
-    max: Some(MAX_DURATION),
-    rule: None,
-    shown: Shown::Raw,
-    access: field!(capacity_spread_max),
-};
-
-pub const ANTHROPIC_API_KEY_SECRET_ARN: Setting<Option<String>> = Setting {
-    variable: "IRONFLOW_ANTHROPIC_API_KEY_SECRET_ARN",
-    setter: "from_env_and_secrets",
-    meaning: "Secrets Manager ARN of the [Anthropic API key](docs/providers.md#anthropic), never \
-              logged",
-    unit: Unit::None,
-    default: None,
-    default_doc: None,
-    min: None,
-    max: None,
-    rule: Some(rules::secret_arn),
-    shown: Shown::Hidden("(not shown: it may be a secret pasted by mistake)"),
-    access: field!(anthropic_api_key_secret_arn),
-};
-
-pub const HEARTBEAT_URL: Setting<Option<String>> = Setting {
-    variable: "IRONFLOW_HEARTBEAT_URL",
-    setter: "heartbeat_url",
-    meaning: "dead man's switch pinged (`HEAD`) after each completed batch, `http://` as for \
-              the API; never logged",
-    unit: Unit::None,
-    default: None,
-    default_doc: None,
-    min: None,
-    max: None,
-    rule: Some(url::heartbeat_url),
-    shown: Shown::Hidden("(not shown: heartbeat URLs usually embed a secret)"),
-    access: field!(heartbeat_url),
-};
-
-pub const EMULATED_INVOCATION: Setting<Option<Duration>> = Setting {
-    variable: "IRONFLOW_EMULATED_INVOCATION_SECS",
-    setter: "emulated_invocation",
-    meaning: "invocation length when `Context.deadline` has already passed, as under `cargo \
-              lambda watch`; no effect on Lambda",
-    unit: Unit::Secs,
-    default: None,
-    default_doc: None,
-    min: None,
-    max: Some(MAX_DURATION),
-    rule: Some(rules::none_or_above_zero),
-    shown: Shown::Raw,
-    access: field!(emulated_invocation),
-};
-
-pub const WAKE_QUEUE_URL: Setting<Option<String>> = Setting {
-    variable: "IRONFLOW_WAKE_QUEUE_URL",
-    setter: "wake_ups",
-    meaning: "standard SQS queue that triggers the function, for \
-              [wake-ups](docs/design.md#wake-ups); unset: none sent (the two variables below are \
-              then refused)",
-    unit: Unit::None,
-    default: None,
-    default_doc: None,
-    min: None,
-    max: None,
-    rule: Some(url::queue_url),
-    shown: Shown::Raw,
-    access: field!(wake_queue_url),
-};
-
-pub const MAX_WAKEUPS_PER_INVOCATION: Setting<usize> = Setting {
-    variable: "IRONFLOW_MAX_WAKEUPS_PER_INVOCATION",
-    setter: "wake_ups",
-    meaning: "wake-up messages one invocation sends at most",
-    unit: Unit::None,
-    default: 3,
-    default_doc: None,
-    min: Some(1),
-    max: Some(super::MAX_WAKEUPS_PER_INVOCATION_LIMIT),
-    rule: None,
-    shown: Shown::Raw,
-    access: field!(max_wakeups_per_invocation),
-};
-
-pub const WAKE_DELAY: Setting<Duration> = Setting {
-    variable: "IRONFLOW_WAKE_DELAY_SECS",
-    setter: "wake_ups",
-    meaning: "`DelaySeconds` of wake-ups sent after a handback",
-    unit: Unit::Secs,
-    default: Duration::from_secs(5),
-    default_doc: None,
-    min: Some(Duration::ZERO),
-    max: Some(super::MAX_WAKE_DELAY),
-    rule: None,
-    shown: Shown::Raw,
-    access: field!(wake_delay),
-};
-
-pub const WEBHOOK_SECRET: Setting<Option<super::WebhookSecret>> = Setting {
-    variable: "IRONFLOW_WEBHOOK_SECRET",
-    setter: "webhook_secret",
-    meaning: "secret of the [webhook receiver](docs/push.md), at least 32 visible ASCII \
-              characters; never logged",
-    unit: Unit::None,
-    default: None,
-    default_doc: Some("none: receiver off"),
-    min: None,
-    max: None,
-    rule: Some(rules::webhook_secret),
-    shown: SECRET,
-    access: field!(webhook_secret),
-};
-
-pub const WEBHOOK_SECRET_ARN: Setting<Option<String>> = Setting {
-    variable: "IRONFLOW_WEBHOOK_SECRET_ARN",
-    setter: "from_env_and_secrets",
-    meaning: "Secrets Manager ARN of it, read at cold start when it is unset",
-    unit: Unit::None,
-    default: None,
-    default_doc: None,
-    min: None,
-    max: None,
-    rule: Some(rules::secret_arn),
-    shown: Shown::Hidden("(not shown: it may be a secret pasted by mistake)"),
-    access: field!(webhook_secret_arn),
-};
-
-pub const WEBHOOK_REPLAY_WINDOW: Setting<Duration> = Setting {
-    variable: "IRONFLOW_WEBHOOK_REPLAY_WINDOW_SECS",
-    setter: "webhook_replay_window",
-    meaning: "[webhook](docs/push.md#replays) events' replay window: how far an event's `at` may \
-              be from now, either way",
-    unit: Unit::Secs,
-    default: Duration::from_secs(300),
-    default_doc: None,
-    min: Some(Duration::from_secs(1)),
-    max: Some(Duration::from_secs(3600)),
-    rule: Some(rules::whole_seconds),
-    shown: Shown::Raw,
-    access: field!(webhook_replay_window),
-};
-
-pub const FUNCTION_ROLE: Setting<super::FunctionRole> = Setting {
-    variable: super::FUNCTION_ROLE_VAR,
-    setter: "function_role",
-    meaning: "`worker`, or `webhook-receiver`: Function URL requests only \
-              ([push.md](docs/push.md#denial-of-service))",
-    unit: Unit::None,
-    default: super::FunctionRole::Worker,
-    default_doc: None,
-    min: None,
-    max: None,
-    rule: None,
-    shown: Shown::Raw,
-    access: field!(function_role),
-};
-
-pub const METRICS_NAMESPACE: Setting<String> = Setting {
-    variable: "IRONFLOW_METRICS_NAMESPACE",
-    setter: "metrics_namespace",
-    meaning: "CloudWatch namespace of the EMF metrics: ASCII letters, digits, `._-/#:` and \
-              space, not starting with `:` or `AWS/`",
-    unit: Unit::None,
-    default: "ironflow-lambda",
-    default_doc: None,
-    min: None,
-    max: None,
-    rule: Some(rules::metrics_namespace),
-    shown: Shown::Raw,
-    access: field!(metrics_namespace),
 };
 
 /// Every environment variable of the worker, in the README's order.
