@@ -50,6 +50,7 @@ mod builder;
 mod calls;
 mod claim_ahead;
 mod claimed;
+mod context;
 mod credentials;
 mod deadline;
 mod entry;

@@ -34,13 +34,14 @@ impl Batch<'_> {
         stop_reason: StopReason,
     ) -> Cleanup {
         let w = self.worker;
-        let logs = logs.finish(w, self.last_write).await;
+        let last_write = self.ctx.budget.last_write();
+        let logs = logs.finish(w, last_write).await;
         // Each run's own processes were killed at its end; the sweep takes what is left.
         let orphans_killed = processes.finish(process_mark::belongs_to_a_live_run).await
-            + self.params.processes_killed.load(Ordering::Relaxed);
+            + self.ctx.processes_killed.load(Ordering::Relaxed);
         let heartbeat = match &w.settings.heartbeat_url {
             Some(url) if self.errors.is_empty() => {
-                Some(heartbeat::ping(w.api.http(), url, self.last_write).await)
+                Some(heartbeat::ping(w.api.http(), url, last_write).await)
             }
             _ => None,
         };
@@ -74,7 +75,7 @@ impl Batch<'_> {
                 // The backlog is counted with what the next claim would ask for (defer mode
                 // leaves out the workflows the poison-pill table blocks: their runs wake nobody).
                 let w = self.worker;
-                let capabilities = self.poison.capabilities_for_claim(&w.capabilities).await;
+                let capabilities = self.claim_capabilities().await;
                 let end = BatchEnd {
                     request_id: self.invoked.request_id,
                     trace_id: self.invoked.trace_id,
@@ -84,7 +85,7 @@ impl Batch<'_> {
                         .sum(),
                     filled: stop_reason == StopReason::MaxRuns,
                     capabilities: &capabilities,
-                    budget: self.budget,
+                    budget: self.ctx.budget,
                     // A run of a workflow blocked in defer mode is woken when claims take it
                     // again, not when it is due.
                     due: runs
@@ -102,7 +103,7 @@ impl Batch<'_> {
                     } else {
                         &self.watch
                     },
-                    calls: &self.calls,
+                    calls: &self.ctx.calls,
                 };
                 wake::after_batch(waker, &w.api, w.settings.max_runs_per_invocation, end).await
             }
@@ -113,16 +114,16 @@ impl Batch<'_> {
         }
         let summary = InvocationSummary {
             request_id: self.invoked.request_id.to_string(),
-            worker_id: self.worker_id,
+            worker_id: self.ctx.lease.worker_id.clone(),
             claimed: self.order.len(),
             outcomes,
             runs,
             stop_reason,
             errors: self.errors,
             spend,
-            api_errors: self.faults.snapshot(),
+            api_errors: self.ctx.calls.faults.snapshot(),
             lease_recoveries: self.poison.lease_recoveries(),
-            time_left_ms: u64::try_from(self.budget.until_deadline().as_millis())
+            time_left_ms: u64::try_from(self.ctx.budget.until_deadline().as_millis())
                 .unwrap_or(u64::MAX),
             orphans_killed: cleanup.orphans_killed,
             logs: cleanup.logs,

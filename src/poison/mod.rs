@@ -24,10 +24,13 @@ pub mod seen;
 use std::collections::HashMap;
 use std::fmt;
 use std::str::FromStr;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use async_trait::async_trait;
 use uuid::Uuid;
+
+/// Milliseconds since the Unix epoch, now: defined once, with the invocation's other clocks.
+pub use crate::deadline::now_ms;
 
 /// Default number of consecutive failures that blocks a workflow (`IRONFLOW_POISON_THRESHOLD`).
 pub const DEFAULT_THRESHOLD: u32 = 3;
@@ -208,13 +211,6 @@ pub trait PoisonTable: Send + Sync {
         lease_recoveries: u32,
         now_ms: u64,
     ) -> Result<bool, PoisonError>;
-}
-
-/// Milliseconds since the Unix epoch, now (0 if the clock is before 1970).
-pub fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, duration_ms)
 }
 
 /// `d` in whole milliseconds, saturating.

@@ -13,11 +13,8 @@
 //! asleep, and (4) books the timers of the runs it left due later ([`timers`]).
 //!
 //! Invariants: a failure is logged and reported in the summary's `wake_ups.errors`, never a
-//! failed batch; the whole phase ends before the invocation deadline (at most
-//! [`WAKE_PHASE_TIMEOUT`], keeping [`WAKE_DEADLINE_RESERVE`] free): nothing is left running when
-//! the handler returns.
-
-use std::time::Duration;
+//! failed batch; the whole phase ends before the invocation deadline
+//! ([`Budget::wake_phase_end`]): nothing is left running when the handler returns.
 
 pub mod fleet;
 mod local;
@@ -42,12 +39,7 @@ use crate::settings::WakeSettings;
 use self::fleet::{FleetMark, Share};
 pub use self::local::LocalWakeQueue;
 pub use self::sqs::SqsWakeQueue;
-use crate::poison::now_ms;
-
-/// Time kept free before the invocation deadline by the wake-up phase: 500 ms.
-pub const WAKE_DEADLINE_RESERVE: Duration = Duration::from_millis(500);
-/// Longest the wake-up phase takes (pending count, queue attributes, send): 5 s.
-pub const WAKE_PHASE_TIMEOUT: Duration = Duration::from_secs(5);
+use crate::deadline::now_ms;
 
 /// Where wake-ups go: the SQS wake queue ([`SqsWakeQueue`]), or, for local runs, a queue in this
 /// process ([`LocalWakeQueue`]), which the local runner serves as Lambda's event source mapping
@@ -166,13 +158,7 @@ pub(crate) async fn after_batch(
     if trigger.is_none() && end.due.is_empty() && end.watch.is_empty() {
         return Some(report);
     }
-    let Some(until) = end
-        .budget
-        .deadline()
-        .checked_sub(WAKE_DEADLINE_RESERVE)
-        .map(|d| d.min(Instant::now() + WAKE_PHASE_TIMEOUT))
-        .filter(|until| *until > Instant::now())
-    else {
+    let Some(until) = end.budget.wake_phase_end() else {
         let error = "no time left before the invocation deadline: wake-ups skipped".to_string();
         warn!(error = %error, "wake-ups skipped");
         report.errors.push(error);

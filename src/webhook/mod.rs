@@ -50,9 +50,6 @@ use crate::settings::WebhookSecret;
 use crate::wake::{self, Need};
 use crate::worker::LambdaWorker;
 
-/// Time kept for the answer after the receiver's last call: 250 ms.
-pub const RESPONSE_RESERVE: std::time::Duration = std::time::Duration::from_millis(250);
-
 /// The largest event body accepted: 64 KiB (ironflow's events are well under 2 KiB).
 pub const MAX_BODY_BYTES: usize = 64 * 1024;
 
