@@ -143,7 +143,20 @@ async fn execute_in_span(p: &Invocation, claimed: Claimed) -> RunReport {
         lease_valid_until,
     };
     let fate = decide(p, &run, stop, &scope, target, timing).await;
-    let mut report = RunReport::new(&run, fate, executed);
+    report(p, &run, fate, executed, &scope, stuck)
+}
+
+/// The report of `run`, which executed for `executed` to `fate` in `scope` (`stuck`: its
+/// execution did not stop), with when it is due again and what it spent.
+fn report(
+    p: &Invocation,
+    run: &Run,
+    fate: Fate,
+    executed: Duration,
+    scope: &CallScope,
+    stuck: bool,
+) -> RunReport {
+    let mut report = RunReport::new(run, fate, executed);
     // A retry's backoff or a sleep the engine wrote (or, for a timeout or a panic, the retry
     // record_failure armed): when the run is due again.
     if report.due.is_none() {
@@ -154,7 +167,7 @@ async fn execute_in_span(p: &Invocation, claimed: Claimed) -> RunReport {
             )
         });
     }
-    report.spend = spend(p, &scope, &report);
+    report.spend = spend(p, scope, &report);
     info!(
         outcome = ?report.outcome,
         input_tokens = report.spend.input_tokens,

@@ -12,7 +12,9 @@ use tracing::info;
 use super::Batch;
 use crate::api::logs::LogInbox;
 use crate::orphans::InvocationGuard;
-use crate::report::{Due, FlushReport, InvocationSummary, Outcome, RunReport, Spend, StopReason};
+use crate::report::{
+    Due, FlushReport, InvocationSummary, Outcome, RunReport, Spend, StopReason, WakeReport,
+};
 use crate::wake::{self, BatchEnd};
 use crate::worker::LambdaWorker;
 use crate::{heartbeat, metrics, process_mark};
@@ -69,45 +71,7 @@ impl Batch<'_> {
         for r in &runs {
             *outcomes.entry(r.outcome).or_insert(0) += 1;
         }
-        let wake_ups = match &self.worker.wake {
-            None => None,
-            Some(waker) => {
-                // The backlog is counted with what the next claim would ask for (defer mode
-                // leaves out the workflows the poison-pill table blocks: their runs wake nobody).
-                let w = self.worker;
-                let capabilities = self.claim_capabilities().await;
-                let end = BatchEnd {
-                    request_id: self.invoked.request_id,
-                    trace_id: self.invoked.trace_id,
-                    handed_back: [Outcome::HandedBack, Outcome::Released]
-                        .iter()
-                        .filter_map(|o| outcomes.get(o))
-                        .sum(),
-                    filled: stop_reason == StopReason::MaxRuns,
-                    capabilities: &capabilities,
-                    budget: self.ctx.budget,
-                    // A run of a workflow blocked in defer mode is woken when claims take it
-                    // again, not when it is due.
-                    due: runs
-                        .iter()
-                        .filter_map(|r| {
-                            let d = r.due?;
-                            let at = self.poison.claimable_at(&r.workflow, d.at);
-                            Some((r.run_id, Due { at, ..d }))
-                        })
-                        .collect(),
-                    // A batch that could not run sends its records back: the watches they
-                    // carry come again with them.
-                    watch: if self.order.is_empty() && stop_reason.could_not_run() {
-                        &[]
-                    } else {
-                        &self.watch
-                    },
-                    calls: &self.ctx.calls,
-                };
-                wake::after_batch(waker, &w.api, w.settings.max_runs_per_invocation, end).await
-            }
-        };
+        let wake_ups = self.wake_ups(&runs, &outcomes, stop_reason).await;
         let mut spend = Spend::default();
         for r in &runs {
             spend += r.spend;
@@ -144,6 +108,52 @@ impl Batch<'_> {
             "invocation finished"
         );
         summary
+    }
+}
+
+impl Batch<'_> {
+    /// The wake-ups after the batch ([`crate::wake`]), `None` without a wake queue.
+    async fn wake_ups(
+        &mut self,
+        runs: &[RunReport],
+        outcomes: &BTreeMap<Outcome, usize>,
+        stop_reason: StopReason,
+    ) -> Option<WakeReport> {
+        let w = self.worker;
+        let waker = w.wake.as_ref()?;
+        // The backlog is counted with what the next claim would ask for (defer mode leaves
+        // out the workflows the poison-pill table blocks: their runs wake nobody).
+        let capabilities = self.claim_capabilities().await;
+        let end = BatchEnd {
+            request_id: self.invoked.request_id,
+            trace_id: self.invoked.trace_id,
+            handed_back: [Outcome::HandedBack, Outcome::Released]
+                .iter()
+                .filter_map(|o| outcomes.get(o))
+                .sum(),
+            filled: stop_reason == StopReason::MaxRuns,
+            capabilities: &capabilities,
+            budget: self.ctx.budget,
+            // A run of a workflow blocked in defer mode is woken when claims take it
+            // again, not when it is due.
+            due: runs
+                .iter()
+                .filter_map(|r| {
+                    let d = r.due?;
+                    let at = self.poison.claimable_at(&r.workflow, d.at);
+                    Some((r.run_id, Due { at, ..d }))
+                })
+                .collect(),
+            // A batch that could not run sends its records back: the watches they
+            // carry come again with them.
+            watch: if self.order.is_empty() && stop_reason.could_not_run() {
+                &[]
+            } else {
+                &self.watch
+            },
+            calls: &self.ctx.calls,
+        };
+        wake::after_batch(waker, &w.api, w.settings.max_runs_per_invocation, end).await
     }
 }
 

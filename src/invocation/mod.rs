@@ -8,6 +8,10 @@
 //! finished or cancelled before it returns, because Lambda freezes the process after the
 //! response.
 //!
+//! What the phases do to a run (claim it, release it, fail it, execute it, hand it back) goes
+//! through the invocation context ([`Invocation`]), built once here; every bound they keep
+//! comes from its [`Budget`]. A claim's answer is handled in one place (`taken.rs`).
+//!
 //! [one invocation]: https://github.com/ironflow-lambda/ironflow-lambda/blob/main/docs/design.md#one-invocation
 //! [claim-ahead]: https://github.com/ironflow-lambda/ironflow-lambda/blob/main/docs/design.md#claim-ahead
 //! [handback]: https://github.com/ironflow-lambda/ironflow-lambda/blob/main/docs/design.md#handback

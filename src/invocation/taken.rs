@@ -65,6 +65,13 @@ impl Batch<'_> {
             }
         };
         self.worker.pace.record_claim(answered.duration_since(sent));
+        self.keep(run, sent, ahead).await
+    }
+
+    /// A run a claim sent at `sent` took (`ahead`: while every slot was busy): written back
+    /// unexecuted when it cannot execute here, else kept under its lease, its refresher
+    /// started and its recovery counted.
+    async fn keep(&mut self, run: Run, sent: Instant, ahead: bool) -> Taken {
         if self.worker.stuck.holds(run.id) {
             // Its earlier execution still holds it in this process: executed here it would only
             // wait. Back to Pending for another process; this one retires.
@@ -99,7 +106,14 @@ impl Batch<'_> {
                 ctx.calls.faults.clone(),
             ));
         }
-        // Read only for a run the reaper recovered (see PoisonGate::on_claim).
+        self.count_recovery(&claimed).await;
+        Taken::Run(Box::new(claimed))
+    }
+
+    /// The poison-pill gate counts `claimed`'s recovery from a dead invocation, if the API's
+    /// reaper recovered it; its steps are read only then, within its lease and the cutoff.
+    async fn count_recovery(&mut self, claimed: &Claimed) {
+        let (ctx, cutoff) = (&self.ctx, self.ctx.budget.cutoff());
         let (calls, run_id) = (&ctx.calls, claimed.run.id);
         let key = ctx.key(run_id);
         let until = claimed.refresher.clock().valid_until().min(cutoff);
@@ -114,7 +128,6 @@ impl Batch<'_> {
                 .ok()
         };
         self.poison.on_claim(&claimed.run, steps).await;
-        Taken::Run(Box::new(claimed))
     }
 
     /// Cutoff-aware starts in the claim window: a claimed run that never executed (its next
