@@ -383,6 +383,24 @@ mod tests {
     }
 
     #[test]
+    fn every_bound_follows_from_the_deadline_and_the_settings() {
+        let (margin, min_claim) = (Duration::from_secs(10), Duration::from_secs(2));
+        let budget = Budget::from_time_left(Duration::from_secs(60), margin, min_claim);
+        assert_eq!(budget.deadline() - budget.last_write(), RESPONSE_RESERVE);
+        let window_end = budget.open_window().unwrap();
+        assert_eq!(budget.cutoff() - window_end, min_claim);
+        assert_eq!(budget.fair_share(), Duration::from_secs(25));
+        let wake_end = budget.wake_phase_end().unwrap();
+        assert!(wake_end <= Instant::now() + WAKE_PHASE_TIMEOUT);
+        // Too little time for a claim: no claim window; none for the wake-up phase.
+        let short = Budget::from_time_left(Duration::from_millis(400), Duration::ZERO, min_claim);
+        assert!(short.open_window().is_none());
+        assert!(short.wake_phase_end().is_none());
+        // Started later (once admitted), the fair share is half of what is left then.
+        assert!(budget.started().fair_share() <= budget.fair_share());
+    }
+
+    #[test]
     fn cutoff_is_deadline_minus_margin() {
         let budget = Budget::from_time_left(
             Duration::from_secs(60),
