@@ -18,12 +18,13 @@ use std::sync::atomic::AtomicUsize;
 use std::time::Duration;
 
 use ironflow_engine::engine::Engine;
-use ironflow_store::entities::LeaseRequest;
+use ironflow_store::entities::{LeaseRequest, Run};
 use tokio::time::Instant;
 use tracing::{error, info};
 use uuid::Uuid;
 
 use crate::calls::Calls;
+use crate::claimed::Claimed;
 use crate::deadline::Budget;
 use crate::lease::RefreshContext;
 use crate::report::{Fate, Outcome};
@@ -117,12 +118,16 @@ impl Invocation {
         }
     }
 
-    /// What a lease refresher of this invocation's runs needs: its store and fault log.
-    pub fn refresh_context(&self) -> RefreshContext {
-        RefreshContext {
+    /// Start the lease of `run`, claimed under this invocation's lease by a request sent at
+    /// `sent`: its refresher renews it every `interval` until the cutoff, with the
+    /// invocation's store and fault log.
+    pub fn start_lease(&self, run: Run, sent: Instant, interval: Duration) -> Claimed {
+        let refresh = RefreshContext {
             store: self.calls.store.clone(),
             faults: self.calls.faults.clone(),
-        }
+        };
+        let cutoff = self.budget.cutoff();
+        Claimed::new(refresh, run, &self.lease, sent, interval, cutoff)
     }
 
     /// Record `run_id` failed for `msg` from outside its handler (a timeout, a panic, a

@@ -91,8 +91,7 @@ impl Batch<'_> {
         // The lease starts now: its refresher before the poison-pill table's calls.
         let (ctx, cutoff) = (&self.ctx, self.ctx.budget.cutoff());
         let interval = self.worker.settings.lease_refresh_interval;
-        let refresh = ctx.refresh_context();
-        let mut claimed = Claimed::new(refresh, run, &ctx.lease, sent, interval, cutoff);
+        let mut claimed = ctx.start_lease(run, sent, interval);
         if claimed.refresher.clock().granted() <= interval {
             return self.release_short_lease(claimed).await;
         }
