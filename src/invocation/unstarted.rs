@@ -1,6 +1,10 @@
 //! Runs this invocation claimed and never executed: a blocked workflow's run failed (fail
-//! mode) or written back to Pending (defer mode), and a run released to Pending ([`release`]);
-//! and an invocation not admitted at all ([`not_admitted`]).
+//! mode) or written back to Pending (defer mode), and a run released to Pending
+//! ([`Invocation::release`]); and an invocation not admitted at all ([`not_admitted`]).
+//!
+//! Invariant: such a run is written back only after its lease is confirmed this invocation's,
+//! and failed under that lease (the write read back against it), never past the last write;
+//! when that cannot be done, it is left to the API's reaper and its report says so.
 
 use std::collections::BTreeMap;
 
