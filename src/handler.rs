@@ -29,7 +29,7 @@ use crate::deadline::{self, Budget};
 use crate::invocation::{self, Invoked};
 use crate::report::{BatchRequest, InvocationSummary, StopReason};
 use crate::settings::FunctionRole;
-use crate::trigger::{self, Trigger, TriggerError};
+use crate::trigger::{self, SqsWakeUps, Trigger, TriggerError};
 use crate::webhook::{self, Answer};
 use crate::worker::LambdaWorker;
 
@@ -189,39 +189,42 @@ pub async fn handle_response(
             );
             one_batch(worker, &context, &direct.request).await
         }
-        Trigger::Sqs(wake_ups) => {
-            for rejected in &wake_ups.rejected {
-                warn!(message_id = %rejected.message_id, error = %rejected.error,
-                    "malformed wake-up: reported as a batch item failure");
-            }
-            for w in &wake_ups.accepted {
-                info!(message_id = %w.message_id, max_runs = w.max_runs,
-                    reason = w.reason.as_deref().unwrap_or(""), "wake-up");
-            }
-            let mut batch_response = SqsBatchResponse::default();
-            let Some(request) = wake_ups.batch_request() else {
-                batch_response.set_failures(wake_ups.rejected.iter().map(|r| &r.message_id));
-                return Ok(Response::Sqs {
-                    batch_response,
-                    summary: None,
-                });
-            };
-            let summary = run_batch(worker, &context, &request).await;
-            match could_not_run(&summary) {
-                Some(reason) => {
-                    warn!(error = %reason, records = wake_ups.accepted.len() + wake_ups.rejected.len(),
-                        "the batch could not run: every record is reported for SQS to retry");
-                    batch_response.set_failures(wake_ups.all_message_ids());
-                }
-                None => {
-                    batch_response.set_failures(wake_ups.rejected.iter().map(|r| &r.message_id));
-                }
-            }
-            Ok(Response::Sqs {
-                batch_response,
-                summary: Some(summary),
-            })
+        Trigger::Sqs(wake_ups) => Ok(sqs_batch(worker, &context, &wake_ups).await),
+    }
+}
+
+/// An SQS event (wake-ups): one batch for its valid records, and the partial batch response.
+async fn sqs_batch(worker: &LambdaWorker, context: &Context, wake_ups: &SqsWakeUps) -> Response {
+    for rejected in &wake_ups.rejected {
+        warn!(message_id = %rejected.message_id, error = %rejected.error,
+            "malformed wake-up: reported as a batch item failure");
+    }
+    for w in &wake_ups.accepted {
+        info!(message_id = %w.message_id, max_runs = w.max_runs,
+            reason = w.reason.as_deref().unwrap_or(""), "wake-up");
+    }
+    let mut batch_response = SqsBatchResponse::default();
+    let Some(request) = wake_ups.batch_request() else {
+        batch_response.set_failures(wake_ups.rejected.iter().map(|r| &r.message_id));
+        return Response::Sqs {
+            batch_response,
+            summary: None,
+        };
+    };
+    let summary = run_batch(worker, context, &request).await;
+    match could_not_run(&summary) {
+        Some(reason) => {
+            warn!(error = %reason, records = wake_ups.accepted.len() + wake_ups.rejected.len(),
+                "the batch could not run: every record is reported for SQS to retry");
+            batch_response.set_failures(wake_ups.all_message_ids());
         }
+        None => {
+            batch_response.set_failures(wake_ups.rejected.iter().map(|r| &r.message_id));
+        }
+    }
+    Response::Sqs {
+        batch_response,
+        summary: Some(summary),
     }
 }
 
