@@ -1,5 +1,9 @@
 //! A claim's I/O: the request (`GET /api/v1/internal/runs/next`, retried by the invocation's
 //! calls), the claim window it is awaited in, and the hint added to a claim the API refused.
+//!
+//! Invariant: a claim in flight when the claim window closes is not dropped (the API may have
+//! taken a run for it): it is awaited until the cutoff ([`in_window`]), and a run it brings
+//! then is released.
 
 use std::future::Future;
 use std::time::Duration;

@@ -1,5 +1,8 @@
 //! The last phases of an invocation: the flush and cleanup once every run has stopped (step
 //! logs, leftover processes, heartbeat), and the summary with the wake-ups.
+//!
+//! Invariant: they start once every execution has ended, and each call they make ends by the
+//! invocation's last write (logs, heartbeat) or the wake-up phase's end ([`crate::deadline`]).
 
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;

@@ -126,7 +126,7 @@ impl Receiver {
 
     /// Whether `taken`'s body was taken already, here or (with the table) anywhere in the fleet.
     async fn already_taken(&self, taken: &Taken, until: Instant) -> bool {
-        let now_ms = chrono::Utc::now().timestamp_millis();
+        let now_ms = now_ms();
         if self.seen.contains(&taken.digest, now_ms) {
             return true;
         }
@@ -142,7 +142,7 @@ impl Receiver {
 
     /// Record `taken`'s body as taken, here and (with the table) for the fleet.
     async fn record(&self, taken: &Taken, until: Instant) {
-        let now_ms = chrono::Utc::now().timestamp_millis();
+        let now_ms = now_ms();
         self.seen.record(taken.digest, taken.fresh_until_ms, now_ms);
         if let Some(table) = &self.table {
             table
@@ -150,6 +150,12 @@ impl Receiver {
                 .await;
         }
     }
+}
+
+/// Milliseconds since the Unix epoch, now ([`crate::deadline::now_ms`]), as the replay window
+/// counts them.
+fn now_ms() -> i64 {
+    i64::try_from(crate::deadline::now_ms()).unwrap_or(i64::MAX)
 }
 
 /// The invocation a webhook request came in.
