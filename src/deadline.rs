@@ -1,16 +1,54 @@
-//! Deadline arithmetic: from `Context.deadline` (ms since the Unix epoch) to the cutoff this
-//! invocation works against ([`Budget`]), and until when a run's lease is valid
-//! ([`LeaseClock`]).
+//! Deadline arithmetic: from `Context.deadline` (ms since the Unix epoch) to every bound one
+//! invocation works against ([`Budget`]: the cutoff, the last write, the claim window's end, the
+//! fair share, the wake-up phase's end), the time reserves those bounds keep ([`bounds`]), and
+//! until when a run's lease is valid ([`LeaseClock`]).
 //!
-//! Every conversion saturates: a deadline of `0`, one already past, or one absurdly far in the
-//! future never panics. A past deadline gives a cutoff that has already passed, so nothing is
-//! claimed.
+//! Invariant: each bound of an invocation is derived here, once, from the deadline and the
+//! settings; the rest of the crate reads it from the [`Budget`]. Every conversion saturates: a
+//! deadline of `0`, one already past, or one absurdly far in the future never panics. A past
+//! deadline gives a cutoff that has already passed, so nothing is claimed.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use chrono::{DateTime, Utc};
 use tokio::time::Instant;
+use tracing::{info, warn};
+
+use crate::settings::Settings;
+
+/// The time reserves of an invocation's bounds, each defined once.
+pub mod bounds {
+    use std::time::Duration;
+
+    /// Time kept for the response after our last write to the API: 250 ms (the invocation's
+    /// last write, [`super::Budget::last_write`], and the webhook receiver's last call,
+    /// [`super::webhook_until`]).
+    pub const RESPONSE_RESERVE: Duration = Duration::from_millis(250);
+
+    /// Time kept free before the invocation deadline by the wake-up phase: 500 ms.
+    pub const WAKE_DEADLINE_RESERVE: Duration = Duration::from_millis(500);
+
+    /// Longest the wake-up phase takes (pending count, queue attributes, send): 5 s.
+    pub const WAKE_PHASE_TIMEOUT: Duration = Duration::from_secs(5);
+
+    /// The longest a webhook request's calls take (pending count, queue depth, send): 3 s.
+    pub const WEBHOOK_TIME: Duration = Duration::from_secs(3);
+}
+
+use self::bounds::{RESPONSE_RESERVE, WAKE_DEADLINE_RESERVE, WAKE_PHASE_TIMEOUT, WEBHOOK_TIME};
+
+/// Milliseconds since the Unix epoch, now (0 if the clock is before 1970).
+pub fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+/// Time left until `deadline_ms` (ms since the epoch), zero once it has passed.
+pub fn time_left(deadline_ms: u64) -> Duration {
+    Duration::from_millis(deadline_ms.saturating_sub(now_ms()))
+}
 
 /// How far ahead [`later`] ever reaches: 100 years, far beyond any setting this crate accepts
 /// (see [`crate::settings::MAX_DURATION`]), and still within any platform's clock.
@@ -28,38 +66,95 @@ pub fn later(at: Instant, d: Duration) -> Instant {
 /// further away than this (a bogus or hand-written `Context`) is clamped to it.
 pub const MAX_INVOCATION: Duration = Duration::from_secs(15 * 60);
 
-/// The time budget of one invocation, anchored on the monotonic clock.
+/// Until when a webhook request's calls may go on, its invocation's deadline `deadline_ms`
+/// (ms since the epoch): [`WEBHOOK_TIME`] at most, keeping [`RESPONSE_RESERVE`] free before the
+/// deadline. Answered within milliseconds: an emulator's past deadline gives the calls their
+/// usual time.
+pub fn webhook_until(deadline_ms: u64) -> Instant {
+    let left = time_left(deadline_ms);
+    let time = if left.is_zero() {
+        WEBHOOK_TIME
+    } else {
+        WEBHOOK_TIME.min(left.saturating_sub(RESPONSE_RESERVE))
+    };
+    Instant::now() + time
+}
+
+/// The time budget of one invocation, anchored on the monotonic clock: every bound it works
+/// against.
 ///
-/// `deadline` is when Lambda stops the invocation; `cutoff` is `deadline − margin`, the moment
-/// by which every run still executing must have been handed back.
+/// ```text
+/// start ─ claims ─ claim window's end ─ min claim budget ─ cutoff ─ margin ─ deadline
+///                                         last write = deadline − RESPONSE_RESERVE ┘
+/// ```
+///
+/// `deadline` is when Lambda stops the invocation; `cutoff` is `deadline − margin`
+/// (`IRONFLOW_DEADLINE_MARGIN_MS`), the moment by which every run still executing must have
+/// been handed back.
 #[derive(Debug, Clone, Copy)]
 pub struct Budget {
     deadline: Instant,
     cutoff: Instant,
+    last_write: Instant,
+    claim_window_end: Option<Instant>,
+    start: Instant,
 }
 
 impl Budget {
-    /// Budget for a deadline given in milliseconds since the Unix epoch (`Context.deadline`),
-    /// with `margin` kept free before it.
-    pub fn from_epoch_ms(deadline_ms: u64, margin: Duration) -> Self {
-        let now_ms = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
-        let left = Duration::from_millis(deadline_ms.saturating_sub(now_ms)).min(MAX_INVOCATION);
-        Self::from_time_left(left, margin)
+    /// The budget of an invocation whose `Context.deadline` is `deadline_ms` (ms since the
+    /// Unix epoch), with `settings`' margin and minimum claim budget. An emulator's deadline
+    /// (one already past, as `cargo lambda watch` sends, in 1970) gives the configured length
+    /// (`IRONFLOW_EMULATED_INVOCATION_SECS`) when there is one.
+    pub fn for_context(deadline_ms: u64, settings: &Settings) -> Self {
+        let past = deadline_ms <= now_ms();
+        let left = match settings.emulated_invocation {
+            Some(length) if past => {
+                info!(
+                    deadline_ms,
+                    invocation_secs = length.as_secs(),
+                    "Context.deadline has passed: emulated invocation (IRONFLOW_EMULATED_INVOCATION_SECS)"
+                );
+                length
+            }
+            None if past => {
+                past_deadline_once(deadline_ms);
+                time_left(deadline_ms)
+            }
+            _ => time_left(deadline_ms),
+        };
+        Self::from_time_left(left, settings.deadline_margin, settings.min_claim_budget)
     }
 
     /// Budget for an invocation with `left` time until its deadline (clamped to
-    /// [`MAX_INVOCATION`]).
-    pub fn from_time_left(left: Duration, margin: Duration) -> Self {
+    /// [`MAX_INVOCATION`]), `margin` kept free before it, and claims ending `min_claim_budget`
+    /// before the cutoff.
+    pub fn from_time_left(left: Duration, margin: Duration, min_claim_budget: Duration) -> Self {
         let now = Instant::now();
         let left = left.min(MAX_INVOCATION);
         let deadline = later(now, left);
         let cutoff = later(now, left.saturating_sub(margin));
-        Self { deadline, cutoff }
+        Self {
+            deadline,
+            // Our own last writes (handbacks, log pushes, heartbeat) end a little before the
+            // deadline, so that the response still goes out in time.
+            last_write: deadline.checked_sub(RESPONSE_RESERVE).unwrap_or(now),
+            claim_window_end: cutoff.checked_sub(min_claim_budget),
+            cutoff,
+            start: now,
+        }
+    }
+
+    /// This budget for an invocation that starts now (once admitted): its [`Budget::start`]
+    /// and [`Budget::fair_share`] count from now.
+    pub fn started(self) -> Self {
+        Self {
+            start: Instant::now(),
+            ..self
+        }
     }
 
     /// When Lambda ends the invocation.
+    #[cfg(test)]
     pub fn deadline(&self) -> Instant {
         self.deadline
     }
@@ -67,6 +162,39 @@ impl Budget {
     /// When every run still executing is handed back (`deadline − margin`).
     pub fn cutoff(&self) -> Instant {
         self.cutoff
+    }
+
+    /// No write of ours past this: the deadline minus [`RESPONSE_RESERVE`].
+    pub fn last_write(&self) -> Instant {
+        self.last_write
+    }
+
+    /// The claim window's end, while it is open: no claim past the cutoff minus the minimum
+    /// claim budget (`IRONFLOW_MIN_CLAIM_BUDGET_MS`); `None` once it has passed, or when there
+    /// was none at all.
+    pub fn open_window(&self) -> Option<Instant> {
+        self.claim_window_end.filter(|end| Instant::now() < *end)
+    }
+
+    /// When the invocation started: a run that starts later may gain that time by a deferral.
+    pub fn start(&self) -> Instant {
+        self.start
+    }
+
+    /// Half of the invocation's window, from its start to its cutoff: a cutoff counts for the
+    /// loop guard only when the run executed at least this long
+    /// ([`crate::handback::HandbackPolicy::fair_share`]).
+    pub fn fair_share(&self) -> Duration {
+        self.cutoff.saturating_duration_since(self.start) / 2
+    }
+
+    /// Until when the wake-up phase may go on: [`WAKE_PHASE_TIMEOUT`] from now at most,
+    /// keeping [`WAKE_DEADLINE_RESERVE`] free before the deadline; `None` once that has passed.
+    pub fn wake_phase_end(&self) -> Option<Instant> {
+        self.deadline
+            .checked_sub(WAKE_DEADLINE_RESERVE)
+            .map(|d| d.min(Instant::now() + WAKE_PHASE_TIMEOUT))
+            .filter(|until| *until > Instant::now())
     }
 
     /// Time left until the cutoff, zero once it has passed.
@@ -78,6 +206,22 @@ impl Budget {
     pub fn until_deadline(&self) -> Duration {
         self.deadline.saturating_duration_since(Instant::now())
     }
+}
+
+/// Say once per process that `Context.deadline` has already passed: an emulator sends such a
+/// deadline (`cargo lambda watch`: 600000 ms after the epoch, in 1970), and nothing can be
+/// claimed against it until `IRONFLOW_EMULATED_INVOCATION_SECS` gives emulated invocations a
+/// length. Lambda itself always sends a future deadline.
+fn past_deadline_once(deadline_ms: u64) {
+    static SAID: std::sync::Once = std::sync::Once::new();
+    SAID.call_once(|| {
+        warn!(
+            deadline_ms,
+            "Context.deadline has already passed (an emulator's constant deadline, as cargo \
+             lambda watch sends): nothing can be claimed; set IRONFLOW_EMULATED_INVOCATION_SECS \
+             to give emulated invocations a length"
+        );
+    });
 }
 
 /// Until when a lease is valid (see [`crate::lease`]): the send time of the request whose answer last confirmed it,
@@ -195,16 +339,23 @@ impl LeaseClock {
 mod tests {
     use super::*;
 
+    /// Default settings with a deadline margin of `margin_secs`.
+    fn settings(margin_secs: u64) -> Settings {
+        let mut s = Settings::new("http://127.0.0.1:1", crate::settings::WorkerToken::new("t"));
+        s.deadline_margin = Duration::from_secs(margin_secs);
+        s
+    }
+
     #[test]
     fn zero_deadline_has_no_time_left() {
-        let budget = Budget::from_epoch_ms(0, Duration::from_secs(5));
+        let budget = Budget::for_context(0, &settings(5));
         assert_eq!(budget.until_cutoff(), Duration::ZERO);
         assert_eq!(budget.until_deadline(), Duration::ZERO);
     }
 
     #[test]
     fn absurd_deadline_is_clamped() {
-        let budget = Budget::from_epoch_ms(u64::MAX, Duration::from_secs(5));
+        let budget = Budget::for_context(u64::MAX, &settings(5));
         assert!(budget.until_deadline() <= MAX_INVOCATION);
         assert!(budget.until_cutoff() <= MAX_INVOCATION - Duration::from_secs(5));
         assert!(budget.until_cutoff() > Duration::from_secs(60));
@@ -212,7 +363,11 @@ mod tests {
 
     #[test]
     fn margin_larger_than_time_left_leaves_no_cutoff_budget() {
-        let budget = Budget::from_time_left(Duration::from_secs(3), Duration::from_secs(10));
+        let budget = Budget::from_time_left(
+            Duration::from_secs(3),
+            Duration::from_secs(10),
+            Duration::ZERO,
+        );
         assert_eq!(budget.until_cutoff(), Duration::ZERO);
         assert!(budget.until_deadline() > Duration::ZERO);
     }
@@ -228,8 +383,30 @@ mod tests {
     }
 
     #[test]
+    fn every_bound_follows_from_the_deadline_and_the_settings() {
+        let (margin, min_claim) = (Duration::from_secs(10), Duration::from_secs(2));
+        let budget = Budget::from_time_left(Duration::from_secs(60), margin, min_claim);
+        assert_eq!(budget.deadline() - budget.last_write(), RESPONSE_RESERVE);
+        let window_end = budget.open_window().unwrap();
+        assert_eq!(budget.cutoff() - window_end, min_claim);
+        assert_eq!(budget.fair_share(), Duration::from_secs(25));
+        let wake_end = budget.wake_phase_end().unwrap();
+        assert!(wake_end <= Instant::now() + WAKE_PHASE_TIMEOUT);
+        // Too little time for a claim: no claim window; none for the wake-up phase.
+        let short = Budget::from_time_left(Duration::from_millis(400), Duration::ZERO, min_claim);
+        assert!(short.open_window().is_none());
+        assert!(short.wake_phase_end().is_none());
+        // Started later (once admitted), the fair share is half of what is left then.
+        assert!(budget.started().fair_share() <= budget.fair_share());
+    }
+
+    #[test]
     fn cutoff_is_deadline_minus_margin() {
-        let budget = Budget::from_time_left(Duration::from_secs(60), Duration::from_secs(10));
+        let budget = Budget::from_time_left(
+            Duration::from_secs(60),
+            Duration::from_secs(10),
+            Duration::ZERO,
+        );
         assert_eq!(budget.deadline() - budget.cutoff(), Duration::from_secs(10));
     }
     #[test]

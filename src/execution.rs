@@ -27,13 +27,13 @@
 //! same, and the report says `stuck`.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use ironflow_engine::engine::{Engine, WorkflowResult};
+use ironflow_engine::engine::WorkflowResult;
 use ironflow_engine::error::EngineError;
-use ironflow_store::entities::{LeaseRequest, Run, RunStatus};
+use ironflow_store::entities::{Run, RunStatus};
 use ironflow_store::store::RunStore;
 use tokio::task::JoinError;
 use tokio::time::{Instant, sleep_until, timeout_at};
@@ -42,78 +42,26 @@ use tracing::{Instrument, error, info, warn};
 use uuid::Uuid;
 
 use crate::attempt_time;
-use crate::calls::Calls;
 use crate::claimed::{Claimed, StepsAhead};
+use crate::context::Invocation;
 use crate::deadline::later;
-use crate::handback::{self, HandbackContext, HandbackPolicy, Why};
+use crate::handback::{Handback, Why};
 use crate::lease::{LeaseEnd, LeaseRefresher};
 use crate::orphans;
 use crate::process_mark::{LiveMark, RunMark};
 use crate::report::{Fate, Outcome, RunReport, Spend};
-use crate::runtime::{ExecutionRuntime, StuckExecutions};
-use crate::step_times::StepTimes;
-use crate::store::GuardedStore;
 use crate::store::fit::StartFit;
-use crate::store::scope::{CallScope, InFlight, RunKey, ScopeStop};
+use crate::store::scope::{CallScope, InFlight, ScopeStop};
 
 /// How long a stopped execution's task is awaited after its abort: 100 ms. Cancelled at its
 /// next await, a task ends in microseconds; one still running after this is blocked in
 /// workflow code.
 pub const STOP_GRACE: Duration = Duration::from_millis(100);
 
-/// Everything one execution needs, cloned out of the worker so it can run in its own task.
-#[derive(Clone)]
-pub(crate) struct ExecutionParams {
-    /// The engine that executes runs (on `runtime`).
-    pub engine: Arc<Engine>,
-    /// The engine's store, primed with each run before the engine reads it.
-    pub engine_store: Arc<GuardedStore>,
-    /// Where the engine executes.
-    pub runtime: Arc<ExecutionRuntime>,
-    /// The invocation's own calls (handback, recorded failures).
-    pub calls: Calls,
-    pub lease: LeaseRequest,
-    pub run_timeout: Duration,
-    pub cutoff: Instant,
-    /// When the invocation started: a run that starts later may gain that time by a deferral.
-    pub invocation_start: Instant,
-    /// The steps' durations this process saw, for cutoff-aware starts; `None`: off.
-    pub step_times: Option<Arc<StepTimes>>,
-    /// The expected duration of a step never seen.
-    pub default_step: Duration,
-    /// No write of ours past this: the invocation deadline minus the response's reserve.
-    pub last_write: Instant,
-    pub handback: HandbackPolicy,
-    /// Executions of this worker still running after they were told to stop.
-    pub stuck: Arc<StuckExecutions>,
-    /// Processes the invocation's runs left and that were killed at each run's end.
-    pub processes_killed: Arc<AtomicUsize>,
-}
-
-impl ExecutionParams {
-    /// What a handback of this invocation needs.
-    fn handback_context(&self) -> HandbackContext<'_> {
-        HandbackContext {
-            calls: &self.calls,
-            lease: &self.lease,
-            last_write: self.last_write,
-            policy: self.handback,
-        }
-    }
-
-    /// The scope key of `run_id`'s calls under this invocation's lease.
-    pub fn key(&self, run_id: Uuid) -> RunKey {
-        RunKey {
-            run_id,
-            worker_id: self.lease.worker_id.clone(),
-        }
-    }
-}
-
-/// Execute the `claimed` run (claimed under `params.lease`) and return its report.
-pub(crate) async fn execute(params: ExecutionParams, claimed: Claimed) -> RunReport {
+/// Execute the `claimed` run (claimed under the invocation's lease) and return its report.
+pub(crate) async fn execute(ctx: Arc<Invocation>, claimed: Claimed) -> RunReport {
     let span = claimed.span.clone();
-    execute_in_span(params, claimed).instrument(span).await
+    execute_in_span(&ctx, claimed).instrument(span).await
 }
 
 /// Why the supervisor stopped waiting.
@@ -128,7 +76,7 @@ enum Stop {
     Cutoff,
 }
 
-async fn execute_in_span(p: ExecutionParams, claimed: Claimed) -> RunReport {
+async fn execute_in_span(p: &Invocation, claimed: Claimed) -> RunReport {
     let Claimed {
         run,
         refresher,
@@ -144,7 +92,7 @@ async fn execute_in_span(p: ExecutionParams, claimed: Claimed) -> RunReport {
     let key = p.key(run.id);
 
     // What this attempt executed in earlier invocations: the run timeout counts the rest.
-    let used = executed_before(&p, &run, claimed_at).await;
+    let used = executed_before(p, &run, claimed_at).await;
     let run_deadline = later(started, p.run_timeout.saturating_sub(used));
     let timeout_msg = format!(
         "run timed out after {}s of execution ({} ms of it in earlier invocations of this \
@@ -157,15 +105,16 @@ async fn execute_in_span(p: ExecutionParams, claimed: Claimed) -> RunReport {
         "executing run"
     );
 
+    let cutoff = p.budget.cutoff();
     let mut scope = CallScope::execution(
         key,
-        p.cutoff,
+        cutoff,
         refresher.clock().clone(),
         p.calls.faults.clone(),
     )
     .with_start_margin(start_margin);
     if let Some(times) = &p.step_times {
-        let late = started.saturating_duration_since(p.invocation_start);
+        let late = started.saturating_duration_since(p.budget.start());
         let fit = StartFit::new(&run.workflow_name, times.clone(), p.default_step, late);
         scope = scope.with_fit(fit);
     }
@@ -174,16 +123,16 @@ async fn execute_in_span(p: ExecutionParams, claimed: Claimed) -> RunReport {
     let live_mark = LiveMark::new();
     let mark = live_mark.mark();
     // The tasks the engine spawns outside the scope (`ctx.parallel`'s branches) find the cutoff.
-    let _in_flight = InFlight::enter(p.cutoff);
-    let mut task = spawn_work(&p, &run, &scope, mark, claim_sent, interval, steps_ahead);
+    let _in_flight = InFlight::enter(cutoff);
+    let mut task = spawn_work(p, &run, &scope, mark, claim_sent, interval, steps_ahead);
 
-    let mut stop = supervise(&mut task, &scope, &refresher, run_deadline, p.cutoff).await;
+    let mut stop = supervise(&mut task, &scope, &refresher, run_deadline, cutoff).await;
     let executed = started.elapsed();
     let target = refresher.target();
-    let stuck = stop_task(&p, run.id, &mut task, &scope, &mut stop).await;
+    let stuck = stop_task(p, run.id, &mut task, &scope, &mut stop).await;
     let lease_valid_until = refresher.clock().valid_until();
     refresher.stop().await;
-    end_processes(&p, mark).await;
+    end_processes(p, mark).await;
     // From here on, a process with this mark belongs to no live run: a sweep may take it.
     live_mark.ended();
 
@@ -193,8 +142,21 @@ async fn execute_in_span(p: ExecutionParams, claimed: Claimed) -> RunReport {
         timeout_msg,
         lease_valid_until,
     };
-    let fate = decide(&p, &run, stop, &scope, target, timing).await;
-    let mut report = RunReport::new(&run, fate, executed);
+    let fate = decide(p, &run, stop, &scope, target, timing).await;
+    report(p, &run, fate, executed, &scope, stuck)
+}
+
+/// The report of `run`, which executed for `executed` to `fate` in `scope` (`stuck`: its
+/// execution did not stop), with when it is due again and what it spent.
+fn report(
+    p: &Invocation,
+    run: &Run,
+    fate: Fate,
+    executed: Duration,
+    scope: &CallScope,
+    stuck: bool,
+) -> RunReport {
+    let mut report = RunReport::new(run, fate, executed);
     // A retry's backoff or a sleep the engine wrote (or, for a timeout or a panic, the retry
     // record_failure armed): when the run is due again.
     if report.due.is_none() {
@@ -205,7 +167,7 @@ async fn execute_in_span(p: ExecutionParams, claimed: Claimed) -> RunReport {
             )
         });
     }
-    report.spend = spend(&p, &scope, &report);
+    report.spend = spend(p, scope, &report);
     info!(
         outcome = ?report.outcome,
         input_tokens = report.spend.input_tokens,
@@ -229,7 +191,7 @@ async fn execute_in_span(p: ExecutionParams, claimed: Claimed) -> RunReport {
 
 /// What the run's steps used and cost in this execution (the records this worker wrote), the
 /// model calls its scope saw cut, and, for a run handed back, its steps still running (cut).
-fn spend(p: &ExecutionParams, scope: &CallScope, report: &RunReport) -> Spend {
+fn spend(p: &Invocation, scope: &CallScope, report: &RunReport) -> Spend {
     let (mut spend, open) = p.engine_store.take_spend(report.run_id);
     if report.outcome == Outcome::HandedBack {
         spend.steps_cut = open;
@@ -241,13 +203,17 @@ fn spend(p: &ExecutionParams, scope: &CallScope, report: &RunReport) -> Spend {
 /// Kill what the run's steps left running (detached processes included: they carry `mark`),
 /// waiting at most 1 s, never past the invocation's last write; counted in the invocation's
 /// `orphans_killed`. Other runs' processes are left alone.
-async fn end_processes(p: &ExecutionParams, mark: RunMark) {
+async fn end_processes(p: &Invocation, mark: RunMark) {
     // The common end (its steps' processes exited and were reaped): one system call, no
     // blocking task.
     if orphans::has_no_child() {
         return;
     }
-    let wait = PROCESS_REAP_WAIT.min(p.last_write.saturating_duration_since(Instant::now()));
+    let wait = PROCESS_REAP_WAIT.min(
+        p.budget
+            .last_write()
+            .saturating_duration_since(Instant::now()),
+    );
     match tokio::task::spawn_blocking(move || mark.kill_processes(wait)).await {
         Ok(killed) => {
             if killed > 0 {
@@ -275,7 +241,7 @@ const LEASE_EXPIRED_HANDBACK: Duration = crate::store::guard::FIRST_ATTEMPT_TIME
 /// (the claim's copy first; the view goes when the execution stops), its first step list from
 /// `steps_ahead` when the run was claimed ahead.
 fn spawn_work(
-    p: &ExecutionParams,
+    p: &Invocation,
     run: &Run,
     scope: &Arc<CallScope>,
     mark: RunMark,
@@ -346,7 +312,7 @@ async fn supervise(
 /// it reached meanwhile replaces `stop`. Returns whether it is stuck (blocked in workflow
 /// code that does not yield).
 async fn stop_task(
-    p: &ExecutionParams,
+    p: &Invocation,
     run_id: Uuid,
     task: &mut AbortOnDropHandle<Result<WorkflowResult, EngineError>>,
     scope: &CallScope,
@@ -358,7 +324,7 @@ async fn stop_task(
         // child processes die with it).
         scope.fence();
         task.abort();
-        let grace = later(Instant::now(), STOP_GRACE).min(p.last_write);
+        let grace = later(Instant::now(), STOP_GRACE).min(p.budget.last_write());
         match timeout_at(grace, &mut *task).await {
             // It ended on its own meanwhile: what it recorded stands.
             Ok(Ok(result)) => *stop = Stop::Finished(Box::new(Ok(result))),
@@ -389,7 +355,7 @@ struct Timing {
 
 /// The run's fate for `stop`, written where it must be.
 async fn decide(
-    p: &ExecutionParams,
+    p: &Invocation,
     run: &Run,
     stop: Stop,
     scope: &CallScope,
@@ -399,28 +365,27 @@ async fn decide(
     // A lease known lost (its last confirmed validity passed, whatever stopped the run) gets
     // `LEASE_EXPIRED_HANDBACK` to be confirmed again and the run written back, not the
     // invocation's time: the invocation can then return or take other work.
-    let mut ctx = p.handback_context();
     let lease_lost = Instant::now() >= timing.lease_valid_until;
-    if lease_lost {
-        ctx.last_write = later(Instant::now(), LEASE_EXPIRED_HANDBACK).min(p.last_write);
-    }
-    let hand_back = |ctx, why| {
-        let executed = timing.executed;
-        handback::hand_back(
-            ctx,
+    let until = match lease_lost {
+        true => later(Instant::now(), LEASE_EXPIRED_HANDBACK).min(p.budget.last_write()),
+        false => p.budget.last_write(),
+    };
+    let hand_back = |why| {
+        p.hand_back(Handback {
             run,
             target,
-            timing.claimed_at,
-            executed,
+            claimed_at: timing.claimed_at,
+            executed: timing.executed,
             why,
-            scope.lost_time_to_api(),
-        )
+            lost_time: scope.lost_time_to_api(),
+            until,
+        })
     };
     match stop {
         Stop::Finished(joined) => finished(p, run, target, *joined).await,
         Stop::Scope(ScopeStop::Fault(fault)) => {
             warn!(error = %fault, "the API kept failing: handing the run back");
-            hand_back(ctx, Why::ApiFault(fault)).await
+            hand_back(Why::ApiFault(fault)).await
         }
         Stop::Scope(ScopeStop::Deferred(deferral)) => {
             info!(
@@ -430,7 +395,7 @@ async fn decide(
                 "the next step would not fit before the cutoff: handing the run back to start it \
                  in the next invocation"
             );
-            hand_back(ctx, Why::Deferred(deferral)).await
+            hand_back(Why::Deferred(deferral)).await
         }
         Stop::Scope(ScopeStop::RunLeft { status, held_by }) => {
             let end = match status {
@@ -443,7 +408,7 @@ async fn decide(
         Stop::Lease(end @ LeaseEnd::Expired { .. }) => {
             // Stopped at the lease's end. Writing the handback needs the lease confirmed
             // again first (the API had not reaped it yet); if not, it is the reaper's.
-            hand_back(ctx, Why::LeaseExpired(end.describe())).await
+            hand_back(Why::LeaseExpired(end.describe())).await
         }
         Stop::Lease(end) => abandoned(&end),
         // The run deadline met an expired lease the refresher had not reported yet: the
@@ -451,19 +416,19 @@ async fn decide(
         // executed and times it out), or left to the reaper.
         Stop::TimedOut if lease_lost => {
             let why = format!("{}; the lease had expired unconfirmed", timing.timeout_msg);
-            hand_back(ctx, Why::LeaseExpired(why)).await
+            hand_back(Why::LeaseExpired(why)).await
         }
         Stop::TimedOut => {
             error!(error = %timing.timeout_msg, "run timed out");
             record_failure(p, target, Outcome::TimedOut, timing.timeout_msg.clone()).await
         }
-        Stop::Cutoff => hand_back(ctx, Why::Cutoff).await,
+        Stop::Cutoff => hand_back(Why::Cutoff).await,
     }
 }
 
 /// The fate of a run whose execution's task ended: with the engine's result, or a panic.
 async fn finished(
-    p: &ExecutionParams,
+    p: &Invocation,
     run: &Run,
     target: Uuid,
     joined: Result<Result<WorkflowResult, EngineError>, JoinError>,
@@ -513,41 +478,26 @@ fn abandoned(end: &LeaseEnd) -> Fate {
 /// Record a failure observed from outside the handler (timeout, panic) as retryable, with the
 /// invocation's own calls, bounded by the last write. A failure that could not be recorded
 /// leaves the run to the reaper.
-async fn record_failure(p: &ExecutionParams, run_id: Uuid, outcome: Outcome, msg: String) -> Fate {
-    let write = p
-        .calls
-        .engine
-        .fail_or_schedule_retry(run_id, &msg, true, None, None);
-    let (written, due) = p
-        .calls
-        .within_noting_due(p.last_write, p.key(run_id), write)
-        .await;
-    match written {
-        Ok(status) => {
-            info!(status = %status, "failure recorded");
-            Fate::new(outcome, Some(msg)).due(due)
-        }
-        Err(e) => {
-            error!(error = %e, "could not record the run's failure: left to the API's reaper");
-            Fate::left_to_reaper(
-                outcome,
-                format!("{msg} (recording it failed: {e}; left to the API's reaper)"),
-            )
-        }
-    }
+async fn record_failure(p: &Invocation, run_id: Uuid, outcome: Outcome, msg: String) -> Fate {
+    let until = p.budget.last_write();
+    p.record_failure(run_id, outcome, msg, true, until).await
 }
 
 /// How long the current attempt of `run` executed before `claimed_at`, read from its steps
 /// ([`attempt_time::executed`]: waits do not count), or zero for a run that never executed
 /// (its recorded duration is zero). The read is the invocation's, bounded by the cutoff; a
 /// read that fails counts nothing (the timeout then counts from this invocation).
-async fn executed_before(p: &ExecutionParams, run: &Run, claimed_at: DateTime<Utc>) -> Duration {
+async fn executed_before(p: &Invocation, run: &Run, claimed_at: DateTime<Utc>) -> Duration {
     if run.duration_ms == 0 {
         return Duration::ZERO;
     }
     let attempt = run.retry_count + 1;
     let read = p.calls.store.list_steps(run.id);
-    match p.calls.within(p.cutoff, Some(p.key(run.id)), read).await {
+    match p
+        .calls
+        .within(p.budget.cutoff(), Some(p.key(run.id)), read)
+        .await
+    {
         Ok(steps) => attempt_time::executed(&steps, attempt, claimed_at),
         Err(e) => {
             warn!(error = %e, "could not list steps to find the attempt's executed time");

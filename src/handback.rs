@@ -5,8 +5,9 @@
 //! expired without a confirmed refresh but can still be confirmed now, and before a step that
 //! would not fit before the cutoff (cutoff-aware starts: [`Why::Deferred`]).
 //!
-//! By the time [`hand_back`] is called the execution has been stopped (and fenced: nothing it
-//! sends reaches the API) and the lease refresher has stopped. Then, in order, with the
+//! By the time [`Invocation::hand_back`] is called (its inputs: [`Handback`]) the execution has
+//! been stopped (and fenced: nothing it sends reaches the API) and the lease refresher has
+//! stopped. Then, in order, with the
 //! invocation's own calls, each retried until the last write:
 //! 1. confirm the lease is still this invocation's (`renew_lease`); if not, write nothing (the
 //!    run was cancelled or is someone else's);
@@ -44,53 +45,41 @@
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use ironflow_store::entities::{LeaseRequest, Run};
+use ironflow_store::entities::Run;
 use ironflow_store::entities::{RunStatus, RunUpdate, Step, StepStatus, StepUpdate};
 use ironflow_store::error::StoreError;
 use ironflow_store::store::RunStore;
 use ironflow_store::store::STEP_INTERRUPTED_ERROR;
 use serde_json::json;
+use tokio::time::Instant;
 use tracing::{error, info, warn};
 use uuid::Uuid;
 
-use crate::calls::Calls;
+pub(crate) use crate::context::HandbackPolicy;
+use crate::context::{Invocation, fail_or_leave_to_reaper};
 use crate::report::{Fate, Outcome};
 use crate::store::fault::ApiFault;
 use crate::store::fit::Deferral;
-use crate::store::scope::RunKey;
 #[cfg(doc)]
 use crate::store::scope::{CallScope, SLOW_ANSWER};
 
-/// The loop guard's settings.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct HandbackPolicy {
-    /// Handbacks in a row without a completed step before the run is failed.
-    pub max_without_progress: u32,
-    /// A run that executed this long in one invocation without any step running or finishing
-    /// is failed at the cutoff instead of handed back.
-    pub stall_window: Duration,
-    /// A cutoff counts for the loop guard only when the run executed at least this long in
-    /// the invocation (half the window between an invocation's start and its cutoff).
-    pub fair_share: Duration,
-}
-
-/// What a handback needs: the invocation's calls and lease, its last write, the loop guard.
-#[derive(Clone, Copy)]
-pub(crate) struct HandbackContext<'a> {
-    pub calls: &'a Calls,
-    pub lease: &'a LeaseRequest,
-    /// No write past this.
-    pub last_write: tokio::time::Instant,
-    pub policy: HandbackPolicy,
-}
-
-impl HandbackContext<'_> {
-    fn key(&self, run_id: Uuid) -> RunKey {
-        RunKey {
-            run_id,
-            worker_id: self.lease.worker_id.clone(),
-        }
-    }
+/// What one handback is given: the run, what stopped it, how long it executed here.
+pub(crate) struct Handback<'a> {
+    /// The run whose execution stopped.
+    pub run: &'a Run,
+    /// The run whose lease is held: the run itself, or the root of its sub-workflow chain.
+    pub target: Uuid,
+    /// When this invocation took it up.
+    pub claimed_at: DateTime<Utc>,
+    /// How long it executed here.
+    pub executed: Duration,
+    /// Why it is handed back.
+    pub why: Why,
+    /// The API cost its execution time (faults, slow answers:
+    /// [`CallScope::lost_time_to_api`]).
+    pub lost_time: bool,
+    /// No write past this: the invocation's last write, or sooner for a lease that expired.
+    pub until: Instant,
 }
 
 /// Why a run is handed back.
@@ -149,115 +138,128 @@ impl Why {
     }
 }
 
-/// Hand `run` back (see the module docs). `target` is the run whose lease is held (the run
-/// itself, or the root of its sub-workflow chain); `claimed_at` is when this invocation took
-/// it up and `executed` how long it ran here; `lost_time`: the API cost its execution time
-/// (faults, slow answers: [`CallScope::lost_time_to_api`]).
-pub(crate) async fn hand_back(
-    p: HandbackContext<'_>,
-    run: &Run,
-    target: Uuid,
-    claimed_at: DateTime<Utc>,
-    executed: Duration,
-    why: Why,
-    lost_time: bool,
-) -> Fate {
-    let key = p.key(target);
-    let steps = hand_back_steps(p, run, target, claimed_at, executed, &why, lost_time);
-    p.calls.within(p.last_write, Some(key), steps).await
-}
-
-async fn hand_back_steps(
-    p: HandbackContext<'_>,
-    run: &Run,
-    target: Uuid,
-    claimed_at: DateTime<Utc>,
-    executed: Duration,
-    why: &Why,
-    lost_time: bool,
-) -> Fate {
-    let store = &p.calls.store;
-    // 1. The lease.
-    if let Err(mut fate) = confirm_lease(p.calls, target, p.lease).await {
-        if let Why::LeaseExpired(end) = why {
-            // Not handed back: the lease stays expired, the run is the reaper's (or another
-            // worker's).
-            fate.outcome = match fate.outcome {
-                Outcome::HandedBack => Outcome::LeaseLost,
-                other => other,
-            };
-            fate.error = Some(format!("{end}; {}", fate.error.unwrap_or_default()));
-        }
-        return fate;
+impl Invocation {
+    /// Hand a run back (see the module docs), in its numbered steps, each write retried until
+    /// `h.until`.
+    pub(crate) async fn hand_back(&self, h: Handback<'_>) -> Fate {
+        let (until, key) = (h.until, self.key(h.target));
+        self.calls
+            .within(until, Some(key), self.hand_back_steps(&h))
+            .await
     }
 
-    // 2. The loop guard.
-    let run = if target == run.id {
-        run.clone()
-    } else {
-        match store.get_run(target).await {
-            Ok(Some(root)) => root,
-            _ => run.clone(),
+    async fn hand_back_steps(&self, h: &Handback<'_>) -> Fate {
+        // 1. The lease.
+        if let Err(fate) = self.confirm_lease(h.target).await {
+            return not_confirmed(fate, &h.why);
         }
-    };
-    let steps = match store.list_steps(target).await {
-        Ok(steps) => steps,
-        Err(e) => {
+        // 2. The loop guard.
+        let guarded = match self.guard(h).await {
+            Ok(guarded) => guarded,
+            Err(fate) => return fate,
+        };
+        // 3. The steps left Running.
+        let mark = h.why.mark(guarded.counted, guarded.progressed);
+        if let Err(e) = self.interrupt_running_steps(&guarded.steps, mark).await {
             return reaper(format!(
-                "could not list the run's steps before handing it back ({e})"
+                "could not mark the running steps interrupted ({e})"
             ));
         }
-    };
-    // A handback after a step completed here is not "without progress", now or later.
-    let attempt = run.retry_count + 1;
-    let progressed = progressed_since(attempt, &steps, claimed_at);
-    let counted = why.counts(&p.policy, executed, lost_time) && !progressed;
-    let failed_instead = counted
-        .then(|| loop_guard(&p.policy, attempt, &steps, executed))
-        .flatten();
-    if let Some(reason) = failed_instead {
-        error!(run_id = %target, error = %reason, "failing the run instead of handing it back");
-        let write = p
-            .calls
-            .engine
-            .fail_or_schedule_retry(target, &reason, false, None, None);
-        return match write.await {
-            Ok(_) => Fate::new(Outcome::Failed, Some(reason)),
-            Err(e) => Fate::left_to_reaper(
-                Outcome::Failed,
-                format!("{reason} (recording it failed: {e}; left to the API's reaper)"),
-            ),
+        // 4. Pending.
+        self.write_pending(h, &guarded.run).await
+    }
+
+    /// Step 2: the loop guard, at a counted cutoff. The run whose lease is held and its
+    /// steps, or the fate when it was failed instead (or its steps could not be read).
+    async fn guard(&self, h: &Handback<'_>) -> Result<Guarded, Fate> {
+        let (store, target) = (&self.calls.store, h.target);
+        let run = if target == h.run.id {
+            h.run.clone()
+        } else {
+            match store.get_run(target).await {
+                Ok(Some(root)) => root,
+                _ => h.run.clone(),
+            }
         };
-    }
-
-    // 3. The steps left Running.
-    let mark = why.mark(counted, progressed);
-    if let Err(e) = interrupt_running_steps(p.calls, &steps, mark).await {
-        return reaper(format!(
-            "could not mark the running steps interrupted ({e})"
-        ));
-    }
-
-    // 4. Pending.
-    let executed_ms = u64::try_from(executed.as_millis())
-        .unwrap_or(u64::MAX)
-        .max(1);
-    let update = RunUpdate {
-        status: Some(RunStatus::Pending),
-        duration_ms: Some(run.duration_ms.saturating_add(executed_ms)),
-        ..RunUpdate::default()
-    };
-    match store.update_run(target, update).await {
-        Ok(()) => {
-            info!(run_id = %target, executed_ms, "run handed back: Pending for the next invocation");
-            Fate::new(Outcome::HandedBack, why.note())
+        let steps = match store.list_steps(target).await {
+            Ok(steps) => steps,
+            Err(e) => {
+                return Err(reaper(format!(
+                    "could not list the run's steps before handing it back ({e})"
+                )));
+            }
+        };
+        // A handback after a step completed here is not "without progress", now or later.
+        let attempt = run.retry_count + 1;
+        let progressed = progressed_since(attempt, &steps, h.claimed_at);
+        let policy = &self.handback;
+        let counted = h.why.counts(policy, h.executed, h.lost_time) && !progressed;
+        let failed_instead = counted
+            .then(|| loop_guard(policy, attempt, &steps, h.executed))
+            .flatten();
+        if let Some(reason) = failed_instead {
+            error!(run_id = %target, error = %reason, "failing the run instead of handing it back");
+            let calls = &self.calls;
+            return Err(
+                fail_or_leave_to_reaper(calls, target, Outcome::Failed, reason, false).await,
+            );
         }
-        Err(StoreError::LeaseLost { .. }) => Fate::new(
-            Outcome::LeaseLost,
-            Some("the run left this worker while it was handed back: nothing more written".into()),
-        ),
-        Err(e) => reaper(format!("could not write the run back to Pending ({e})")),
+        Ok(Guarded {
+            run,
+            steps,
+            counted,
+            progressed,
+        })
     }
+
+    /// Step 4: write the run Pending, adding this invocation's time to its `duration_ms`.
+    async fn write_pending(&self, h: &Handback<'_>, run: &Run) -> Fate {
+        let executed_ms = u64::try_from(h.executed.as_millis())
+            .unwrap_or(u64::MAX)
+            .max(1);
+        let update = RunUpdate {
+            status: Some(RunStatus::Pending),
+            duration_ms: Some(run.duration_ms.saturating_add(executed_ms)),
+            ..RunUpdate::default()
+        };
+        let target = h.target;
+        match self.calls.store.update_run(target, update).await {
+            Ok(()) => {
+                info!(run_id = %target, executed_ms, "run handed back: Pending for the next invocation");
+                Fate::new(Outcome::HandedBack, h.why.note())
+            }
+            Err(StoreError::LeaseLost { .. }) => Fate::new(
+                Outcome::LeaseLost,
+                Some(
+                    "the run left this worker while it was handed back: nothing more written"
+                        .into(),
+                ),
+            ),
+            Err(e) => reaper(format!("could not write the run back to Pending ({e})")),
+        }
+    }
+}
+
+/// What the loop guard let through to be handed back: the run whose lease is held, its steps,
+/// whether this cutoff counts for the guard and whether a step completed here.
+struct Guarded {
+    run: Run,
+    steps: Vec<Step>,
+    counted: bool,
+    progressed: bool,
+}
+
+/// Step 1 failed (`fate`): nothing is written. After an expired lease, the run is the
+/// reaper's (or another worker's): the lease stays expired.
+fn not_confirmed(mut fate: Fate, why: &Why) -> Fate {
+    if let Why::LeaseExpired(end) = why {
+        fate.outcome = match fate.outcome {
+            Outcome::HandedBack => Outcome::LeaseLost,
+            other => other,
+        };
+        fate.error = Some(format!("{end}; {}", fate.error.unwrap_or_default()));
+    }
+    fate
 }
 
 /// A handback that could not be written: the run is the reaper's.
@@ -270,63 +272,62 @@ fn reaper(what: String) -> Fate {
     Fate::left_to_reaper(Outcome::HandedBack, msg)
 }
 
-/// Step 1 of a handback or release: confirm the lease is still `lease`'s (`renew_lease`,
-/// retried within the caller's scope). `Err` with the fate when it is not: cancelled, someone
-/// else's, or unconfirmable (the API keeps failing: the reaper's).
-async fn confirm_lease(calls: &Calls, run_id: Uuid, lease: &LeaseRequest) -> Result<(), Fate> {
-    match calls.store.renew_lease(run_id, lease.clone()).await {
-        Ok(_) => Ok(()),
-        Err(StoreError::LeaseLost { held_by, .. }) => {
-            let status = match calls.store.get_run(run_id).await {
-                Ok(Some(run)) => Some(run.status.state),
-                _ => None,
-            };
-            let fate = if status == Some(RunStatus::Cancelled) {
-                Fate::new(
-                    Outcome::Cancelled,
-                    Some("run cancelled through the API: nothing written".into()),
-                )
-            } else {
-                Fate::new(
-                    Outcome::LeaseLost,
-                    Some(format!(
-                        "lease lost before the run's fate was written (held by {}): nothing \
+impl Invocation {
+    /// Step 1 of a handback or release: confirm the lease is still this invocation's
+    /// (`renew_lease`, retried within the caller's scope). `Err` with the fate when it is not:
+    /// cancelled, someone else's, or unconfirmable (the API keeps failing: the reaper's).
+    async fn confirm_lease(&self, run_id: Uuid) -> Result<(), Fate> {
+        let calls = &self.calls;
+        match calls.store.renew_lease(run_id, self.lease.clone()).await {
+            Ok(_) => Ok(()),
+            Err(StoreError::LeaseLost { held_by, .. }) => {
+                let status = match calls.store.get_run(run_id).await {
+                    Ok(Some(run)) => Some(run.status.state),
+                    _ => None,
+                };
+                let fate = if status == Some(RunStatus::Cancelled) {
+                    Fate::new(
+                        Outcome::Cancelled,
+                        Some("run cancelled through the API: nothing written".into()),
+                    )
+                } else {
+                    Fate::new(
+                        Outcome::LeaseLost,
+                        Some(format!(
+                            "lease lost before the run's fate was written (held by {}): nothing \
                          written",
-                        held_by.as_deref().unwrap_or("nobody")
-                    )),
-                )
-            };
-            warn!(run_id = %run_id, error = fate.error.as_deref().unwrap_or(""), "not written back");
-            Err(fate)
+                            held_by.as_deref().unwrap_or("nobody")
+                        )),
+                    )
+                };
+                warn!(run_id = %run_id, error = fate.error.as_deref().unwrap_or(""), "not written back");
+                Err(fate)
+            }
+            Err(e) => Err(reaper(format!("could not confirm the lease ({e})"))),
         }
-        Err(e) => Err(reaper(format!("could not confirm the lease ({e})"))),
     }
-}
 
-/// Mark the Running steps among `steps` Failed with `STEP_INTERRUPTED_ERROR`, so that the
-/// replay executes them again, each write retried within the caller's scope, and with the
-/// interruption `mark` in their debug messages.
-async fn interrupt_running_steps(
-    calls: &Calls,
-    steps: &[Step],
-    mark: &str,
-) -> Result<(), StoreError> {
-    let now = Utc::now();
-    for step in steps
-        .iter()
-        .filter(|s| s.status.state == StepStatus::Running)
-    {
-        let update = StepUpdate {
-            status: Some(StepStatus::Failed),
-            error: Some(STEP_INTERRUPTED_ERROR.to_string()),
-            completed_at: Some(now),
-            debug_messages: Some(json!([{ INTERRUPTION_KEY: mark }])),
-            ..StepUpdate::default()
-        };
-        calls.store.update_step(step.id, update).await?;
-        info!(step = %step.name, position = step.position, "interrupted step will be executed again");
+    /// Mark the Running steps among `steps` Failed with `STEP_INTERRUPTED_ERROR`, so that the
+    /// replay executes them again, each write retried within the caller's scope, and with the
+    /// interruption `mark` in their debug messages.
+    async fn interrupt_running_steps(&self, steps: &[Step], mark: &str) -> Result<(), StoreError> {
+        let now = Utc::now();
+        for step in steps
+            .iter()
+            .filter(|s| s.status.state == StepStatus::Running)
+        {
+            let update = StepUpdate {
+                status: Some(StepStatus::Failed),
+                error: Some(STEP_INTERRUPTED_ERROR.to_string()),
+                completed_at: Some(now),
+                debug_messages: Some(json!([{ INTERRUPTION_KEY: mark }])),
+                ..StepUpdate::default()
+            };
+            self.calls.store.update_step(step.id, update).await?;
+            info!(step = %step.name, position = step.position, "interrupted step will be executed again");
+        }
+        Ok(())
     }
-    Ok(())
 }
 
 /// Why a run that did not execute was not written back to Pending.
@@ -340,52 +341,50 @@ pub(crate) enum NotWrittenBack {
     Reaper(String),
 }
 
-/// Write a run that did not execute in this invocation back to Pending, with the invocation's
-/// calls, until `until`: a run claimed ahead that got no slot before the claim window closed
-/// ([`Outcome::Released`]), or a run of a blocked workflow in defer mode. As a handback does,
-/// it first confirms that the lease is still `lease`'s, so it never takes back a run another
-/// worker took over, a user paused or cancelled (a cancelled run written Pending would also be
-/// an illegal transition). Nothing else is written: the run has no step to interrupt and no
-/// time to add to its `duration_ms`, and the loop guard does not count it.
-///
-/// # Errors
-///
-/// [`NotWrittenBack`], with what to report.
-pub(crate) async fn write_back_unexecuted(
-    calls: &Calls,
-    run_id: Uuid,
-    lease: &LeaseRequest,
-    until: tokio::time::Instant,
-) -> Result<(), NotWrittenBack> {
-    let key = RunKey {
-        run_id,
-        worker_id: lease.worker_id.clone(),
-    };
-    let write = async {
-        if let Err(fate) = confirm_lease(calls, run_id, lease).await {
-            return Err(match fate.left_to_reaper {
-                true => NotWrittenBack::Reaper(fate.error.unwrap_or_default()),
-                false => NotWrittenBack::Gone(fate),
-            });
-        }
-        let update = RunUpdate {
-            status: Some(RunStatus::Pending),
-            ..RunUpdate::default()
+impl Invocation {
+    /// Write a run that did not execute in this invocation back to Pending, with the invocation's
+    /// calls, until its last write: a run claimed ahead that got no slot before the claim window closed
+    /// ([`Outcome::Released`]), or a run of a blocked workflow in defer mode. As a handback does,
+    /// it first confirms that the lease is still this invocation's, so it never takes back a run another
+    /// worker took over, a user paused or cancelled (a cancelled run written Pending would also be
+    /// an illegal transition). Nothing else is written: the run has no step to interrupt and no
+    /// time to add to its `duration_ms`, and the loop guard does not count it.
+    ///
+    /// # Errors
+    ///
+    /// [`NotWrittenBack`], with what to report.
+    pub(crate) async fn write_back_unexecuted(&self, run_id: Uuid) -> Result<(), NotWrittenBack> {
+        let calls = &self.calls;
+        let write = async {
+            if let Err(fate) = self.confirm_lease(run_id).await {
+                return Err(match fate.left_to_reaper {
+                    true => NotWrittenBack::Reaper(fate.error.unwrap_or_default()),
+                    false => NotWrittenBack::Gone(fate),
+                });
+            }
+            let update = RunUpdate {
+                status: Some(RunStatus::Pending),
+                ..RunUpdate::default()
+            };
+            match calls.store.update_run(run_id, update).await {
+                Ok(()) => Ok(()),
+                Err(StoreError::LeaseLost { .. }) => Err(NotWrittenBack::Gone(Fate::new(
+                    Outcome::LeaseLost,
+                    Some(
+                        "the run left this worker before it was written back: nothing written"
+                            .into(),
+                    ),
+                ))),
+                Err(e) => Err(NotWrittenBack::Reaper(
+                    reaper(format!("writing it back to Pending failed ({e})"))
+                        .error
+                        .unwrap_or_default(),
+                )),
+            }
         };
-        match calls.store.update_run(run_id, update).await {
-            Ok(()) => Ok(()),
-            Err(StoreError::LeaseLost { .. }) => Err(NotWrittenBack::Gone(Fate::new(
-                Outcome::LeaseLost,
-                Some("the run left this worker before it was written back: nothing written".into()),
-            ))),
-            Err(e) => Err(NotWrittenBack::Reaper(
-                reaper(format!("writing it back to Pending failed ({e})"))
-                    .error
-                    .unwrap_or_default(),
-            )),
-        }
-    };
-    calls.within(until, Some(key), write).await
+        let until = self.budget.last_write();
+        calls.within(until, Some(self.key(run_id)), write).await
+    }
 }
 
 /// The interruption mark a handback wrote in `step`'s debug messages, if any.

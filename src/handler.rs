@@ -20,33 +20,18 @@
 //! by Lambda would only claim more runs. For SQS, a batch that could not run lists every record
 //! in `batchItemFailures` (SQS retries them) instead of failing the invocation.
 
-use std::time::{SystemTime, UNIX_EPOCH};
-
 use aws_lambda_events::event::sqs::SqsBatchResponse;
 use lambda_runtime::{Context, LambdaEvent};
 use serde_json::Value;
 use tracing::{info, trace, warn};
 
-use tokio::time::Instant;
-
-use crate::deadline::Budget;
+use crate::deadline::{self, Budget};
 use crate::invocation::{self, Invoked};
 use crate::report::{BatchRequest, InvocationSummary, StopReason};
 use crate::settings::FunctionRole;
-use crate::trigger::{self, Trigger, TriggerError};
+use crate::trigger::{self, SqsWakeUps, Trigger, TriggerError};
 use crate::webhook::{self, Answer};
 use crate::worker::LambdaWorker;
-
-/// The longest a webhook request's calls take (pending count, queue depth, send): 3 s.
-const WEBHOOK_TIME: std::time::Duration = std::time::Duration::from_secs(3);
-
-/// Time left until `deadline_ms` (ms since the epoch), zero once it has passed.
-fn time_left(deadline_ms: u64) -> std::time::Duration {
-    let now_ms = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
-    std::time::Duration::from_millis(deadline_ms.saturating_sub(now_ms))
-}
 
 /// What the handler answers.
 #[derive(Debug, Clone)]
@@ -180,21 +165,14 @@ pub async fn handle_response(
     trace!(request_id = %context.request_id, kind, "event parsed");
     match trigger {
         Trigger::Webhook(request) => {
-            // Answered within milliseconds: its calls end well before the deadline (an
-            // emulator's past deadline gives them their usual time).
-            let left = time_left(context.deadline);
-            let time = if left.is_zero() {
-                WEBHOOK_TIME
-            } else {
-                WEBHOOK_TIME.min(left.saturating_sub(webhook::RESPONSE_RESERVE))
-            };
             // Counted in flight until answered: a retiring process does not end under it
             // (crate::layers::ExitWhenStuck).
             let _held = worker.admission.hold_request();
             let invocation = webhook::Invocation {
                 request_id: &context.request_id,
                 trace_id: context.xray_trace_id.as_deref(),
-                until: Instant::now() + time,
+                // Answered within milliseconds: its calls end well before the deadline.
+                until: deadline::webhook_until(context.deadline),
             };
             let answer = webhook::receive(worker, &request, invocation).await;
             Ok(Response::Webhook(answer))
@@ -211,39 +189,42 @@ pub async fn handle_response(
             );
             one_batch(worker, &context, &direct.request).await
         }
-        Trigger::Sqs(wake_ups) => {
-            for rejected in &wake_ups.rejected {
-                warn!(message_id = %rejected.message_id, error = %rejected.error,
-                    "malformed wake-up: reported as a batch item failure");
-            }
-            for w in &wake_ups.accepted {
-                info!(message_id = %w.message_id, max_runs = w.max_runs,
-                    reason = w.reason.as_deref().unwrap_or(""), "wake-up");
-            }
-            let mut batch_response = SqsBatchResponse::default();
-            let Some(request) = wake_ups.batch_request() else {
-                batch_response.set_failures(wake_ups.rejected.iter().map(|r| &r.message_id));
-                return Ok(Response::Sqs {
-                    batch_response,
-                    summary: None,
-                });
-            };
-            let summary = run_batch(worker, &context, &request).await;
-            match could_not_run(&summary) {
-                Some(reason) => {
-                    warn!(error = %reason, records = wake_ups.accepted.len() + wake_ups.rejected.len(),
-                        "the batch could not run: every record is reported for SQS to retry");
-                    batch_response.set_failures(wake_ups.all_message_ids());
-                }
-                None => {
-                    batch_response.set_failures(wake_ups.rejected.iter().map(|r| &r.message_id));
-                }
-            }
-            Ok(Response::Sqs {
-                batch_response,
-                summary: Some(summary),
-            })
+        Trigger::Sqs(wake_ups) => Ok(sqs_batch(worker, &context, &wake_ups).await),
+    }
+}
+
+/// An SQS event (wake-ups): one batch for its valid records, and the partial batch response.
+async fn sqs_batch(worker: &LambdaWorker, context: &Context, wake_ups: &SqsWakeUps) -> Response {
+    for rejected in &wake_ups.rejected {
+        warn!(message_id = %rejected.message_id, error = %rejected.error,
+            "malformed wake-up: reported as a batch item failure");
+    }
+    for w in &wake_ups.accepted {
+        info!(message_id = %w.message_id, max_runs = w.max_runs,
+            reason = w.reason.as_deref().unwrap_or(""), "wake-up");
+    }
+    let mut batch_response = SqsBatchResponse::default();
+    let Some(request) = wake_ups.batch_request() else {
+        batch_response.set_failures(wake_ups.rejected.iter().map(|r| &r.message_id));
+        return Response::Sqs {
+            batch_response,
+            summary: None,
+        };
+    };
+    let summary = run_batch(worker, context, &request).await;
+    match could_not_run(&summary) {
+        Some(reason) => {
+            warn!(error = %reason, records = wake_ups.accepted.len() + wake_ups.rejected.len(),
+                "the batch could not run: every record is reported for SQS to retry");
+            batch_response.set_failures(wake_ups.all_message_ids());
         }
+        None => {
+            batch_response.set_failures(wake_ups.rejected.iter().map(|r| &r.message_id));
+        }
+    }
+    Response::Sqs {
+        batch_response,
+        summary: Some(summary),
     }
 }
 
@@ -323,26 +304,7 @@ async fn run_batch(
     context: &Context,
     request: &BatchRequest,
 ) -> InvocationSummary {
-    let settings = worker.settings();
-    let now_ms = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
-    let budget = match settings.emulated_invocation {
-        // An emulator's deadline (cargo lambda watch sends one in 1970): the configured length.
-        Some(length) if context.deadline <= now_ms => {
-            info!(
-                deadline_ms = context.deadline,
-                invocation_secs = length.as_secs(),
-                "Context.deadline has passed: emulated invocation (IRONFLOW_EMULATED_INVOCATION_SECS)"
-            );
-            Budget::from_time_left(length, settings.deadline_margin)
-        }
-        None if context.deadline <= now_ms => {
-            past_deadline_once(context.deadline);
-            Budget::from_epoch_ms(context.deadline, settings.deadline_margin)
-        }
-        _ => Budget::from_epoch_ms(context.deadline, settings.deadline_margin),
-    };
+    let budget = Budget::for_context(context.deadline, worker.settings());
     let invoked = Invoked {
         request_id: &context.request_id,
         trace_id: context.xray_trace_id.as_deref(),
@@ -350,22 +312,6 @@ async fn run_batch(
     let summary = invocation::run(worker, invoked, budget, request).await;
     info!(summary = %serde_json::to_string(&summary).unwrap_or_default(), "invocation summary");
     summary
-}
-
-/// Say once per process that `Context.deadline` has already passed: an emulator sends such a
-/// deadline (`cargo lambda watch`: 600000 ms after the epoch, in 1970), and nothing can be
-/// claimed against it until `IRONFLOW_EMULATED_INVOCATION_SECS` gives emulated invocations a
-/// length. Lambda itself always sends a future deadline.
-fn past_deadline_once(deadline_ms: u64) {
-    static SAID: std::sync::Once = std::sync::Once::new();
-    SAID.call_once(|| {
-        warn!(
-            deadline_ms,
-            "Context.deadline has already passed (an emulator's constant deadline, as cargo \
-             lambda watch sends): nothing can be claimed; set IRONFLOW_EMULATED_INVOCATION_SECS \
-             to give emulated invocations a length"
-        );
-    });
 }
 
 /// Why the batch could not run at all, if it could not: nothing claimed, and the claim loop

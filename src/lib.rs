@@ -72,6 +72,7 @@ mod builder;
 mod calls;
 mod claim_ahead;
 mod claimed;
+mod context;
 mod credentials;
 mod deadline;
 mod entry;

@@ -1,36 +1,40 @@
 //! A claim's I/O: the request (`GET /api/v1/internal/runs/next`, retried by the invocation's
 //! calls), the claim window it is awaited in, and the hint added to a claim the API refused.
+//!
+//! Invariant: a claim in flight when the claim window closes is not dropped (the API may have
+//! taken a run for it): it is awaited until the cutoff ([`in_window`]), and a run it brings
+//! then is released.
 
 use std::future::Future;
 use std::time::Duration;
 
-use ironflow_store::entities::{LeaseRequest, Run, WorkerCapabilities};
+use ironflow_store::entities::{Run, WorkerCapabilities};
 use ironflow_store::error::StoreError;
 use ironflow_store::store::RunStore;
 use tokio::time::{Instant, timeout_at};
 use tracing::error;
 
 use crate::api::ApiClient;
-use crate::calls::Calls;
+use crate::context::Invocation;
 
 /// What a claim answers: a run under this invocation's lease, none pending, or an error.
 pub(super) type Answer = Result<Option<Run>, StoreError>;
 
-/// Claim the next run this worker can take, with the invocation's own calls: a fault is
-/// retried (at most [`crate::store::CLAIM_ATTEMPTS`] attempts, none past `until`; the caller
-/// gives up on a claim still unanswered at the cutoff, [`in_window`]). A lost claim answer is
-/// safe to retry: the run it may have claimed sits under a lease nobody refreshes, and the
-/// API's reaper requeues it after the lease TTL.
-pub(super) async fn claim(
-    calls: &Calls,
-    lease: &LeaseRequest,
-    capabilities: &WorkerCapabilities,
-    until: Instant,
-) -> Answer {
-    let pick = calls
-        .store
-        .pick_next_pending_for(Some(lease.clone()), Some(capabilities.clone()));
-    calls.within(until, None, pick).await
+impl Invocation {
+    /// Claim the next run this worker can take (`capabilities`), under the invocation's lease,
+    /// with its own calls: a fault is retried (at most [`crate::store::CLAIM_ATTEMPTS`]
+    /// attempts, none past the last write; the caller gives up on a claim still unanswered at
+    /// the cutoff, [`in_window`]). A lost claim answer is safe to retry: the run it may have
+    /// claimed sits under a lease nobody refreshes, and the API's reaper requeues it after the
+    /// lease TTL.
+    pub(super) async fn claim(&self, capabilities: &WorkerCapabilities) -> Answer {
+        let pick = self
+            .calls
+            .store
+            .pick_next_pending_for(Some(self.lease.clone()), Some(capabilities.clone()));
+        let until = self.budget.last_write();
+        self.calls.within(until, None, pick).await
+    }
 }
 
 /// A claim's answer, as the claim window saw it ([`in_window`]).

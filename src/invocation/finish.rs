@@ -1,5 +1,8 @@
 //! The last phases of an invocation: the flush and cleanup once every run has stopped (step
 //! logs, leftover processes, heartbeat), and the summary with the wake-ups.
+//!
+//! Invariant: they start once every execution has ended, and each call they make ends by the
+//! invocation's last write (logs, heartbeat) or the wake-up phase's end ([`crate::deadline`]).
 
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
@@ -12,7 +15,9 @@ use tracing::info;
 use super::Batch;
 use crate::api::logs::LogInbox;
 use crate::orphans::InvocationGuard;
-use crate::report::{Due, FlushReport, InvocationSummary, Outcome, RunReport, Spend, StopReason};
+use crate::report::{
+    Due, FlushReport, InvocationSummary, Outcome, RunReport, Spend, StopReason, WakeReport,
+};
 use crate::wake::{self, BatchEnd};
 use crate::worker::LambdaWorker;
 use crate::{heartbeat, metrics, process_mark};
@@ -34,13 +39,14 @@ impl Batch<'_> {
         stop_reason: StopReason,
     ) -> Cleanup {
         let w = self.worker;
-        let logs = logs.finish(w, self.last_write).await;
+        let last_write = self.ctx.budget.last_write();
+        let logs = logs.finish(w, last_write).await;
         // Each run's own processes were killed at its end; the sweep takes what is left.
         let orphans_killed = processes.finish(process_mark::belongs_to_a_live_run).await
-            + self.params.processes_killed.load(Ordering::Relaxed);
+            + self.ctx.processes_killed.load(Ordering::Relaxed);
         let heartbeat = match &w.settings.heartbeat_url {
             Some(url) if self.errors.is_empty() => {
-                Some(heartbeat::ping(w.api.http(), url, self.last_write).await)
+                Some(heartbeat::ping(w.api.http(), url, last_write).await)
             }
             _ => None,
         };
@@ -68,61 +74,23 @@ impl Batch<'_> {
         for r in &runs {
             *outcomes.entry(r.outcome).or_insert(0) += 1;
         }
-        let wake_ups = match &self.worker.wake {
-            None => None,
-            Some(waker) => {
-                // The backlog is counted with what the next claim would ask for (defer mode
-                // leaves out the workflows the poison-pill table blocks: their runs wake nobody).
-                let w = self.worker;
-                let capabilities = self.poison.capabilities_for_claim(&w.capabilities).await;
-                let end = BatchEnd {
-                    request_id: self.invoked.request_id,
-                    trace_id: self.invoked.trace_id,
-                    handed_back: [Outcome::HandedBack, Outcome::Released]
-                        .iter()
-                        .filter_map(|o| outcomes.get(o))
-                        .sum(),
-                    filled: stop_reason == StopReason::MaxRuns,
-                    capabilities: &capabilities,
-                    budget: self.budget,
-                    // A run of a workflow blocked in defer mode is woken when claims take it
-                    // again, not when it is due.
-                    due: runs
-                        .iter()
-                        .filter_map(|r| {
-                            let d = r.due?;
-                            let at = self.poison.claimable_at(&r.workflow, d.at);
-                            Some((r.run_id, Due { at, ..d }))
-                        })
-                        .collect(),
-                    // A batch that could not run sends its records back: the watches they
-                    // carry come again with them.
-                    watch: if self.order.is_empty() && stop_reason.could_not_run() {
-                        &[]
-                    } else {
-                        &self.watch
-                    },
-                    calls: &self.calls,
-                };
-                wake::after_batch(waker, &w.api, w.settings.max_runs_per_invocation, end).await
-            }
-        };
+        let wake_ups = self.wake_ups(&runs, &outcomes, stop_reason).await;
         let mut spend = Spend::default();
         for r in &runs {
             spend += r.spend;
         }
         let summary = InvocationSummary {
             request_id: self.invoked.request_id.to_string(),
-            worker_id: self.worker_id,
+            worker_id: self.ctx.lease.worker_id.clone(),
             claimed: self.order.len(),
             outcomes,
             runs,
             stop_reason,
             errors: self.errors,
             spend,
-            api_errors: self.faults.snapshot(),
+            api_errors: self.ctx.calls.faults.snapshot(),
             lease_recoveries: self.poison.lease_recoveries(),
-            time_left_ms: u64::try_from(self.budget.until_deadline().as_millis())
+            time_left_ms: u64::try_from(self.ctx.budget.until_deadline().as_millis())
                 .unwrap_or(u64::MAX),
             orphans_killed: cleanup.orphans_killed,
             logs: cleanup.logs,
@@ -143,6 +111,52 @@ impl Batch<'_> {
             "invocation finished"
         );
         summary
+    }
+}
+
+impl Batch<'_> {
+    /// The wake-ups after the batch ([`crate::wake`]), `None` without a wake queue.
+    async fn wake_ups(
+        &mut self,
+        runs: &[RunReport],
+        outcomes: &BTreeMap<Outcome, usize>,
+        stop_reason: StopReason,
+    ) -> Option<WakeReport> {
+        let w = self.worker;
+        let waker = w.wake.as_ref()?;
+        // The backlog is counted with what the next claim would ask for (defer mode leaves
+        // out the workflows the poison-pill table blocks: their runs wake nobody).
+        let capabilities = self.claim_capabilities().await;
+        let end = BatchEnd {
+            request_id: self.invoked.request_id,
+            trace_id: self.invoked.trace_id,
+            handed_back: [Outcome::HandedBack, Outcome::Released]
+                .iter()
+                .filter_map(|o| outcomes.get(o))
+                .sum(),
+            filled: stop_reason == StopReason::MaxRuns,
+            capabilities: &capabilities,
+            budget: self.ctx.budget,
+            // A run of a workflow blocked in defer mode is woken when claims take it
+            // again, not when it is due.
+            due: runs
+                .iter()
+                .filter_map(|r| {
+                    let d = r.due?;
+                    let at = self.poison.claimable_at(&r.workflow, d.at);
+                    Some((r.run_id, Due { at, ..d }))
+                })
+                .collect(),
+            // A batch that could not run sends its records back: the watches they
+            // carry come again with them.
+            watch: if self.order.is_empty() && stop_reason.could_not_run() {
+                &[]
+            } else {
+                &self.watch
+            },
+            calls: &self.ctx.calls,
+        };
+        wake::after_batch(waker, &w.api, w.settings.max_runs_per_invocation, end).await
     }
 }
 

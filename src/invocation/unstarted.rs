@@ -1,101 +1,77 @@
 //! Runs this invocation claimed and never executed: a blocked workflow's run failed (fail
-//! mode) or written back to Pending (defer mode), and a run released to Pending ([`release`]);
-//! and an invocation not admitted at all ([`not_admitted`]).
+//! mode) or written back to Pending (defer mode), and a run released to Pending
+//! ([`Invocation::release`]); and an invocation not admitted at all ([`not_admitted`]).
+//!
+//! Invariant: such a run is written back only after its lease is confirmed this invocation's,
+//! and failed under that lease (the write read back against it), never past the last write;
+//! when that cannot be done, it is left to the API's reaper and its report says so.
 
-use ironflow_store::entities::{LeaseRequest, Run};
-use tokio::time::Instant;
-use tracing::{error, info, warn};
-
-use crate::calls::Calls;
-use crate::handback::{NotWrittenBack, write_back_unexecuted};
 use std::collections::BTreeMap;
+
+use ironflow_store::entities::Run;
+use tracing::{error, info, warn};
 
 use super::Invoked;
 use crate::admission::Refused;
+use crate::context::Invocation;
 use crate::deadline::Budget;
+use crate::handback::NotWrittenBack;
 use crate::report::{Fate, FlushReport, InvocationSummary, Outcome, RunReport, Spend, StopReason};
-use crate::store::scope::RunKey;
 
-/// Fail a claimed run of a blocked workflow without executing it.
-pub(super) async fn fail_blocked(
-    calls: &Calls,
-    run: &Run,
-    lease: &LeaseRequest,
-    reason: String,
-    until: Instant,
-) -> RunReport {
-    warn!(run_id = %run.id, workflow = %run.workflow_name, error = %reason, "skipping run: poison pill");
-    let key = RunKey {
-        run_id: run.id,
-        worker_id: lease.worker_id.clone(),
-    };
-    let write = calls
-        .engine
-        .fail_or_schedule_retry(run.id, &reason, false, None, None);
-    let fate = match calls.within(until, Some(key), write).await {
-        Ok(_) => Fate::new(Outcome::PoisonBlocked, Some(reason)),
-        Err(e) => Fate::left_to_reaper(
-            Outcome::PoisonBlocked,
-            format!("{reason} (recording it failed: {e}; left to the API's reaper)"),
-        ),
-    };
-    RunReport::not_executed(run, fate)
-}
+impl Invocation {
+    /// Fail a claimed run of a blocked workflow without executing it.
+    pub(super) async fn fail_blocked(&self, run: &Run, reason: String) -> RunReport {
+        warn!(run_id = %run.id, workflow = %run.workflow_name, error = %reason, "skipping run: poison pill");
+        let until = self.budget.last_write();
+        let fate = self
+            .record_failure(run.id, Outcome::PoisonBlocked, reason, false, until)
+            .await;
+        RunReport::not_executed(run, fate)
+    }
 
-/// Defer mode: a run claimed while its workflow is blocked (the block came from this claim's
-/// own lease recovery, from a run that ended while this one waited for a slot, or from another
-/// instance after this invocation read the counter) is written back to Pending without
-/// executing; the following claims leave its workflow out.
-pub(super) async fn defer_blocked(
-    calls: &Calls,
-    run: &Run,
-    lease: &LeaseRequest,
-    reason: String,
-    until: Instant,
-) -> RunReport {
-    warn!(run_id = %run.id, workflow = %run.workflow_name, error = %reason, "deferring run: poison pill");
-    let fate = match write_back_unexecuted(calls, run.id, lease, until).await {
-        Ok(()) => Fate::new(
-            Outcome::PoisonBlocked,
-            Some(format!("{reason}; written back to Pending (defer mode)")),
-        ),
-        Err(NotWrittenBack::Gone(fate)) => Fate::new(
-            fate.outcome,
-            Some(format!("{reason}; {}", fate.error.unwrap_or_default())),
-        ),
-        Err(NotWrittenBack::Reaper(e)) => {
-            Fate::left_to_reaper(Outcome::PoisonBlocked, format!("{reason}; {e}"))
-        }
-    };
-    RunReport::not_executed(run, fate)
-}
+    /// Defer mode: a run claimed while its workflow is blocked (the block came from this claim's
+    /// own lease recovery, from a run that ended while this one waited for a slot, or from another
+    /// instance after this invocation read the counter) is written back to Pending without
+    /// executing; the following claims leave its workflow out.
+    pub(super) async fn defer_blocked(&self, run: &Run, reason: String) -> RunReport {
+        warn!(run_id = %run.id, workflow = %run.workflow_name, error = %reason, "deferring run: poison pill");
+        let fate = match self.write_back_unexecuted(run.id).await {
+            Ok(()) => Fate::new(
+                Outcome::PoisonBlocked,
+                Some(format!("{reason}; written back to Pending (defer mode)")),
+            ),
+            Err(NotWrittenBack::Gone(fate)) => Fate::new(
+                fate.outcome,
+                Some(format!("{reason}; {}", fate.error.unwrap_or_default())),
+            ),
+            Err(NotWrittenBack::Reaper(e)) => {
+                Fate::left_to_reaper(Outcome::PoisonBlocked, format!("{reason}; {e}"))
+            }
+        };
+        RunReport::not_executed(run, fate)
+    }
 
-/// A run claimed and not to be executed here (`why`, logged: its claim answered after the claim
-/// window closed, an earlier execution of it stuck in this process, or its lease as the API
-/// granted it too short): written back to Pending (Released), unless its lease is no longer this
-/// invocation's (nothing written).
-pub(super) async fn release(
-    calls: &Calls,
-    run: &Run,
-    lease: &LeaseRequest,
-    until: Instant,
-    why: &str,
-) -> RunReport {
-    let fate = match write_back_unexecuted(calls, run.id, lease, until).await {
-        Ok(()) => {
-            info!(run_id = %run.id, "{why}");
-            Fate::new(Outcome::Released, None)
-        }
-        Err(NotWrittenBack::Gone(fate)) => {
-            warn!(run_id = %run.id, error = fate.error.as_deref().unwrap_or(""), "claimed run not released");
-            fate
-        }
-        Err(NotWrittenBack::Reaper(e)) => {
-            error!(run_id = %run.id, error = %e, "could not release a claimed run");
-            Fate::left_to_reaper(Outcome::Released, e)
-        }
-    };
-    RunReport::not_executed(run, fate)
+    /// A run claimed and not to be executed here (`why`, logged: its claim answered after the claim
+    /// window closed, an earlier execution of it stuck in this process, or its lease as the API
+    /// granted it too short): written back to Pending (Released), unless its lease is no longer this
+    /// invocation's (nothing written).
+    pub(super) async fn release(&self, run: &Run, why: &str) -> RunReport {
+        let fate = match self.write_back_unexecuted(run.id).await {
+            Ok(()) => {
+                info!(run_id = %run.id, "{why}");
+                Fate::new(Outcome::Released, None)
+            }
+            Err(NotWrittenBack::Gone(fate)) => {
+                warn!(run_id = %run.id, error = fate.error.as_deref().unwrap_or(""), "claimed run not released");
+                fate
+            }
+            Err(NotWrittenBack::Reaper(e)) => {
+                error!(run_id = %run.id, error = %e, "could not release a claimed run");
+                Fate::left_to_reaper(Outcome::Released, e)
+            }
+        };
+        RunReport::not_executed(run, fate)
+    }
 }
 
 /// The summary of an invocation the worker did not admit ([`crate::admission`]): nothing

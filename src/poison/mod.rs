@@ -218,22 +218,12 @@ pub trait PoisonTable: Send + Sync {
     ) -> Result<bool, PoisonError>;
 }
 
-#[cfg(not(feature = "test-support"))]
-pub(crate) use clock::now_ms;
+/// Milliseconds since the Unix epoch, now (defined once, with the invocation's other clocks;
+/// public with the `test-support` feature only).
 #[cfg(feature = "test-support")]
-pub use clock::now_ms;
-
-/// The clock of the counters (`now_ms` is public with the `test-support` feature only).
-mod clock {
-    use std::time::{SystemTime, UNIX_EPOCH};
-
-    /// Milliseconds since the Unix epoch, now (0 if the clock is before 1970).
-    pub fn now_ms() -> u64 {
-        SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, super::duration_ms)
-    }
-}
+pub use crate::deadline::now_ms;
+#[cfg(not(feature = "test-support"))]
+pub(crate) use crate::deadline::now_ms;
 
 /// `d` in whole milliseconds, saturating.
 pub(crate) fn duration_ms(d: Duration) -> u64 {

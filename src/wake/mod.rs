@@ -10,17 +10,18 @@
 //!
 //! After its batch an invocation (1) looks at the sleeping runs its wake-ups watch
 //! ([`watch`]), (2) sends what the backlog needs, (3) books the next looks at the runs still
-//! asleep, and (4) books the timers of the runs it left due later ([`timers`]).
+//! asleep, and (4) books the timers of the runs it left due later ([`timers`]). The sends
+//! themselves are in `send.rs`; the share of a decision that the fleet's wake-up mark allows
+//! when the poison-pill table is in DynamoDB, in `share.rs` ([`fleet`]).
 //!
 //! Invariants: a failure is logged and reported in the summary's `wake_ups.errors`, never a
-//! failed batch; the whole phase ends before the invocation deadline (at most
-//! [`WAKE_PHASE_TIMEOUT`], keeping [`WAKE_DEADLINE_RESERVE`] free): nothing is left running when
-//! the handler returns.
-
-use std::time::Duration;
+//! failed batch; the whole phase ends before the invocation deadline
+//! ([`Budget::wake_phase_end`]): nothing is left running when the handler returns.
 
 pub mod fleet;
 mod local;
+mod send;
+mod share;
 mod sqs;
 pub mod timers;
 mod watch;
@@ -30,24 +31,20 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use ironflow_store::entities::WorkerCapabilities;
 use tokio::time::{Instant, timeout_at};
-use tracing::{error, info, warn};
+use tracing::{info, warn};
 use uuid::Uuid;
 
 use crate::api::ApiClient;
 use crate::calls::Calls;
 use crate::deadline::Budget;
-use crate::report::{Due, SleepWatch, TimerWake, WakeReport, WakeTrigger};
+use crate::report::{Due, SleepWatch, WakeReport, WakeTrigger};
 use crate::settings::WakeSettings;
 
 use self::fleet::{FleetMark, Share};
 pub use self::local::LocalWakeQueue;
+use self::send::{Sender, book_timers, fail, left, send_wake_ups};
+use self::share::{cover_tail, fleet_share, give_back};
 pub use self::sqs::SqsWakeQueue;
-use crate::poison::now_ms;
-
-/// Time kept free before the invocation deadline by the wake-up phase: 500 ms.
-pub const WAKE_DEADLINE_RESERVE: Duration = Duration::from_millis(500);
-/// Longest the wake-up phase takes (pending count, queue attributes, send): 5 s.
-pub const WAKE_PHASE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Where wake-ups go: the SQS wake queue ([`SqsWakeQueue`]), or, for local runs, a queue in this
 /// process ([`LocalWakeQueue`]), which the local runner serves as Lambda's event source mapping
@@ -166,13 +163,7 @@ pub(crate) async fn after_batch(
     if trigger.is_none() && end.due.is_empty() && end.watch.is_empty() {
         return Some(report);
     }
-    let Some(until) = end
-        .budget
-        .deadline()
-        .checked_sub(WAKE_DEADLINE_RESERVE)
-        .map(|d| d.min(Instant::now() + WAKE_PHASE_TIMEOUT))
-        .filter(|until| *until > Instant::now())
-    else {
+    let Some(until) = end.budget.wake_phase_end() else {
         let error = "no time left before the invocation deadline: wake-ups skipped".to_string();
         warn!(error = %error, "wake-ups skipped");
         report.errors.push(error);
@@ -299,132 +290,6 @@ async fn wake_for(
     delivery
 }
 
-/// What the fleet's mark lets this decision send of `count` (one conditional write before
-/// `until`), `None` when the table failed or did not answer in time: the error is logged and
-/// recorded, and the decision stays this process's own.
-async fn fleet_share(
-    fleet: &FleetMark,
-    count: usize,
-    until: Instant,
-    report: &mut WakeReport,
-) -> Option<Share> {
-    let queued = report.queued.unwrap_or(0);
-    let target = queued.saturating_add(u64::try_from(count).unwrap_or(u64::MAX));
-    let error = match timeout_at(until, fleet.claim(target, count, now_ms())).await {
-        Ok(Ok(share)) => return Some(share),
-        Ok(Err(e)) => e.to_string(),
-        Err(_) => format!(
-            "wake-up mark: no answer before the request's deadline ({})",
-            fleet.table()
-        ),
-    };
-    fleet_failed(fleet, error, report);
-    None
-}
-
-/// Log and record a failed write of the fleet's mark: the decision stays this process's own.
-fn fleet_failed(fleet: &FleetMark, error: String, report: &mut WakeReport) {
-    let errors = fleet.count_error();
-    error!(error = %error, fleet_errors = errors,
-        "the shared wake-up mark failed: deciding in this environment alone");
-    report.errors.push(error);
-}
-
-/// For a decision whose backlog the fleet's wake-ups in flight cover, until `window.1` (ms
-/// since the Unix epoch): book a tail wake-up unless one not yet due is booked
-/// ([`FleetMark::book_tail`]) and, when this decision booked it, send it delayed to the
-/// window's end, so that a run those wake-ups' invocations miss (created after they claimed)
-/// is claimed then, not at the next schedule tick. A tail SQS refused is given back. `None`
-/// when the table failed or did not answer before `until` (recorded): the decision falls back
-/// to this process's own.
-async fn cover_tail(
-    waker: &Waker,
-    (fleet, window_end_ms): (&FleetMark, u64),
-    trigger: WakeTrigger,
-    sender: Sender<'_>,
-    until: Instant,
-    report: &mut WakeReport,
-) -> Option<Delivery> {
-    let booking = timeout_at(until, fleet.book_tail(window_end_ms, now_ms())).await;
-    let tail = match booking {
-        Ok(Ok(Some(tail))) => tail,
-        Ok(Ok(None)) => {
-            info!(
-                trigger = trigger.as_str(),
-                window_end_ms, "a tail wake-up not yet due is booked already"
-            );
-            return Some(Delivery::default());
-        }
-        Ok(Err(e)) => {
-            fleet_failed(fleet, format!("{e}: booking the tail wake-up"), report);
-            return None;
-        }
-        Err(_) => {
-            let error = format!(
-                "wake-up mark: no answer before the request's deadline booking the tail ({})",
-                fleet.table()
-            );
-            fleet_failed(fleet, error, report);
-            return None;
-        }
-    };
-    report.tail = true;
-    report.delay_secs = tail.delay_secs;
-    let unknown = !send_wake_ups(waker, 1, trigger, sender, until, report).await;
-    if !unknown && report.sent == 0 {
-        match timeout_at(until, fleet.give_back_tail(tail)).await {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => {
-                fail::<()>(report, format!("{e}: giving back the unsent tail failed"));
-            }
-            Err(_) => {
-                fail::<()>(
-                    report,
-                    "giving back the unsent tail ran into the deadline".into(),
-                );
-            }
-        }
-    }
-    info!(
-        trigger = trigger.as_str(),
-        sent = report.sent,
-        delay_secs = tail.delay_secs,
-        window_end_ms,
-        "tail wake-up booked for the window"
-    );
-    Some(Delivery { needed: 1, unknown })
-}
-
-/// Lower the fleet's mark by the `unsent` wake-ups SQS refused of those `share` allowed,
-/// before `until` (a failure recorded in `report`): the next push sends them.
-async fn give_back(
-    fleet: &FleetMark,
-    share: Share,
-    unsent: usize,
-    until: Instant,
-    report: &mut WakeReport,
-) {
-    let Share::Send {
-        target, until_ms, ..
-    } = share
-    else {
-        return;
-    };
-    let unsent = u64::try_from(unsent).unwrap_or(u64::MAX);
-    match timeout_at(until, fleet.give_back(target, until_ms, unsent)).await {
-        Ok(Ok(())) => {}
-        Ok(Err(e)) => {
-            fail::<()>(report, format!("{e}: giving back unsent wake-ups failed"));
-        }
-        Err(_) => {
-            fail::<()>(
-                report,
-                "giving back unsent wake-ups ran into the deadline".into(),
-            );
-        }
-    }
-}
-
 /// What became of the wake-ups a backlog needed.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(crate) struct Delivery {
@@ -455,96 +320,6 @@ pub(crate) async fn for_push(
     };
     let delivery = wake_for(waker, api, need, sender, until, &mut report).await;
     (report, delivery)
-}
-
-/// Wake-ups the invocation may still send under `IRONFLOW_MAX_WAKEUPS_PER_INVOCATION`, after
-/// the backlog's and the timers (looks included) in `report`.
-fn left(waker: &Waker, report: &WakeReport) -> usize {
-    let booked: usize = report.timers.iter().map(|t| t.sent).sum();
-    waker
-        .settings
-        .max_per_invocation
-        .saturating_sub(report.sent + booked)
-}
-
-/// Book the timer wake-ups of the runs `due` later ([`timers`]; one per N runs due together,
-/// at most `max`, sleeping runs watched), before `until`, into `report`.
-async fn book_timers(
-    waker: &Waker,
-    (due, runs_per_invocation, max): (&[(Uuid, Due)], usize, usize),
-    sender: Sender<'_>,
-    until: Instant,
-    report: &mut WakeReport,
-) {
-    let now = chrono::Utc::now();
-    let due = due
-        .iter()
-        .filter_map(|(id, d)| timers::Timer::new(*id, d, now))
-        .collect();
-    for booking in timers::plan(due, runs_per_invocation, max) {
-        let watch_until = timers::watch_until(booking.delay_secs, now);
-        book(waker, &booking, Some(watch_until), sender, until, report).await;
-    }
-}
-
-/// Send the wake-ups of `booking` before `until`, into `report`: the first ones watching its
-/// sleeping runs until `watch_until`, the others plain.
-async fn book(
-    waker: &Waker,
-    booking: &timers::Booking,
-    watch_until: Option<chrono::DateTime<chrono::Utc>>,
-    sender: Sender<'_>,
-    until: Instant,
-    report: &mut WakeReport,
-) {
-    let body = |sleeping: Option<&Vec<Uuid>>| {
-        let mut body = serde_json::json!({
-            "reason": WakeTrigger::Due,
-            "sent_by": sender.request_id,
-        });
-        if let (Some(runs), Some(at)) = (sleeping, watch_until) {
-            body["sleeping"] = serde_json::json!(runs);
-            body["watch_until"] = serde_json::json!(at.to_rfc3339());
-        }
-        body.to_string()
-    };
-    let watching = booking.watched.len().min(booking.count);
-    let mut messages: Vec<(usize, String)> = booking.watched[..watching]
-        .iter()
-        .map(|runs| (1, body(Some(runs))))
-        .collect();
-    if booking.count > watching {
-        messages.push((booking.count - watching, body(None)));
-    }
-    let mut sent = 0;
-    for (count, body) in messages {
-        let sending = waker
-            .queue
-            .send(count, &body, booking.delay_secs, sender.trace_id);
-        sent += match timeout_at(until, sending).await {
-            Ok((sent, errors)) => {
-                for e in errors {
-                    fail::<()>(report, e);
-                }
-                sent
-            }
-            Err(_) => {
-                fail::<()>(
-                    report,
-                    "booking timer wake-ups ran into the deadline".into(),
-                );
-                0
-            }
-        };
-    }
-    let delay_secs = booking.delay_secs;
-    info!(
-        delay_secs,
-        sent,
-        watched = watching,
-        "timer wake-ups booked"
-    );
-    report.timers.push(TimerWake { delay_secs, sent });
 }
 
 /// The backlog (`pending_runs`) and the wake-ups already queued (`queued`), each `None` when
@@ -584,57 +359,6 @@ async fn measure_backlog(
         ),
     };
     true
-}
-
-/// The invocation that sends wake-ups.
-#[derive(Clone, Copy)]
-struct Sender<'a> {
-    request_id: &'a str,
-    trace_id: Option<&'a str>,
-}
-
-/// Send `count` wake-ups for `trigger` before `until`, with the report's delay; `false` when
-/// the deadline came first (what SQS took is unknown).
-async fn send_wake_ups(
-    waker: &Waker,
-    count: usize,
-    trigger: WakeTrigger,
-    sender: Sender<'_>,
-    until: Instant,
-    report: &mut WakeReport,
-) -> bool {
-    let body = serde_json::json!({
-        "reason": trigger,
-        "pending_runs": report.pending_runs,
-        "sent_by": sender.request_id,
-    })
-    .to_string();
-    let sending = waker
-        .queue
-        .send(count, &body, report.delay_secs, sender.trace_id);
-    match timeout_at(until, sending).await {
-        Ok((sent, errors)) => {
-            report.sent = sent;
-            for e in errors {
-                fail::<()>(report, e);
-            }
-            true
-        }
-        Err(_) => {
-            fail::<()>(
-                report,
-                "sending wake-ups ran into the deadline (the queue may have taken them)".into(),
-            );
-            false
-        }
-    }
-}
-
-/// Record and log a wake-up error; the value it returns stands for "unknown".
-fn fail<T>(report: &mut WakeReport, error: String) -> Option<T> {
-    warn!(error = %error, "wake-up phase");
-    report.errors.push(error);
-    None
 }
 
 #[cfg(test)]

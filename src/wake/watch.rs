@@ -19,8 +19,9 @@ use tokio::time::Instant;
 use tracing::{info, warn};
 use uuid::Uuid;
 
+use super::Waker;
+use super::send::{Sender, book, fail, left};
 use super::timers::{self, Looked};
-use super::{Sender, Waker, book, fail, left};
 use crate::calls::Calls;
 use crate::report::{SleepWatch, WakeReport, WatchReport};
 

@@ -50,9 +50,6 @@ use crate::settings::WebhookSecret;
 use crate::wake::{self, Need};
 use crate::worker::LambdaWorker;
 
-/// Time kept for the answer after the receiver's last call: 250 ms.
-pub const RESPONSE_RESERVE: std::time::Duration = std::time::Duration::from_millis(250);
-
 /// The largest event body accepted: 64 KiB (ironflow's events are well under 2 KiB).
 pub const MAX_BODY_BYTES: usize = 64 * 1024;
 
@@ -129,7 +126,7 @@ impl Receiver {
 
     /// Whether `taken`'s body was taken already, here or (with the table) anywhere in the fleet.
     async fn already_taken(&self, taken: &Taken, until: Instant) -> bool {
-        let now_ms = chrono::Utc::now().timestamp_millis();
+        let now_ms = now_ms();
         if self.seen.contains(&taken.digest, now_ms) {
             return true;
         }
@@ -145,7 +142,7 @@ impl Receiver {
 
     /// Record `taken`'s body as taken, here and (with the table) for the fleet.
     async fn record(&self, taken: &Taken, until: Instant) {
-        let now_ms = chrono::Utc::now().timestamp_millis();
+        let now_ms = now_ms();
         self.seen.record(taken.digest, taken.fresh_until_ms, now_ms);
         if let Some(table) = &self.table {
             table
@@ -153,6 +150,12 @@ impl Receiver {
                 .await;
         }
     }
+}
+
+/// Milliseconds since the Unix epoch, now ([`crate::deadline::now_ms`]), as the replay window
+/// counts them.
+fn now_ms() -> i64 {
+    i64::try_from(crate::deadline::now_ms()).unwrap_or(i64::MAX)
 }
 
 /// The invocation a webhook request came in.

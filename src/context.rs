@@ -1,0 +1,180 @@
+//! The invocation context ([`Invocation`]): what one invocation is to everything done to a run
+//! it claimed (claim, execute, fail, release, hand back), built once per invocation by
+//! [`crate::invocation`] and shared by its executions (each holds an `Arc` of it in its own
+//! task).
+//!
+//! It owns the invocation's own calls ([`Calls`]), the lease every claim asks for, every bound
+//! of the invocation ([`Budget`]), the loop guard's policy and what the executions run with.
+//! What is done to a run is a method of it, each in the module of its concern: [`Invocation::key`]
+//! and [`fail_or_leave_to_reaper`] here, the claim in `invocation/claims.rs`, the releases in
+//! `invocation/unstarted.rs`, the handback and the write-back in [`crate::handback`].
+//!
+//! Invariant: every call it makes about a run carries the run's key under the invocation's
+//! lease (its writes are read back against it) and is bounded by the invocation's last write,
+//! or by a sooner bound its caller gives.
+
+use std::sync::Arc;
+use std::sync::atomic::AtomicUsize;
+use std::time::Duration;
+
+use ironflow_engine::engine::Engine;
+use ironflow_store::entities::{LeaseRequest, Run};
+use tokio::time::Instant;
+use tracing::{error, info};
+use uuid::Uuid;
+
+use crate::calls::Calls;
+use crate::claimed::Claimed;
+use crate::deadline::Budget;
+use crate::lease::RefreshContext;
+use crate::report::{Fate, Outcome};
+use crate::runtime::{ExecutionRuntime, StuckExecutions};
+use crate::step_times::StepTimes;
+use crate::store::GuardedStore;
+use crate::store::fault::FaultLog;
+use crate::store::scope::RunKey;
+use crate::worker::LambdaWorker;
+
+/// The loop guard's settings ([`crate::handback`]).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct HandbackPolicy {
+    /// Handbacks in a row without a completed step before the run is failed.
+    pub max_without_progress: u32,
+    /// A run that executed this long in one invocation without any step running or finishing
+    /// is failed at the cutoff instead of handed back.
+    pub stall_window: Duration,
+    /// A cutoff counts for the loop guard only when the run executed at least this long in
+    /// the invocation ([`Budget::fair_share`]: half the window between an invocation's start
+    /// and its cutoff).
+    pub fair_share: Duration,
+}
+
+/// One invocation, as its claims, executions, handbacks and releases see it.
+pub(crate) struct Invocation {
+    /// The invocation's own calls (claims, handbacks, releases, recorded failures).
+    pub calls: Calls,
+    /// The lease every claim asks for: this invocation's worker id and the lease TTL.
+    pub lease: LeaseRequest,
+    /// Every bound of the invocation.
+    pub budget: Budget,
+    /// The loop guard's settings.
+    pub handback: HandbackPolicy,
+    /// The engine that executes runs (on `runtime`).
+    pub engine: Arc<Engine>,
+    /// The engine's store, primed with each run before the engine reads it.
+    pub engine_store: Arc<GuardedStore>,
+    /// Where the engine executes.
+    pub runtime: Arc<ExecutionRuntime>,
+    /// The run timeout (`IRONFLOW_RUN_TIMEOUT_SECS`).
+    pub run_timeout: Duration,
+    /// The steps' durations this process saw, for cutoff-aware starts; `None`: off.
+    pub step_times: Option<Arc<StepTimes>>,
+    /// The expected duration of a step never seen.
+    pub default_step: Duration,
+    /// Executions of this worker still running after they were told to stop.
+    pub stuck: Arc<StuckExecutions>,
+    /// Processes the invocation's runs left and that were killed at each run's end.
+    pub processes_killed: Arc<AtomicUsize>,
+}
+
+impl Invocation {
+    /// The context of an invocation of `worker` under `worker_id`, within `budget` (started),
+    /// its calls' faults counted in `faults`.
+    pub fn new(
+        worker: &LambdaWorker,
+        worker_id: &str,
+        budget: Budget,
+        faults: Arc<FaultLog>,
+    ) -> Self {
+        let s = &worker.settings;
+        Self {
+            calls: worker.calls(faults),
+            lease: LeaseRequest {
+                worker_id: worker_id.to_string(),
+                ttl: s.lease_ttl,
+            },
+            budget,
+            handback: HandbackPolicy {
+                max_without_progress: s.max_handbacks_without_progress,
+                stall_window: s.function_timeout.saturating_sub(s.deadline_margin) / 2,
+                fair_share: budget.fair_share(),
+            },
+            engine: worker.engine.clone(),
+            engine_store: worker.engine_store.clone(),
+            runtime: worker.runtime.clone(),
+            run_timeout: s.run_timeout,
+            step_times: s.cutoff_aware_starts.then(|| worker.step_times.clone()),
+            default_step: s.default_step_duration,
+            stuck: worker.stuck.clone(),
+            processes_killed: Arc::default(),
+        }
+    }
+
+    /// The scope key of `run_id`'s calls under this invocation's lease.
+    pub fn key(&self, run_id: Uuid) -> RunKey {
+        RunKey {
+            run_id,
+            worker_id: self.lease.worker_id.clone(),
+        }
+    }
+
+    /// Start the lease of `run`, claimed under this invocation's lease by a request sent at
+    /// `sent`: its refresher renews it every `interval` until the cutoff, with the
+    /// invocation's store and fault log.
+    pub fn start_lease(&self, run: Run, sent: Instant, interval: Duration) -> Claimed {
+        let refresh = RefreshContext {
+            store: self.calls.store.clone(),
+            faults: self.calls.faults.clone(),
+        };
+        let cutoff = self.budget.cutoff();
+        Claimed::new(refresh, run, &self.lease, sent, interval, cutoff)
+    }
+
+    /// Record `run_id` failed for `msg` from outside its handler (a timeout, a panic, a
+    /// blocked workflow; `retryable`: a retry may be armed), bounded by `until`: the fate for
+    /// `outcome`, the run due again as the write left it, or left to the reaper when the
+    /// write failed ([`fail_or_leave_to_reaper`]).
+    pub async fn record_failure(
+        &self,
+        run_id: Uuid,
+        outcome: Outcome,
+        msg: String,
+        retryable: bool,
+        until: Instant,
+    ) -> Fate {
+        let write = fail_or_leave_to_reaper(&self.calls, run_id, outcome, msg, retryable);
+        let (fate, due) = self
+            .calls
+            .within_noting_due(until, self.key(run_id), write)
+            .await;
+        fate.due(due)
+    }
+}
+
+/// Fail `run_id` for `msg` (`fail_or_schedule_retry`; `retryable`: a retry may be armed), or,
+/// when that write fails, leave the run Running to the API's reaper: the fate for `outcome`.
+/// Unbounded: the caller runs it in its scope ([`Invocation::record_failure`], or a handback's).
+pub(crate) async fn fail_or_leave_to_reaper(
+    calls: &Calls,
+    run_id: Uuid,
+    outcome: Outcome,
+    msg: String,
+    retryable: bool,
+) -> Fate {
+    let write = calls
+        .engine
+        .fail_or_schedule_retry(run_id, &msg, retryable, None, None);
+    match write.await {
+        Ok(status) => {
+            info!(status = %status, "failure recorded");
+            Fate::new(outcome, Some(msg))
+        }
+        Err(e) => {
+            error!(error = %e, "could not record the run's failure: left to the API's reaper");
+            Fate::left_to_reaper(
+                outcome,
+                format!("{msg} (recording it failed: {e}; left to the API's reaper)"),
+            )
+        }
+    }
+}
