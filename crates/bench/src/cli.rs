@@ -508,7 +508,9 @@ mod tests {
         assert_eq!((f.fleets, f.concurrency, f.max_runs), (vec![1, 2], 2, 8));
         assert_eq!(f.postgres_url.as_deref(), Some("postgres://x"));
         assert!(!f.print_only);
-        let f = parse(&["fleet", "--concurrency", "4", "--quick"]).unwrap().fleet;
+        let f = parse(&["fleet", "--concurrency", "4", "--quick"])
+            .unwrap()
+            .fleet;
         assert_eq!(f.map(|f| (f.concurrency, f.print_only)), Some((4, true)));
         assert!(parse(&["fleet", "--fleets", "0"]).is_err());
         // A section's own option belongs to it.

@@ -38,8 +38,8 @@ mod args;
 mod driver;
 mod table;
 
-use ironflow_lambda::orphans;
 use ironflow_lambda::LambdaWorker;
+use ironflow_lambda::orphans;
 use ironflow_lambda::wake_ups::LocalWakeQueue;
 use ironflow_local_api::{Backend, FunctionUrl, LocalApi, Webhook, new_run};
 use ironflow_store::store::RunStore;
