@@ -529,7 +529,7 @@ pub async fn invoke(
 ) -> Result<InvocationSummary, BenchError> {
     let mut context = Context::default();
     context.request_id = format!("bench-{n}");
-    context.deadline = crate::epoch_ms() + invocation.as_millis() as u64;
+    context.deadline = ironflow_lambda::poison::now_ms() + invocation.as_millis() as u64;
     invoke_with(worker, context).await
 }
 

@@ -160,7 +160,7 @@ pub async fn deadline_precision(
     for n in 0..invocations {
         let mut context = Context::default();
         context.request_id = format!("bench-deadline-{n}");
-        let deadline_ms = crate::epoch_ms() + s.invocation.as_millis() as u64;
+        let deadline_ms = ironflow_lambda::poison::now_ms() + s.invocation.as_millis() as u64;
         context.deadline = deadline_ms;
         let summary = invoke_with(&worker, context).await?;
         let returned_us = crate::epoch_us();

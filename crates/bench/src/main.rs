@@ -390,11 +390,6 @@ fn round_order(rows: &[Which], round: usize) -> Vec<Which> {
     order
 }
 
-/// Now, in ms since the Unix epoch.
-pub fn epoch_ms() -> u64 {
-    epoch_us() / 1000
-}
-
 /// Now, in µs since the Unix epoch.
 pub fn epoch_us() -> u64 {
     std::time::SystemTime::now()

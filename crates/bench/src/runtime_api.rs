@@ -333,7 +333,8 @@ impl Dispatcher {
                     s.processes[p].change(1, Instant::now(), end);
                     return Event {
                         request_id: format!("{}-{p}-{n}", self.label),
-                        deadline_ms: crate::epoch_ms() + self.deadline.as_millis() as u64,
+                        deadline_ms: ironflow_lambda::poison::now_ms()
+                            + self.deadline.as_millis() as u64,
                     };
                 }
             }

@@ -8,6 +8,7 @@ use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::Duration;
 
 use ironflow_core::provider::AgentProvider;
+use ironflow_lambda::poison::now_ms;
 use ironflow_lambda::samples;
 use ironflow_lambda::{
     InvocationSummary, LambdaWorker, LambdaWorkerBuilder, Response, settings::WakeSettings,
@@ -127,7 +128,7 @@ pub fn url_handler(worker: Arc<OnceLock<Arc<LambdaWorker>>>, posted: Arc<Posted>
             };
             let mut context = Context::default();
             context.request_id = format!("local-url-{}", Uuid::new_v4());
-            context.deadline = epoch_ms() + INVOCATION.as_millis() as u64;
+            context.deadline = now_ms() + INVOCATION.as_millis() as u64;
             let answer = match ironflow_lambda::handle(&worker, LambdaEvent::new(event, context))
                 .await
             {
@@ -420,7 +421,7 @@ impl Driver {
     async fn invoke(&self, n: usize, payload: Value, label: &str) -> Option<Response> {
         let mut context = Context::default();
         context.request_id = format!("local-{n}");
-        context.deadline = epoch_ms() + INVOCATION.as_millis() as u64;
+        context.deadline = now_ms() + INVOCATION.as_millis() as u64;
         match ironflow_lambda::handle_response(&self.worker, LambdaEvent::new(payload, context))
             .await
         {
@@ -458,10 +459,4 @@ pub fn by_reason<'a>(reasons: impl Iterator<Item = &'a String>) -> BTreeMap<&'a 
         *counts.entry(reason.as_str()).or_default() += 1;
     }
     counts
-}
-
-fn epoch_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
 }

@@ -355,7 +355,7 @@ fn url_handler(cell: Arc<OnceLock<Arc<LambdaWorker>>>, tally: Shared) -> UrlHand
 fn event(payload: Value) -> LambdaEvent<Value> {
     let mut context = Context::default();
     context.request_id = Uuid::new_v4().to_string();
-    context.deadline = crate::epoch_ms() + INVOCATION.as_millis() as u64;
+    context.deadline = ironflow_lambda::poison::now_ms() + INVOCATION.as_millis() as u64;
     LambdaEvent::new(payload, context)
 }
 
