@@ -31,8 +31,10 @@ pub struct Args {
 /// The sections of the bench.
 #[derive(Debug, clap::Subcommand)]
 enum Command {
-    /// Every section but the agent rows (the default; what ./scripts/bench runs): writes
-    /// BENCHMARKS.md, its agent section kept as it was.
+    /// Every section but `agents` and `fleet` (the default; what ./scripts/bench runs):
+    /// drain, production, managed and pickup, plus idle latency, deadline precision, cold
+    /// start, size and DynamoDB; writes BENCHMARKS.md, its agent and fleet sections kept as
+    /// they were.
     All(AllArgs),
     /// The drain throughput rows (in-memory API, loopback): their medians printed and, for
     /// every workload and row and without --quick, their parts of BENCHMARKS.md replaced (the
@@ -68,14 +70,16 @@ struct Shared {
     /// Small counts; prints the report, writes nothing.
     #[arg(long, global = true)]
     quick: bool,
-    /// Runs per drain (default 500, 50 with --quick).
-    #[arg(long, global = true, value_name = "K", value_parser = clap::value_parser!(u32).range(1..))]
+    /// Runs per drain (default 500, 50 with --quick; 1 to 100000: every run is created before
+    /// the drain starts, and 100000 is hours here).
+    #[arg(long, global = true, value_name = "K", allow_negative_numbers = true, value_parser = whole(1, MAX_RUNS))]
     runs: Option<u32>,
-    /// Runs executing at once (C).
-    #[arg(long, global = true, value_name = "C", default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..))]
+    /// Runs executing at once (C; 1 to 64: the function refuses M × C above 4096, and
+    /// --max-concurrency M goes to 64).
+    #[arg(long, global = true, value_name = "C", default_value_t = 2, allow_negative_numbers = true, value_parser = whole(1_u32, 64))]
     concurrency: u32,
-    /// Runs one invocation claims at most (N).
-    #[arg(long, global = true, value_name = "N", default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..))]
+    /// Runs one invocation claims at most (N; 1 to 256: 32 times the default).
+    #[arg(long, global = true, value_name = "N", default_value_t = 8, allow_negative_numbers = true, value_parser = whole(1_u32, 256))]
     max_runs: u32,
     /// Where to write the report (default BENCHMARKS.md of the repository).
     #[arg(long, global = true, value_name = "PATH")]
@@ -112,8 +116,8 @@ struct AllArgs {
 /// The loopback drain rows' rounds.
 #[derive(Debug, clap::Args)]
 struct Rounds {
-    /// Rounds of drains (default 20, 2 with --quick).
-    #[arg(long, value_name = "R", value_parser = clap::value_parser!(u32).range(1..))]
+    /// Rounds of drains (default 20, 2 with --quick; 1 to 1000).
+    #[arg(long, value_name = "R", allow_negative_numbers = true, value_parser = whole(1, MAX_ROUNDS))]
     rounds: Option<u32>,
 }
 
@@ -135,11 +139,11 @@ struct DrainArgs {
 #[derive(Debug, clap::Args)]
 struct ProductionArgs {
     /// Round trips added between the workers and the API in the production-path rows, in ms,
-    /// comma-separated (0: PostgreSQL on loopback).
-    #[arg(long, value_name = "MS", value_delimiter = ',', default_value = "0,1,2,5", value_parser = rtt)]
+    /// comma-separated (0: PostgreSQL on loopback; 0 to 1000).
+    #[arg(long, value_name = "MS", value_delimiter = ',', default_value = "0,1,2,5", allow_hyphen_values = true, value_parser = rtt)]
     rtts_ms: Vec<u64>,
-    /// Rounds of production-path drains (default 3, 1 with --quick).
-    #[arg(long, value_name = "R", value_parser = clap::value_parser!(u32).range(1..))]
+    /// Rounds of production-path drains (default 3, 1 with --quick; 1 to 1000).
+    #[arg(long, value_name = "R", allow_negative_numbers = true, value_parser = whole(1, MAX_ROUNDS))]
     production_rounds: Option<u32>,
 }
 
@@ -147,33 +151,34 @@ struct ProductionArgs {
 #[derive(Debug, clap::Args)]
 struct ManagedArgs {
     /// M: invocations at once in the managed-instances rows (`AWS_LAMBDA_MAX_CONCURRENCY` of
-    /// the one process, and the number of single-invocation processes).
-    #[arg(long, value_name = "M", default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=64))]
+    /// the one process, and the number of single-invocation processes; 1 to 64: as many
+    /// processes at once on this machine).
+    #[arg(long, value_name = "M", default_value_t = 4, allow_negative_numbers = true, value_parser = whole(1_u32, 64))]
     max_concurrency: u32,
     /// Rounds of managed-instances drains (default 4, each layout first in half of them; 1 with
-    /// --quick; 0: none).
-    #[arg(long, value_name = "R")]
+    /// --quick; 0: none; at most 1000).
+    #[arg(long, value_name = "R", allow_negative_numbers = true, value_parser = whole(0, MAX_ROUNDS))]
     managed_rounds: Option<u32>,
-    /// Runs per no-op managed-instances drain (default 6000, 600 with --quick).
-    #[arg(long, value_name = "K", value_parser = clap::value_parser!(u32).range(1..))]
+    /// Runs per no-op managed-instances drain (default 6000, 600 with --quick; 1 to 100000).
+    #[arg(long, value_name = "K", allow_negative_numbers = true, value_parser = whole(1, MAX_RUNS))]
     managed_noop_runs: Option<u32>,
-    /// Runs per three-step shell managed-instances drain (default 1500, 150 with --quick).
-    #[arg(long, value_name = "K", value_parser = clap::value_parser!(u32).range(1..))]
+    /// Runs per three-step shell managed-instances drain (default 1500, 150 with --quick; 1 to 100000).
+    #[arg(long, value_name = "K", allow_negative_numbers = true, value_parser = whole(1, MAX_RUNS))]
     managed_shell_runs: Option<u32>,
     /// Runs per managed-instances drain of the deployable binary's `quick-shell` (default
-    /// 3000, 300 with --quick).
-    #[arg(long, value_name = "K", value_parser = clap::value_parser!(u32).range(1..))]
+    /// 3000, 300 with --quick; 1 to 100000).
+    #[arg(long, value_name = "K", allow_negative_numbers = true, value_parser = whole(1, MAX_RUNS))]
     managed_quick_shell_runs: Option<u32>,
 }
 
 /// The pickup-latency rows.
 #[derive(Debug, clap::Args)]
 struct PickupArgs {
-    /// K: runs per pickup row (default 50, 10 with --quick; 0: none).
-    #[arg(long, value_name = "K")]
+    /// K: runs per pickup row (default 50, 10 with --quick; 0: none; at most 100000).
+    #[arg(long, value_name = "K", allow_negative_numbers = true, value_parser = whole(0, MAX_RUNS))]
     pickup_runs: Option<u32>,
     /// The seed of the pickup rows' random moments.
-    #[arg(long, value_name = "SEED", default_value_t = 20)]
+    #[arg(long, value_name = "SEED", default_value_t = 20, allow_negative_numbers = true, value_parser = whole(0, u64::MAX))]
     pickup_seed: u64,
 }
 
@@ -184,11 +189,39 @@ struct AgentArgs {
     /// margin, the minimum claim budget and the default step duration are multiplied by it
     /// (0.05 at least: the margin's 500 ms floor; at 0.1 the 1 s margin is short for a
     /// handback of 32 runs over PostgreSQL on a loaded machine).
-    #[arg(long, value_name = "FACTOR", default_value_t = 0.2, value_parser = time_scale)]
+    #[arg(long, value_name = "FACTOR", default_value_t = 0.2, allow_negative_numbers = true, value_parser = time_scale)]
     time_scale: f64,
     /// The seed of the agent rows' model latencies.
-    #[arg(long, value_name = "SEED", default_value_t = 26)]
+    #[arg(long, value_name = "SEED", default_value_t = 26, allow_negative_numbers = true, value_parser = whole(0, u64::MAX))]
     agent_seed: u64,
+}
+
+/// The most runs a count of runs takes (`--runs`, `--pickup-runs`, the managed-instances
+/// drains' and the fleet's `--min-runs`): every run of a drain is created before it starts, and
+/// 100000 is hours on this machine.
+pub const MAX_RUNS: u32 = 100_000;
+
+/// The most rounds of any section (`--rounds`, `--production-rounds`, `--managed-rounds`).
+const MAX_ROUNDS: u32 = 1000;
+
+/// A parser of a whole number from `min` to `max`: anything else (a sign, a fraction, a
+/// number out of range) is refused with the range. The option needs `allow_negative_numbers`
+/// (or `allow_hyphen_values` for a list) for "-1" to reach it rather than read as a flag.
+pub fn whole<T>(min: T, max: T) -> impl Fn(&str) -> Result<T, String> + Clone + Send + Sync
+where
+    T: Copy + std::fmt::Display + Into<i128> + TryFrom<i128> + Send + Sync,
+{
+    move |given: &str| {
+        given
+            .trim()
+            .parse::<i128>()
+            .ok()
+            .filter(|n| (min.into()..=max.into()).contains(n))
+            .and_then(|n| T::try_from(n).ok())
+            .ok_or(format!(
+                "expected a whole number from {min} to {max}, got {given:?}"
+            ))
+    }
 }
 
 /// The rows of `--rows`, in order, each once.
@@ -246,6 +279,17 @@ fn existing_file(path: &str) -> Result<PathBuf, String> {
     }
 }
 
+/// An error of the subcommand `name`'s command line, printed with that subcommand's usage.
+fn usage_error(name: &str, kind: clap::error::ErrorKind, message: &str) -> clap::Error {
+    let mut top = <Args as clap::CommandFactory>::command();
+    // Builds every subcommand's usage (its binary name, its own and the shared options).
+    top.build();
+    if let Some(sub) = top.find_subcommand_mut(name) {
+        return sub.error(kind, message);
+    }
+    top.error(kind, message)
+}
+
 /// A group of options with nothing given: its defaults. A failure here is this file's own
 /// mistake (a default its parser refuses), reported as clap reports any.
 fn defaults<T: clap::Args + clap::FromArgMatches>() -> T {
@@ -268,7 +312,8 @@ impl Args {
         let quick = s.quick;
         let command = self.command.unwrap_or_else(|| Command::All(defaults()));
         if matches!(command, Command::Production(_)) && s.postgres_url.is_none() {
-            return Err(<Self as clap::CommandFactory>::command().error(
+            return Err(usage_error(
+                "production",
                 clap::error::ErrorKind::MissingRequiredArgument,
                 "production needs --postgres-url (or IRONFLOW_TEST_POSTGRES_URL)",
             ));
@@ -304,7 +349,8 @@ impl Args {
         // parts (`drain`, every workload and row); never with --quick.
         let whole_drain = workloads.len() == Workload::ALL.len() && rows.len() == Which::ALL.len();
         if section == Section::Drain && !whole_drain && s.out.is_some() {
-            return Err(<Self as clap::CommandFactory>::command().error(
+            return Err(usage_error(
+                "drain",
                 clap::error::ErrorKind::ArgumentConflict,
                 "drain writes --out only with every workload and row (no --workload, no --rows)",
             ));
@@ -548,5 +594,87 @@ mod tests {
         .unwrap();
         assert_eq!(o.section, Section::Production);
         assert_eq!(o.production.links.len(), 1);
+    }
+
+    /// The message of `args`' error, as printed.
+    fn refused(args: &[&str]) -> String {
+        parse(args).expect_err("refused").render().to_string()
+    }
+
+    #[test]
+    fn a_negative_or_too_large_number_is_refused_with_the_expected_range() {
+        for args in [
+            &["--runs", "-5"][..],
+            &["drain", "--runs", "-5"],
+            &["--concurrency", "-1"],
+            &["--max-runs", "-1"],
+            &["drain", "--rounds", "-2"],
+            &["production", "--production-rounds", "-1"],
+            &["production", "--rtts-ms", "-1"],
+            &["production", "--rtts-ms", "-1,2"],
+            &["managed", "--max-concurrency", "-4"],
+            &["managed", "--managed-rounds", "-1"],
+            &["managed", "--managed-noop-runs", "-1"],
+            &["pickup", "--pickup-runs", "-1"],
+            &["pickup", "--pickup-seed", "-1"],
+            &["agents", "--time-scale", "-1"],
+            &["agents", "--agent-seed", "-1"],
+            &["fleet", "--window-secs", "-1"],
+            &["fleet", "--warmup-secs", "-1"],
+            &["fleet", "--min-runs", "-1"],
+            &["fleet", "--rtt-ms", "-1"],
+            &["fleet", "--fleets", "-1"],
+            &["fleet", "--fleets", "1,-2"],
+        ] {
+            let message = refused(args);
+            assert!(
+                message.contains("expected") && message.contains(" to "),
+                "{args:?}: {message}"
+            );
+        }
+        for (args, range) in [
+            (&["--runs", "4294967295"][..], "from 1 to 100000"),
+            (&["--concurrency", "100000"], "from 1 to 64"),
+            (&["--max-runs", "100000"], "from 1 to 256"),
+            (&["drain", "--rounds", "100000"], "from 1 to 1000"),
+            (&["managed", "--managed-rounds", "100000"], "from 0 to 1000"),
+            (
+                &["pickup", "--pickup-runs", "4294967295"],
+                "from 0 to 100000",
+            ),
+            (&["fleet", "--min-runs", "1000000000"], "from 0 to 100000"),
+        ] {
+            let message = refused(args);
+            assert!(message.contains(range), "{args:?}: {message}");
+        }
+        let o = parse(&[
+            "--runs",
+            "100000",
+            "--concurrency",
+            "64",
+            "--max-runs",
+            "256",
+        ])
+        .unwrap();
+        assert_eq!(
+            (o.drain.runs, o.drain.concurrency, o.drain.max_runs),
+            (100_000, 64, 256)
+        );
+    }
+
+    #[test]
+    fn a_subcommands_own_error_prints_its_usage() {
+        let message = refused(&["drain", "--workload", "shell", "--out", "x.md"]);
+        assert!(
+            message.contains("Usage: ironflow-lambda-bench drain"),
+            "{message}"
+        );
+        if std::env::var_os("IRONFLOW_TEST_POSTGRES_URL").is_none() {
+            let message = refused(&["production"]);
+            assert!(
+                message.contains("Usage: ironflow-lambda-bench production"),
+                "{message}"
+            );
+        }
     }
 }

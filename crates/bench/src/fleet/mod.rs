@@ -56,9 +56,10 @@ impl Worker {
 /// The fleet section's options (`ironflow-lambda-bench fleet --help`).
 #[derive(Debug, Clone, clap::Args)]
 pub struct FleetArgs {
-    /// Fleet sizes F: workers at once (our invocations, or reference worker processes).
+    /// Fleet sizes F: workers at once (our invocations, or reference worker processes; 1 to 64
+    /// each).
     #[arg(long, value_name = "LIST", value_delimiter = ',', default_value = "1,2,4,8,16,32",
-          value_parser = clap::value_parser!(u32).range(1..=64))]
+          allow_hyphen_values = true, value_parser = crate::cli::whole(1_u32, 64))]
     pub fleets: Vec<u32>,
     /// Workloads, in order.
     #[arg(
@@ -76,15 +77,16 @@ pub struct FleetArgs {
         default_value = "reference,ours"
     )]
     pub workers: Vec<Worker>,
-    /// Warm-up before each window, in seconds.
-    #[arg(long, value_name = "S", default_value_t = 5.0, value_parser = secs)]
+    /// Warm-up before each window, in seconds (0 to 3600).
+    #[arg(long, value_name = "S", default_value_t = 5.0, allow_negative_numbers = true, value_parser = secs)]
     pub warmup_secs: f64,
     /// Length of each steady-state window, in seconds (default: 20 for no-op and shell, 30 for
-    /// sleep).
-    #[arg(long, value_name = "S", value_parser = secs)]
+    /// sleep; 0 to 3600).
+    #[arg(long, value_name = "S", allow_negative_numbers = true, value_parser = secs)]
     pub window_secs: Option<f64>,
-    /// A window lasts at least until this many runs have ended in it.
-    #[arg(long, value_name = "K", default_value_t = 20)]
+    /// A window lasts at least until this many runs have ended in it (0 to 100000).
+    #[arg(long, value_name = "K", default_value_t = 20, allow_negative_numbers = true,
+          value_parser = crate::cli::whole(0, u64::from(crate::cli::MAX_RUNS)))]
     pub min_runs: u64,
     /// C: runs executing at once per invocation of ours and per reference worker (the bench's
     /// shared `--concurrency`).
@@ -93,8 +95,8 @@ pub struct FleetArgs {
     /// N: runs one invocation of ours claims at most (the bench's shared `--max-runs`).
     #[arg(skip)]
     pub max_runs: u32,
-    /// Round trip added between the workers and the API, in ms.
-    #[arg(long, value_name = "MS", default_value_t = 2.0, value_parser = rtt_ms)]
+    /// Round trip added between the workers and the API, in ms (0 to 1000).
+    #[arg(long, value_name = "MS", default_value_t = 2.0, allow_negative_numbers = true, value_parser = rtt_ms)]
     pub rtt_ms: f64,
     /// PostgreSQL server, a fresh database per cell (the bench's shared `--postgres-url`);
     /// `None`: the in-memory store (no PostgreSQL figures; nothing written).
