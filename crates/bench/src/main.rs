@@ -14,11 +14,14 @@
 //! cargo run --release -p ironflow-lambda-bench -- managed        # the managed-instances rows
 //! cargo run --release -p ironflow-lambda-bench -- pickup         # the pickup-latency rows
 //! cargo run --release -p ironflow-lambda-bench -- agents         # agent rows and dollars
+//! cargo run --release -p ironflow-lambda-bench -- fleet          # fleet scale (issue 28)
 //! ```
 //!
-//! `agents` ([`agents`]) replaces its own section of `BENCHMARKS.md` ("Agent runs and
-//! dollars") and `drain` the drain rows' parts ([`report::drain::write`]), leaving the rest of
-//! the file as it is; with `--quick` they print only.
+//! `all` measures every section but `agents` and `fleet`, and keeps their sections of
+//! `BENCHMARKS.md` as they were. `agents` ([`agents`]) replaces its own section ("Agent runs
+//! and dollars"), `fleet` ([`fleet`]) its own ("Fleet scale") and `drain` the drain rows'
+//! parts ([`report::drain::write`]), leaving the rest of the file as it is; with `--quick`
+//! they print only.
 //!
 //! The first command builds the deployable function as deployed, whose cold start, size and
 //! memory are measured.
