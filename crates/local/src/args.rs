@@ -15,8 +15,15 @@ use clap::Parser;
 )]
 pub struct Args {
     /// Instead, keep the API up on 127.0.0.1:PORT (default 3000) with the runs pending, for a
-    /// function under `cargo lambda watch`; Ctrl-C prints the table of runs.
-    #[arg(long, value_name = "PORT", num_args = 0..=1, default_missing_value = "3000")]
+    /// function under `cargo lambda watch`; Ctrl-C prints the table of runs. 1 to 65535.
+    #[arg(
+        long,
+        value_name = "PORT",
+        num_args = 0..=1,
+        default_missing_value = "3000",
+        allow_negative_numbers = true,
+        value_parser = parse_port
+    )]
     pub serve: Option<NonZeroU16>,
     /// The API's store: a PostgreSQL database (postgres://user:password@host:5432/db; its
     /// migrations are applied) instead of the in-memory default.
@@ -52,6 +59,16 @@ fn parse_database_url(arg: &str) -> Result<String, String> {
     }
 }
 
+/// A TCP port, 1 to 65535; anything else (0, a sign, text) is refused with the range.
+fn parse_port(arg: &str) -> Result<NonZeroU16, String> {
+    arg.trim()
+        .parse::<i64>()
+        .ok()
+        .and_then(|port| u16::try_from(port).ok())
+        .and_then(NonZeroU16::new)
+        .ok_or(format!("expected a port from 1 to 65535, got {arg:?}"))
+}
+
 /// `WORKFLOW` or `WORKFLOW=JSON` (a JSON object).
 fn parse_run(arg: &str) -> Result<RunSpec, String> {
     let (workflow, payload) = match arg.split_once('=') {
@@ -74,4 +91,31 @@ fn parse_run(arg: &str) -> Result<RunSpec, String> {
         workflow: workflow.trim().to_string(),
         payload,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn refused(args: &[&str]) -> String {
+        Args::try_parse_from(std::iter::once("ironflow-lambda-local").chain(args.iter().copied()))
+            .expect_err("refused")
+            .render()
+            .to_string()
+    }
+
+    #[test]
+    fn serve_takes_a_port_from_1_to_65535_and_names_the_range_otherwise() {
+        for port in ["0", "-1", "65536", "http"] {
+            let message = refused(&["--serve", port]);
+            assert!(
+                message.contains("expected a port from 1 to 65535"),
+                "{port}: {message}"
+            );
+        }
+        let args = Args::try_parse_from(["ironflow-lambda-local", "--serve", "65535"]).unwrap();
+        assert_eq!(args.serve.map(NonZeroU16::get), Some(65535));
+        let args = Args::try_parse_from(["ironflow-lambda-local", "--serve"]).unwrap();
+        assert_eq!(args.serve.map(NonZeroU16::get), Some(3000));
+    }
 }
