@@ -37,7 +37,7 @@ use crate::{handler, logging, metrics, orphans};
 
 const USAGE: &str = "This is an ironflow-lambda function: AWS Lambda (or `cargo lambda watch`) runs \
 it, and environment variables configure it (the ironflow-lambda README, \"Configuration\"). It \
-takes no argument. To run workflows locally without Lambda: `cargo run --bin \
+takes no argument. To run workflows locally without Lambda: `cargo run -p \
 ironflow-lambda-local` in the ironflow-lambda repository.";
 
 /// The variables that need the AWS configuration (and only they load it: outside AWS without a
@@ -211,7 +211,7 @@ fn runtime_environment_error() -> Option<String> {
         return Some(
             "AWS_LAMBDA_RUNTIME_API is not set: this binary runs under AWS Lambda or `cargo \
              lambda watch` (README); to run workflows locally without them, use `cargo run \
-             --bin ironflow-lambda-local`"
+             -p ironflow-lambda-local`"
                 .to_string(),
         );
     }
