@@ -124,6 +124,7 @@ pub use report::{InvocationSummary, Outcome, RunReport};
 pub use secrets::SecretError;
 pub use settings::{ConfigError, Settings};
 pub use trigger::TriggerError;
+pub use webhook::Answer as WebhookAnswer;
 pub use worker::LambdaWorker;
 
 /// Wake-ups: the queue a function sends its own wake-up messages to when runs are left
