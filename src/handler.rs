@@ -307,7 +307,13 @@ async fn run_batch(
     context: &Context,
     request: &BatchRequest,
 ) -> InvocationSummary {
-    let budget = Budget::for_context(context.deadline, worker.settings());
+    let settings = worker.settings();
+    let budget = Budget::for_context(
+        context.deadline,
+        settings.deadline_margin,
+        settings.min_claim_budget,
+        settings.emulated_invocation,
+    );
     let invoked = Invoked {
         request_id: &context.request_id,
         trace_id: context.xray_trace_id.as_deref(),
