@@ -88,10 +88,7 @@ pub(crate) struct Invocation {
 impl Invocation {
     /// The scope key of `run_id`'s calls under this invocation's lease.
     pub fn key(&self, run_id: Uuid) -> RunKey {
-        RunKey {
-            run_id,
-            worker_id: self.lease.worker_id.clone(),
-        }
+        RunKey::new(run_id, &self.lease)
     }
 
     /// Start the lease of `run`, claimed under this invocation's lease by a request sent at

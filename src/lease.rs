@@ -298,10 +298,8 @@ impl Refresh {
     /// One renewal of `target`'s lease, retried on faults (the invocation's store), never past
     /// `valid_until`: the lease's end, on the API's clock.
     async fn renew(&self, target: Uuid, valid_until: Instant) -> Result<DateTime<Utc>, StoreError> {
-        let scope = CallScope::returning(valid_until, self.ctx.faults.clone()).with_run(RunKey {
-            run_id: target,
-            worker_id: self.lease.worker_id.clone(),
-        });
+        let key = RunKey::new(target, &self.lease);
+        let scope = CallScope::returning(valid_until, self.ctx.faults.clone()).with_run(key);
         Arc::new(scope)
             .run(self.ctx.store.renew_lease(target, self.lease.clone()))
             .await
