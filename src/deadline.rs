@@ -189,7 +189,7 @@ impl Budget {
 
     /// Half of the invocation's window, from its start to its cutoff: a cutoff counts for the
     /// loop guard only when the run executed at least this long
-    /// ([`crate::handback::HandbackPolicy::fair_share`]).
+    /// ([`crate::context::HandbackPolicy::fair_share`]).
     pub fn fair_share(&self) -> Duration {
         self.cutoff.saturating_duration_since(self.start) / 2
     }
