@@ -261,8 +261,15 @@ impl DynamoPoisonTable {
         &self.namespace
     }
 
-    /// The SDK client, e.g. to inspect items in tests.
+    /// The SDK client, to inspect the table's items in tests (`test-support`).
+    #[cfg(feature = "test-support")]
     pub fn client(&self) -> &Client {
+        &self.client
+    }
+
+    /// The SDK client (the webhook receivers' tables share it).
+    #[cfg(not(feature = "test-support"))]
+    pub(crate) fn client(&self) -> &Client {
         &self.client
     }
 
