@@ -22,6 +22,8 @@
 //! are updated when an outcome is recorded, by this invocation or another one of the process
 //! sharing them), and a blocked workflow's cooldown can end; computing them once would claim
 //! a workflow that a run of the batch just blocked. In fail mode they are the registered list.
+//!
+//! The module map: [docs/structure.md](https://github.com/ironflow-lambda/ironflow-lambda/blob/main/docs/structure.md).
 
 use std::sync::Arc;
 use std::sync::atomic::AtomicUsize;

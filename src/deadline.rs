@@ -7,6 +7,8 @@
 //! settings; the rest of the crate reads it from the [`Budget`]. Every conversion saturates: a
 //! deadline of `0`, one already past, or one absurdly far in the future never panics. A past
 //! deadline gives a cutoff that has already passed, so nothing is claimed.
+//!
+//! The module map: [docs/structure.md](https://github.com/ironflow-lambda/ironflow-lambda/blob/main/docs/structure.md).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};

@@ -17,6 +17,8 @@
 //! Lambda Managed Instances (`AWS_LAMBDA_MAX_CONCURRENCY` = M > 1) the loop is lambda_runtime's
 //! `run_concurrent`: M polling loops on that same thread, M invocations in flight at once
 //! ([`crate::LambdaWorker`] says what they share).
+//!
+//! The module map: [docs/structure.md](https://github.com/ironflow-lambda/ironflow-lambda/blob/main/docs/structure.md).
 
 use std::process::ExitCode;
 use std::sync::Arc;

@@ -25,6 +25,8 @@
 //! processes die with it, `kill_on_drop`) and awaited for [`STOP_GRACE`]. A task still running
 //! then is blocked in workflow code that does not yield: the run's fate is written all the
 //! same, and the report says `stuck`.
+//!
+//! The module map: [docs/structure.md](https://github.com/ironflow-lambda/ironflow-lambda/blob/main/docs/structure.md).
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;

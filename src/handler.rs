@@ -9,6 +9,8 @@
 //! ```
 //!
 //! When the handler returns an error: [`HandlerError`].
+//!
+//! The module map: [docs/structure.md](https://github.com/ironflow-lambda/ironflow-lambda/blob/main/docs/structure.md).
 
 use aws_lambda_events::event::sqs::SqsBatchResponse;
 use lambda_runtime::{Context, LambdaEvent};

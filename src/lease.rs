@@ -27,6 +27,8 @@
 //! retried in before the lease expires: `TTL − interval`. The builder refuses an interval that
 //! is not below the TTL; keep `TTL ≥ 2 × interval` (the default 90 s / 30 s leaves 60 s of
 //! retries, enough to ride out an API restart).
+//!
+//! The module map: [docs/structure.md](https://github.com/ironflow-lambda/ironflow-lambda/blob/main/docs/structure.md).
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;

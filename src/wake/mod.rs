@@ -17,6 +17,8 @@
 //! Invariants: a failure is logged and reported in the summary's `wake_ups.errors`, never a
 //! failed batch; the whole phase ends before the invocation deadline
 //! ([`Budget::wake_phase_end`]): nothing is left running when the handler returns.
+//!
+//! The module map: [docs/structure.md](https://github.com/ironflow-lambda/ironflow-lambda/blob/main/docs/structure.md).
 
 pub mod fleet;
 mod local;
