@@ -19,6 +19,8 @@
 //! the process and none is cut off unanswered.
 //!
 //! [`Settings::concurrent_invocations`]: crate::Settings::concurrent_invocations
+//!
+//! The module map: [docs/structure.md](https://github.com/ironflow-lambda/ironflow-lambda/blob/main/docs/structure.md).
 
 use std::sync::{Mutex, MutexGuard, PoisonError};
 

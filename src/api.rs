@@ -4,6 +4,8 @@
 //!
 //! One [`ApiClient`] is built per cold start, beside `ApiRunStore`, from the same
 //! `IRONFLOW_API_URL` and worker token.
+//!
+//! The module map: [docs/structure.md](https://github.com/ironflow-lambda/ironflow-lambda/blob/main/docs/structure.md).
 
 pub mod artifacts;
 pub mod diagnose;

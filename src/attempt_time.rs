@@ -2,6 +2,8 @@
 //! what the run timeout counts ([`executed`]). Each invocation is a new process, so nothing of
 //! an earlier invocation's memory is used; the definition is stated once, in `docs/design.md`
 //! ("The run timeout across invocations").
+//!
+//! The module map: [docs/structure.md](https://github.com/ironflow-lambda/ironflow-lambda/blob/main/docs/structure.md).
 
 use std::time::Duration;
 

@@ -1,5 +1,7 @@
 //! What [`LambdaWorkerBuilder::build`](crate::LambdaWorkerBuilder::build) and the
 //! builder's constructors refuse, shared by the builder and the worker it assembles.
+//!
+//! The module map: [docs/structure.md](https://github.com/ironflow-lambda/ironflow-lambda/blob/main/docs/structure.md).
 
 use ironflow_engine::error::EngineError;
 use ironflow_store::entities::WorkerTagError;

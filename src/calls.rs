@@ -11,6 +11,8 @@
 //! Every call runs in a [returning](crate::store::scope::OnFault::Return) scope bounded by the
 //! caller ([`Calls::within`]): its faults are retried until the bound and counted in the
 //! invocation's fault log, and then returned.
+//!
+//! The module map: [docs/structure.md](https://github.com/ironflow-lambda/ironflow-lambda/blob/main/docs/structure.md).
 
 use std::sync::Arc;
 

@@ -8,6 +8,8 @@
 //! Invariants: N (`IRONFLOW_MAX_RUNS_PER_INVOCATION`) bounds the runs claimed per invocation
 //! and C (`IRONFLOW_CONCURRENCY`) the runs executing at once, whatever the pace; at most one run
 //! waits for a slot; a threshold of 0 turns both decisions off (the reference worker's claims).
+//!
+//! The module map: [docs/structure.md](https://github.com/ironflow-lambda/ironflow-lambda/blob/main/docs/structure.md).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;

@@ -1,6 +1,8 @@
 //! A claimed run, from its claim to the start of its execution: its lease refresher (started at
 //! the claim, so that a run claimed ahead keeps its lease while it waits for a slot), the lease
 //! it needs left to start a step, and its steps read while it waits.
+//!
+//! The module map: [docs/structure.md](https://github.com/ironflow-lambda/ironflow-lambda/blob/main/docs/structure.md).
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -12,6 +12,18 @@
 //! Invariant: every call it makes about a run carries the run's key under the invocation's
 //! lease (its writes are read back against it) and is bounded by the invocation's last write,
 //! or by a sooner bound its caller gives.
+//!
+//! It is built from the worker in [`crate::invocation`] (`Invocation::new`), so that this
+//! module, which the handback and the executions import, does not import the worker.
+//!
+//! The claim capabilities are not here: the batch asks its poison-pill gate for them before
+//! every claim (`Batch::claim_capabilities`, one method), because in defer mode they change
+//! during an invocation. A run that ends failed can block its workflow (the gate's counters
+//! are updated when an outcome is recorded, by this invocation or another one of the process
+//! sharing them), and a blocked workflow's cooldown can end; computing them once would claim
+//! a workflow that a run of the batch just blocked. In fail mode they are the registered list.
+//!
+//! The module map: [docs/structure.md](https://github.com/ironflow-lambda/ironflow-lambda/blob/main/docs/structure.md).
 
 use std::sync::Arc;
 use std::sync::atomic::AtomicUsize;
@@ -31,9 +43,7 @@ use crate::report::{Fate, Outcome};
 use crate::runtime::{ExecutionRuntime, StuckExecutions};
 use crate::step_times::StepTimes;
 use crate::store::GuardedStore;
-use crate::store::fault::FaultLog;
 use crate::store::scope::RunKey;
-use crate::worker::LambdaWorker;
 
 /// The loop guard's settings ([`crate::handback`]).
 #[derive(Debug, Clone, Copy)]
@@ -78,44 +88,9 @@ pub(crate) struct Invocation {
 }
 
 impl Invocation {
-    /// The context of an invocation of `worker` under `worker_id`, within `budget` (started),
-    /// its calls' faults counted in `faults`.
-    pub fn new(
-        worker: &LambdaWorker,
-        worker_id: &str,
-        budget: Budget,
-        faults: Arc<FaultLog>,
-    ) -> Self {
-        let s = &worker.settings;
-        Self {
-            calls: worker.calls(faults),
-            lease: LeaseRequest {
-                worker_id: worker_id.to_string(),
-                ttl: s.lease_ttl,
-            },
-            budget,
-            handback: HandbackPolicy {
-                max_without_progress: s.max_handbacks_without_progress,
-                stall_window: s.function_timeout.saturating_sub(s.deadline_margin) / 2,
-                fair_share: budget.fair_share(),
-            },
-            engine: worker.engine.clone(),
-            engine_store: worker.engine_store.clone(),
-            runtime: worker.runtime.clone(),
-            run_timeout: s.run_timeout,
-            step_times: s.cutoff_aware_starts.then(|| worker.step_times.clone()),
-            default_step: s.default_step_duration,
-            stuck: worker.stuck.clone(),
-            processes_killed: Arc::default(),
-        }
-    }
-
     /// The scope key of `run_id`'s calls under this invocation's lease.
     pub fn key(&self, run_id: Uuid) -> RunKey {
-        RunKey {
-            run_id,
-            worker_id: self.lease.worker_id.clone(),
-        }
+        RunKey::new(run_id, &self.lease)
     }
 
     /// Start the lease of `run`, claimed under this invocation's lease by a request sent at

@@ -7,6 +7,8 @@
 //! another token, every later call carries the new one and the refused call is sent again at
 //! once. With the token in `IRONFLOW_WORKER_TOKEN` there is nothing to re-read: a refusal stays
 //! a refusal.
+//!
+//! The module map: [docs/structure.md](https://github.com/ironflow-lambda/ironflow-lambda/blob/main/docs/structure.md).
 
 use std::sync::RwLock;
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -7,6 +7,8 @@
 //! settings; the rest of the crate reads it from the [`Budget`]. Every conversion saturates: a
 //! deadline of `0`, one already past, or one absurdly far in the future never panics. A past
 //! deadline gives a cutoff that has already passed, so nothing is claimed.
+//!
+//! The module map: [docs/structure.md](https://github.com/ironflow-lambda/ironflow-lambda/blob/main/docs/structure.md).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -14,8 +16,6 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use chrono::{DateTime, Utc};
 use tokio::time::Instant;
 use tracing::{info, warn};
-
-use crate::settings::Settings;
 
 /// The time reserves of an invocation's bounds, each defined once.
 pub mod bounds {
@@ -102,12 +102,20 @@ pub struct Budget {
 
 impl Budget {
     /// The budget of an invocation whose `Context.deadline` is `deadline_ms` (ms since the
-    /// Unix epoch), with `settings`' margin and minimum claim budget. An emulator's deadline
-    /// (one already past, as `cargo lambda watch` sends, in 1970) gives the configured length
-    /// (`IRONFLOW_EMULATED_INVOCATION_SECS`) when there is one.
-    pub fn for_context(deadline_ms: u64, settings: &Settings) -> Self {
-        let past = deadline_ms <= now_ms();
-        let left = match settings.emulated_invocation {
+    /// Unix epoch), with the deadline `margin` (`IRONFLOW_DEADLINE_MARGIN_MS`) and the
+    /// `min_claim_budget` (`IRONFLOW_MIN_CLAIM_BUDGET_MS`). An emulator's deadline (one already
+    /// past, as `cargo lambda watch` sends, in 1970) gives the `emulated` length
+    /// (`IRONFLOW_EMULATED_INVOCATION_SECS`) when there is one. Reads the wall clock once.
+    pub fn for_context(
+        deadline_ms: u64,
+        margin: Duration,
+        min_claim_budget: Duration,
+        emulated: Option<Duration>,
+    ) -> Self {
+        let now = now_ms();
+        let past = deadline_ms <= now;
+        let wall_left = Duration::from_millis(deadline_ms.saturating_sub(now));
+        let left = match emulated {
             Some(length) if past => {
                 info!(
                     deadline_ms,
@@ -118,11 +126,11 @@ impl Budget {
             }
             None if past => {
                 past_deadline_once(deadline_ms);
-                time_left(deadline_ms)
+                wall_left
             }
-            _ => time_left(deadline_ms),
+            _ => wall_left,
         };
-        Self::from_time_left(left, settings.deadline_margin, settings.min_claim_budget)
+        Self::from_time_left(left, margin, min_claim_budget)
     }
 
     /// Budget for an invocation with `left` time until its deadline (clamped to
@@ -183,7 +191,7 @@ impl Budget {
 
     /// Half of the invocation's window, from its start to its cutoff: a cutoff counts for the
     /// loop guard only when the run executed at least this long
-    /// ([`crate::handback::HandbackPolicy::fair_share`]).
+    /// ([`crate::context::HandbackPolicy::fair_share`]).
     pub fn fair_share(&self) -> Duration {
         self.cutoff.saturating_duration_since(self.start) / 2
     }
@@ -339,23 +347,21 @@ impl LeaseClock {
 mod tests {
     use super::*;
 
-    /// Default settings with a deadline margin of `margin_secs`.
-    fn settings(margin_secs: u64) -> Settings {
-        let mut s = Settings::new("http://127.0.0.1:1", crate::settings::WorkerToken::new("t"));
-        s.deadline_margin = Duration::from_secs(margin_secs);
-        s
+    /// The budget of `deadline_ms` with a deadline margin of 5 s, no claim budget, no emulation.
+    fn for_context(deadline_ms: u64) -> Budget {
+        Budget::for_context(deadline_ms, Duration::from_secs(5), Duration::ZERO, None)
     }
 
     #[test]
     fn zero_deadline_has_no_time_left() {
-        let budget = Budget::for_context(0, &settings(5));
+        let budget = for_context(0);
         assert_eq!(budget.until_cutoff(), Duration::ZERO);
         assert_eq!(budget.until_deadline(), Duration::ZERO);
     }
 
     #[test]
     fn absurd_deadline_is_clamped() {
-        let budget = Budget::for_context(u64::MAX, &settings(5));
+        let budget = for_context(u64::MAX);
         assert!(budget.until_deadline() <= MAX_INVOCATION);
         assert!(budget.until_cutoff() <= MAX_INVOCATION - Duration::from_secs(5));
         assert!(budget.until_cutoff() > Duration::from_secs(60));

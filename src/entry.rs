@@ -17,6 +17,8 @@
 //! Lambda Managed Instances (`AWS_LAMBDA_MAX_CONCURRENCY` = M > 1) the loop is lambda_runtime's
 //! `run_concurrent`: M polling loops on that same thread, M invocations in flight at once
 //! ([`crate::LambdaWorker`] says what they share).
+//!
+//! The module map: [docs/structure.md](https://github.com/ironflow-lambda/ironflow-lambda/blob/main/docs/structure.md).
 
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -37,7 +39,7 @@ use crate::{handler, logging, metrics, orphans};
 
 const USAGE: &str = "This is an ironflow-lambda function: AWS Lambda (or `cargo lambda watch`) runs \
 it, and environment variables configure it (the ironflow-lambda README, \"Configuration\"). It \
-takes no argument. To run workflows locally without Lambda: `cargo run --bin \
+takes no argument. To run workflows locally without Lambda: `cargo run -p \
 ironflow-lambda-local` in the ironflow-lambda repository.";
 
 /// The variables that need the AWS configuration (and only they load it: outside AWS without a
@@ -211,7 +213,7 @@ fn runtime_environment_error() -> Option<String> {
         return Some(
             "AWS_LAMBDA_RUNTIME_API is not set: this binary runs under AWS Lambda or `cargo \
              lambda watch` (README); to run workflows locally without them, use `cargo run \
-             --bin ironflow-lambda-local`"
+             -p ironflow-lambda-local`"
                 .to_string(),
         );
     }

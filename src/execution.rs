@@ -25,6 +25,8 @@
 //! processes die with it, `kill_on_drop`) and awaited for [`STOP_GRACE`]. A task still running
 //! then is blocked in workflow code that does not yield: the run's fate is written all the
 //! same, and the report says `stuck`.
+//!
+//! The module map: [docs/structure.md](https://github.com/ironflow-lambda/ironflow-lambda/blob/main/docs/structure.md).
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -76,7 +78,7 @@ enum Stop {
     Cutoff,
 }
 
-async fn execute_in_span(p: &Invocation, claimed: Claimed) -> RunReport {
+async fn execute_in_span(ctx: &Invocation, claimed: Claimed) -> RunReport {
     let Claimed {
         run,
         refresher,
@@ -89,15 +91,15 @@ async fn execute_in_span(p: &Invocation, claimed: Claimed) -> RunReport {
     let started = Instant::now();
     // When it starts executing here; a run claimed ahead may have waited since its claim.
     let claimed_at = Utc::now();
-    let key = p.key(run.id);
+    let key = ctx.key(run.id);
 
     // What this attempt executed in earlier invocations: the run timeout counts the rest.
-    let used = executed_before(p, &run, claimed_at).await;
-    let run_deadline = later(started, p.run_timeout.saturating_sub(used));
+    let used = executed_before(ctx, &run, claimed_at).await;
+    let run_deadline = later(started, ctx.run_timeout.saturating_sub(used));
     let timeout_msg = format!(
         "run timed out after {}s of execution ({} ms of it in earlier invocations of this \
          attempt; waits not counted)",
-        p.run_timeout.as_secs(),
+        ctx.run_timeout.as_secs(),
         used.as_millis()
     );
     info!(
@@ -105,17 +107,17 @@ async fn execute_in_span(p: &Invocation, claimed: Claimed) -> RunReport {
         "executing run"
     );
 
-    let cutoff = p.budget.cutoff();
+    let cutoff = ctx.budget.cutoff();
     let mut scope = CallScope::execution(
         key,
         cutoff,
         refresher.clock().clone(),
-        p.calls.faults.clone(),
+        ctx.calls.faults.clone(),
     )
     .with_start_margin(start_margin);
-    if let Some(times) = &p.step_times {
-        let late = started.saturating_duration_since(p.budget.start());
-        let fit = StartFit::new(&run.workflow_name, times.clone(), p.default_step, late);
+    if let Some(times) = &ctx.step_times {
+        let late = started.saturating_duration_since(ctx.budget.start());
+        let fit = StartFit::new(&run.workflow_name, times.clone(), ctx.default_step, late);
         scope = scope.with_fit(fit);
     }
     let scope = Arc::new(scope);
@@ -124,15 +126,15 @@ async fn execute_in_span(p: &Invocation, claimed: Claimed) -> RunReport {
     let mark = live_mark.mark();
     // The tasks the engine spawns outside the scope (`ctx.parallel`'s branches) find the cutoff.
     let _in_flight = InFlight::enter(cutoff);
-    let mut task = spawn_work(p, &run, &scope, mark, claim_sent, interval, steps_ahead);
+    let mut task = spawn_work(ctx, &run, &scope, mark, claim_sent, interval, steps_ahead);
 
     let mut stop = supervise(&mut task, &scope, &refresher, run_deadline, cutoff).await;
     let executed = started.elapsed();
     let target = refresher.target();
-    let stuck = stop_task(p, run.id, &mut task, &scope, &mut stop).await;
+    let stuck = stop_task(ctx, run.id, &mut task, &scope, &mut stop).await;
     let lease_valid_until = refresher.clock().valid_until();
     refresher.stop().await;
-    end_processes(p, mark).await;
+    end_processes(ctx, mark).await;
     // From here on, a process with this mark belongs to no live run: a sweep may take it.
     live_mark.ended();
 
@@ -142,14 +144,14 @@ async fn execute_in_span(p: &Invocation, claimed: Claimed) -> RunReport {
         timeout_msg,
         lease_valid_until,
     };
-    let fate = decide(p, &run, stop, &scope, target, timing).await;
-    report(p, &run, fate, executed, &scope, stuck)
+    let fate = decide(ctx, &run, stop, &scope, target, timing).await;
+    report(ctx, &run, fate, executed, &scope, stuck)
 }
 
 /// The report of `run`, which executed for `executed` to `fate` in `scope` (`stuck`: its
 /// execution did not stop), with when it is due again and what it spent.
 fn report(
-    p: &Invocation,
+    ctx: &Invocation,
     run: &Run,
     fate: Fate,
     executed: Duration,
@@ -167,7 +169,7 @@ fn report(
             )
         });
     }
-    report.spend = spend(p, scope, &report);
+    report.spend = spend(ctx, scope, &report);
     info!(
         outcome = ?report.outcome,
         input_tokens = report.spend.input_tokens,
@@ -191,8 +193,8 @@ fn report(
 
 /// What the run's steps used and cost in this execution (the records this worker wrote), the
 /// model calls its scope saw cut, and, for a run handed back, its steps still running (cut).
-fn spend(p: &Invocation, scope: &CallScope, report: &RunReport) -> Spend {
-    let (mut spend, open) = p.engine_store.take_spend(report.run_id);
+fn spend(ctx: &Invocation, scope: &CallScope, report: &RunReport) -> Spend {
+    let (mut spend, open) = ctx.engine_store.take_spend(report.run_id);
     if report.outcome == Outcome::HandedBack {
         spend.steps_cut = open;
     }
@@ -203,14 +205,14 @@ fn spend(p: &Invocation, scope: &CallScope, report: &RunReport) -> Spend {
 /// Kill what the run's steps left running (detached processes included: they carry `mark`),
 /// waiting at most 1 s, never past the invocation's last write; counted in the invocation's
 /// `orphans_killed`. Other runs' processes are left alone.
-async fn end_processes(p: &Invocation, mark: RunMark) {
+async fn end_processes(ctx: &Invocation, mark: RunMark) {
     // The common end (its steps' processes exited and were reaped): one system call, no
     // blocking task.
     if orphans::has_no_child() {
         return;
     }
     let wait = PROCESS_REAP_WAIT.min(
-        p.budget
+        ctx.budget
             .last_write()
             .saturating_duration_since(Instant::now()),
     );
@@ -219,7 +221,7 @@ async fn end_processes(p: &Invocation, mark: RunMark) {
             if killed > 0 {
                 info!(count = killed, "killed processes the run left");
             }
-            p.processes_killed.fetch_add(killed, Ordering::Relaxed);
+            ctx.processes_killed.fetch_add(killed, Ordering::Relaxed);
         }
         Err(e) => warn!(error = %e, "the run's process cleanup failed"),
     }
@@ -241,7 +243,7 @@ const LEASE_EXPIRED_HANDBACK: Duration = crate::store::guard::FIRST_ATTEMPT_TIME
 /// (the claim's copy first; the view goes when the execution stops), its first step list from
 /// `steps_ahead` when the run was claimed ahead.
 fn spawn_work(
-    p: &Invocation,
+    ctx: &Invocation,
     run: &Run,
     scope: &Arc<CallScope>,
     mark: RunMark,
@@ -249,7 +251,7 @@ fn spawn_work(
     interval: Duration,
     steps_ahead: Option<StepsAhead>,
 ) -> AbortOnDropHandle<Result<WorkflowResult, EngineError>> {
-    let (engine, store, run) = (p.engine.clone(), p.engine_store.clone(), run.clone());
+    let (engine, store, run) = (ctx.engine.clone(), ctx.engine_store.clone(), run.clone());
     let work = async move {
         let _viewed = store.prime(&run, claim_sent, interval);
         if let Some(ahead) = steps_ahead
@@ -259,7 +261,7 @@ fn spawn_work(
         }
         engine.execute_handler_run(run.id).await
     };
-    p.runtime
+    ctx.runtime
         .spawn(mark.mark(scope.clone().run(work).instrument(tracing::Span::current())))
 }
 
@@ -312,7 +314,7 @@ async fn supervise(
 /// it reached meanwhile replaces `stop`. Returns whether it is stuck (blocked in workflow
 /// code that does not yield).
 async fn stop_task(
-    p: &Invocation,
+    ctx: &Invocation,
     run_id: Uuid,
     task: &mut AbortOnDropHandle<Result<WorkflowResult, EngineError>>,
     scope: &CallScope,
@@ -324,7 +326,7 @@ async fn stop_task(
         // child processes die with it).
         scope.fence();
         task.abort();
-        let grace = later(Instant::now(), STOP_GRACE).min(p.budget.last_write());
+        let grace = later(Instant::now(), STOP_GRACE).min(ctx.budget.last_write());
         match timeout_at(grace, &mut *task).await {
             // It ended on its own meanwhile: what it recorded stands.
             Ok(Ok(result)) => *stop = Stop::Finished(Box::new(Ok(result))),
@@ -337,7 +339,7 @@ async fn stop_task(
                      fate is written without it, and nothing it sends later reaches the API"
                 );
                 // Counted until the blocked code yields (the aborted task ends then).
-                p.stuck.add(run_id, task.abort_handle());
+                ctx.stuck.add(run_id, task.abort_handle());
             }
         }
     }
@@ -355,7 +357,7 @@ struct Timing {
 
 /// The run's fate for `stop`, written where it must be.
 async fn decide(
-    p: &Invocation,
+    ctx: &Invocation,
     run: &Run,
     stop: Stop,
     scope: &CallScope,
@@ -367,11 +369,11 @@ async fn decide(
     // invocation's time: the invocation can then return or take other work.
     let lease_lost = Instant::now() >= timing.lease_valid_until;
     let until = match lease_lost {
-        true => later(Instant::now(), LEASE_EXPIRED_HANDBACK).min(p.budget.last_write()),
-        false => p.budget.last_write(),
+        true => later(Instant::now(), LEASE_EXPIRED_HANDBACK).min(ctx.budget.last_write()),
+        false => ctx.budget.last_write(),
     };
     let hand_back = |why| {
-        p.hand_back(Handback {
+        ctx.hand_back(Handback {
             run,
             target,
             claimed_at: timing.claimed_at,
@@ -382,7 +384,7 @@ async fn decide(
         })
     };
     match stop {
-        Stop::Finished(joined) => finished(p, run, target, *joined).await,
+        Stop::Finished(joined) => finished(ctx, run, target, *joined).await,
         Stop::Scope(ScopeStop::Fault(fault)) => {
             warn!(error = %fault, "the API kept failing: handing the run back");
             hand_back(Why::ApiFault(fault)).await
@@ -420,7 +422,7 @@ async fn decide(
         }
         Stop::TimedOut => {
             error!(error = %timing.timeout_msg, "run timed out");
-            record_failure(p, target, Outcome::TimedOut, timing.timeout_msg.clone()).await
+            record_failure(ctx, target, Outcome::TimedOut, timing.timeout_msg.clone()).await
         }
         Stop::Cutoff => hand_back(Why::Cutoff).await,
     }
@@ -428,7 +430,7 @@ async fn decide(
 
 /// The fate of a run whose execution's task ended: with the engine's result, or a panic.
 async fn finished(
-    p: &Invocation,
+    ctx: &Invocation,
     run: &Run,
     target: Uuid,
     joined: Result<Result<WorkflowResult, EngineError>, JoinError>,
@@ -456,7 +458,7 @@ async fn finished(
         Err(panic) => {
             let msg = format!("run panicked: {}", panic_message(panic));
             error!(error = %msg, "run panicked");
-            record_failure(p, target, Outcome::Panicked, msg).await
+            record_failure(ctx, target, Outcome::Panicked, msg).await
         }
     }
 }
@@ -478,24 +480,24 @@ fn abandoned(end: &LeaseEnd) -> Fate {
 /// Record a failure observed from outside the handler (timeout, panic) as retryable, with the
 /// invocation's own calls, bounded by the last write. A failure that could not be recorded
 /// leaves the run to the reaper.
-async fn record_failure(p: &Invocation, run_id: Uuid, outcome: Outcome, msg: String) -> Fate {
-    let until = p.budget.last_write();
-    p.record_failure(run_id, outcome, msg, true, until).await
+async fn record_failure(ctx: &Invocation, run_id: Uuid, outcome: Outcome, msg: String) -> Fate {
+    let until = ctx.budget.last_write();
+    ctx.record_failure(run_id, outcome, msg, true, until).await
 }
 
 /// How long the current attempt of `run` executed before `claimed_at`, read from its steps
 /// ([`attempt_time::executed`]: waits do not count), or zero for a run that never executed
 /// (its recorded duration is zero). The read is the invocation's, bounded by the cutoff; a
 /// read that fails counts nothing (the timeout then counts from this invocation).
-async fn executed_before(p: &Invocation, run: &Run, claimed_at: DateTime<Utc>) -> Duration {
+async fn executed_before(ctx: &Invocation, run: &Run, claimed_at: DateTime<Utc>) -> Duration {
     if run.duration_ms == 0 {
         return Duration::ZERO;
     }
     let attempt = run.retry_count + 1;
-    let read = p.calls.store.list_steps(run.id);
-    match p
+    let read = ctx.calls.store.list_steps(run.id);
+    match ctx
         .calls
-        .within(p.budget.cutoff(), Some(p.key(run.id)), read)
+        .within(ctx.budget.cutoff(), Some(ctx.key(run.id)), read)
         .await
     {
         Ok(steps) => attempt_time::executed(&steps, attempt, claimed_at),

@@ -41,6 +41,8 @@
 //! (`left_to_reaper`), and the poison-pill table is told to expect that recovery
 //! ([`crate::poison::gate::PoisonGate::record`]), so that it does not count as a dead
 //! invocation.
+//!
+//! The module map: [docs/structure.md](https://github.com/ironflow-lambda/ironflow-lambda/blob/main/docs/structure.md).
 
 use std::time::Duration;
 

@@ -8,17 +8,9 @@
 //!                    invalid                      ──▶ error, nothing claimed
 //! ```
 //!
-//! **When the handler returns an error.** An invalid event (nothing claimed), an event the
-//! function's role does not serve ([`HandlerError::NotForThisRole`]: the webhook receiver,
-//! `IRONFLOW_FUNCTION_ROLE=webhook-receiver`, serves Function URL requests only), an SQS record
-//! without a message id (on purpose: it cannot be reported, so SQS retries the whole batch), and
-//! a schedule or direct invocation whose batch could not run at all: nothing was claimed because
-//! a claim failed (API unreachable, auth refused) or no time was left. Such an error shows in the
-//! function's `Errors` metric and reaches an asynchronous invocation's on-failure destination.
-//! A batch that ran is never an error, whatever became of its runs (failed runs, a claim error
-//! after some claims, a wake-up that could not be sent): the summary reports them, and a retry
-//! by Lambda would only claim more runs. For SQS, a batch that could not run lists every record
-//! in `batchItemFailures` (SQS retries them) instead of failing the invocation.
+//! When the handler returns an error: [`HandlerError`].
+//!
+//! The module map: [docs/structure.md](https://github.com/ironflow-lambda/ironflow-lambda/blob/main/docs/structure.md).
 
 use aws_lambda_events::event::sqs::SqsBatchResponse;
 use lambda_runtime::{Context, LambdaEvent};
@@ -46,7 +38,8 @@ pub enum Response {
         /// The batch's summary, logged.
         summary: Option<InvocationSummary>,
     },
-    /// A Function URL request (the ironflow API's webhook): the receiver's answer, no batch.
+    /// A Function URL request (the ironflow API's webhook): the receiver's answer
+    /// ([`WebhookAnswer`](crate::WebhookAnswer)), no batch.
     Webhook(Answer),
 }
 
@@ -72,6 +65,18 @@ impl Response {
 }
 
 /// The invocation fails.
+///
+/// **When the handler returns an error.** An invalid event (nothing claimed), an event the
+/// function's role does not serve ([`NotForThisRole`](Self::NotForThisRole): the webhook receiver,
+/// `IRONFLOW_FUNCTION_ROLE=webhook-receiver`, serves Function URL requests only), an SQS record
+/// without a message id (on purpose: it cannot be reported, so SQS retries the whole batch), and
+/// a schedule or direct invocation whose batch could not run at all: nothing was claimed because
+/// a claim failed (API unreachable, auth refused) or no time was left. Such an error shows in the
+/// function's `Errors` metric and reaches an asynchronous invocation's on-failure destination.
+/// A batch that ran is never an error, whatever became of its runs (failed runs, a claim error
+/// after some claims, a wake-up that could not be sent): the summary reports them, and a retry
+/// by Lambda would only claim more runs. For SQS, a batch that could not run lists every record
+/// in `batchItemFailures` (SQS retries them) instead of failing the invocation.
 #[derive(Debug, thiserror::Error)]
 pub enum HandlerError {
     /// The event cannot start a batch; nothing was claimed.
@@ -123,7 +128,7 @@ impl From<HandlerError> for lambda_runtime::Diagnostic {
 ///
 /// # Errors
 ///
-/// [`HandlerError`]: see the module docs for when.
+/// [`HandlerError`], which says when.
 pub async fn handle(
     worker: &LambdaWorker,
     event: LambdaEvent<Value>,
@@ -137,7 +142,7 @@ pub async fn handle(
 ///
 /// # Errors
 ///
-/// [`HandlerError`]: see the module docs for when.
+/// [`HandlerError`], which says when.
 pub async fn handle_response(
     worker: &LambdaWorker,
     event: LambdaEvent<Value>,
@@ -304,7 +309,13 @@ async fn run_batch(
     context: &Context,
     request: &BatchRequest,
 ) -> InvocationSummary {
-    let budget = Budget::for_context(context.deadline, worker.settings());
+    let settings = worker.settings();
+    let budget = Budget::for_context(
+        context.deadline,
+        settings.deadline_margin,
+        settings.min_claim_budget,
+        settings.emulated_invocation,
+    );
     let invoked = Invoked {
         request_id: &context.request_id,
         trace_id: context.xray_trace_id.as_deref(),

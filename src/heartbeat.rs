@@ -2,6 +2,8 @@
 //! invocation that completed its batch (`IRONFLOW_HEARTBEAT_URL`; compatible with
 //! Healthchecks.io, Cronitor, Better Stack). A failed ping is a warning, never a failed batch.
 //! The URL itself is never logged: such URLs usually embed a secret; logs name its host only.
+//!
+//! The module map: [docs/structure.md](https://github.com/ironflow-lambda/ironflow-lambda/blob/main/docs/structure.md).
 
 use std::time::Duration;
 

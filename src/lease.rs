@@ -27,6 +27,8 @@
 //! retried in before the lease expires: `TTL − interval`. The builder refuses an interval that
 //! is not below the TTL; keep `TTL ≥ 2 × interval` (the default 90 s / 30 s leaves 60 s of
 //! retries, enough to ride out an API restart).
+//!
+//! The module map: [docs/structure.md](https://github.com/ironflow-lambda/ironflow-lambda/blob/main/docs/structure.md).
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -298,10 +300,8 @@ impl Refresh {
     /// One renewal of `target`'s lease, retried on faults (the invocation's store), never past
     /// `valid_until`: the lease's end, on the API's clock.
     async fn renew(&self, target: Uuid, valid_until: Instant) -> Result<DateTime<Utc>, StoreError> {
-        let scope = CallScope::returning(valid_until, self.ctx.faults.clone()).with_run(RunKey {
-            run_id: target,
-            worker_id: self.lease.worker_id.clone(),
-        });
+        let key = RunKey::new(target, &self.lease);
+        let scope = CallScope::returning(valid_until, self.ctx.faults.clone()).with_run(key);
         Arc::new(scope)
             .run(self.ctx.store.renew_lease(target, self.lease.clone()))
             .await

@@ -124,14 +124,17 @@ pub use report::{InvocationSummary, Outcome, RunReport};
 pub use secrets::SecretError;
 pub use settings::{ConfigError, Settings};
 pub use trigger::TriggerError;
+pub use webhook::Answer as WebhookAnswer;
 pub use worker::LambdaWorker;
 
 /// Wake-ups: the queue a function sends its own wake-up messages to when runs are left
-/// pending or come due ([`Waker`](crate::wake_ups::Waker), given to [`LambdaWorkerBuilder::wake_ups`]), its two
-/// implementations, and how capacity wake-ups are spread. What a wake-up is and when one is
+/// pending or come due ([`Waker`](crate::wake_ups::Waker), given to [`LambdaWorkerBuilder::wake_ups`]), and its two
+/// implementations (with `test-support`, also how capacity wake-ups are spread,
+/// `CapacitySpread`: [`LambdaWorkerBuilder::capacity_spread`] sets it). What a wake-up is and when one is
 /// sent: `docs/push.md`; the module map:
 /// [docs/structure.md](https://github.com/ironflow-lambda/ironflow-lambda/blob/main/docs/structure.md).
 pub mod wake_ups {
+    #[cfg(feature = "test-support")]
     pub use crate::store::spread::CapacitySpread;
     pub use crate::wake::{LocalWakeQueue, SqsWakeQueue, WakeQueue, Waker};
 }

@@ -32,6 +32,8 @@
 //! What it cannot cover: a secret shorter than [`MIN_REDACTED_LEN`] (not registered: it would
 //! mangle every line that contains it by chance), a secret in an encoding other than those
 //! above, and anything written to stdout or stderr without `tracing`.
+//!
+//! The module map: [docs/structure.md](https://github.com/ironflow-lambda/ironflow-lambda/blob/main/docs/structure.md).
 
 use std::borrow::Cow;
 use std::io::Write;

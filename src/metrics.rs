@@ -28,6 +28,8 @@
 //!
 //! ironflow's own metrics (`ironflow_runs_total`, `ironflow_step_duration_seconds`, ...) go
 //! through the same recorder.
+//!
+//! The module map: [docs/structure.md](https://github.com/ironflow-lambda/ironflow-lambda/blob/main/docs/structure.md).
 
 use metrics::{
     Unit, counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram,

@@ -12,6 +12,8 @@
 //! several invocations run in one process (Lambda Managed Instances, tests), only the last one to
 //! finish sweeps, and it spares the processes of runs that still execute (an invocation that
 //! started as it finished).
+//!
+//! The module map: [docs/structure.md](https://github.com/ironflow-lambda/ironflow-lambda/blob/main/docs/structure.md).
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Mutex;

@@ -13,6 +13,8 @@
 //! connections. The probes bypass the store's guard: a failed probe is the point, not a fault
 //! to retry. Cost: `2 × concurrency + 2` requests per store, only after an idle gap; none for
 //! back-to-back invocations.
+//!
+//! The module map: [docs/structure.md](https://github.com/ironflow-lambda/ironflow-lambda/blob/main/docs/structure.md).
 
 use std::sync::Mutex;
 use std::time::{Duration, SystemTime};

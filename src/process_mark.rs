@@ -17,6 +17,8 @@
 //! - [`RunMark::kill_processes`] kills only descendants of this process that carry the mark;
 //!   where `/proc/<pid>/timerslack_ns` cannot be read (an old kernel, a restricted `/proc`) it
 //!   finds none, and the invocation's sweep ([`crate::orphans`]) remains the last resort.
+//!
+//! The module map: [docs/structure.md](https://github.com/ironflow-lambda/ironflow-lambda/blob/main/docs/structure.md).
 
 use std::collections::BTreeMap;
 use std::future::Future;

@@ -15,6 +15,8 @@
 //! returns ([`StuckExecutions`]). The deployable function ends its process once the response is
 //! out ([`crate::layers`]), so that the step cannot carry on when Lambda thaws the instance for
 //! its next event.
+//!
+//! The module map: [docs/structure.md](https://github.com/ironflow-lambda/ironflow-lambda/blob/main/docs/structure.md).
 
 use std::io;
 use std::sync::Mutex;

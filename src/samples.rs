@@ -8,6 +8,8 @@
 //! | `always-fails` | a step that exits 3: trips the poison pill after a few runs |
 //!
 //! They only use `sh`, so they run anywhere the function does.
+//!
+//! The module map: [docs/structure.md](https://github.com/ironflow-lambda/ironflow-lambda/blob/main/docs/structure.md).
 
 use std::time::Duration;
 

@@ -15,6 +15,8 @@
 //! the key ([`crate::AnthropicSecretProvider`]).
 //!
 //! Errors name the variable and the secret's ARN, and the AWS error; never the secret's value.
+//!
+//! The module map: [docs/structure.md](https://github.com/ironflow-lambda/ironflow-lambda/blob/main/docs/structure.md).
 
 use std::time::Duration;
 

@@ -8,6 +8,8 @@
 //! and with a handful of samples the longest is the honest high percentile. The last few only:
 //! a step that got faster (a cache warmed, a smaller model) is believed after [`SAMPLES`]
 //! completions. At most [`KEYS`] steps are kept; the one updated longest ago makes room.
+//!
+//! The module map: [docs/structure.md](https://github.com/ironflow-lambda/ironflow-lambda/blob/main/docs/structure.md).
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Mutex, PoisonError};

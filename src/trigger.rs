@@ -22,6 +22,8 @@
 //!
 //! An SQS record whose body is malformed fails only itself: it is listed in
 //! [`SqsWakeUps::rejected`], and the handler reports it in `batchItemFailures`.
+//!
+//! The module map: [docs/structure.md](https://github.com/ironflow-lambda/ironflow-lambda/blob/main/docs/structure.md).
 
 use aws_lambda_events::event::cloudwatch_events::CloudWatchEvent;
 use aws_lambda_events::event::lambda_function_urls::LambdaFunctionUrlRequest;

@@ -1,4 +1,6 @@
 //! The worker built once per cold start, and how it is assembled from a builder's parts.
+//!
+//! The module map: [docs/structure.md](https://github.com/ironflow-lambda/ironflow-lambda/blob/main/docs/structure.md).
 
 use std::sync::Arc;
 use std::time::Duration;

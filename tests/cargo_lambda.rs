@@ -361,8 +361,8 @@ async fn samples_through_cargo_lambda_watch() {
         .to_string();
     let queue_arn = "arn:aws:sqs:us-east-1:123456789012:e2e-wake";
 
-    // Build the function (fresh after the test build: this only checks it), then run it under
-    // cargo lambda watch.
+    // Build the function as the root builds it (default features: the test build's library has
+    // test-support, so this builds it once more), then run it under cargo lambda watch.
     build(&["--bin", FUNCTION]).await;
 
     let envs = [

@@ -89,8 +89,10 @@ pub struct LambdaWorkerBuilder {
 
 impl LambdaWorkerBuilder {
     /// A builder for the API at `api_url` (`https://`, or `http://` to a loopback host) with its
-    /// worker token, every other setting at its default. Variable `IRONFLOW_API_URL`; default
-    /// required. Variable `IRONFLOW_WORKER_TOKEN`; default required, or its `_SECRET_ARN`.
+    /// worker token, every other setting at its default. Nothing is checked here: an invalid
+    /// URL or token is [`build`](Self::build)'s [`BuildError::InvalidSetting`], as any other
+    /// setting. Neither has a default. Variable `IRONFLOW_API_URL`; default required. Variable
+    /// `IRONFLOW_WORKER_TOKEN`; default required, or its `_SECRET_ARN`.
     pub fn new(api_url: &str, worker_token: &str) -> Self {
         Self::from_settings(Settings::new(api_url, WorkerToken::new(worker_token)))
     }

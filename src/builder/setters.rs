@@ -304,7 +304,7 @@ impl LambdaWorkerBuilder {
     /// moves later by an offset drawn from the run id over a window of half the wait, at least
     /// `spread` and at most `max` (never below `spread`); zero for both: no spread. Wider than
     /// the API waker's 10 s tick and the timer wake-ups' 2 s grouping by default
-    /// ([`CapacitySpread`](crate::wake_ups::CapacitySpread)). Variable `IRONFLOW_CAPACITY_SPREAD_SECS` (seconds); default 30.
+    /// Variable `IRONFLOW_CAPACITY_SPREAD_SECS` (seconds); default 30.
     /// Variable `IRONFLOW_CAPACITY_SPREAD_MAX_SECS` (seconds); default 300.
     pub fn capacity_spread(mut self, spread: Duration, max: Duration) -> Self {
         self.settings.capacity_spread = spread;

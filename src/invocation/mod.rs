@@ -15,6 +15,8 @@
 //! [one invocation]: https://github.com/ironflow-lambda/ironflow-lambda/blob/main/docs/design.md#one-invocation
 //! [claim-ahead]: https://github.com/ironflow-lambda/ironflow-lambda/blob/main/docs/design.md#claim-ahead
 //! [handback]: https://github.com/ironflow-lambda/ironflow-lambda/blob/main/docs/design.md#handback
+//!
+//! The module map: [docs/structure.md](https://github.com/ironflow-lambda/ironflow-lambda/blob/main/docs/structure.md).
 
 mod claims;
 mod finish;
@@ -27,7 +29,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::future::join_all;
-use ironflow_store::entities::WorkerCapabilities;
+use ironflow_store::entities::{LeaseRequest, WorkerCapabilities};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::task::{JoinError, JoinSet};
 use tokio::time::{Instant, sleep_until};
@@ -40,7 +42,7 @@ use self::slots::{Next, SlotState};
 use self::taken::Taken;
 use crate::api::logs::LogRoutes;
 use crate::claimed::Claimed;
-use crate::context::Invocation;
+use crate::context::{HandbackPolicy, Invocation};
 use crate::deadline::Budget;
 use crate::execution;
 use crate::orphans::InvocationGuard;
@@ -51,6 +53,42 @@ use crate::report::{
 };
 use crate::store::fault::FaultLog;
 use crate::worker::LambdaWorker;
+
+/// The invocation context is built here, from the worker, and not in [`crate::context`]:
+/// the context stays below the worker in the module graph.
+impl Invocation {
+    /// The context of an invocation of `worker` under `worker_id`, within `budget` (started),
+    /// its calls' faults counted in `faults`.
+    pub(crate) fn new(
+        worker: &LambdaWorker,
+        worker_id: &str,
+        budget: Budget,
+        faults: Arc<FaultLog>,
+    ) -> Self {
+        let s = &worker.settings;
+        Self {
+            calls: worker.calls(faults),
+            lease: LeaseRequest {
+                worker_id: worker_id.to_string(),
+                ttl: s.lease_ttl,
+            },
+            budget,
+            handback: HandbackPolicy {
+                max_without_progress: s.max_handbacks_without_progress,
+                stall_window: s.function_timeout.saturating_sub(s.deadline_margin) / 2,
+                fair_share: budget.fair_share(),
+            },
+            engine: worker.engine.clone(),
+            engine_store: worker.engine_store.clone(),
+            runtime: worker.runtime.clone(),
+            run_timeout: s.run_timeout,
+            step_times: s.cutoff_aware_starts.then(|| worker.step_times.clone()),
+            default_step: s.default_step_duration,
+            stuck: worker.stuck.clone(),
+            processes_killed: Arc::default(),
+        }
+    }
+}
 
 /// Who sent one invocation: Lambda's ids for it.
 #[derive(Debug, Clone, Copy)]

@@ -35,18 +35,18 @@ impl Invocation {
     /// executing; the following claims leave its workflow out.
     pub(super) async fn defer_blocked(&self, run: &Run, reason: String) -> RunReport {
         warn!(run_id = %run.id, workflow = %run.workflow_name, error = %reason, "deferring run: poison pill");
-        let fate = match self.write_back_unexecuted(run.id).await {
+        let written = self
+            .write_back_or_leave_to_reaper(run, Outcome::PoisonBlocked)
+            .await;
+        let fate = match written {
             Ok(()) => Fate::new(
                 Outcome::PoisonBlocked,
                 Some(format!("{reason}; written back to Pending (defer mode)")),
             ),
-            Err(NotWrittenBack::Gone(fate)) => Fate::new(
-                fate.outcome,
-                Some(format!("{reason}; {}", fate.error.unwrap_or_default())),
-            ),
-            Err(NotWrittenBack::Reaper(e)) => {
-                Fate::left_to_reaper(Outcome::PoisonBlocked, format!("{reason}; {e}"))
-            }
+            Err(fate) => Fate {
+                error: Some(format!("{reason}; {}", fate.error.unwrap_or_default())),
+                ..fate
+            },
         };
         RunReport::not_executed(run, fate)
     }
@@ -56,21 +56,35 @@ impl Invocation {
     /// granted it too short): written back to Pending (Released), unless its lease is no longer this
     /// invocation's (nothing written).
     pub(super) async fn release(&self, run: &Run, why: &str) -> RunReport {
-        let fate = match self.write_back_unexecuted(run.id).await {
+        let fate = match self
+            .write_back_or_leave_to_reaper(run, Outcome::Released)
+            .await
+        {
             Ok(()) => {
                 info!(run_id = %run.id, "{why}");
                 Fate::new(Outcome::Released, None)
             }
-            Err(NotWrittenBack::Gone(fate)) => {
-                warn!(run_id = %run.id, error = fate.error.as_deref().unwrap_or(""), "claimed run not released");
-                fate
-            }
-            Err(NotWrittenBack::Reaper(e)) => {
-                error!(run_id = %run.id, error = %e, "could not release a claimed run");
-                Fate::left_to_reaper(Outcome::Released, e)
-            }
+            Err(fate) => fate,
         };
         RunReport::not_executed(run, fate)
+    }
+
+    /// Write `run` back to Pending without executing it ([`Invocation::write_back_unexecuted`]):
+    /// `Ok(())` when written; otherwise the fate to report, logged: the one the API's answer
+    /// gave (the run is no longer this invocation's: nothing written), or `outcome` left to the
+    /// API's reaper (the API kept failing, or the time ran out).
+    async fn write_back_or_leave_to_reaper(&self, run: &Run, outcome: Outcome) -> Result<(), Fate> {
+        match self.write_back_unexecuted(run.id).await {
+            Ok(()) => Ok(()),
+            Err(NotWrittenBack::Gone(fate)) => {
+                warn!(run_id = %run.id, ?outcome, error = fate.error.as_deref().unwrap_or(""), "claimed run not written back: no longer this invocation's");
+                Err(fate)
+            }
+            Err(NotWrittenBack::Reaper(e)) => {
+                error!(run_id = %run.id, ?outcome, error = %e, "could not write a claimed run back: left to the API's reaper");
+                Err(Fate::left_to_reaper(outcome, e))
+            }
+        }
     }
 }
 

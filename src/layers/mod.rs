@@ -8,6 +8,8 @@
 //! - `ExitWhenStuckLayer` (around the runtime's invocation service): after the response has
 //!   been posted, ends the process while an execution is still blocked in workflow code, once
 //!   no other invocation is in flight in it.
+//!
+//! The module map: [docs/structure.md](https://github.com/ironflow-lambda/ironflow-lambda/blob/main/docs/structure.md).
 
 mod metrics;
 mod stuck;

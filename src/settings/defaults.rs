@@ -1,5 +1,5 @@
 //! The limits other modules name, and the defaults the tests and the bench read, each taken
-//! from its row of the table (`table.rs`) when one holds it.
+//! from its row of the table (`table/`) when one holds it.
 
 use std::time::Duration;
 

@@ -7,7 +7,7 @@
 //! which never print themselves; the variables that name a secret or the function's role
 //! (`*_VAR`); the function's role ([`FunctionRole`]); the wake-up settings ([`WakeSettings`]).
 //! Each variable, its default and its bounds: the README's configuration table. How a setting
-//! is added (a row of `table.rs`):
+//! is added (a row of `table/`):
 //! [docs/structure.md](https://github.com/ironflow-lambda/ironflow-lambda/blob/main/docs/structure.md).
 
 mod defaults;

@@ -26,7 +26,9 @@ pub struct WakeSettings {
 }
 
 impl WakeSettings {
-    /// Settings for `queue_url`, every other value at its default.
+    /// Settings for `queue_url`, every other value at its variable's default
+    /// (`IRONFLOW_MAX_WAKEUPS_PER_INVOCATION`, `IRONFLOW_WAKE_DELAY_SECS`: the README's
+    /// configuration table).
     pub fn new(queue_url: impl Into<String>) -> Self {
         Self {
             queue_url: queue_url.into(),

@@ -40,6 +40,8 @@
 //! newer token, and the store is rebuilt with it.
 //!
 //! Calls `ApiRunStore` answers locally (routes a worker does not have) are forwarded as they are.
+//!
+//! The module map: [docs/structure.md](https://github.com/ironflow-lambda/ironflow-lambda/blob/main/docs/structure.md).
 
 pub mod fault;
 pub mod fit;

@@ -20,7 +20,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use crate::report::{CHARS_PER_TOKEN, Due};
-use ironflow_store::entities::{NewStep, RunStatus};
+use ironflow_store::entities::{LeaseRequest, NewStep, RunStatus};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
@@ -119,6 +119,17 @@ pub struct RunKey {
     pub run_id: Uuid,
     /// The worker id its lease is held under.
     pub worker_id: String,
+}
+
+impl RunKey {
+    /// The key of `run_id` under `lease` (its worker id): every key of a claimed run is built
+    /// here ([`crate::context::Invocation::key`], the lease's renewals).
+    pub fn new(run_id: Uuid, lease: &LeaseRequest) -> Self {
+        Self {
+            run_id,
+            worker_id: lease.worker_id.clone(),
+        }
+    }
 }
 
 /// The scope of a piece of work's store calls (see the module docs).

@@ -17,6 +17,8 @@
 //! Invariants: a failure is logged and reported in the summary's `wake_ups.errors`, never a
 //! failed batch; the whole phase ends before the invocation deadline
 //! ([`Budget::wake_phase_end`]): nothing is left running when the handler returns.
+//!
+//! The module map: [docs/structure.md](https://github.com/ironflow-lambda/ironflow-lambda/blob/main/docs/structure.md).
 
 pub mod fleet;
 mod local;
@@ -61,9 +63,14 @@ pub trait WakeQueue: Send + Sync + std::fmt::Debug {
     /// What went wrong reading the depth, as text for the report.
     async fn depth(&self) -> Result<u64, String>;
 
-    /// Send `count` (≤ 10) messages with `body`, each delayed `delay_secs`, with `trace_id` as
-    /// the request's X-Ray trace header when given. Returns how many were accepted and the
-    /// errors.
+    /// Send `count` messages with `body`, each delayed `delay_secs`, with `trace_id` as the
+    /// request's X-Ray trace header when given. Returns how many were accepted and the errors
+    /// (as text for the report); it never fails otherwise.
+    ///
+    /// The worker asks for at most 10 messages (what one `SendMessageBatch` holds) delayed at
+    /// most 900 s (SQS's largest `DelaySeconds`). Beyond those: [`SqsWakeQueue`] sends the
+    /// first 10 only, and a longer delay is SQS's error, returned with nothing accepted;
+    /// [`LocalWakeQueue`] takes every message and caps the delay at 900 s.
     async fn send(
         &self,
         count: usize,

@@ -8,9 +8,9 @@
 //! 3. the body is at most [`MAX_BODY_BYTES`], else 413 (decoded from base64 when Lambda
 //!    encoded it; undecodable: 400);
 //! 4. the sender proves itself ([`auth`], with the secret's current or previous version,
-//!    [`keys`]), else 401;
-//! 5. the body is an event ([`notice`]), else 400;
-//! 6. the event is fresh: its `at` within the replay window of now ([`replay`]), else 401;
+//!    `keys`), else 401;
+//! 5. the body is an event (`notice`), else 400;
+//! 6. the event is fresh: its `at` within the replay window of now (`replay`), else 401;
 //! 7. an event that means no Pending run of a registered workflow is answered 202 and ignored;
 //! 8. a body already taken within the window is answered 202 and not taken again;
 //! 9. the wake-ups the backlog needs beyond what is queued go to the wake queue
@@ -24,12 +24,14 @@
 //! A 401 says only that the request is not authenticated; why goes to the log. Every answer is
 //! logged with its status and reason, never with the secret, the signature, the token or the
 //! body's payload (only the event's type and workflow name).
+//!
+//! The module map: [docs/structure.md](https://github.com/ironflow-lambda/ironflow-lambda/blob/main/docs/structure.md).
 
 pub mod auth;
-pub mod keys;
-pub mod notice;
-pub mod replay;
-pub mod replay_table;
+pub(crate) mod keys;
+pub(crate) mod notice;
+pub(crate) mod replay;
+pub(crate) mod replay_table;
 
 use aws_lambda_events::event::lambda_function_urls::{
     LambdaFunctionUrlRequest, LambdaFunctionUrlResponse,

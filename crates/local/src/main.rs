@@ -15,9 +15,9 @@
 //! against the scripted model server in the process (`agents`), a human review approved by the
 //! runner itself.
 //!
-//! `cargo run --bin ironflow-lambda-local` (`RUST_LOG=info` for the worker's logs).
+//! `cargo run -p ironflow-lambda-local` (`RUST_LOG=info` for the worker's logs).
 //!
-//! `cargo run --bin ironflow-lambda-local -- --serve [PORT]` instead keeps the API up on
+//! `cargo run -p ironflow-lambda-local -- --serve [PORT]` instead keeps the API up on
 //! `127.0.0.1:PORT` (default 3000) with the same runs pending, without a webhook, prints the
 //! environment for the deployable function (`cargo lambda watch`), and prints the table of runs
 //! on Ctrl-C (exit 0: runs still pending then are not a failure). `--run WORKFLOW[=JSON]`

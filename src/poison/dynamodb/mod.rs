@@ -155,15 +155,18 @@ pub enum DynamoSetupError {
         cause: String,
     },
 }
-/// A [`PoisonTable`] in DynamoDB (see the module docs for the items and the semantics).
+/// A [`PoisonTable`] in DynamoDB: one item per workflow (its failure streak), per run
+/// recovered from a lost lease, and per function for the webhook receivers' wake-up mark,
+/// partition key `pk`, TTL on `expires_at` (the SAM template's `PoisonTable` creates it). The
+/// semantics of each call: `docs/design.md#poison-pill`.
 ///
 /// # Examples
 ///
 /// ```no_run
+/// use ironflow_lambda::DynamoPoisonTable;
 /// use ironflow_lambda::poison::PoisonPolicy;
-/// use ironflow_lambda::poison::dynamodb::DynamoPoisonTable;
 ///
-/// # async fn example() -> Result<(), ironflow_lambda::poison::dynamodb::DynamoSetupError> {
+/// # async fn example() -> Result<(), ironflow_lambda::poison::DynamoSetupError> {
 /// // Region and credentials from the environment, as on Lambda.
 /// let table = DynamoPoisonTable::connect("ironflow-poison", "my-function", PoisonPolicy::default())
 ///     .await?;
@@ -258,8 +261,15 @@ impl DynamoPoisonTable {
         &self.namespace
     }
 
-    /// The SDK client, e.g. to inspect items in tests.
+    /// The SDK client, to inspect the table's items in tests (`test-support`).
+    #[cfg(feature = "test-support")]
     pub fn client(&self) -> &Client {
+        &self.client
+    }
+
+    /// The SDK client (the webhook receivers' tables share it).
+    #[cfg(not(feature = "test-support"))]
+    pub(crate) fn client(&self) -> &Client {
         &self.client
     }
 

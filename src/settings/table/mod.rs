@@ -30,8 +30,8 @@
 //!
 //! 1. Add the field to [`super::Settings`] and its default to [`super::Settings::new`] as
 //!    `ROW.default_value()`.
-//! 2. Add its row to `table.rs`, a `pub const` [`Setting`] (copy a row of the same type:
-//!    `usize`/`u32` counts, [`Duration`] in seconds or milliseconds ([`Unit`]), `String`,
+//! 2. Add its row to this file (or to `push.rs`, `steps.rs` for their groups), a
+//!    `pub const` [`Setting`] (copy a row of the same type: `usize`/`u32` counts, [`Duration`] in seconds or milliseconds ([`Unit`]), `String`,
 //!    `Option<String>`...), with `min`/`max` for its bounds and a `rule` (in `rules.rs` or
 //!    `url.rs`) for anything else a single value must be; `shown: Shown::Hidden(..)` for a
 //!    secret. Put it in [`VARIABLES`] where the README's table should show it.
