@@ -19,7 +19,8 @@
 //! answer returns runs to the API (handed back, released, lease lost), or when no invocation is
 //! out and the drain is not over; never after the drain is over, when the answers have reported
 //! the end of every run. A poll that gets no event waits, as a warm function does between
-//! invocations.
+//! invocations. The fleet section's backlog is kept full ([`Dispatcher::steady`]): every poll
+//! is served until the end, an empty claim included.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -121,6 +122,9 @@ struct Ledger {
     target: usize,
     finished: usize,
     backlog_empty: bool,
+    /// The backlog is kept full ([`Dispatcher::steady`]): an empty claim is contention, not
+    /// the drain's tail, and does not stop the serving.
+    steady: bool,
     served: usize,
     processes: Vec<Slots>,
     tally: Tally,
@@ -175,6 +179,7 @@ impl Dispatcher {
                 target,
                 finished: 0,
                 backlog_empty: false,
+                steady: false,
                 served: 0,
                 processes: vec![Slots::default(); processes],
                 tally: Tally::default(),
@@ -184,6 +189,21 @@ impl Dispatcher {
             label,
             body,
         })
+    }
+
+    /// For `processes` processes whose backlog is kept full (the fleet section's steady
+    /// state): an event for every poll until [`Dispatcher::finish`], an invocation that claimed
+    /// nothing included (under many claims at once, `SKIP LOCKED` can leave one empty-handed
+    /// while runs are pending; on Lambda the other invocations' wake-ups go on).
+    pub fn steady(
+        processes: usize,
+        deadline: Duration,
+        label: &'static str,
+        body: &'static str,
+    ) -> Arc<Self> {
+        let d = Self::with_event(processes, usize::MAX, deadline, label, body);
+        d.lock().steady = true;
+        d
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Ledger> {
@@ -382,7 +402,7 @@ fn tally_summary(s: &mut Ledger, summary: &serde_json::Value) {
     s.tally.claimed += claimed;
     if claimed == 0 {
         s.tally.empty += 1;
-        s.backlog_empty = true;
+        s.backlog_empty = !s.steady;
     }
     let mut returned = 0;
     for run in summary["runs"].as_array().into_iter().flatten() {
@@ -534,6 +554,23 @@ mod tests {
         assert_eq!((tally.invocations, tally.empty, tally.claimed), (3, 1, 4));
         assert_eq!(tally.outcomes["completed"], 2);
         assert!(end <= Instant::now());
+    }
+
+    #[tokio::test]
+    async fn a_steady_backlog_is_served_after_an_empty_claim_while_invocations_are_out() {
+        let d = Dispatcher::steady(1, Duration::from_secs(60), "fleet", "{}");
+        d.open();
+        let first = d.next(0).await;
+        let _second = d.next(0).await;
+        // The first claimed nothing (contention), the second is still out.
+        d.answer(0, Ok(&summary(0, &[])));
+        let _ = first;
+        assert!(
+            d.lock().may_serve(),
+            "an empty claim does not stop a steady backlog"
+        );
+        assert_eq!(d.next(0).await.request_id, "fleet-0-3");
+        assert_eq!(d.finish().1.empty, 1);
     }
 
     #[tokio::test]

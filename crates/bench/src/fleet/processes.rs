@@ -19,6 +19,9 @@ use crate::BenchError;
 use crate::runtime_api::{Dispatcher, Endpoint, Tally};
 
 /// Deadline of each invocation: Lambda's 60 s of the drain rows.
+/// The body of the fleet's events: a direct invocation.
+const FLEET_EVENT: &str = r#"{"reason": "bench: fleet"}"#;
+
 pub const INVOCATION: Duration = Duration::from_secs(60);
 /// The reference worker's poll interval after an empty poll (the drain rows').
 pub const POLL: Duration = Duration::from_millis(100);
@@ -100,8 +103,8 @@ impl Fleet {
             _endpoints: Vec::new(),
             dispatcher: None,
         };
-        let dispatcher =
-            (spec.worker == Worker::Ours).then(|| Dispatcher::new(spec.f, usize::MAX, INVOCATION));
+        let dispatcher = (spec.worker == Worker::Ours)
+            .then(|| Dispatcher::steady(spec.f, INVOCATION, "fleet", FLEET_EVENT));
         for p in 0..spec.f {
             let mut cmd = match &dispatcher {
                 Some(d) => {
