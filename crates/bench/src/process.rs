@@ -162,3 +162,39 @@ pub(crate) fn status_kib(pid: u32, field: &str) -> Option<u64> {
 pub fn size(binary: &Path) -> Result<u64, BenchError> {
     Ok(std::fs::metadata(binary)?.len())
 }
+
+/// What a child process's output lines are tallied into ([`read_lines`]).
+pub trait LineTally: Default + Send + 'static {
+    /// One line of the process's output, from its stderr when `stderr`.
+    fn line(&mut self, line: &str, stderr: bool);
+}
+
+/// Tally a process's stdout and stderr lines into a `T` until both close.
+pub fn read_lines<T: LineTally>(
+    out: Option<tokio::process::ChildStdout>,
+    err: Option<tokio::process::ChildStderr>,
+) -> tokio::task::JoinHandle<T> {
+    use tokio::io::{AsyncBufReadExt, BufReader};
+    tokio::spawn(async move {
+        let mut tally = T::default();
+        let mut out = out.map(|o| BufReader::new(o).lines());
+        let mut err = err.map(|e| BufReader::new(e).lines());
+        while out.is_some() || err.is_some() {
+            tokio::select! {
+                line = async { out.as_mut()?.next_line().await.ok().flatten() }, if out.is_some() => {
+                    match line {
+                        Some(l) => tally.line(&l, false),
+                        None => out = None,
+                    }
+                }
+                line = async { err.as_mut()?.next_line().await.ok().flatten() }, if err.is_some() => {
+                    match line {
+                        Some(l) => tally.line(&l, true),
+                        None => err = None,
+                    }
+                }
+            }
+        }
+        tally
+    })
+}

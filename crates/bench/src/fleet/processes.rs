@@ -8,8 +8,7 @@ use std::process::Stdio;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::io::{AsyncBufReadExt, BufReader};
-use tokio::process::{Child, ChildStderr, ChildStdout, Command};
+use tokio::process::{Child, Command};
 use tokio::task::JoinHandle;
 
 use super::Worker;
@@ -39,7 +38,7 @@ pub struct Output {
     pub first: Vec<String>,
 }
 
-impl Output {
+impl crate::process::LineTally for Output {
     fn line(&mut self, line: &str, stderr: bool) {
         let warning = line.contains(r#""level":"WARN""#);
         let error = line.contains(r#""level":"ERROR""#);
@@ -51,7 +50,9 @@ impl Output {
             self.first.push(line.chars().take(300).collect());
         }
     }
+}
 
+impl Output {
     fn merge(&mut self, o: Output) {
         self.lines += o.lines;
         self.warnings += o.warnings;
@@ -120,7 +121,7 @@ impl Fleet {
                 BenchError::msg(format!("starting {} as a worker: {e}", exe.display()))
             })?;
             let (out, err) = (child.stdout.take(), child.stderr.take());
-            fleet.output.push(read_output(out, err));
+            fleet.output.push(crate::process::read_lines(out, err));
             fleet.children.push(child);
         }
         if let Some(d) = &dispatcher {
@@ -241,30 +242,4 @@ fn reference(exe: &std::path::Path, spec: &Spec<'_>) -> Command {
         .stdin(Stdio::null())
         .kill_on_drop(true);
     cmd
-}
-
-/// Tally a process's stdout and stderr lines until both close.
-fn read_output(out: Option<ChildStdout>, err: Option<ChildStderr>) -> JoinHandle<Output> {
-    tokio::spawn(async move {
-        let mut o = Output::default();
-        let mut out = out.map(|x| BufReader::new(x).lines());
-        let mut err = err.map(|x| BufReader::new(x).lines());
-        while out.is_some() || err.is_some() {
-            tokio::select! {
-                line = async { out.as_mut()?.next_line().await.ok().flatten() }, if out.is_some() => {
-                    match line {
-                        Some(l) => o.line(&l, false),
-                        None => out = None,
-                    }
-                }
-                line = async { err.as_mut()?.next_line().await.ok().flatten() }, if err.is_some() => {
-                    match line {
-                        Some(l) => o.line(&l, true),
-                        None => err = None,
-                    }
-                }
-            }
-        }
-        o
-    })
 }

@@ -7,8 +7,7 @@ use std::process::Stdio;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::io::{AsyncBufReadExt, BufReader};
-use tokio::process::{Child, ChildStderr, ChildStdout};
+use tokio::process::Child;
 use tokio::task::JoinHandle;
 
 use super::{FUNCTION_MODE, Job, ManagedSettings, Shape};
@@ -27,7 +26,7 @@ pub struct Logs {
     pub first: Vec<String>,
 }
 
-impl Logs {
+impl crate::process::LineTally for Logs {
     fn line(&mut self, line: &str, stderr: bool) {
         let (warning, error) = (
             line.contains(r#""level":"WARN""#),
@@ -93,7 +92,7 @@ impl Fleet {
                 BenchError::msg(format!("starting {} as a function: {e}", binary.display()))
             })?;
             let (out, err) = (child.stdout.take(), child.stderr.take());
-            fleet.logs.push(read_logs(out, err));
+            fleet.logs.push(crate::process::read_lines(out, err));
             fleet.children.push(child);
             fleet._endpoints.push(endpoint);
         }
@@ -155,32 +154,6 @@ impl Fleet {
         }
         logs
     }
-}
-
-/// Tally a process's stdout and stderr lines until both close.
-fn read_logs(out: Option<ChildStdout>, err: Option<ChildStderr>) -> JoinHandle<Logs> {
-    tokio::spawn(async move {
-        let mut logs = Logs::default();
-        let mut out = out.map(|o| BufReader::new(o).lines());
-        let mut err = err.map(|e| BufReader::new(e).lines());
-        while out.is_some() || err.is_some() {
-            tokio::select! {
-                line = async { out.as_mut()?.next_line().await.ok().flatten() }, if out.is_some() => {
-                    match line {
-                        Some(l) => logs.line(&l, false),
-                        None => out = None,
-                    }
-                }
-                line = async { err.as_mut()?.next_line().await.ok().flatten() }, if err.is_some() => {
-                    match line {
-                        Some(l) => logs.line(&l, true),
-                        None => err = None,
-                    }
-                }
-            }
-        }
-        logs
-    })
 }
 
 /// A process's CPU time (user + system) and its reaped children's, from `/proc/<pid>/stat`.
