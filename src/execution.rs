@@ -91,7 +91,7 @@ async fn execute_in_span(ctx: &Invocation, claimed: Claimed) -> RunReport {
     let started = Instant::now();
     // When it starts executing here; a run claimed ahead may have waited since its claim.
     let claimed_at = Utc::now();
-    let key = ctx.key(run.id);
+    let key = ctx.key(run.id).executing(run.lease_recoveries);
 
     // What this attempt executed in earlier invocations: the run timeout counts the rest.
     let used = executed_before(ctx, &run, claimed_at).await;

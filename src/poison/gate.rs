@@ -23,10 +23,11 @@ use ironflow_store::entities::{Run, Step, WorkerCapabilities};
 use tokio::time::{Instant, timeout_at};
 use tracing::{error, info, warn};
 
-use super::recovery::dead_holder;
+use super::recovery::dead_holder_step;
 use super::seen::SeenCounters;
 use super::{FailureCounter, PoisonError, PoisonMode, PoisonPolicy, PoisonTable, now_ms};
 use crate::report::{Outcome, RunReport};
+use crate::store::holder::{holder, holder_claimed_recoveries};
 
 /// Table errors after which an invocation stops calling the table (fails open for the rest of
 /// it): 3.
@@ -383,7 +384,7 @@ impl PoisonGate {
             }
         }
         let steps = steps.await;
-        let Some(holder) = steps.as_deref().and_then(dead_holder) else {
+        let Some(marked) = steps.as_deref().and_then(dead_holder_step) else {
             info!(
                 run_id = %run.id,
                 workflow,
@@ -393,7 +394,26 @@ impl PoisonGate {
             );
             return;
         };
-        let holder = holder.unwrap_or(&self.invocation).to_string();
+        // The holder's own death is the run's recovery n + 1 (n: the recoveries when it claimed
+        // the run). A later one is another holder's that started no step (a lease taken over,
+        // a lost claim), after the marked holder lived on or its death was counted already.
+        if let Some(n) = marked.and_then(holder_claimed_recoveries)
+            && recoveries > n.saturating_add(1)
+        {
+            info!(
+                run_id = %run.id,
+                workflow,
+                lease_recoveries = recoveries,
+                holder_claimed_at = n,
+                "run recovered after its lease expired, a later holder had started no step (a \
+                 lease taken over or a lost claim after the marked holder's): not counted"
+            );
+            return;
+        }
+        let holder = marked
+            .and_then(holder)
+            .unwrap_or(&self.invocation)
+            .to_string();
         self.lease_recoveries = self.lease_recoveries.saturating_add(1);
         warn!(
             run_id = %run.id,
@@ -629,6 +649,27 @@ mod tests {
         }
         assert_eq!(gate.lease_recoveries(), 2);
         assert_eq!(gate.blocked_reason("wf").await, None);
+    }
+
+    #[tokio::test]
+    async fn a_recovery_after_the_marked_holder_s_own_is_not_counted_as_its_death() {
+        use crate::store::holder::{HOLDER_KEY, RECOVERIES_KEY};
+        // `lost-1` claimed the run at 0 recoveries and lost its lease mid-step (taken over);
+        // the taker let it expire twice: recovery 2 cannot be `lost-1`'s death.
+        let (mut run, mut steps) = recovered("wf", Some("lost-1")).await;
+        steps[0].debug_messages =
+            Some(serde_json::json!([{ HOLDER_KEY: "lost-1", RECOVERIES_KEY: 0 }]));
+        run.lease_recoveries = 2;
+        let table = Arc::new(MemoryPoisonTable::new(policy()));
+        let mut gate = PoisonGate::new(table, policy(), PoisonMode::Fail, later(), "a");
+        gate.on_claim(&run, async { Some(steps.clone()) }).await;
+        assert_eq!(gate.lease_recoveries(), 0, "a later holder's recovery");
+        // Its own recovery (1) is its death.
+        run.lease_recoveries = 1;
+        let table = Arc::new(MemoryPoisonTable::new(policy()));
+        let mut gate = PoisonGate::new(table, policy(), PoisonMode::Fail, later(), "b");
+        gate.on_claim(&run, async { Some(steps) }).await;
+        assert_eq!(gate.lease_recoveries(), 1, "the holder's own recovery");
     }
 
     #[tokio::test]

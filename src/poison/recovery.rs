@@ -26,19 +26,26 @@ use crate::store::holder::holder;
 /// Pending), or the newest one is an interruption without a handback's mark (the reaper's).
 /// `Some` with the worker id the step names ([`crate::store::holder`]) if one does; `None` when
 /// the holder had started no step.
+#[cfg(test)]
 pub(crate) fn dead_holder(steps: &[Step]) -> Option<Option<&str>> {
+    dead_holder_step(steps).map(|step| step.and_then(holder))
+}
+
+/// As `dead_holder`, with the step that shows it: `Some(Some(step))` when it is marked with
+/// its holder, `Some(None)` when the holder started a step that names no holder.
+pub(crate) fn dead_holder_step(steps: &[Step]) -> Option<Option<&Step>> {
     let running: Vec<&Step> = steps
         .iter()
         .filter(|s| s.status.state == StepStatus::Running)
         .collect();
     if !running.is_empty() {
-        return Some(running.iter().find_map(|s| holder(s)));
+        return Some(running.iter().copied().find(|s| holder(s).is_some()));
     }
     let newest = steps.iter().max_by_key(|s| (s.created_at, s.id))?;
     let reaped = newest.status.state == StepStatus::Failed
         && newest.error.as_deref() == Some(STEP_INTERRUPTED_ERROR)
         && interruption_mark(newest).is_none();
-    reaped.then(|| holder(newest))
+    reaped.then(|| holder(newest).is_some().then_some(newest))
 }
 
 #[cfg(test)]

@@ -586,6 +586,7 @@ mod tests {
         let key = super::super::scope::RunKey {
             run_id: uuid::Uuid::nil(),
             worker_id: "w".into(),
+            claimed_recoveries: None,
         };
         let scope = Arc::new(CallScope::execution(
             key,

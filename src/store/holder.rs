@@ -19,6 +19,9 @@ use super::scope::CallScope;
 
 /// The key of the holder's mark in a step's debug messages.
 pub(crate) const HOLDER_KEY: &str = "ironflow_lambda_holder";
+/// Beside it: the run's `lease_recoveries` when its holder claimed it (n). The holder's own
+/// death, if it died, is the run's recovery n + 1; a later recovery is another holder's.
+pub(crate) const RECOVERIES_KEY: &str = "ironflow_lambda_recoveries";
 
 /// `update` with the holder's mark when it moves a step to Running with no debug messages of
 /// its own and `scope` executes a run (the calls of a task outside any execution, such as a
@@ -28,9 +31,21 @@ pub(crate) fn mark_start(mut update: StepUpdate, scope: &CallScope) -> StepUpdat
         && update.debug_messages.is_none()
         && let Some(key) = scope.run_key()
     {
-        update.debug_messages = Some(json!([{ HOLDER_KEY: key.worker_id }]));
+        update.debug_messages = Some(match key.claimed_recoveries {
+            Some(n) => json!([{ HOLDER_KEY: key.worker_id, RECOVERIES_KEY: n }]),
+            None => json!([{ HOLDER_KEY: key.worker_id }]),
+        });
     }
     update
+}
+
+/// The run's lease recoveries when the holder `step`'s mark names claimed it, if it says.
+pub(crate) fn holder_claimed_recoveries(step: &Step) -> Option<u32> {
+    step.debug_messages
+        .as_ref()
+        .and_then(|m| m.as_array())
+        .and_then(|m| m.iter().find_map(|e| e.get(RECOVERIES_KEY)?.as_u64()))
+        .and_then(|n| u32::try_from(n).ok())
 }
 
 /// The worker id `step`'s mark names, if it has one.
@@ -57,6 +72,7 @@ mod tests {
         let key = RunKey {
             run_id: Uuid::nil(),
             worker_id: "ironflow-lambda-req-1-0badcafe".into(),
+            claimed_recoveries: None,
         };
         let now = Instant::now();
         let lease = Arc::new(LeaseClock::new(now, Duration::from_secs(30)));

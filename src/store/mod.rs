@@ -764,6 +764,7 @@ mod tests {
         let key = RunKey {
             run_id: run.id,
             worker_id: run.worker_id.clone().unwrap_or_default(),
+            claimed_recoveries: None,
         };
         let clock = Arc::new(LeaseClock::new(Instant::now(), Duration::from_millis(500)));
         let scope = CallScope::execution(

@@ -119,6 +119,9 @@ pub struct RunKey {
     pub run_id: Uuid,
     /// The worker id its lease is held under.
     pub worker_id: String,
+    /// The run's `lease_recoveries` when this invocation claimed it, for an execution's key
+    /// (carried in the holder's mark, [`crate::store::holder`]); `None` for other calls.
+    pub claimed_recoveries: Option<u32>,
 }
 
 impl RunKey {
@@ -128,6 +131,15 @@ impl RunKey {
         Self {
             run_id,
             worker_id: lease.worker_id.clone(),
+            claimed_recoveries: None,
+        }
+    }
+
+    /// This key, for the execution of a run claimed with `recoveries` lease recoveries.
+    pub fn executing(self, recoveries: u32) -> Self {
+        Self {
+            claimed_recoveries: Some(recoveries),
+            ..self
         }
     }
 }
@@ -613,6 +625,7 @@ mod tests {
         let key = RunKey {
             run_id: Uuid::nil(),
             worker_id: "w".into(),
+            claimed_recoveries: None,
         };
         let scope = CallScope::execution(
             key,
