@@ -165,20 +165,91 @@ impl<F: Future> Future for Marked<F> {
     type Output = F::Output;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
-        // The thread's own value, put back after the poll (0, the thread's default, if it
-        // cannot be read).
-        let own = current_timer_slack().ok().and_then(NonZeroU64::new);
-        // A kernel that refuses leaves the processes unmarked: the invocation's sweep remains.
-        let _ = set_current_timer_slack(Some(self.mark.0));
-        let polled = self.inner.as_mut().poll(cx);
-        let _ = set_current_timer_slack(own);
-        polled
+        let _restored = Slack::set(self.mark.0);
+        self.inner.as_mut().poll(cx)
+    }
+}
+
+thread_local! {
+    /// The timer slack of this thread as [`Slack`] last left it: `None` until the thread's first
+    /// marked poll reads it from the kernel. Only marked polls change a thread's slack, and each
+    /// puts the value it found back, so the value kept here is the kernel's: a poll makes two
+    /// system calls (set the mark, put the value back), not three. A process spawned from a
+    /// thread's own code (outside a marked poll) carries the thread's value, as before.
+    static SLACK: std::cell::Cell<Option<Option<NonZeroU64>>> = const { std::cell::Cell::new(None) };
+}
+
+/// A mark set on the polling thread; dropping it puts the thread's previous value back (after
+/// the poll, or while a panic in the poll unwinds).
+struct Slack {
+    previous: Option<NonZeroU64>,
+}
+
+impl Slack {
+    /// Set `mark` on this thread. A kernel that refuses leaves the processes unmarked: the
+    /// invocation's sweep remains.
+    fn set(mark: NonZeroU64) -> Self {
+        // The thread's value before the poll (0, the thread's default, if it cannot be read).
+        let previous = SLACK
+            .with(std::cell::Cell::get)
+            .unwrap_or_else(|| current_timer_slack().ok().and_then(NonZeroU64::new));
+        let _ = set_current_timer_slack(Some(mark));
+        SLACK.with(|slack| slack.set(Some(Some(mark))));
+        Self { previous }
+    }
+}
+
+impl Drop for Slack {
+    fn drop(&mut self) {
+        let _ = set_current_timer_slack(self.previous);
+        SLACK.with(|slack| slack.set(Some(self.previous)));
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A marked poll leaves the thread's slack as it found it: after the poll, after a nested
+    /// marked poll, and after a poll that panics.
+    #[test]
+    fn a_marked_poll_puts_the_thread_s_slack_back_even_when_it_panics() {
+        std::thread::spawn(|| {
+            let own = current_timer_slack().unwrap();
+            let (outer, inner) = (RunMark::next(), RunMark::next());
+            let waker = std::task::Waker::noop();
+            let mut cx = Context::from_waker(waker);
+            let nested = outer.mark(async move {
+                assert_eq!(current_timer_slack().unwrap(), outer.nanos());
+                let mut inner_future = Box::pin(inner.mark(async move {
+                    assert_eq!(current_timer_slack().unwrap(), inner.nanos());
+                }));
+                assert!(
+                    inner_future
+                        .as_mut()
+                        .poll(&mut Context::from_waker(std::task::Waker::noop()))
+                        .is_ready()
+                );
+                // Back to the outer mark: a process spawned now is the outer run's.
+                assert_eq!(current_timer_slack().unwrap(), outer.nanos());
+            });
+            assert!(std::pin::pin!(nested).poll(&mut cx).is_ready());
+            assert_eq!(current_timer_slack().unwrap(), own);
+
+            let panicking = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                let marked = outer.mark(async { panic!("a step panics") });
+                let _ = std::pin::pin!(marked).poll(&mut Context::from_waker(waker));
+            }));
+            assert!(panicking.is_err());
+            assert_eq!(
+                current_timer_slack().unwrap(),
+                own,
+                "the panic's unwind puts it back"
+            );
+        })
+        .join()
+        .unwrap();
+    }
 
     #[test]
     fn marks_differ_and_sit_above_the_default_slack() {
