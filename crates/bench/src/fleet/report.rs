@@ -54,6 +54,7 @@ pub fn section(r: &Fleets, m: &Machine) -> String {
         bends(&mut md, &cells);
     }
     ratios(&mut md, r);
+    cpu_ratios(&mut md, &r.args.workloads, &r.cells);
     projection(&mut md, r);
     errors(&mut md, r);
     md
@@ -442,6 +443,71 @@ fn ratios(md: &mut String, r: &Fleets) {
     );
 }
 
+/// Our main thread's name: the binary's, cut to 15 characters (the Lambda runtime loop).
+const MAIN_THREAD: &str = "ironflow-lambda";
+
+/// The goal of issue 28 for the worker's own CPU per run: ours at most 0.8 × the reference's.
+const CPU_GOAL: f64 = 0.8;
+
+/// The workers' own CPU per run, ours / reference, at every F (goal: at most [`CPU_GOAL`]).
+fn cpu_ratios(md: &mut String, workloads: &[FleetWorkload], cells: &[Cell]) {
+    let _ = writeln!(
+        md,
+        "### Worker CPU per run, ours / reference
+"
+    );
+    let _ = writeln!(
+        md,
+        "Goal (issue 28): the worker's own CPU per run (the process's, its steps' children \
+         apart) at most {CPU_GOAL}× the reference's. A worker's CPU per run is not a constant: a \
+         worker that ends fewer runs per second wakes and parks its threads more often per run, \
+         so compare rows of like runs/s before reading a difference as a cost.\n"
+    );
+    let _ = writeln!(
+        md,
+        "| workload | F | ours (ms) | reference (ms) | ours / reference | of which ours' main \
+         thread (ms) | goal | met |"
+    );
+    let _ = writeln!(md, "|---|---|---|---|---|---|---|---|");
+    let mut missed = 0_usize;
+    let mut rows = 0_usize;
+    for &w in workloads {
+        let cells: Vec<&Cell> = cells.iter().filter(|c| c.spec.workload == w).collect();
+        let reference = curve(&cells, Worker::Reference);
+        for o in curve(&cells, Worker::Ours) {
+            let Some(re) = reference.iter().find(|c| c.spec.f == o.spec.f) else {
+                continue;
+            };
+            let (ours_ms, ref_ms) = (o.ms_per_run(o.worker_cpu), re.ms_per_run(re.worker_cpu));
+            let ratio = ours_ms / ref_ms.max(1e-9);
+            let main = o
+                .worker_threads
+                .get(MAIN_THREAD)
+                .copied()
+                .unwrap_or_default();
+            rows += 1;
+            missed += usize::from(ratio > CPU_GOAL);
+            let _ = writeln!(
+                md,
+                "| {} | {} | {ours_ms:.2} | {ref_ms:.2} | {ratio:.2} | {:.2} | ≤ {CPU_GOAL} | {} |",
+                w.flag(),
+                o.spec.f,
+                o.ms_per_run(main),
+                met(ratio <= CPU_GOAL)
+            );
+        }
+    }
+    let _ = writeln!(
+        md,
+        "\n{}\n",
+        if missed == 0 {
+            "The CPU goal is met in every row.".to_string()
+        } else {
+            format!("The CPU goal is missed in {missed} of {rows} rows.")
+        }
+    );
+}
+
 /// Runs/s one API core would serve per worker: 1 / (requests per run × API CPU per request),
 /// from the median over the cells of each (workload, worker).
 fn projection(md: &mut String, r: &Fleets) {
@@ -541,6 +607,38 @@ mod tests {
             latencies: Vec::new(),
             measured_rtt: Default::default(),
         }
+    }
+
+    #[test]
+    fn the_worker_cpu_table_marks_each_f_against_the_goal_and_counts_the_misses() {
+        let at = |worker, f, cpu_ms, main_ms| {
+            let mut c = cell(worker, 100, 10_000);
+            c.spec.f = f;
+            c.worker_cpu = std::time::Duration::from_millis(cpu_ms);
+            c.worker_threads.insert(
+                MAIN_THREAD.to_string(),
+                std::time::Duration::from_millis(main_ms),
+            );
+            c
+        };
+        // F = 1: 0.70 against 1.00 ms per run (met); F = 2: 0.90 against 1.00 (missed).
+        let cells = vec![
+            at(Worker::Ours, 1, 70, 30),
+            at(Worker::Reference, 1, 100, 5),
+            at(Worker::Ours, 2, 90, 40),
+            at(Worker::Reference, 2, 100, 5),
+        ];
+        let mut md = String::new();
+        cpu_ratios(&mut md, &[FleetWorkload::Sleep], &cells);
+        assert!(
+            md.contains("| sleep | 1 | 0.70 | 1.00 | 0.70 | 0.30 | ≤ 0.8 | yes |"),
+            "{md}"
+        );
+        assert!(
+            md.contains("| sleep | 2 | 0.90 | 1.00 | 0.90 | 0.40 | ≤ 0.8 | **no** |"),
+            "{md}"
+        );
+        assert!(md.contains("missed in 1 of 2 rows"), "{md}");
     }
 
     #[test]
