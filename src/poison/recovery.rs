@@ -21,18 +21,19 @@ use ironflow_store::store::STEP_INTERRUPTED_ERROR;
 use crate::handback::interruption_mark;
 use crate::store::holder::holder;
 
-/// Whether `steps` (all the run's) show that the holder whose lease the reaper recovered had
-/// started a step: one is still Running (the reaper's cleanup comes after the run went back to
-/// Pending), or the newest one is an interruption without a handback's mark (the reaper's).
-/// `Some` with the worker id the step names ([`crate::store::holder`]) if one does; `None` when
-/// the holder had started no step.
+/// [`dead_holder_step`] as the worker id the step names: `Some(Some(id))`, `Some(None)` when
+/// the holder started a step that names no holder, `None` when it had started no step.
 #[cfg(test)]
 pub(crate) fn dead_holder(steps: &[Step]) -> Option<Option<&str>> {
     dead_holder_step(steps).map(|step| step.and_then(holder))
 }
 
-/// As `dead_holder`, with the step that shows it: `Some(Some(step))` when it is marked with
-/// its holder, `Some(None)` when the holder started a step that names no holder.
+/// Whether `steps` (all the run's) show that the holder whose lease the reaper recovered had
+/// started a step: one is still Running (the reaper's cleanup comes after the run went back to
+/// Pending), or the newest one is an interruption without a handback's mark (the reaper's).
+/// `Some(Some(step))` with a step that names its holder ([`crate::store::holder`]) if one
+/// does, `Some(None)` when the holder started steps that name none, `None` when it had started
+/// no step.
 pub(crate) fn dead_holder_step(steps: &[Step]) -> Option<Option<&Step>> {
     let running: Vec<&Step> = steps
         .iter()

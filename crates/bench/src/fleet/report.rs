@@ -259,6 +259,18 @@ fn curve<'a>(cells: &[&'a Cell], worker: Worker) -> Vec<&'a Cell> {
     v
 }
 
+/// Ours and the reference's cells at each F both measured, by F.
+fn pairs<'a>(cells: &[&'a Cell]) -> Vec<(&'a Cell, &'a Cell)> {
+    let reference = curve(cells, Worker::Reference);
+    curve(cells, Worker::Ours)
+        .into_iter()
+        .filter_map(|o| {
+            let re = reference.iter().find(|c| c.spec.f == o.spec.f)?;
+            Some((o, *re))
+        })
+        .collect()
+}
+
 /// The cell with the most runs/s: the saturation point.
 fn peak<'a>(curve: &[&'a Cell]) -> Option<&'a Cell> {
     curve
@@ -380,10 +392,7 @@ fn ratios(md: &mut String, r: &Fleets) {
             curve(&cells, Worker::Ours),
             curve(&cells, Worker::Reference),
         );
-        for o in &ours {
-            let Some(re) = reference.iter().find(|c| c.spec.f == o.spec.f) else {
-                continue;
-            };
+        for (o, re) in pairs(&cells) {
             let ratio = o.runs_per_s() / re.runs_per_s().max(1e-9);
             let tie = ratio < 1.0 && within_one_run(o, re);
             let _ = writeln!(
@@ -451,11 +460,7 @@ const CPU_GOAL: f64 = 0.8;
 
 /// The workers' own CPU per run, ours / reference, at every F (goal: at most [`CPU_GOAL`]).
 fn cpu_ratios(md: &mut String, workloads: &[FleetWorkload], cells: &[Cell]) {
-    let _ = writeln!(
-        md,
-        "### Worker CPU per run, ours / reference
-"
-    );
+    let _ = writeln!(md, "### Worker CPU per run, ours / reference\n");
     let _ = writeln!(
         md,
         "Goal (issue 28): the worker's own CPU per run (the process's, its steps' children \
@@ -473,11 +478,7 @@ fn cpu_ratios(md: &mut String, workloads: &[FleetWorkload], cells: &[Cell]) {
     let mut rows = 0_usize;
     for &w in workloads {
         let cells: Vec<&Cell> = cells.iter().filter(|c| c.spec.workload == w).collect();
-        let reference = curve(&cells, Worker::Reference);
-        for o in curve(&cells, Worker::Ours) {
-            let Some(re) = reference.iter().find(|c| c.spec.f == o.spec.f) else {
-                continue;
-            };
+        for (o, re) in pairs(&cells) {
             let (ours_ms, ref_ms) = (o.ms_per_run(o.worker_cpu), re.ms_per_run(re.worker_cpu));
             let ratio = ours_ms / ref_ms.max(1e-9);
             let main = o
