@@ -40,7 +40,7 @@ use ironflow_store::store::RunStore;
 use tokio::task::JoinError;
 use tokio::time::{Instant, sleep_until, timeout_at};
 use tokio_util::task::AbortOnDropHandle;
-use tracing::{Instrument, error, info, warn};
+use tracing::{Instrument, debug, error, info, warn};
 use uuid::Uuid;
 
 use crate::attempt_time;
@@ -102,10 +102,16 @@ async fn execute_in_span(ctx: &Invocation, claimed: Claimed) -> RunReport {
         ctx.run_timeout.as_secs(),
         used.as_millis()
     );
-    info!(
-        executed_before_ms = used.as_millis() as u64,
-        "executing run"
-    );
+    // A resumed attempt says how much of its timeout is spent; a first start adds nothing to
+    // the claim's line but at DEBUG.
+    if used.is_zero() {
+        debug!("executing run");
+    } else {
+        info!(
+            executed_before_ms = used.as_millis() as u64,
+            "executing run"
+        );
+    }
 
     let cutoff = ctx.budget.cutoff();
     let mut scope = CallScope::execution(
@@ -444,7 +450,8 @@ async fn finished(
             Fate::new(Outcome::Suspended, None)
         }
         Ok(Ok(_)) => {
-            info!("run completed");
+            // At DEBUG: the run's end line ("run execution ended", outcome Completed) says it.
+            debug!("run completed");
             Fate::new(Outcome::Completed, None)
         }
         Ok(Err(e)) => {

@@ -1,15 +1,16 @@
-//! Structured logs for CloudWatch: one JSON object per line, carrying the fields of every
-//! enclosing span, so each line about a run has the Lambda `request_id` (invocation span) and
-//! the `run_id` and `workflow` (run span).
+//! Structured logs for CloudWatch: one flat JSON object per line ([`JsonLines`]), carrying the
+//! fields of every enclosing span at the top level, so each line about a run has the Lambda
+//! `requestId` and `request_id` (the runtime's and the invocation's spans) and the `run_id` and
+//! `workflow` (the run's span), each once, at the same place on every line.
 //!
 //! Level: `RUST_LOG` (e.g. `info,ironflow_lambda=debug`), else Lambda's advanced logging
 //! control `AWS_LAMBDA_LOG_LEVEL` (`TRACE`…`FATAL`), else `info`.
 //!
-//! A sample line:
+//! A sample line (docs/operations.md, "Logs", shows how to query them):
 //! ```text
-//! {"timestamp":"2026-11-30T04:31:04.364Z","level":"INFO","message":"run handed back: Pending for the next invocation",
-//!  "target":"ironflow_lambda::handback","spans":[{"name":"invocation","request_id":"8f5c…","worker_id":"lambda-8f5c…-1a2b3c4d"},
-//!  {"name":"run","run_id":"01a22ab8-…","workflow":"multi-step"}]}
+//! {"timestamp":"2026-11-30T04:31:04.364210Z","level":"INFO","message":"run handed back: Pending for the next invocation",
+//!  "executed_ms":14021,"target":"ironflow_lambda::handback","run_id":"01a22ab8-…","workflow":"multi-step",
+//!  "request_id":"8f5c…","worker_id":"lambda-8f5c…-1a2b3c4d","requestId":"8f5c…","xrayTraceId":"Root=1-…","span":"run"}
 //! ```
 //!
 //! **No secret in any line, at any level** (docs/push.md, "Secrets and logs"). Two rules, applied
@@ -20,7 +21,7 @@
 //!    `X-Signature-256`), the AWS SDK each request and response
 //!    (`aws_smithy_runtime::client::orchestrator`: the GetSecretValue answer, SigV4 headers).
 //!    This crate's own TRACE lines (`ironflow_lambda*`) pass.
-//! 2. The writer redacts, in whatever line reaches it: every secret value the process holds
+//! 2. Each line is redacted before it is written, whoever logged it: every secret value the process holds
 //!    ([`redact`]: each [`WorkerToken`](crate::settings::WorkerToken) and
 //!    [`WebhookSecret`](crate::settings::WebhookSecret) registers itself when it is made, and a worker's
 //!    `IRONFLOW_HEARTBEAT_URL` when it is built), as it is, as JSON
@@ -35,8 +36,9 @@
 //!
 //! The module map: [docs/structure.md](https://github.com/ironflow-lambda/ironflow-lambda/blob/main/docs/structure.md).
 
+mod line;
+
 use std::borrow::Cow;
-use std::io::Write;
 use std::sync::{PoisonError, RwLock};
 
 use tracing::{Level, Metadata};
@@ -44,6 +46,8 @@ use tracing_subscriber::EnvFilter;
 use tracing_subscriber::filter::filter_fn;
 use tracing_subscriber::fmt::MakeWriter;
 use tracing_subscriber::prelude::*;
+
+pub use line::JsonLines;
 
 /// The shortest secret [`redact`] registers: 8 characters.
 pub const MIN_REDACTED_LEN: usize = 8;
@@ -183,51 +187,19 @@ pub fn filter() -> EnvFilter {
     EnvFilter::new(level)
 }
 
-/// Install the JSON subscriber writing to `writer` (stdout on Lambda), under `filter` and the
-/// two rules of the module docs. Returns `false` when a global subscriber was already set.
+/// Install the line layer ([`JsonLines`]) writing to `writer` (stdout on Lambda), under `filter`
+/// and the two rules of the module docs. Returns `false` when a global subscriber was already
+/// set.
 pub fn init<W>(filter: EnvFilter, writer: W) -> bool
 where
     W: for<'a> MakeWriter<'a> + Send + Sync + 'static,
 {
-    let lines = tracing_subscriber::fmt::layer()
-        .json()
-        .with_current_span(false)
-        .with_span_list(true)
-        .flatten_event(true)
-        .with_writer(Redacting(writer))
-        .with_filter(filter_fn(below_trace_or_own));
+    let lines = JsonLines::new(writer).with_filter(filter_fn(below_trace_or_own));
     tracing_subscriber::registry()
         .with(filter)
         .with(lines)
         .try_init()
         .is_ok()
-}
-
-/// A `MakeWriter` whose writers redact each line ([`redacted`]) before `W`'s writer gets it.
-/// The formatter writes each line in one `write_all`, so no secret is split between two calls.
-struct Redacting<M>(M);
-
-impl<'a, M: MakeWriter<'a>> MakeWriter<'a> for Redacting<M> {
-    type Writer = RedactingWriter<M::Writer>;
-
-    fn make_writer(&'a self) -> Self::Writer {
-        RedactingWriter(self.0.make_writer())
-    }
-}
-
-/// The writer of [`Redacting`].
-struct RedactingWriter<W>(W);
-
-impl<W: Write> Write for RedactingWriter<W> {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        let text = String::from_utf8_lossy(buf);
-        self.0.write_all(redacted(&text).as_bytes())?;
-        Ok(buf.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        self.0.flush()
-    }
 }
 
 /// A `MakeWriter` that appends to a shared buffer, for tests that read the logs back.
@@ -250,7 +222,7 @@ impl CaptureWriter {
 }
 
 #[cfg(any(test, feature = "test-support"))]
-impl Write for CaptureWriter {
+impl std::io::Write for CaptureWriter {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
         self.0
             .lock()
