@@ -20,7 +20,8 @@
 //! out and the drain is not over; never after the drain is over, when the answers have reported
 //! the end of every run. A poll that gets no event waits, as a warm function does between
 //! invocations. The fleet section's backlog is kept full ([`Dispatcher::steady`]): every poll
-//! is served until the end, an empty claim included.
+//! is served until the end, an empty claim included, the process that made it after a pause (the
+//! reference worker's own pause after an empty poll).
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -65,6 +66,8 @@ pub struct Slots {
     pub invocations: usize,
     /// When the first `GET .../next` arrived.
     first_poll: Option<Instant>,
+    /// Not served before then: an invocation of it claimed nothing ([`Dispatcher::steady`]).
+    paused_until: Option<Instant>,
 }
 
 impl Slots {
@@ -123,8 +126,9 @@ struct Ledger {
     finished: usize,
     backlog_empty: bool,
     /// The backlog is kept full ([`Dispatcher::steady`]): an empty claim is contention, not
-    /// the drain's tail, and does not stop the serving.
-    steady: bool,
+    /// the drain's tail, and does not stop the serving; `Some`: the pause of a process after
+    /// an invocation of it claimed nothing.
+    steady: Option<Duration>,
     served: usize,
     processes: Vec<Slots>,
     tally: Tally,
@@ -179,7 +183,7 @@ impl Dispatcher {
                 target,
                 finished: 0,
                 backlog_empty: false,
-                steady: false,
+                steady: None,
                 served: 0,
                 processes: vec![Slots::default(); processes],
                 tally: Tally::default(),
@@ -193,16 +197,20 @@ impl Dispatcher {
 
     /// For `processes` processes whose backlog is kept full (the fleet section's steady
     /// state): an event for every poll until [`Dispatcher::finish`], an invocation that claimed
-    /// nothing included (under many claims at once, `SKIP LOCKED` can leave one empty-handed
-    /// while runs are pending; on Lambda the other invocations' wake-ups go on).
+    /// nothing included (the backlog may be empty for a moment: the feeder tops it up), but
+    /// the process that made it is served again only `pause` after its answer, as the
+    /// reference worker polls again only after a pause. Served at once instead, invocations
+    /// that find nothing loop on the claim route and load the API and its database that the
+    /// feeder needs to top the backlog up.
     pub fn steady(
         processes: usize,
         deadline: Duration,
+        pause: Duration,
         label: &'static str,
         body: &'static str,
     ) -> Arc<Self> {
         let d = Self::with_event(processes, usize::MAX, deadline, label, body);
-        d.lock().steady = true;
+        d.lock().steady = Some(pause);
         d
     }
 
@@ -344,21 +352,29 @@ impl Dispatcher {
         self.changed.notify_waiters();
         loop {
             let notified = self.changed.notified();
-            {
+            let paused = {
                 let mut s = self.lock();
-                if s.may_serve() {
+                let now = Instant::now();
+                let paused = s.processes[p].paused_until.filter(|&until| until > now);
+                if paused.is_none() && s.may_serve() {
                     s.served += 1;
                     let n = s.served;
                     let end = s.done;
-                    s.processes[p].change(1, Instant::now(), end);
+                    s.processes[p].change(1, now, end);
                     return Event {
                         request_id: format!("{}-{p}-{n}", self.label),
                         deadline_ms: ironflow_lambda::poison::now_ms()
                             + self.deadline.as_millis() as u64,
                     };
                 }
+                paused
+            };
+            match paused {
+                Some(until) => {
+                    let _ = tokio::time::timeout_at(until, notified).await;
+                }
+                None => notified.await,
             }
-            notified.await;
         }
     }
 
@@ -375,6 +391,11 @@ impl Dispatcher {
                 .map_err(|e| format!("a response that is not a summary ({e})"))
         }) {
             Ok(summary) => {
+                if let Some(pause) = s.steady
+                    && summary["claimed"].as_u64() == Some(0)
+                {
+                    s.processes[p].paused_until = Some(now + pause);
+                }
                 tally_summary(&mut s, &summary);
                 s.tally.last_summary = Some(summary);
             }
@@ -402,7 +423,7 @@ fn tally_summary(s: &mut Ledger, summary: &serde_json::Value) {
     s.tally.claimed += claimed;
     if claimed == 0 {
         s.tally.empty += 1;
-        s.backlog_empty = !s.steady;
+        s.backlog_empty = s.steady.is_none();
     }
     let mut returned = 0;
     for run in summary["runs"].as_array().into_iter().flatten() {
@@ -557,19 +578,28 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_steady_backlog_is_served_after_an_empty_claim_while_invocations_are_out() {
-        let d = Dispatcher::steady(1, Duration::from_secs(60), "fleet", "{}");
+    async fn a_steady_backlog_is_served_after_an_empty_claim_once_the_process_paused() {
+        let pause = Duration::from_millis(300);
+        let d = Dispatcher::steady(2, Duration::from_secs(60), pause, "fleet", "{}");
         d.open();
-        let first = d.next(0).await;
+        let _first = d.next(0).await;
         let _second = d.next(0).await;
-        // The first claimed nothing (contention), the second is still out.
+        // The first claimed nothing, the second is still out.
         d.answer(0, Ok(&summary(0, &[])));
-        let _ = first;
+        let answered = Instant::now();
         assert!(
             d.lock().may_serve(),
             "an empty claim does not stop a steady backlog"
         );
-        assert_eq!(d.next(0).await.request_id, "fleet-0-3");
+        // Another process is served at once; this one after its pause.
+        assert_eq!(d.next(1).await.request_id, "fleet-1-3");
+        assert_eq!(d.next(0).await.request_id, "fleet-0-4");
+        assert!(answered.elapsed() >= pause, "{:?}", answered.elapsed());
+        // A claim that took a run pauses nothing.
+        let before = d.lock().processes[0].paused_until;
+        d.answer(0, Ok(&summary(1, &["completed"])));
+        assert_eq!(d.lock().processes[0].paused_until, before);
+        assert_eq!(d.next(0).await.request_id, "fleet-0-5");
         assert_eq!(d.finish().1.empty, 1);
     }
 

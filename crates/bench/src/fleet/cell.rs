@@ -15,6 +15,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use ironflow_local_api::{Backend, DelayProxy, LocalApi, new_run};
 use ironflow_store::entities::RunFilter;
+use ironflow_store::postgres::PostgresStore;
 use ironflow_store::store::Store;
 use tokio::task::JoinSet;
 use tokio::time::{Instant, sleep};
@@ -34,8 +35,10 @@ pub const CLAIM_ROUTE: &str = "GET /api/v1/internal/runs/next";
 const OVERRUN: Duration = Duration::from_secs(300);
 /// Runs read back for the claim latency, at most.
 const LATENCY_SAMPLE: usize = 300;
-/// Runs created at once by the feeder.
+/// Runs the feeder creates at once, at most.
 const FEED_TASKS: usize = 8;
+/// How often the feeder reads the backlog.
+const FEED_EVERY: Duration = Duration::from_millis(100);
 
 /// What one cell runs.
 #[derive(Debug, Clone)]
@@ -91,6 +94,8 @@ pub struct Cell {
     /// Claim → first step of runs claimed in the window (a sample), sorted.
     pub latencies: Vec<Duration>,
     pub measured_rtt: Duration,
+    /// The backlog at the feeder's reads over the window.
+    pub backlog: BacklogLevel,
 }
 
 impl Cell {
@@ -155,6 +160,8 @@ struct Setup {
     counter: Arc<Counter>,
     probe: Option<PgProbe>,
     ids: Arc<Mutex<Vec<Uuid>>>,
+    /// The backlog at the feeder's reads since the window began.
+    backlog: Arc<Mutex<BacklogLevel>>,
     _feeder: AbortOnDropHandle<Result<(), BenchError>>,
 }
 
@@ -199,14 +206,21 @@ impl Setup {
         let ids: Arc<Mutex<Vec<Uuid>>> = Arc::default();
         // The backlog never runs dry: twice what the fleet can hold claimed, and some.
         let level = (2 * spec.f * spec.max_runs.max(spec.concurrency) + 64) as u64;
-        let store = api.store().clone();
+        // On PostgreSQL the feeder has a pool of its own: it does not wait for the API's
+        // connections, which the fleet's requests hold.
+        let store: Arc<dyn Store> = match &backend {
+            Backend::Postgres { url } => Arc::new(PostgresStore::new(url).await?),
+            Backend::Memory => api.store().clone(),
+        };
         feed(&store, spec.workload, &ids, level).await?;
+        let backlog: Arc<Mutex<BacklogLevel>> = Arc::default();
         let feeder = tokio::spawn(feeder(
             store,
             counter.clone(),
             spec.workload,
             ids.clone(),
             level,
+            backlog.clone(),
         ));
         Ok(Self {
             api,
@@ -215,6 +229,7 @@ impl Setup {
             counter,
             probe,
             ids,
+            backlog,
             _feeder: AbortOnDropHandle::new(feeder),
         })
     }
@@ -259,18 +274,66 @@ async fn feed(
     Ok(())
 }
 
-/// Keep `level` runs pending: the feeder's loop, every 100 ms.
+/// Keep `level` runs pending: the feeder's loop. Every [`FEED_EVERY`] it reads the backlog (into
+/// `seen`) and sets how many runs are missing; meanwhile it keeps up to [`FEED_TASKS`] creations
+/// in flight, a new one as soon as one is done, until none is missing.
 async fn feeder(
     store: Arc<dyn Store>,
     counter: Arc<Counter>,
     workload: FleetWorkload,
     ids: Arc<Mutex<Vec<Uuid>>>,
     level: u64,
+    seen: Arc<Mutex<BacklogLevel>>,
 ) -> Result<(), BenchError> {
+    let mut creating = JoinSet::new();
+    let mut missing = 0_u64;
+    let mut tick = tokio::time::interval(FEED_EVERY);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
-        sleep(Duration::from_millis(100)).await;
-        let pending = counter.counts().await?.pending;
-        feed(&store, workload, &ids, level.saturating_sub(pending)).await?;
+        while missing > 0 && creating.len() < FEED_TASKS {
+            let store = store.clone();
+            creating.spawn(async move { store.create_run(new_run(workload.workflow(), 0)).await });
+            missing -= 1;
+        }
+        tokio::select! {
+            _ = tick.tick() => {
+                let pending = counter.counts().await?.pending;
+                seen.lock().unwrap_or_else(PoisonError::into_inner).read(pending);
+                missing = level.saturating_sub(pending + creating.len() as u64);
+            }
+            Some(created) = creating.join_next() => {
+                let id = created??.into_run().id;
+                ids.lock().unwrap_or_else(PoisonError::into_inner).push(id);
+            }
+        }
+    }
+}
+
+/// The backlog as the feeder read it over a window: runs pending (never claimed) at each read.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct BacklogLevel {
+    pub reads: u64,
+    sum: u64,
+    /// The fewest pending at a read (`None`: no read).
+    pub min: Option<u64>,
+}
+
+impl BacklogLevel {
+    pub(super) fn read(&mut self, pending: u64) {
+        self.reads += 1;
+        self.sum = self.sum.saturating_add(pending);
+        self.min = Some(self.min.map_or(pending, |m| m.min(pending)));
+    }
+
+    /// The mean pending over the reads.
+    pub fn mean(&self) -> Option<f64> {
+        (self.reads > 0).then(|| self.sum as f64 / self.reads as f64)
+    }
+
+    /// Whether the backlog ran dry at a read: a claim then could find nothing for want of
+    /// runs, and the cell measured the feeder as much as the workers.
+    pub fn ran_dry(&self) -> bool {
+        self.min == Some(0)
     }
 }
 
@@ -338,8 +401,10 @@ async fn run_window(spec: &CellSpec, setup: &Setup) -> Result<Cell, BenchError> 
         p.begin();
     }
     threads.sample(&fleet, true);
+    *setup.backlog.lock().unwrap_or_else(PoisonError::into_inner) = BacklogLevel::default();
     window(spec, setup, &mut fleet, &start, &mut threads).await?;
     threads.sample(&fleet, false);
+    let backlog = *setup.backlog.lock().unwrap_or_else(PoisonError::into_inner);
     let end = setup.ends(&fleet).await?;
     let pg = setup.probe.as_ref().map(PgProbe::end).transpose()?;
     let output = fleet.stop().await;
@@ -362,6 +427,7 @@ async fn run_window(spec: &CellSpec, setup: &Setup) -> Result<Cell, BenchError> 
     }
     cell.latencies = latencies;
     cell.measured_rtt = measured_rtt;
+    cell.backlog = backlog;
     Ok(cell)
 }
 
@@ -438,6 +504,7 @@ fn assemble(spec: &CellSpec, start: &Ends, end: &Ends, threads: &ThreadWatch) ->
         first_errors: Vec::new(),
         latencies: Vec::new(),
         measured_rtt: Duration::ZERO,
+        backlog: BacklogLevel::default(),
     }
 }
 

@@ -105,7 +105,7 @@ impl Fleet {
             dispatcher: None,
         };
         let dispatcher = (spec.worker == Worker::Ours)
-            .then(|| Dispatcher::steady(spec.f, INVOCATION, "fleet", FLEET_EVENT));
+            .then(|| Dispatcher::steady(spec.f, INVOCATION, POLL, "fleet", FLEET_EVENT));
         for p in 0..spec.f {
             let mut cmd = match &dispatcher {
                 Some(d) => {

@@ -6,6 +6,7 @@
 use std::fmt::Write;
 use std::path::Path;
 
+use super::cell::BacklogLevel;
 use super::{Cell, FleetWorkload, Fleets, Worker};
 use crate::BenchError;
 use crate::machine::Machine;
@@ -101,9 +102,14 @@ fn header(md: &mut String, r: &Fleets, m: &Machine) {
         "Each cell: the real ironflow API (its router on 2 threads of its own) on {store}, behind \
          the delay proxy ({} ms round trip); F workers at once, each C = {}: ours are F function \
          processes, one invocation at a time, fed back to back by the Runtime API stand-in \
-         (N = {} runs per invocation at most); the reference's are F `ironflow_worker::Worker` \
-         processes. A feeder keeps the backlog at 2·F·N + 64 pending runs (it creates them \
-         through the store: their INSERTs are in PostgreSQL's CPU). After a {} s warm-up, a \
+         (N = {} runs per invocation at most; after an invocation that claimed nothing, its \
+         process is served again 100 ms later, the reference's own pause after an empty poll); \
+         the reference's are F `ironflow_worker::Worker` processes. A feeder keeps the backlog \
+         at 2·F·N + 64 pending runs (it reads the backlog every 100 ms and keeps up to 8 \
+         creations in flight until it is full; it creates the runs through the store: their \
+         INSERTs are in PostgreSQL's CPU); **backlog pending** is what its reads found over the \
+         window, **ran dry** where one found none (a claim could then come back empty for want \
+         of runs: the cell measures the feeder as much as the workers). After a {} s warm-up, a \
          window of fixed length (at least {} runs ended in it) is measured: runs/s are the runs \
          ended in it; requests are counted at the API; CPU per run is the API's threads', \
          PostgreSQL's (the backends of the fleet's database and the server's background \
@@ -139,6 +145,15 @@ fn header(md: &mut String, r: &Fleets, m: &Machine) {
     );
 }
 
+/// A cell's backlog at the feeder's reads: `min / mean`, **ran dry** when a read found none.
+fn backlog(b: &BacklogLevel) -> String {
+    match (b.min, b.mean()) {
+        (Some(min), Some(mean)) if b.ran_dry() => format!("**{min} / {mean:.0}: ran dry**"),
+        (Some(min), Some(mean)) => format!("{min} / {mean:.0}"),
+        _ => "–".to_string(),
+    }
+}
+
 /// The command line, without a PostgreSQL URL (it may hold a password).
 fn command(args: &[String]) -> String {
     let mut out: Vec<&str> = Vec::new();
@@ -167,9 +182,12 @@ fn workload_tables(md: &mut String, w: FleetWorkload, cells: &[&Cell]) {
         "| F | worker | runs/s | requests per run | requests/s | API CPU per run (ms) | \
          PostgreSQL CPU per run (ms) | claim → first step p50 / p99 (ms) | lock waits: mean / \
          max / share of samples | active backends (mean) | empty claims per 1 000 runs | invocations claiming nothing \
-         per 1 000 runs | errors |"
+         per 1 000 runs | backlog pending: min / mean | errors |"
     );
-    let _ = writeln!(md, "|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+    let _ = writeln!(
+        md,
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+    );
     for c in cells {
         let locks = c.locks.map_or_else(
             || "–".to_string(),
@@ -187,7 +205,7 @@ fn workload_tables(md: &mut String, w: FleetWorkload, cells: &[&Cell]) {
             .map(|(_, empty)| empty as f64 * 1000.0 / c.runs.max(1) as f64);
         let _ = writeln!(
             md,
-            "| {} | {} | {:.1} | {:.2} | {:.0} | {:.2} | {} | {} / {} | {locks} | {} | {:.1} | {} | {} |",
+            "| {} | {} | {:.1} | {:.2} | {:.0} | {:.2} | {} | {} / {} | {locks} | {} | {:.1} | {} | {} | {} |",
             c.spec.f,
             c.spec.worker.name(),
             c.runs_per_s(),
@@ -200,6 +218,7 @@ fn workload_tables(md: &mut String, w: FleetWorkload, cells: &[&Cell]) {
             opt(c.locks.map(|l| l.mean_active()), 2),
             c.empty_claims_per_1000(),
             opt(empty_invocations, 1),
+            backlog(&c.backlog),
             c.errors,
         );
     }
@@ -607,7 +626,21 @@ mod tests {
             first_errors: Vec::new(),
             latencies: Vec::new(),
             measured_rtt: Default::default(),
+            backlog: Default::default(),
         }
+    }
+
+    #[test]
+    fn a_backlog_that_a_read_found_empty_is_marked_dry() {
+        assert_eq!(backlog(&BacklogLevel::default()), "–");
+        let mut b = BacklogLevel::default();
+        for pending in [576, 500, 1] {
+            b.read(pending);
+        }
+        assert_eq!(backlog(&b), "1 / 359");
+        b.read(0);
+        assert!(b.ran_dry());
+        assert_eq!(backlog(&b), "**0 / 269: ran dry**");
     }
 
     #[test]
