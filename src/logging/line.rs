@@ -12,7 +12,8 @@
 //! id is at a different index on different lines and repeated in each span that carries it, and
 //! it keeps each span's fields as a JSON string that it parses again for every event. Here a
 //! span's fields are rendered to JSON once, when they are recorded, and copied into each line;
-//! a line is about half as long (the engine's step lines: about 450 bytes instead of 850).
+//! a line is about a third shorter (median 581 bytes against about 850 for a three-step shell
+//! run's lines, measured with `strace` on the fleet bench).
 
 use std::cell::RefCell;
 use std::fmt::{self, Write as _};
