@@ -126,6 +126,14 @@ impl EventFields<'_> {
     fn keep(&self, field: &Field) -> bool {
         !field.name().starts_with("log.") && !self.0.has(field.name())
     }
+
+    /// `field` as `value` written bare: an integer or a boolean, valid JSON as it prints.
+    fn bare(&mut self, field: &Field, value: impl fmt::Display) {
+        if self.keep(field) {
+            self.0.key(field.name());
+            let _ = write!(self.0.text, "{value}");
+        }
+    }
 }
 
 impl Visit for EventFields<'_> {
@@ -136,22 +144,13 @@ impl Visit for EventFields<'_> {
         }
     }
     fn record_i64(&mut self, field: &Field, value: i64) {
-        if self.keep(field) {
-            self.0.key(field.name());
-            let _ = write!(self.0.text, "{value}");
-        }
+        self.bare(field, value);
     }
     fn record_u64(&mut self, field: &Field, value: u64) {
-        if self.keep(field) {
-            self.0.key(field.name());
-            let _ = write!(self.0.text, "{value}");
-        }
+        self.bare(field, value);
     }
     fn record_bool(&mut self, field: &Field, value: bool) {
-        if self.keep(field) {
-            self.0.key(field.name());
-            let _ = write!(self.0.text, "{value}");
-        }
+        self.bare(field, value);
     }
     fn record_f64(&mut self, field: &Field, value: f64) {
         if self.keep(field) {
