@@ -12,7 +12,7 @@ use ironflow_store::error::StoreError;
 use ironflow_store::store::RunStore;
 use tokio::time::Instant;
 use tokio_util::task::AbortOnDropHandle;
-use tracing::{Instrument, info_span};
+use tracing::{Instrument, error_span};
 use uuid::Uuid;
 
 use crate::lease::{LeaseRefresher, RefreshContext};
@@ -89,7 +89,8 @@ impl Claimed {
         interval: Duration,
         cutoff: Instant,
     ) -> Self {
-        let span = info_span!("run", run_id = %run.id, workflow = %run.workflow_name);
+        // At ERROR level, as the invocation's span: its fields on every line about the run.
+        let span = error_span!("run", run_id = %run.id, workflow = %run.workflow_name);
         let refresher = span.in_scope(|| {
             LeaseRefresher::spawn(ctx, &run, lease.clone(), claim_sent, interval, cutoff)
         });

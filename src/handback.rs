@@ -200,7 +200,7 @@ impl Invocation {
             .then(|| loop_guard(policy, attempt, &steps, h.executed))
             .flatten();
         if let Some(reason) = failed_instead {
-            error!(run_id = %target, error = %reason, "failing the run instead of handing it back");
+            error!(target_run_id = %target, error = %reason, "failing the run instead of handing it back");
             let calls = &self.calls;
             return Err(
                 fail_or_leave_to_reaper(calls, target, Outcome::Failed, reason, false).await,
@@ -227,7 +227,7 @@ impl Invocation {
         let target = h.target;
         match self.calls.store.update_run(target, update).await {
             Ok(()) => {
-                info!(run_id = %target, executed_ms, "run handed back: Pending for the next invocation");
+                info!(target_run_id = %target, executed_ms, "run handed back: Pending for the next invocation");
                 Fate::new(Outcome::HandedBack, h.why.note())
             }
             Err(StoreError::LeaseLost { .. }) => Fate::new(

@@ -251,7 +251,7 @@ impl Refresh {
                     let lost = self.clock.confirm_until(sent, ttl, expires_at);
                     if lost > self.interval {
                         warn!(
-                            run_id = %target,
+                            target_run_id = %target,
                             lost_ms = lost.as_millis() as u64,
                             "the API dated the renewed lease back (its database's clock \
                              reading was stale): the lease counts only to the end it stated"
@@ -275,17 +275,17 @@ impl Refresh {
                         continue;
                     }
                     let end = self.why_refused(target, held_by, valid_until).await;
-                    warn!(run_id = %target, reason = %end.describe(), "lease ended");
+                    warn!(target_run_id = %target, reason = %end.describe(), "lease ended");
                     return Some(end);
                 }
                 Err(StoreError::RunNotFound(_)) => {
                     let end = LeaseEnd::TakenOver { held_by: None };
-                    warn!(run_id = %target, "lease ended: the run no longer exists");
+                    warn!(target_run_id = %target, "lease ended: the run no longer exists");
                     return Some(end);
                 }
                 Err(e) => {
                     // Retried until the validity ends (each attempt was bounded by it already).
-                    warn!(run_id = %target, error = %e, "lease refresh failed, retrying");
+                    warn!(target_run_id = %target, error = %e, "lease refresh failed, retrying");
                     last_error = Some(e.to_string());
                     let left = self
                         .clock
@@ -309,7 +309,7 @@ impl Refresh {
 
     fn expired(&self, target: Uuid, last_error: Option<String>) -> LeaseEnd {
         let end = LeaseEnd::Expired { last_error };
-        warn!(run_id = %target, ttl_secs = self.lease.ttl.as_secs(), reason = %end.describe(), "lease ended");
+        warn!(target_run_id = %target, ttl_secs = self.lease.ttl.as_secs(), reason = %end.describe(), "lease ended");
         end
     }
 

@@ -33,7 +33,7 @@ use ironflow_store::entities::{LeaseRequest, WorkerCapabilities};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::task::{JoinError, JoinSet};
 use tokio::time::{Instant, sleep_until};
-use tracing::{Instrument, error, info, info_span, warn};
+use tracing::{Instrument, error, error_span, info, warn};
 use uuid::Uuid;
 
 use self::claims::Windowed;
@@ -117,7 +117,9 @@ pub async fn run(
         },
         &Uuid::new_v4().simple().to_string()[..8]
     );
-    let span = info_span!("invocation", request_id = %request_id, worker_id = %worker_id);
+    // At ERROR level, the highest: enabled whatever the filter lets through, so that a WARN or
+    // ERROR line still carries the invocation's fields (crate::logging).
+    let span = error_span!("invocation", request_id = %request_id, worker_id = %worker_id);
     run_in_span(worker, invoked, worker_id, budget, request)
         .instrument(span)
         .await

@@ -8,6 +8,10 @@
 //!    event or an inner span already wrote is skipped (the innermost value wins);
 //! 4. `span`, the innermost span's name, when the event is in a span.
 //!
+//! A field named like a key the line writes itself (`timestamp`, `level`, `target`, `span`) is
+//! written as `fields.<name>`. An event raised while a line is being formatted on the same
+//! thread (by a value's `Debug`) is left out rather than interleaved.
+//!
 //! Why not tracing-subscriber's JSON format: it nests the spans (`"spans":[{…},{…}]`), so a run's
 //! id is at a different index on different lines and repeated in each span that carries it, and
 //! it keeps each span's fields as a JSON string that it parses again for every event. Here a
@@ -47,8 +51,9 @@ impl<W> JsonLines<W> {
 struct SpanFields(Vec<(&'static str, String)>);
 
 impl SpanFields {
-    /// Set `key` to `json`, replacing an earlier value.
+    /// Set `key` (a field's name, [`unreserved`]) to `json`, replacing an earlier value.
     fn set(&mut self, key: &'static str, json: String) {
+        let key = unreserved(key);
         match self.0.iter_mut().find(|(k, _)| *k == key) {
             Some((_, value)) => *value = json,
             None => self.0.push((key, json)),
@@ -73,10 +78,10 @@ impl Visit for SpanFields {
         self.set(field.name(), json_f64(value));
     }
     fn record_error(&mut self, field: &Field, value: &(dyn std::error::Error + 'static)) {
-        self.set(field.name(), json_str(&value.to_string()));
+        self.set(field.name(), json_str(&displayed(value)));
     }
     fn record_debug(&mut self, field: &Field, value: &dyn fmt::Debug) {
-        self.set(field.name(), json_str(&format!("{value:?}")));
+        self.set(field.name(), json_str(&debugged(value)));
     }
 }
 
@@ -124,13 +129,13 @@ struct EventFields<'a>(&'a mut Line);
 
 impl EventFields<'_> {
     fn keep(&self, field: &Field) -> bool {
-        !field.name().starts_with("log.") && !self.0.has(field.name())
+        !field.name().starts_with("log.") && !self.0.has(unreserved(field.name()))
     }
 
     /// `field` as `value` written bare: an integer or a boolean, valid JSON as it prints.
     fn bare(&mut self, field: &Field, value: impl fmt::Display) {
         if self.keep(field) {
-            self.0.key(field.name());
+            self.0.key(unreserved(field.name()));
             let _ = write!(self.0.text, "{value}");
         }
     }
@@ -139,7 +144,7 @@ impl EventFields<'_> {
 impl Visit for EventFields<'_> {
     fn record_str(&mut self, field: &Field, value: &str) {
         if self.keep(field) {
-            self.0.key(field.name());
+            self.0.key(unreserved(field.name()));
             push_json_str(&mut self.0.text, value);
         }
     }
@@ -154,20 +159,20 @@ impl Visit for EventFields<'_> {
     }
     fn record_f64(&mut self, field: &Field, value: f64) {
         if self.keep(field) {
-            self.0.key(field.name());
+            self.0.key(unreserved(field.name()));
             self.0.text.push_str(&json_f64(value));
         }
     }
     fn record_error(&mut self, field: &Field, value: &(dyn std::error::Error + 'static)) {
         if self.keep(field) {
-            self.0.key(field.name());
-            push_json_str(&mut self.0.text, &value.to_string());
+            self.0.key(unreserved(field.name()));
+            push_json_str(&mut self.0.text, &displayed(value));
         }
     }
     fn record_debug(&mut self, field: &Field, value: &dyn fmt::Debug) {
         if self.keep(field) {
-            self.0.key(field.name());
-            push_json_str(&mut self.0.text, &format!("{value:?}"));
+            self.0.key(unreserved(field.name()));
+            push_json_str(&mut self.0.text, &debugged(value));
         }
     }
 }
@@ -186,19 +191,24 @@ where
         let Some(span) = ctx.span(id) else { return };
         let mut fields = SpanFields::default();
         attrs.record(&mut fields);
-        span.extensions_mut().insert(fields);
+        // `replace`, not `insert`: another `JsonLines` on the same registry may have put its own.
+        span.extensions_mut().replace(fields);
     }
 
     fn on_record(&self, id: &Id, values: &Record<'_>, ctx: Context<'_, S>) {
         let Some(span) = ctx.span(id) else { return };
+        // The values are formatted before the span's extensions are locked: a `Debug` that logs
+        // (whose line reads them) or panics (which would poison them) runs outside the lock.
+        let mut recorded = SpanFields::default();
+        values.record(&mut recorded);
         let mut extensions = span.extensions_mut();
         match extensions.get_mut::<SpanFields>() {
-            Some(fields) => values.record(fields),
-            None => {
-                let mut fields = SpanFields::default();
-                values.record(&mut fields);
-                extensions.insert(fields);
+            Some(fields) => {
+                for (key, json) in recorded.0 {
+                    fields.set(key, json);
+                }
             }
+            None => extensions.insert(recorded),
         }
     }
 
@@ -254,7 +264,8 @@ fn json_str(s: &str) -> String {
 }
 
 /// Append `s` as a JSON string, quotes included (RFC 8259: `"`, `\` and the control
-/// characters escaped).
+/// characters escaped), exactly as `serde_json` writes it: [`redact`](super::redact) registers
+/// a secret's JSON form from `serde_json`, so that form must be the one the lines carry.
 fn push_json_str(out: &mut String, s: &str) {
     out.push('"');
     let mut start = 0;
@@ -265,6 +276,8 @@ fn push_json_str(out: &mut String, s: &str) {
             '\n' => "\\n",
             '\r' => "\\r",
             '\t' => "\\t",
+            '\u{8}' => "\\b",
+            '\u{c}' => "\\f",
             c if c < ' ' => "",
             _ => continue,
         };
@@ -278,6 +291,33 @@ fn push_json_str(out: &mut String, s: &str) {
     }
     out.push_str(&s[start..]);
     out.push('"');
+}
+
+/// The keys a line writes itself, and what an event's or a span's field of that name is
+/// written as instead.
+fn unreserved(key: &'static str) -> &'static str {
+    match key {
+        "timestamp" => "fields.timestamp",
+        "level" => "fields.level",
+        "target" => "fields.target",
+        "span" => "fields.span",
+        key => key,
+    }
+}
+
+/// `value`'s `Debug` text; what it wrote before an error, if its `fmt` fails (`format!` would
+/// panic).
+fn debugged(value: &dyn fmt::Debug) -> String {
+    let mut out = String::new();
+    let _ = write!(out, "{value:?}");
+    out
+}
+
+/// `value`'s `Display` text, as [`debugged`].
+fn displayed(value: &dyn fmt::Display) -> String {
+    let mut out = String::new();
+    let _ = write!(out, "{value}");
+    out
 }
 
 /// `value` as JSON: a number, or a string for what JSON has no number for (`"NaN"`, `"inf"`).
@@ -364,5 +404,95 @@ mod tests {
         assert_eq!(lines[0]["text"], "a\u{1}b\tc");
         assert_eq!(lines[0]["nan"], "NaN");
         assert!(lines[0].get("span").is_none(), "no span: no `span` key");
+    }
+
+    #[test]
+    fn a_secret_with_control_characters_is_redacted_in_a_line() {
+        let secret = "line-test\u{8}secret\u{c}\u{1}value";
+        crate::logging::redact(secret);
+        let lines = lines(|| {
+            info!(value = secret, "as a field");
+            info!("in the message: {secret}");
+        });
+        for line in &lines {
+            let text = line.to_string();
+            assert!(!text.contains("secret"), "{text}");
+            assert!(text.contains(crate::logging::REDACTED), "{text}");
+        }
+    }
+
+    #[test]
+    fn fields_named_like_the_line_s_own_keys_are_kept_apart() {
+        let lines = lines(|| {
+            let span = info_span!("s", span = "a span field");
+            let _s = span.enter();
+            info!(target = "db", level = "x", timestamp = 1_u64, "m");
+        });
+        let line = &lines[0];
+        assert!(
+            line["target"]
+                .as_str()
+                .is_some_and(|t| t.contains("logging"))
+        );
+        assert_eq!(line["level"], "INFO");
+        assert_eq!(line["fields.target"], "db");
+        assert_eq!(line["fields.level"], "x");
+        assert_eq!(line["fields.timestamp"], 1);
+        assert_eq!(line["span"], "s");
+        assert_eq!(line["fields.span"], "a span field");
+    }
+
+    /// A value whose `Debug` logs a line, or fails.
+    struct Loud(bool);
+
+    impl fmt::Debug for Loud {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            info!("logged while formatting");
+            if self.0 {
+                return Err(fmt::Error);
+            }
+            f.write_str("loud")
+        }
+    }
+
+    #[test]
+    fn a_value_that_logs_or_fails_while_formatted_neither_blocks_nor_panics() {
+        let lines = lines(|| {
+            let span = info_span!("s", v = tracing::field::Empty);
+            let _s = span.enter();
+            // Recorded on the entered span: its `Debug` logs a line that reads the span.
+            span.record("v", tracing::field::debug(Loud(false)));
+            info!(failing = ?Loud(true), "after");
+        });
+        assert!(
+            lines
+                .iter()
+                .any(|l| l["message"] == "logged while formatting")
+        );
+        let after = lines.iter().find(|l| l["message"] == "after");
+        assert!(
+            after.is_some_and(|l| l["v"] == "loud" && l["failing"] == ""),
+            "{lines:?}"
+        );
+    }
+
+    #[test]
+    fn two_line_layers_on_one_registry_each_write_the_span_s_fields() {
+        let (a, b) = (CaptureWriter::default(), CaptureWriter::default());
+        let subscriber = tracing_subscriber::registry()
+            .with(JsonLines::new(a.clone()))
+            .with(JsonLines::new(b.clone()));
+        tracing::subscriber::with_default(subscriber, || {
+            let span = info_span!("run", run_id = "r-2");
+            let _s = span.enter();
+            info!("both");
+        });
+        for capture in [a, b] {
+            assert!(
+                capture.contents().contains("\"run_id\":\"r-2\""),
+                "{}",
+                capture.contents()
+            );
+        }
     }
 }
