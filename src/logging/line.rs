@@ -88,7 +88,7 @@ impl Visit for SpanFields {
 /// The line being written: the JSON text and the keys it holds.
 #[derive(Default)]
 struct Line {
-    text: String,
+    text: Vec<u8>,
     keys: Vec<&'static str>,
 }
 
@@ -106,19 +106,25 @@ impl Line {
 
     /// Append `"key":` (a comma first unless the object was just opened) and note the key.
     fn key(&mut self, key: &'static str) {
-        if !self.text.ends_with('{') {
-            self.text.push(',');
+        if self.text.last() != Some(&b'{') {
+            self.text.push(b',');
         }
-        push_json_str(&mut self.text, key);
-        self.text.push(':');
+        self.string(key);
+        self.text.push(b':');
         self.keys.push(key);
+    }
+
+    /// Append `s` as a JSON string (serde_json's escaping: the form [`super::redact`] registers).
+    fn string(&mut self, s: &str) {
+        // Writing a `&str` into a `Vec` cannot fail.
+        let _ = serde_json::to_writer(&mut self.text, s);
     }
 
     /// Append `"key":json` unless the line has `key`.
     fn field(&mut self, key: &'static str, json: &str) {
         if !self.has(key) {
             self.key(key);
-            self.text.push_str(json);
+            self.text.extend_from_slice(json.as_bytes());
         }
     }
 }
@@ -128,25 +134,32 @@ impl Line {
 struct EventFields<'a>(&'a mut Line);
 
 impl EventFields<'_> {
-    fn keep(&self, field: &Field) -> bool {
-        !field.name().starts_with("log.") && !self.0.has(unreserved(field.name()))
+    /// The key `field` is written under, unless it is left out.
+    fn key(&self, field: &Field) -> Option<&'static str> {
+        let key = unreserved(field.name());
+        (!field.name().starts_with("log.") && !self.0.has(key)).then_some(key)
     }
 
-    /// `field` as `value` written bare: an integer or a boolean, valid JSON as it prints.
-    fn bare(&mut self, field: &Field, value: impl fmt::Display) {
-        if self.keep(field) {
-            self.0.key(unreserved(field.name()));
-            let _ = write!(self.0.text, "{value}");
+    /// `field` as `json`, written as it prints: a number or a boolean.
+    fn bare(&mut self, field: &Field, json: impl fmt::Display) {
+        if let Some(key) = self.key(field) {
+            self.0.key(key);
+            let _ = write!(self.0.text, "{json}");
+        }
+    }
+
+    /// `field` as the JSON string of `value`.
+    fn string(&mut self, field: &Field, value: &str) {
+        if let Some(key) = self.key(field) {
+            self.0.key(key);
+            self.0.string(value);
         }
     }
 }
 
 impl Visit for EventFields<'_> {
     fn record_str(&mut self, field: &Field, value: &str) {
-        if self.keep(field) {
-            self.0.key(unreserved(field.name()));
-            push_json_str(&mut self.0.text, value);
-        }
+        self.string(field, value);
     }
     fn record_i64(&mut self, field: &Field, value: i64) {
         self.bare(field, value);
@@ -158,22 +171,13 @@ impl Visit for EventFields<'_> {
         self.bare(field, value);
     }
     fn record_f64(&mut self, field: &Field, value: f64) {
-        if self.keep(field) {
-            self.0.key(unreserved(field.name()));
-            self.0.text.push_str(&json_f64(value));
-        }
+        self.bare(field, json_f64(value));
     }
     fn record_error(&mut self, field: &Field, value: &(dyn std::error::Error + 'static)) {
-        if self.keep(field) {
-            self.0.key(unreserved(field.name()));
-            push_json_str(&mut self.0.text, &displayed(value));
-        }
+        self.string(field, &displayed(value));
     }
     fn record_debug(&mut self, field: &Field, value: &dyn fmt::Debug) {
-        if self.keep(field) {
-            self.0.key(unreserved(field.name()));
-            push_json_str(&mut self.0.text, &debugged(value));
-        }
+        self.string(field, &debugged(value));
     }
 }
 
@@ -222,14 +226,11 @@ where
             line.clear();
             let normalized = event.normalized_metadata();
             let metadata = normalized.as_ref().unwrap_or_else(|| event.metadata());
-            line.text.push('{');
+            line.text.push(b'{');
             line.key("timestamp");
-            push_json_str(
-                &mut line.text,
-                &chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Micros, true),
-            );
+            line.string(&chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Micros, true));
             line.key("level");
-            push_json_str(&mut line.text, metadata.level().as_str());
+            line.string(metadata.level().as_str());
             event.record(&mut EventFields(&mut line));
             line.field("target", &json_str(metadata.target()));
             let mut innermost = None;
@@ -246,8 +247,10 @@ where
             if let Some(name) = innermost {
                 line.field("span", &json_str(name));
             }
-            line.text.push_str("}\n");
-            let out = redacted(&line.text);
+            line.text.extend_from_slice(b"}\n");
+            // Valid UTF-8: every part is a `&str` or serde_json's output.
+            let text = String::from_utf8_lossy(&line.text);
+            let out = redacted(&text);
             let _ = self
                 .writer
                 .make_writer_for(metadata)
@@ -256,41 +259,9 @@ where
     }
 }
 
-/// `s` as a JSON string, quotes included.
+/// `s` as a JSON string, quotes included (serde_json's escaping, as [`Line::string`]).
 fn json_str(s: &str) -> String {
-    let mut out = String::with_capacity(s.len() + 2);
-    push_json_str(&mut out, s);
-    out
-}
-
-/// Append `s` as a JSON string, quotes included (RFC 8259: `"`, `\` and the control
-/// characters escaped), exactly as `serde_json` writes it: [`redact`](super::redact) registers
-/// a secret's JSON form from `serde_json`, so that form must be the one the lines carry.
-fn push_json_str(out: &mut String, s: &str) {
-    out.push('"');
-    let mut start = 0;
-    for (i, c) in s.char_indices() {
-        let escape = match c {
-            '"' => "\\\"",
-            '\\' => "\\\\",
-            '\n' => "\\n",
-            '\r' => "\\r",
-            '\t' => "\\t",
-            '\u{8}' => "\\b",
-            '\u{c}' => "\\f",
-            c if c < ' ' => "",
-            _ => continue,
-        };
-        out.push_str(&s[start..i]);
-        if escape.is_empty() {
-            let _ = write!(out, "\\u{:04x}", u32::from(c));
-        } else {
-            out.push_str(escape);
-        }
-        start = i + c.len_utf8();
-    }
-    out.push_str(&s[start..]);
-    out.push('"');
+    serde_json::to_string(s).unwrap_or_default()
 }
 
 /// The keys a line writes itself, and what an event's or a span's field of that name is
