@@ -152,8 +152,8 @@ pub fn section(md: &mut String, o: &Options, p: &Production) {
     let _ = writeln!(
         md,
         "K = {} runs drained at C = {} by each worker from the embedded API on ironflow-store's \
-         PostgreSQL store (a fresh database per drain, the server on this machine), over each \
-         link in turn, {} rounds in a balanced order. The round trip is added by a delay \
+         PostgreSQL store (a fresh database per drain with `{}`, the server on this machine), \
+         over each link in turn, {} rounds in a balanced order. The round trip is added by a delay \
          proxy between the workers and the API (`ironflow_local_api::DelayProxy`: each \
          direction of every connection delayed by half the RTT; this kernel has no `netem`), \
          the same for both workers; the RTT measured through it is shown. The end of a drain \
@@ -163,7 +163,10 @@ pub fn section(md: &mut String, o: &Options, p: &Production) {
          median over runs of `completed_at - started_at`; the round trips on that critical \
          path are estimated as the time it gains over the loopback row divided by the \
          measured RTT.\n",
-        o.drain.runs, o.drain.concurrency, o.production.rounds
+        o.drain.runs,
+        o.drain.concurrency,
+        ironflow_local_api::NO_JIT,
+        o.production.rounds
     );
     targets(md, p, o.drain.runs);
     let loopback: BTreeMap<(Workload, Which), f64> = p

@@ -12,6 +12,9 @@ use sqlx::postgres::PgConnection;
 
 use crate::LocalApiError;
 
+/// The setting every [`Backend::fresh_postgres`] database gets: no JIT compilation of queries.
+pub const NO_JIT: &str = "jit = off";
+
 /// The embedded API's store.
 #[derive(Debug, Clone, Default)]
 pub enum Backend {
@@ -33,6 +36,12 @@ impl Backend {
     /// ironflow-store's migrations create named schemas (`lib_fsm`) that a schema per test
     /// could not separate.
     ///
+    /// The database runs with [`NO_JIT`] (`jit = off`): PostgreSQL would otherwise compile the
+    /// API's claim query with LLVM at every call whenever the planner's estimate of its cost
+    /// passes `jit_above_cost`, which on a young, growing database depends on when autovacuum
+    /// last analyzed it. Measured on the fleet benchmark: 70 to 170 ms of compilation for a
+    /// query that runs in about 3 ms (docs/benchmark.md, "PostgreSQL's JIT").
+    ///
     /// # Errors
     ///
     /// [`LocalApiError::Database`] when the server cannot be reached or refuses.
@@ -51,6 +60,10 @@ impl Backend {
             .execute(&mut conn)
             .await
             .map_err(|e| failed(format!("CREATE DATABASE {name} failed: {e}")))?;
+        sqlx::query(&format!("ALTER DATABASE \"{name}\" SET {NO_JIT}"))
+            .execute(&mut conn)
+            .await
+            .map_err(|e| failed(format!("ALTER DATABASE {name} SET {NO_JIT} failed: {e}")))?;
         let _ = conn.close().await;
         Ok(Self::Postgres {
             url: format!("{server}/{name}"),

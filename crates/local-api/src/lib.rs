@@ -9,7 +9,7 @@ mod backend;
 mod delay;
 mod function_url;
 
-pub use backend::{Backend, masked_url};
+pub use backend::{Backend, NO_JIT, masked_url};
 pub use delay::DelayProxy;
 pub use function_url::{FunctionUrl, UrlHandler};
 

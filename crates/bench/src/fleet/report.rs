@@ -79,9 +79,13 @@ fn errors(md: &mut String, r: &Fleets) {
 fn header(md: &mut String, r: &Fleets, m: &Machine) {
     let a = &r.args;
     let store = if a.postgres_url.is_some() {
-        "ironflow-store's PostgreSQL store (a fresh database per cell, the server on this machine)"
+        format!(
+            "ironflow-store's PostgreSQL store (a fresh database per cell with `{}`, the server \
+             on this machine)",
+            ironflow_local_api::NO_JIT
+        )
     } else {
-        "the in-memory store (no PostgreSQL server given: no PostgreSQL figures)"
+        "the in-memory store (no PostgreSQL server given: no PostgreSQL figures)".to_string()
     };
     let _ = writeln!(md, "{HEADING}\n");
     let _ = writeln!(
