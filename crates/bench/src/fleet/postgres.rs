@@ -1,7 +1,9 @@
 //! The fleet's store seen from the side, on connections of the bench's own (left out of the
 //! CPU they measure): the runs' counts ([`Counter`], which also drives the feeder), and, on
 //! PostgreSQL, `pg_stat_activity` sampled every [`SAMPLE`] ([`PgProbe`]): lock waits of the
-//! fleet's database, and the CPU time of the server processes that serve it.
+//! fleet's database, and the CPU time of the server processes that serve it. The probe also
+//! keeps the planner's statistics of the runs current ([`ANALYZE`] every [`ANALYZE_EVERY`]
+//! samples), as they are on a long-lived database.
 
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
@@ -20,6 +22,17 @@ use crate::BenchError;
 pub const SAMPLE: Duration = Duration::from_millis(100);
 /// Every this many samples, the server processes' CPU time is read from `/proc`.
 const CPU_EVERY: u64 = 5;
+/// Every this many samples (1 s), [`ANALYZE`] on the probe's connection.
+pub const ANALYZE_EVERY: u64 = 10;
+/// The statistics of the tables the API's claim query plans with. A fleet's database is minutes
+/// old and grows by thousands of runs a minute; autovacuum analyzes it at most once a minute, at
+/// a time the cell does not control, and until it does the planner takes the runs table for
+/// the size it had, and picks another plan for the claim (docs/benchmark.md, "PostgreSQL's
+/// JIT"). On a long-lived database the share of pending runs among all barely moves between
+/// two analyzes: this keeps the fleet's database in that state. `SKIP_LOCKED`: a table that
+/// autovacuum is analyzing at that moment is left to it. Its CPU is the bench's (the probe's
+/// backend is not counted).
+pub const ANALYZE: &str = "ANALYZE (SKIP_LOCKED) ironflow.runs, lib_fsm.state_machine";
 
 fn db_error(what: &str) -> impl Fn(sqlx::Error) -> BenchError + '_ {
     move |e| BenchError::msg(format!("PostgreSQL ({what}): {e}"))
@@ -128,7 +141,8 @@ struct ProbeState {
     error: Option<String>,
 }
 
-/// Samples `pg_stat_activity` on a connection of its own while it lives.
+/// Samples `pg_stat_activity` on a connection of its own while it lives, and runs [`ANALYZE`]
+/// on it every [`ANALYZE_EVERY`] samples.
 pub struct PgProbe {
     state: Arc<Mutex<ProbeState>>,
     _task: AbortOnDropHandle<()>,
@@ -160,8 +174,13 @@ impl PgProbe {
         let task = tokio::spawn(async move {
             let mut every = tokio::time::interval(SAMPLE);
             every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            loop {
+            for tick in 1_u64.. {
                 every.tick().await;
+                if tick.is_multiple_of(ANALYZE_EVERY)
+                    && let Err(e) = sqlx::query(ANALYZE).execute(&mut conn).await
+                {
+                    lock(&shared).error.get_or_insert(format!("{ANALYZE}: {e}"));
+                }
                 match sample(&mut conn).await {
                     Ok(backends) => record(&shared, &backends, &excluded),
                     Err(e) => {
@@ -190,7 +209,7 @@ impl PgProbe {
     pub fn end(&self) -> Result<PgWindow, BenchError> {
         let mut s = lock(&self.state);
         if let Some(e) = &s.error {
-            return Err(BenchError::msg(format!("sampling pg_stat_activity: {e}")));
+            return Err(BenchError::msg(format!("the PostgreSQL probe: {e}")));
         }
         let cpu = server_cpu(&s.tracked);
         s.cpu.observe(cpu);

@@ -80,9 +80,12 @@ fn header(md: &mut String, r: &Fleets, m: &Machine) {
     let a = &r.args;
     let store = if a.postgres_url.is_some() {
         format!(
-            "ironflow-store's PostgreSQL store (a fresh database per cell with `{}`, the server \
+            "ironflow-store's PostgreSQL store (a fresh database per cell with `{}`, its runs' \
+             statistics kept current by `{}` every {} s as on a long-lived database, the server \
              on this machine)",
-            ironflow_local_api::NO_JIT
+            ironflow_local_api::NO_JIT,
+            super::postgres::ANALYZE,
+            super::postgres::ANALYZE_EVERY * super::postgres::SAMPLE.as_millis() as u64 / 1000
         )
     } else {
         "the in-memory store (no PostgreSQL server given: no PostgreSQL figures)".to_string()
