@@ -454,10 +454,11 @@ fn ratios(md: &mut String, r: &Fleets) {
             );
             if ratio < goal {
                 missed.push(format!(
-                    "{} at saturation ({ratio:.2} < {goal:.1}; at ours' peak, F = {}: {})",
+                    "{} at saturation ({ratio:.2} < {goal:.1}; at ours' peak, F = {}: {}; {})",
                     w.flag(),
                     o.spec.f,
-                    saturated(o)
+                    saturated(o),
+                    per_run_split(o, re)
                 ));
             }
         }
@@ -469,13 +470,34 @@ fn ratios(md: &mut String, r: &Fleets) {
             "Every goal is met.".to_string()
         } else {
             format!(
-                "Missed: {}. Why, from the rows above: where the machine's CPU saturated, our \
-                 fewer requests per run save the API's and PostgreSQL's share only, and the \
-                 workers' own CPU per run decides the rest.",
+                "Missed: {}. Why, from the rows above: where the machine's CPU saturated, the \
+                 runs/s are its cores over the CPU every part spends per run. Our fewer requests \
+                 per run cut the API's share; PostgreSQL's, most of it the claim query that \
+                 either worker sends once per run (docs/benchmark.md, \"PostgreSQL's JIT\"), \
+                 does not shrink with them, and the workers' own CPU per run decides the rest.",
                 missed.join("; ")
             )
         }
     );
+}
+
+/// Where the CPU of a run goes at two peaks, ours (`o`) against the reference's (`re`), in ms
+/// per run: PostgreSQL (`–` where not measured), the API, the workers with their steps.
+fn per_run_split(o: &Cell, re: &Cell) -> String {
+    let pg = |c: &Cell| {
+        c.pg_cpu
+            .map_or_else(|| "–".to_string(), |d| format!("{:.2}", c.ms_per_run(d)))
+    };
+    format!(
+        "CPU per run at the peaks, ours / reference: PostgreSQL {} / {} ms, API {:.2} / {:.2} \
+         ms, workers and steps {:.2} / {:.2} ms",
+        pg(o),
+        pg(re),
+        o.ms_per_run(o.api_cpu),
+        re.ms_per_run(re.api_cpu),
+        o.ms_per_run(o.worker_cpu + o.steps_cpu),
+        re.ms_per_run(re.worker_cpu + re.steps_cpu),
+    )
 }
 
 /// Our main thread's name: the binary's, cut to 15 characters (the Lambda runtime loop).
@@ -680,6 +702,32 @@ mod tests {
             "{md}"
         );
         assert!(md.contains("missed in 1 of 2 rows"), "{md}");
+    }
+
+    #[test]
+    fn a_missed_saturation_goal_says_where_each_run_s_cpu_went() {
+        let ms = std::time::Duration::from_millis;
+        let at = |worker, pg: Option<u64>, api, own| {
+            let mut c = cell(worker, 100, 10_000);
+            c.pg_cpu = pg.map(ms);
+            c.api_cpu = ms(api);
+            c.worker_cpu = ms(own);
+            c.steps_cpu = ms(own);
+            c
+        };
+        let ours = at(Worker::Ours, Some(590), 110, 45);
+        let reference = at(Worker::Reference, Some(570), 140, 50);
+        assert_eq!(
+            per_run_split(&ours, &reference),
+            "CPU per run at the peaks, ours / reference: PostgreSQL 5.90 / 5.70 ms, API 1.10 / \
+             1.40 ms, workers and steps 0.90 / 1.00 ms"
+        );
+        let memory = at(Worker::Ours, None, 110, 45);
+        assert!(
+            per_run_split(&memory, &memory).starts_with(
+                "CPU per run at the peaks, ours / reference: PostgreSQL – / – ms, API"
+            )
+        );
     }
 
     #[test]
