@@ -5,8 +5,9 @@
 //! (`IRONFLOW_TEST_MOTO_ENDPOINT`). It serves every kind of event (a Function URL request with
 //! `?token=` and one with `X-Signature-256`, an SQS wake-up, a schedule tick, a direct
 //! invocation), with the worker token and the webhook secret given directly and read from
-//! Secrets Manager, in the worker's role and in the webhook receiver's; then neither the secret,
-//! the token nor a signature is anywhere in what it wrote (stdout and stderr).
+//! Secrets Manager, in the worker's role and in the webhook receiver's, and a heartbeat URL
+//! whose path holds a key; then neither the secret, the token, the key nor a signature is
+//! anywhere in what it wrote (stdout and stderr).
 
 mod common;
 
@@ -33,6 +34,9 @@ use common::moto::{
 
 const TOKEN: &str = "trace-test-worker-token-4f8a1c";
 const SECRET: &str = "trace-test-webhook-secret-0123456789-abcdef";
+/// The secret part of a heartbeat URL (Healthchecks.io's ping URLs are `/ping/<uuid>`): the
+/// URL points at the discard port on loopback, so every ping fails and is logged.
+const HEARTBEAT_KEY: &str = "hb-trace-7f3a9c2e1b5d";
 
 /// The events left to hand out, and the answers the function sent back.
 #[derive(Default)]
@@ -249,9 +253,14 @@ async fn serve(
     (read(), answers)
 }
 
-/// What must never be printed: the secret, the token, the signature (and its digest alone).
+/// What must never be printed: the secret, the token, the heartbeat URL's key, the signature
+/// (and its digest alone).
 fn assert_no_secret(output: &str, signature_digests: &[String]) {
-    for (what, value) in [("the webhook secret", SECRET), ("the worker token", TOKEN)] {
+    for (what, value) in [
+        ("the webhook secret", SECRET),
+        ("the worker token", TOKEN),
+        ("the heartbeat URL's key", HEARTBEAT_KEY),
+    ] {
         if let Some(line) = output.lines().find(|l| l.contains(value)) {
             panic!("{what} is in the function's output: {line}");
         }
@@ -296,9 +305,19 @@ async fn no_secret_is_logged_at_trace_level_with_secrets_given_directly() {
     let (output, answers, signature) = serve_every_event(&[
         ("IRONFLOW_WORKER_TOKEN", TOKEN.to_string()),
         ("IRONFLOW_WEBHOOK_SECRET", SECRET.to_string()),
+        (
+            "IRONFLOW_HEARTBEAT_URL",
+            format!("http://127.0.0.1:9/ping/{HEARTBEAT_KEY}"),
+        ),
     ])
     .await;
     check(&output, &answers, &signature, false);
+    // The heartbeat URL was used (its pings failed, and said so by the host alone).
+    let failed = output
+        .lines()
+        .filter(|l| l.contains("heartbeat ping failed") && l.contains("\"host\":\"127.0.0.1\""))
+        .count();
+    assert!(failed >= 1, "no heartbeat ping was logged:\n{output}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
