@@ -129,14 +129,18 @@ pub fn kill_and_reap(pids: &[i32], wait: Duration) -> usize {
         let _ = kill_process(pid, Signal::KILL);
     }
     let deadline = std::time::Instant::now() + wait;
-    let children: Vec<i32> = {
-        let parents = parent_map();
-        pids.iter()
-            .copied()
-            .filter(|p| parents.get(p) == Some(&me))
-            .collect()
+    let children: HashSet<i32> = match children_of(me) {
+        Some(children) => children.into_iter().collect(),
+        None => parent_map()
+            .into_iter()
+            .filter_map(|(pid, ppid)| (ppid == me).then_some(pid))
+            .collect(),
     };
-    let mut pending: HashSet<i32> = children.into_iter().collect();
+    let mut pending: HashSet<i32> = pids
+        .iter()
+        .copied()
+        .filter(|p| children.contains(p))
+        .collect();
     while !pending.is_empty() && std::time::Instant::now() < deadline {
         // Still pending: not reaped yet (`Ok(None)`); reaped, or no longer ours: done.
         pending.retain(|pid| {
@@ -157,20 +161,66 @@ pub fn kill_and_reap(pids: &[i32], wait: Duration) -> usize {
 /// One `waitid(P_ALL, WNOHANG | WNOWAIT)` call: it fails with `ECHILD` only when no child
 /// exists, running or exited, and reaps nothing (`WNOWAIT`), so the child handles of
 /// `tokio::process` keep their exit statuses. The common end of an invocation (every process a
-/// run started has exited and been reaped) costs one system call instead of the `/proc` scan of
-/// [`descendants`] (0.8 ms with 100 processes on the machine).
+/// run started has exited and been reaped) costs one system call instead of the `/proc` reads of
+/// [`descendants`].
 pub fn has_no_child() -> bool {
     let options = WaitIdOptions::EXITED | WaitIdOptions::NOHANG | WaitIdOptions::NOWAIT;
     matches!(waitid(WaitId::All, options), Err(Errno::CHILD))
 }
 
 /// The pids of every live descendant of this process (read from `/proc`).
+///
+/// Walks down from this process through each task's `children` file ([`children_of`]), which
+/// reads a file per thread of the descendants only; where the kernel has no such files, reads
+/// the parent of every process on the host ([`descendants_by_scan`]). On a host shared with
+/// many processes (a bench, a managed instance's neighbours) the walk costs a few reads where
+/// the scan costs one per process. Either is a snapshot: a process whose parent exits during
+/// the walk, re-parented to this process after its own `children` were read, is missed, and the
+/// invocation's last sweep finds it.
 pub fn descendants() -> Vec<i32> {
-    descendants_of(std::process::id() as i32)
+    let me = std::process::id() as i32;
+    let Some(children) = children_of(me) else {
+        return descendants_by_scan(me);
+    };
+    let mut out = Vec::new();
+    let mut stack = children;
+    while let Some(pid) = stack.pop() {
+        out.push(pid);
+        // A process that exited since its parent listed it has no children: an empty list.
+        stack.extend(children_of(pid).unwrap_or_default());
+    }
+    out
 }
 
-/// Every process whose chain of parents leads to `root`.
-fn descendants_of(root: i32) -> Vec<i32> {
+/// The children of process `pid`, from `/proc/<pid>/task/<tid>/children` (Linux's
+/// `CONFIG_PROC_CHILDREN`: a child is listed under the thread that forked it, so every thread's
+/// file is read). `None` where this process's own files do not exist (a kernel without them);
+/// an empty list where `pid` has exited.
+fn children_of(pid: i32) -> Option<Vec<i32>> {
+    static SUPPORTED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    if !*SUPPORTED.get_or_init(|| std::fs::metadata("/proc/thread-self/children").is_ok()) {
+        return None;
+    }
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return Some(Vec::new());
+    };
+    let mut children = Vec::new();
+    for task in tasks.filter_map(Result::ok) {
+        let mut path = task.path();
+        path.push("children");
+        if let Ok(list) = std::fs::read_to_string(path) {
+            children.extend(
+                list.split_whitespace()
+                    .filter_map(|c| c.parse::<i32>().ok()),
+            );
+        }
+    }
+    Some(children)
+}
+
+/// Every process whose chain of parents leads to `root`, from the parent of every process on
+/// the host.
+fn descendants_by_scan(root: i32) -> Vec<i32> {
     let parents = parent_map();
     let mut children: HashMap<i32, Vec<i32>> = HashMap::new();
     for (pid, ppid) in &parents {
@@ -232,5 +282,63 @@ mod tests {
         // WNOWAIT left its exit status for its owner.
         assert!(exited.wait().unwrap().success());
         assert!(has_no_child(), "every child reaped");
+    }
+
+    /// The walk through the `children` files finds what the scan of every process finds: a
+    /// child, its children, and a detached grandchild re-parented to this process. Relies on
+    /// nextest's one process per test.
+    #[test]
+    fn the_walk_down_the_children_files_finds_every_descendant_the_scan_finds() {
+        assert!(become_subreaper());
+        assert!(
+            children_of(std::process::id() as i32).is_some(),
+            "this kernel has the children files: the walk is tested, not the fallback"
+        );
+        // sh with a sleep under it, and a sleep whose parent (a subshell) exits: it is
+        // re-parented to this process.
+        let mut sh = std::process::Command::new("sh")
+            .args(["-c", "(setsid sleep 30 &); sleep 30 & wait"])
+            .spawn()
+            .unwrap();
+        let me = std::process::id() as i32;
+        let sorted = |mut v: Vec<i32>| {
+            v.sort_unstable();
+            v
+        };
+        let parent = |pid: i32| {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+            let rest = &stat[stat.rfind(')').map_or(0, |i| i + 2)..];
+            rest.split_whitespace()
+                .nth(1)
+                .and_then(|p| p.parse::<i32>().ok())
+        };
+        // The shell takes a moment to start them; a walk that misses one fails here.
+        let give_up = std::time::Instant::now() + Duration::from_secs(20);
+        let walked = loop {
+            let walked = sorted(descendants());
+            assert!(
+                std::time::Instant::now() < give_up,
+                "walked {walked:?}, scanned {:?}",
+                sorted(descendants_by_scan(me))
+            );
+            let orphans = walked
+                .iter()
+                .filter(|p| **p != sh.id() as i32 && parent(**p) == Some(me))
+                .count();
+            if walked.len() == 3 && orphans == 1 && sorted(descendants_by_scan(me)) == walked {
+                break walked;
+            }
+            std::thread::yield_now();
+        };
+        assert!(walked.contains(&(sh.id() as i32)));
+        // Kills all three and reaps this process's two children (sh and the orphan).
+        assert_eq!(kill_and_reap(&walked, Duration::from_secs(2)), 3);
+        assert!(descendants().is_empty(), "{:?}", descendants());
+        assert!(has_no_child(), "both children reaped");
+        assert!(
+            sh.wait().is_err(),
+            "kill_and_reap reaped sh: no status is left"
+        );
+        assert!(descendants_by_scan(me).is_empty());
     }
 }
