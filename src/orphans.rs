@@ -170,9 +170,9 @@ pub fn has_no_child() -> bool {
 
 /// The pids of every live descendant of this process (read from `/proc`).
 ///
-/// Walks down from this process through each task's `children` file ([`children_of`]), which
+/// Walks down from this process through each task's `children` file (`children_of`), which
 /// reads a file per thread of the descendants only; where the kernel has no such files, reads
-/// the parent of every process on the host ([`descendants_by_scan`]). On a host shared with
+/// the parent of every process on the host (`descendants_by_scan`). On a host shared with
 /// many processes (a bench, a managed instance's neighbours) the walk costs a few reads where
 /// the scan costs one per process. Either is a snapshot: a process whose parent exits during
 /// the walk, re-parented to this process after its own `children` were read, is missed, and the
