@@ -331,14 +331,28 @@ mod tests {
             std::thread::yield_now();
         };
         assert!(walked.contains(&(sh.id() as i32)));
-        // Kills all three and reaps this process's two children (sh and the orphan).
+        // Kills all three and reaps this process's two children (sh and the orphan). sh's
+        // sleep, killed with it, may be re-parented to this process as a zombie once sh is gone:
+        // the invocation's last sweep reaps such a one, as `sweep` does here.
         assert_eq!(kill_and_reap(&walked, Duration::from_secs(2)), 3);
-        assert!(descendants().is_empty(), "{:?}", descendants());
-        assert!(has_no_child(), "both children reaped");
         assert!(
             sh.wait().is_err(),
             "kill_and_reap reaped sh: no status is left"
         );
+        let dead = |pid: i32| {
+            !std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .is_ok_and(|stat| !stat.contains(") Z "))
+        };
+        // SIGKILL is delivered, not awaited: wait for the three to be gone or zombies.
+        while !walked.iter().all(|p| dead(*p)) {
+            assert!(std::time::Instant::now() < give_up, "not all killed");
+            std::thread::yield_now();
+        }
+        while !has_no_child() {
+            sweep(Duration::from_secs(2));
+            assert!(std::time::Instant::now() < give_up, "{:?}", descendants());
+        }
+        assert!(descendants().is_empty(), "{:?}", descendants());
         assert!(descendants_by_scan(me).is_empty());
     }
 }
