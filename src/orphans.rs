@@ -244,14 +244,17 @@ fn parent_map() -> HashMap<i32, i32> {
     };
     dir.filter_map(Result::ok)
         .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
-        .filter_map(|pid| {
-            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-            // The command name (field 2) is in parentheses and may hold spaces: read after it.
-            let rest = &stat[stat.rfind(')')? + 2..];
-            let ppid = rest.split_whitespace().nth(1)?.parse::<i32>().ok()?;
-            Some((pid, ppid))
-        })
+        .filter_map(|pid| Some((pid, parent_of(pid)?)))
         .collect()
+}
+
+/// The parent pid of process `pid`, from `/proc/<pid>/stat` (`None` where it has exited or the
+/// file cannot be read).
+fn parent_of(pid: i32) -> Option<i32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name (field 2) is in parentheses and may hold spaces: read after it.
+    let rest = stat.get(stat.rfind(')')? + 2..)?;
+    rest.split_whitespace().nth(1)?.parse::<i32>().ok()
 }
 
 #[cfg(test)]
@@ -305,13 +308,6 @@ mod tests {
             v.sort_unstable();
             v
         };
-        let parent = |pid: i32| {
-            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-            let rest = &stat[stat.rfind(')').map_or(0, |i| i + 2)..];
-            rest.split_whitespace()
-                .nth(1)
-                .and_then(|p| p.parse::<i32>().ok())
-        };
         // The shell takes a moment to start them; a walk that misses one fails here.
         let give_up = std::time::Instant::now() + Duration::from_secs(20);
         let walked = loop {
@@ -323,7 +319,7 @@ mod tests {
             );
             let orphans = walked
                 .iter()
-                .filter(|p| **p != sh.id() as i32 && parent(**p) == Some(me))
+                .filter(|p| **p != sh.id() as i32 && parent_of(**p) == Some(me))
                 .count();
             if walked.len() == 3 && orphans == 1 && sorted(descendants_by_scan(me)) == walked {
                 break walked;
