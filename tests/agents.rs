@@ -402,10 +402,36 @@ async fn durable_agent_waits_for_the_refund_approval_between_turns(backend: Back
         ["turn-1", "tool-1", "turn-2", "approve-refund-2"],
         "{names:?}"
     );
+    // One gate is open, the one the approval votes on and the replay reads.
+    let open: Vec<_> = s
+        .harness
+        .steps(run)
+        .await
+        .into_iter()
+        .filter(|st| st.status.state == StepStatus::AwaitingApproval)
+        .map(|st| (st.position, st.name, st.approvals.len()))
+        .collect();
+    assert_eq!(open, [(3, "approve-refund-2".to_string(), 0)], "{open:?}");
     approve(&s.harness, run).await;
     let (state, after) = drive(&s, run, Duration::from_millis(1100)).await;
     let stored = s.harness.run(run).await;
-    assert_eq!(state, RunStatus::Completed, "{:?}", stored.error);
+    // On failure, every record with its state, votes and error.
+    let steps: Vec<_> = s
+        .harness
+        .steps(run)
+        .await
+        .into_iter()
+        .map(|st| {
+            (
+                st.position,
+                st.name,
+                st.status.state,
+                st.approvals.len(),
+                st.error,
+            )
+        })
+        .collect();
+    assert_eq!(state, RunStatus::Completed, "{:?} {steps:?}", stored.error);
     assert_eq!(
         stored.output,
         Some(json!({"answer": "A-200 refunded.", "turns": 3}))
