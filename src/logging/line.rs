@@ -31,10 +31,11 @@ use tracing_subscriber::fmt::MakeWriter;
 use tracing_subscriber::layer::Context;
 use tracing_subscriber::registry::LookupSpan;
 
-use super::redacted;
+use super::redacted_json;
 
 /// A layer writing each event as one flat JSON line to `W`'s writer (see the module docs),
-/// every line passed through [`redacted`] first.
+/// every line passed through [`redacted_json`] first (still one JSON object, with nothing the
+/// process holds secret in it).
 pub struct JsonLines<W> {
     writer: W,
 }
@@ -250,7 +251,7 @@ where
             line.text.extend_from_slice(b"}\n");
             // Valid UTF-8: every part is a `&str` or serde_json's output.
             let text = String::from_utf8_lossy(&line.text);
-            let out = redacted(&text);
+            let out = redacted_json(&text);
             let _ = self
                 .writer
                 .make_writer_for(metadata)
@@ -390,6 +391,20 @@ mod tests {
             assert!(!text.contains("secret"), "{text}");
             assert!(text.contains(crate::logging::REDACTED), "{text}");
         }
+    }
+
+    #[test]
+    fn a_digit_only_secret_in_an_integer_field_is_a_redacted_string_of_a_json_line() {
+        crate::logging::redact("5647382910");
+        // `lines` fails on a line that is not JSON.
+        let lines = lines(|| {
+            let span = info_span!("run", pin = 5_647_382_910_u64);
+            let _s = span.enter();
+            info!(code = 5_647_382_910_i64, "the code");
+        });
+        assert_eq!(lines[0]["code"], crate::logging::REDACTED);
+        assert_eq!(lines[0]["pin"], crate::logging::REDACTED);
+        assert!(!lines[0].to_string().contains("5647382910"));
     }
 
     #[test]

@@ -28,7 +28,9 @@
 //!    and `Debug` escape it and percent-encoded; the digest of any `sha256=<hex>` (a webhook
 //!    signature); what follows `Bearer ` (an `Authorization` header); and the value of a
 //!    `token=` parameter; each of these only when it is at least [`MIN_REDACTED_LEN`] characters
-//!    long (a shorter run is a word of prose, not a credential).
+//!    long (a shorter run is a word of prose, not a credential). A line stays JSON
+//!    ([`redacted_json`]): a secret found outside a string (a digit-only one logged as an
+//!    integer field) turns that whole value into the string `"[redacted]"`.
 //!
 //! What it cannot cover: a secret shorter than [`MIN_REDACTED_LEN`] (not registered: it would
 //! mangle every line that contains it by chance), a secret in an encoding other than those
@@ -116,6 +118,60 @@ pub fn redacted(line: &str) -> Cow<'_, str> {
         }
     }
     out
+}
+
+/// `line`, one JSON value, redacted as [`redacted`] does it and still JSON: a secret or value
+/// found outside a string (in a number, `true`, `false`, `null`) turns that whole token into the
+/// string `"[redacted]"`, where a plain replacement would leave a bare `[redacted]` in the line
+/// (a digit-only secret logged as an integer field). Costs nothing more when nothing is redacted.
+pub fn redacted_json(line: &str) -> Cow<'_, str> {
+    let out = redacted(line);
+    if matches!(out, Cow::Borrowed(_)) {
+        return out;
+    }
+    // Something was redacted: the bare tokens first, each whole, then the strings.
+    let mut quoted = String::with_capacity(line.len());
+    let (mut in_string, mut escaped) = (false, false);
+    let mut token: Option<usize> = None;
+    for (at, c) in line.char_indices() {
+        if in_string {
+            match c {
+                _ if escaped => escaped = false,
+                '\\' => escaped = true,
+                '"' => in_string = false,
+                _ => {}
+            }
+            quoted.push(c);
+            continue;
+        }
+        let bare =
+            !(c == '"' || c.is_whitespace() || matches!(c, '{' | '}' | '[' | ']' | ',' | ':'));
+        if bare {
+            token.get_or_insert(at);
+            continue;
+        }
+        if let Some(start) = token.take() {
+            push_bare(&mut quoted, &line[start..at]);
+        }
+        in_string = c == '"';
+        quoted.push(c);
+    }
+    if let Some(start) = token {
+        push_bare(&mut quoted, &line[start..]);
+    }
+    Cow::Owned(redacted(&quoted).into_owned())
+}
+
+/// `token`, a JSON value outside any string, as it is, or as the string [`REDACTED`] when it
+/// holds something [`redacted`] hides.
+fn push_bare(out: &mut String, token: &str) {
+    if matches!(redacted(token), Cow::Borrowed(_)) {
+        out.push_str(token);
+    } else {
+        out.push('"');
+        out.push_str(REDACTED);
+        out.push('"');
+    }
 }
 
 /// A prefix whose value is redacted, and what the value's characters are.
@@ -285,6 +341,29 @@ mod tests {
         // Prose keeps its words: a run shorter than MIN_REDACTED_LEN is not a credential.
         let prose = "expected visible ASCII (it is sent as a bearer token), found a space";
         assert_eq!(redacted(prose), prose);
+    }
+
+    #[test]
+    fn a_secret_outside_a_string_becomes_a_string_and_the_line_stays_json() {
+        let digits = "9081726354";
+        redact(digits);
+        let line = format!(
+            "{{\"message\":\"pin {digits}\",\"n\":{digits},\"m\":1{digits}7,\"ok\":true,\"x\":[0.5,{digits}]}}\n"
+        );
+        let out = redacted_json(&line);
+        assert!(!out.contains(digits), "{out}");
+        let value: serde_json::Value =
+            serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"));
+        assert_eq!(value["message"], format!("pin {REDACTED}"));
+        assert_eq!(value["n"], REDACTED);
+        assert_eq!(value["m"], REDACTED);
+        assert_eq!(value["ok"], true);
+        assert_eq!(value["x"], serde_json::json!([0.5, REDACTED]));
+        // The plain redaction leaves a bare `[redacted]`: not JSON.
+        assert!(serde_json::from_str::<serde_json::Value>(&redacted(&line)).is_err());
+        // A line without a secret is the same line, not a copy.
+        let clean = "{\"n\":42,\"s\":\"a \\\"quoted\\\" word\"}";
+        assert!(matches!(redacted_json(clean), Cow::Borrowed(l) if l == clean));
     }
 
     #[test]
