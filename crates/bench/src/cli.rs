@@ -5,6 +5,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use crate::args::{MAX_RUNS, whole};
 use crate::drain::{DrainSettings, Link, Which};
 use crate::fleet::FleetArgs;
 use crate::latency::DeadlineSettings;
@@ -196,33 +197,8 @@ struct AgentArgs {
     agent_seed: u64,
 }
 
-/// The most runs a count of runs takes (`--runs`, `--pickup-runs`, the managed-instances
-/// drains' and the fleet's `--min-runs`): every run of a drain is created before it starts, and
-/// 100000 is hours on this machine.
-pub const MAX_RUNS: u32 = 100_000;
-
 /// The most rounds of any section (`--rounds`, `--production-rounds`, `--managed-rounds`).
 const MAX_ROUNDS: u32 = 1000;
-
-/// A parser of a whole number from `min` to `max`: anything else (a sign, a fraction, a
-/// number out of range) is refused with the range. The option needs `allow_negative_numbers`
-/// (or `allow_hyphen_values` for a list) for "-1" to reach it rather than read as a flag.
-pub fn whole<T>(min: T, max: T) -> impl Fn(&str) -> Result<T, String> + Clone + Send + Sync
-where
-    T: Copy + std::fmt::Display + Into<i128> + TryFrom<i128> + Send + Sync,
-{
-    move |given: &str| {
-        given
-            .trim()
-            .parse::<i128>()
-            .ok()
-            .filter(|n| (min.into()..=max.into()).contains(n))
-            .and_then(|n| T::try_from(n).ok())
-            .ok_or(format!(
-                "expected a whole number from {min} to {max}, got {given:?}"
-            ))
-    }
-}
 
 /// The rows of `--rows`, in order, each once.
 #[derive(Debug, Clone)]

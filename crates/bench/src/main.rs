@@ -30,6 +30,7 @@
 //! Not part of the test command.
 
 mod agents;
+mod args;
 mod cli;
 mod drain;
 mod dynamodb;

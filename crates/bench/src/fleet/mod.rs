@@ -59,7 +59,7 @@ pub struct FleetArgs {
     /// Fleet sizes F: workers at once (our invocations, or reference worker processes; 1 to 64
     /// each).
     #[arg(long, value_name = "LIST", value_delimiter = ',', default_value = "1,2,4,8,16,32",
-          allow_hyphen_values = true, value_parser = crate::cli::whole(1_u32, 64))]
+          allow_hyphen_values = true, value_parser = crate::args::whole(1_u32, 64))]
     pub fleets: Vec<u32>,
     /// Workloads, in order.
     #[arg(
@@ -86,7 +86,7 @@ pub struct FleetArgs {
     pub window_secs: Option<f64>,
     /// A window lasts at least until this many runs have ended in it (0 to 100000).
     #[arg(long, value_name = "K", default_value_t = 20, allow_negative_numbers = true,
-          value_parser = crate::cli::whole(0, u64::from(crate::cli::MAX_RUNS)))]
+          value_parser = crate::args::whole(0, u64::from(crate::args::MAX_RUNS)))]
     pub min_runs: u64,
     /// C: runs executing at once per invocation of ours and per reference worker (the bench's
     /// shared `--concurrency`).
