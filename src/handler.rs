@@ -179,7 +179,7 @@ pub async fn handle_response(
                 // Answered within milliseconds: its calls end well before the deadline.
                 until: deadline::webhook_until(context.deadline),
             };
-            let answer = webhook::receive(worker, &request, invocation).await;
+            let answer = webhook::receive(worker.webhook(), &request, invocation).await;
             Ok(Response::Webhook(answer))
         }
         Trigger::Schedule(tick) => {

@@ -37,8 +37,8 @@ use crate::store::fault::FaultLog;
 use crate::store::spread::CapacitySpread;
 use crate::wake::Waker;
 use crate::wake::fleet::FleetMark;
-use crate::webhook::Receiver;
 use crate::webhook::replay_table::ReplayTable;
+use crate::webhook::{Receiver, WorkerView};
 
 /// The worker built once per cold start ([`LambdaWorkerBuilder::build`](crate::LambdaWorkerBuilder::build))
 /// and shared by every invocation of the instance: the settings, the engine and the workflows,
@@ -237,6 +237,22 @@ impl LambdaWorker {
     }
 
     /// The invocation's own calls, counting their faults in `faults`.
+    /// What the webhook receiver reads of this worker, for one request.
+    pub(crate) fn webhook(&self) -> WorkerView<'_> {
+        WorkerView {
+            receiver: &self.receiver,
+            settings: &self.settings,
+            capabilities: &self.capabilities,
+            wake: self.wake.as_ref(),
+            push_turn: &self.push_turn,
+            poison_table: &self.poison_table,
+            poison_mode: self.poison_mode,
+            poison_seen: &self.poison_seen,
+            fleet: self.fleet.as_ref(),
+            api: &self.api,
+        }
+    }
+
     pub(crate) fn calls(&self, faults: Arc<FaultLog>) -> Calls {
         Calls {
             store: self.calls_store.clone(),

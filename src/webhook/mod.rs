@@ -33,10 +33,13 @@ pub(crate) mod notice;
 pub(crate) mod replay;
 pub(crate) mod replay_table;
 
+use std::sync::Arc;
+
 use aws_lambda_events::event::lambda_function_urls::{
     LambdaFunctionUrlRequest, LambdaFunctionUrlResponse,
 };
 use base64::Engine as _;
+use ironflow_store::entities::WorkerCapabilities;
 use serde_json::json;
 use tokio::time::{Instant, timeout_at};
 use tracing::{error, info, warn};
@@ -45,12 +48,15 @@ use self::keys::{Keys, Presented};
 use self::notice::{Notice, Verdict};
 use self::replay::{BodyDigest, Seen};
 use self::replay_table::ReplayTable;
+use crate::api::ApiClient;
 use crate::poison::gate::PoisonGate;
+use crate::poison::seen::SeenCounters;
+use crate::poison::{PoisonMode, PoisonTable};
 use crate::report::WakeTrigger;
 use crate::secrets::WebhookSecretSource;
-use crate::settings::WebhookSecret;
-use crate::wake::{self, Need};
-use crate::worker::LambdaWorker;
+use crate::settings::{Settings, WebhookSecret};
+use crate::wake::fleet::FleetMark;
+use crate::wake::{self, Need, Waker};
 
 /// The largest event body accepted: 64 KiB (ironflow's events are well under 2 KiB).
 pub const MAX_BODY_BYTES: usize = 64 * 1024;
@@ -179,9 +185,35 @@ struct Taken {
     fresh_until_ms: i64,
 }
 
+/// What answering a request reads of the worker built at the cold start, lent for one request
+/// by the handler: the receiver's own state, and what a wake-up decision shares with the
+/// invocations (the wake queue, the poison-pill table and its counters, the API client).
+pub(crate) struct WorkerView<'a> {
+    /// The secrets and the events taken.
+    pub receiver: &'a Receiver,
+    /// The replay window, the poison-pill policy, the runs an invocation claims at most.
+    pub settings: &'a Settings,
+    /// The workflows this deployment registers, and its tags.
+    pub capabilities: &'a WorkerCapabilities,
+    /// The wake queue; `None`: no wake-up can be sent (503).
+    pub wake: Option<&'a Waker>,
+    /// Held by one wake-up decision at a time in the process (step 9).
+    pub push_turn: &'a tokio::sync::Mutex<()>,
+    /// The poison-pill table (blocked workflows are left out of the backlog in defer mode).
+    pub poison_table: &'a Arc<dyn PoisonTable>,
+    /// Whether a blocked workflow's runs are deferred or failed.
+    pub poison_mode: PoisonMode,
+    /// The counters read from the table, shared with the invocations.
+    pub poison_seen: &'a Arc<SeenCounters>,
+    /// The fleet's wake-up mark across environments, if configured.
+    pub fleet: Option<&'a FleetMark>,
+    /// The API (the backlog's count).
+    pub api: &'a ApiClient,
+}
+
 /// Answer one webhook request (see the module docs), every call bounded by `invocation.until`.
-pub async fn receive(
-    worker: &LambdaWorker,
+pub(crate) async fn receive(
+    worker: WorkerView<'_>,
     request: &LambdaFunctionUrlRequest,
     invocation: Invocation<'_>,
 ) -> Answer {
@@ -243,20 +275,20 @@ pub async fn receive(
         return Answer::new(202, json!({ "woke": false, "ignored": reason }));
     }
     // 8. and 9. Not taken yet, then the wake-ups.
-    wake_fleet(worker, &notice, &taken, invocation).await
+    wake_fleet(&worker, &notice, &taken, invocation).await
 }
 
 /// Steps 8 and 9: a body not taken yet, and the wake-ups the backlog needs, through the wake
 /// queue.
 async fn wake_fleet(
-    worker: &LambdaWorker,
+    worker: &WorkerView<'_>,
     notice: &Notice,
     taken: &Taken,
     invocation: Invocation<'_>,
 ) -> Answer {
     let workflow = notice.workflow_name.as_deref().unwrap_or("");
     // The builder refuses a secret without a wake queue.
-    let Some(waker) = worker.wake.as_ref() else {
+    let Some(waker) = worker.wake else {
         return Answer::refused(503, "no wake queue (IRONFLOW_WAKE_QUEUE_URL)");
     };
     // One wake-up decision at a time in this process: events arriving together (the API's
@@ -282,16 +314,16 @@ async fn wake_fleet(
         invocation.request_id,
     )
     .sharing(worker.poison_seen.clone());
-    let capabilities = gate.capabilities_for_claim(&worker.capabilities).await;
+    let capabilities = gate.capabilities_for_claim(worker.capabilities).await;
     let need = Need {
         trigger: WakeTrigger::Pushed,
         capabilities: &capabilities,
         runs_per_invocation: worker.settings.max_runs_per_invocation,
-        fleet: worker.fleet.as_ref(),
+        fleet: worker.fleet,
     };
     let (report, delivery) = wake::for_push(
         waker,
-        &worker.api,
+        worker.api,
         need,
         invocation.request_id,
         invocation.trace_id,
