@@ -7,7 +7,7 @@
 //! for a turn, their deadline running.
 //!
 //! A process *retires* when an execution is stuck in workflow code after a response
-//! ([`crate::layers::ExitWhenStuck`]): from then on it admits no invocation (the event is
+//! ([`crate::layers::ExitWhenStuckLayer`]): from then on it admits no invocation (the event is
 //! answered with an error for Lambda to retry elsewhere; nothing is claimed: a run whose stuck
 //! execution still holds it here would only wait), and it ends once the invocations still in
 //! flight have answered. The retirement and the count of those in flight are one step under one

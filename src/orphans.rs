@@ -4,8 +4,8 @@
 //! children (`sh -c 'slow & wait'`, a build tool's workers) are re-parented and would live on
 //! into the frozen process, or the next invocation. At cold start the worker makes itself a
 //! *child subreaper* (Linux `PR_SET_CHILD_SUBREAPER`), so such orphans are re-parented to it
-//! rather than to init; at the end of each invocation [`sweep`] kills every descendant that is
-//! left and reaps it.
+//! rather than to init; at the end of each invocation [`sweep_sparing`] kills every descendant
+//! that is left (but the processes of runs still executing in the process) and reaps it.
 //!
 //! The worker owns every child process of its process: it starts none of its own that must
 //! survive an invocation. Each run's processes end with the run (`src/process_mark.rs`); when
@@ -100,7 +100,7 @@ pub fn sweep(wait: Duration) -> usize {
     sweep_sparing(wait, |_| false)
 }
 
-/// [`sweep`], sparing the processes for which `spared` holds. The descendants are listed before
+/// `sweep` (tests), sparing the processes for which `spared` holds. The descendants are listed before
 /// `spared` looks at them: a process that exists by then and belongs to a live run was marked
 /// as such before it was spawned.
 pub fn sweep_sparing(wait: Duration, spared: impl Fn(i32) -> bool) -> usize {

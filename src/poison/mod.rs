@@ -22,7 +22,7 @@ pub(crate) mod dynamodb;
 pub mod dynamodb;
 pub(crate) mod gate;
 mod memory;
-mod recovery;
+pub(crate) mod recovery;
 pub(crate) mod seen;
 
 pub use dynamodb::{CallCounter, DynamoPoisonTable, DynamoSetupError};

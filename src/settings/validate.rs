@@ -1,4 +1,4 @@
-//! [`Settings::validate`]: every row's check ([`super::Entry::check`]: bounds and rule), then
+//! [`Settings::validate`]: every row's check ([`super::row::Entry::check`]: bounds and rule), then
 //! what no single value shows, one concern per check, each naming its row.
 
 use super::table::{

@@ -10,7 +10,7 @@
 //!   (or a given number of attempts, [`Retries`]). A claim (`GET /runs/next`) is not dropped at
 //!   the per-attempt limit: the API may have taken a run for it, which would then sit under a
 //!   lease nobody refreshes; it is awaited until the scope's end.
-//! - [`write`]: an update the API may have applied although its answer was lost (a reset, a
+//! - [`write()`]: an update the API may have applied although its answer was lost (a reset, a
 //!   timeout, or `ApiRunStore`'s own retry meeting the illegal-transition 500 that the first,
 //!   applied, attempt causes). Before it is sent again, a read-back of the stored state says
 //!   whether it landed ([`ReadBack`]): a landed write is done, a run no longer this worker's

@@ -7,7 +7,7 @@
 //! the `PUT`s do not go through it but make one attempt each (`store/put.rs`), and only the
 //! guard sends a write again, after reading back what the lost attempt did (docs/faults.md,
 //! "Writes under a lease"). Each call here is bounded by the
-//! [scope](scope) of the work it belongs to (an execution's cutoff and lease, the invocation's
+//! [scope] of the work it belongs to (an execution's cutoff and lease, the invocation's
 //! last write) and by a per-attempt limit, and its future is dropped at the bound: a reads is
 //! retried until the bound, a write is read back before it is sent again (a write retried after
 //! a lost answer meets the illegal-transition 500 its first, applied, attempt causes), and a call

@@ -6,7 +6,7 @@
 //!   [`SLACK_SECS`] after it (clocks differ a little).
 //! - A Sleeping run is made Pending by the API's own waker, which looks every
 //!   [`API_WAKER_INTERVAL`] (publishing nothing): its wake-up also comes [`SLACK_SECS`] after
-//!   the wake time, and watches the run ([`SleepWatch`](crate::SleepWatch), `super::watch`),
+//!   the wake time, and watches the run ([`SleepWatch`](crate::report::SleepWatch), `super::watch`),
 //!   looking again every [`RECHECK_SECS`] until the waker's interval (plus the slack) has
 //!   passed. Why the worker does not make the run Pending itself: docs/push.md, "Timer
 //!   wake-ups".

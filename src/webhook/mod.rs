@@ -1,7 +1,7 @@
 //! The webhook receiver: the ironflow API's outbound webhook (`WEBHOOK_URL`), reached through a
 //! Lambda Function URL, wakes the fleet when a run is or will be Pending (docs/push.md).
 //!
-//! One request, in numbered steps ([`receive`]), answered within milliseconds and never by
+//! One request, in numbered steps (`receive`), answered within milliseconds and never by
 //! running a batch inside the HTTP request (the batch runs in the wake-up's own invocation):
 //! 1. the receiver is on (a secret is configured), else 503 naming the variable;
 //! 2. a `POST`, else 405;
