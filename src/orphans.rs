@@ -174,23 +174,50 @@ pub fn has_no_child() -> bool {
 /// reads a file per thread of the descendants only; where the kernel has no such files, reads
 /// the parent of every process on the host (`descendants_by_scan`). On a host shared with
 /// many processes (a bench, a managed instance's neighbours) the walk costs a few reads where
-/// the scan costs one per process. Either is a snapshot: a process whose parent exits during
-/// the walk, re-parented to this process after its own `children` were read, is missed, and the
-/// invocation's last sweep finds it.
+/// the scan costs one per process. A process whose parent exits during the walk (a run's `sh`
+/// killed as the run ends) is re-parented to this process, the subreaper, after this process's
+/// list was read: the walk reads that list again until it names nobody new (`walk_down`).
+/// Only a process started after the walk is missed; the invocation's last sweep finds it.
 pub fn descendants() -> Vec<i32> {
     let me = std::process::id() as i32;
-    let Some(children) = children_of(me) else {
+    if children_of(me).is_none() {
         return descendants_by_scan(me);
-    };
+    }
+    walk_down(me, |pid| children_of(pid).unwrap_or_default())
+}
+
+/// Every descendant of `root`, each once, by `children` (a process's children now): down from
+/// `root`, then from what `root`'s list names that was not there before, until it names nobody
+/// new (at most [`ROOT_READS`] reads of it: a run that keeps orphaning new processes cannot
+/// hold the walk).
+///
+/// Sound because re-parenting only moves a process up to the subreaper `root`: a process whose
+/// parent exits before the walk reads the parent's list is in `root`'s list by the next read
+/// of it (the kernel re-parents the children as the parent exits, before it is a zombie).
+fn walk_down(root: i32, children: impl Fn(i32) -> Vec<i32>) -> Vec<i32> {
+    let mut seen = HashSet::new();
     let mut out = Vec::new();
-    let mut stack = children;
-    while let Some(pid) = stack.pop() {
-        out.push(pid);
-        // A process that exited since its parent listed it has no children: an empty list.
-        stack.extend(children_of(pid).unwrap_or_default());
+    for _ in 0..ROOT_READS {
+        let mut stack: Vec<i32> = children(root)
+            .into_iter()
+            .filter(|pid| !seen.contains(pid))
+            .collect();
+        if stack.is_empty() {
+            break;
+        }
+        while let Some(pid) = stack.pop() {
+            if seen.insert(pid) {
+                out.push(pid);
+                // A process that exited since its parent listed it has no children: none.
+                stack.extend(children(pid));
+            }
+        }
     }
     out
 }
+
+/// The most times [`walk_down`] reads the root's list: 8.
+const ROOT_READS: usize = 8;
 
 /// The children of process `pid`, from `/proc/<pid>/task/<tid>/children` (Linux's
 /// `CONFIG_PROC_CHILDREN`: a child is listed under the thread that forked it, so every thread's
@@ -260,6 +287,42 @@ fn parent_of(pid: i32) -> Option<i32> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A process tree that changes as it is read: `sh` (2) dies just after the root's (1) list
+    /// was read the first time, and its child `sleep` (3) moves to the root, as the kernel
+    /// re-parents an orphan to its subreaper.
+    #[test]
+    fn a_process_re_parented_to_the_root_during_the_walk_is_found_by_reading_the_root_again() {
+        let root_reads = std::cell::Cell::new(0);
+        let children = |pid: i32| match pid {
+            1 => {
+                root_reads.set(root_reads.get() + 1);
+                if root_reads.get() == 1 {
+                    vec![2]
+                } else {
+                    vec![3]
+                }
+            }
+            // 2 has exited: its children were re-parented before it became a zombie.
+            _ => vec![],
+        };
+        let mut found = walk_down(1, children);
+        found.sort_unstable();
+        assert_eq!(found, [2, 3]);
+        // The root read until it named nobody new: twice with someone new, once without.
+        assert_eq!(root_reads.get(), 3);
+
+        // A run that keeps orphaning new processes does not hold the walk.
+        let next = std::cell::Cell::new(100);
+        let endless = |pid: i32| match pid {
+            1 => {
+                next.set(next.get() + 1);
+                vec![next.get()]
+            }
+            _ => vec![],
+        };
+        assert_eq!(walk_down(1, endless).len(), ROOT_READS);
+    }
 
     /// Relies on nextest's one process per test (`./scripts/test`): under `cargo test`, another
     /// test's child could be alive during the last assertion.
