@@ -236,7 +236,6 @@ impl LambdaWorker {
         self.admission.in_flight()
     }
 
-    /// The invocation's own calls, counting their faults in `faults`.
     /// What the webhook receiver reads of this worker, for one request.
     pub(crate) fn webhook(&self) -> WorkerView<'_> {
         WorkerView {
@@ -253,6 +252,7 @@ impl LambdaWorker {
         }
     }
 
+    /// The invocation's own calls, counting their faults in `faults`.
     pub(crate) fn calls(&self, faults: Arc<FaultLog>) -> Calls {
         Calls {
             store: self.calls_store.clone(),
