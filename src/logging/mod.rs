@@ -30,7 +30,9 @@
 //!    `token=` parameter; each of these only when it is at least [`MIN_REDACTED_LEN`] characters
 //!    long (a shorter run is a word of prose, not a credential). A line stays JSON
 //!    ([`redacted_json`]): a secret found outside a string (a digit-only one logged as an
-//!    integer field) turns that whole value into the string `"[redacted]"`.
+//!    integer field) turns that whole value into the string `"[redacted]"`, a string is
+//!    redacted in its decoded text, and a line in which a secret spans the JSON structure is
+//!    replaced whole ([`SPANNED_LINE`]).
 //!
 //! What it cannot cover: a secret shorter than [`MIN_REDACTED_LEN`] (not registered: it would
 //! mangle every line that contains it by chance), a secret in an encoding other than those
@@ -114,63 +116,106 @@ pub fn redacted(line: &str) -> Cow<'_, str> {
     }
     for (prefix, is_value) in VALUE_PATTERNS {
         if out.contains(prefix) {
-            out = Cow::Owned(redact_after(&out, prefix, *is_value));
+            // Prose ("sent as a bearer token") keeps the line as it was, uncopied.
+            if let Some(hidden) = redact_after(&out, prefix, *is_value) {
+                out = Cow::Owned(hidden);
+            }
         }
     }
     out
 }
 
-/// `line`, one JSON value, redacted as [`redacted`] does it and still JSON: a secret or value
-/// found outside a string (in a number, `true`, `false`, `null`) turns that whole token into the
-/// string `"[redacted]"`, where a plain replacement would leave a bare `[redacted]` in the line
-/// (a digit-only secret logged as an integer field). Costs nothing more when nothing is redacted.
+/// `line`, one JSON value, redacted as [`redacted`] does it and still JSON. Where the plain
+/// redaction finds nothing (nearly every line), `line` itself. Otherwise each value is redacted
+/// on its own: a string's decoded text (so that a replacement never cuts an escape sequence in
+/// two, and the string is encoded again), and a token outside any string (a number, `true`,
+/// `false`, `null`: a digit-only secret logged as an integer field) whole, as the string
+/// `"[redacted]"`. A secret still found in the result spans the line's structure (it holds a
+/// quote, a comma or a brace: no credential we register does in practice): the line is then
+/// [`SPANNED_LINE`], whose one field says so. So no registered secret is ever in the line, and
+/// the line stays one JSON object.
 pub fn redacted_json(line: &str) -> Cow<'_, str> {
-    let out = redacted(line);
-    if matches!(out, Cow::Borrowed(_)) {
-        return out;
+    if matches!(redacted(line), Cow::Borrowed(_)) {
+        return Cow::Borrowed(line);
     }
-    // Something was redacted: the bare tokens first, each whole, then the strings.
-    let mut quoted = String::with_capacity(line.len());
-    let (mut in_string, mut escaped) = (false, false);
-    let mut token: Option<usize> = None;
-    for (at, c) in line.char_indices() {
-        if in_string {
-            match c {
-                _ if escaped => escaped = false,
-                '\\' => escaped = true,
-                '"' => in_string = false,
-                _ => {}
-            }
-            quoted.push(c);
-            continue;
-        }
-        let bare =
-            !(c == '"' || c.is_whitespace() || matches!(c, '{' | '}' | '[' | ']' | ',' | ':'));
-        if bare {
-            token.get_or_insert(at);
-            continue;
-        }
-        if let Some(start) = token.take() {
-            push_bare(&mut quoted, &line[start..at]);
-        }
-        in_string = c == '"';
-        quoted.push(c);
+    let mut out = String::with_capacity(line.len());
+    let mut rest = line;
+    while let Some(at) = rest.find(|c: char| c == '"' || is_bare(c)) {
+        out.push_str(&rest[..at]);
+        rest = &rest[at..];
+        let len = if rest.starts_with('"') {
+            string_len(rest)
+        } else {
+            rest.find(|c: char| !is_bare(c)).unwrap_or(rest.len())
+        };
+        let (value, tail) = rest.split_at(len);
+        push_value(&mut out, value);
+        rest = tail;
     }
-    if let Some(start) = token {
-        push_bare(&mut quoted, &line[start..]);
+    out.push_str(rest);
+    if matches!(redacted(&out), Cow::Borrowed(_)) {
+        Cow::Owned(out)
+    } else {
+        let newline = if line.ends_with('\n') { "\n" } else { "" };
+        Cow::Owned(format!("{SPANNED_LINE}{newline}"))
     }
-    Cow::Owned(redacted(&quoted).into_owned())
 }
 
-/// `token`, a JSON value outside any string, as it is, or as the string [`REDACTED`] when it
-/// holds something [`redacted`] hides.
-fn push_bare(out: &mut String, token: &str) {
-    if matches!(redacted(token), Cow::Borrowed(_)) {
-        out.push_str(token);
-    } else {
-        out.push('"');
-        out.push_str(REDACTED);
-        out.push('"');
+/// The line written instead of one in which a secret spans the JSON structure
+/// ([`redacted_json`]).
+pub const SPANNED_LINE: &str =
+    r#"{"level":"WARN","message":"[redacted]: a line held a secret across its JSON structure"}"#;
+
+/// Whether `c` belongs to a token outside any string (not whitespace, a quote or a structural
+/// character).
+fn is_bare(c: char) -> bool {
+    !(c == '"' || c.is_whitespace() || matches!(c, '{' | '}' | '[' | ']' | ',' | ':'))
+}
+
+/// The length in bytes of the JSON string literal `s` starts with, quotes included (to the end
+/// of `s` if it is not closed).
+fn string_len(s: &str) -> usize {
+    let mut escaped = false;
+    for (at, c) in s.char_indices().skip(1) {
+        match c {
+            _ if escaped => escaped = false,
+            '\\' => escaped = true,
+            '"' => return at + 1,
+            _ => {}
+        }
+    }
+    s.len()
+}
+
+/// `value` (a string literal, quotes included, or a token outside any string), redacted on
+/// its own: a string's decoded text, encoded again if anything in it was hidden; a token, whole,
+/// as the string [`REDACTED`].
+fn push_value(out: &mut String, value: &str) {
+    if !value.starts_with('"') {
+        if matches!(redacted(value), Cow::Borrowed(_)) {
+            out.push_str(value);
+        } else {
+            out.push('"');
+            out.push_str(REDACTED);
+            out.push('"');
+        }
+        return;
+    }
+    let decoded = serde_json::from_str::<String>(value);
+    match decoded.as_deref().map(redacted) {
+        // Nothing hidden in the text: the literal as it was.
+        Ok(Cow::Borrowed(_)) => out.push_str(value),
+        Ok(Cow::Owned(hidden)) => {
+            out.push_str(
+                &serde_json::to_string(&hidden).unwrap_or_else(|_| format!("\"{REDACTED}\"")),
+            );
+        }
+        // Not a string serde_json reads (cannot come from this module's lines): hidden whole.
+        Err(_) => {
+            out.push('"');
+            out.push_str(REDACTED);
+            out.push('"');
+        }
     }
 }
 
@@ -199,8 +244,10 @@ fn is_token_char(c: char) -> bool {
     !(c.is_whitespace() || c.is_control() || matches!(c, '"' | '\'' | '&' | '#' | '\\' | ',' | ';'))
 }
 
-/// `line` with the run of `is_value` characters after each `prefix` replaced by [`REDACTED`].
-fn redact_after(line: &str, prefix: &str, is_value: fn(char) -> bool) -> String {
+/// `line` with the run of `is_value` characters after each `prefix` replaced by [`REDACTED`];
+/// `None` where no run is long enough to be one.
+fn redact_after(line: &str, prefix: &str, is_value: fn(char) -> bool) -> Option<String> {
+    let mut hidden = false;
     let mut out = String::with_capacity(line.len());
     let mut rest = line;
     while let Some(at) = rest.find(prefix) {
@@ -210,13 +257,14 @@ fn redact_after(line: &str, prefix: &str, is_value: fn(char) -> bool) -> String 
         let value_len = tail.find(|c: char| !is_value(c)).unwrap_or(tail.len());
         if tail[..value_len].chars().count() >= MIN_REDACTED_LEN {
             out.push_str(REDACTED);
+            hidden = true;
             rest = &tail[value_len..];
         } else {
             rest = tail;
         }
     }
     out.push_str(rest);
-    out
+    hidden.then_some(out)
 }
 
 /// Rule 1 of the module docs: TRACE only from this crate.
@@ -364,6 +412,44 @@ mod tests {
         // A line without a secret is the same line, not a copy.
         let clean = "{\"n\":42,\"s\":\"a \\\"quoted\\\" word\"}";
         assert!(matches!(redacted_json(clean), Cow::Borrowed(l) if l == clean));
+    }
+
+    #[test]
+    fn a_secret_across_a_string_boundary_or_an_escape_never_breaks_the_line_nor_shows() {
+        // (secret, a JSON line in which its text appears across the structure or an escape).
+        let cases = [
+            ("70707071}", r#"{"n":70707071}"#),
+            ("60606061,", r#"{"n":60606061,"m":1}"#),
+            (r#"4343,"qz"#, r#"{"n":4343,"qz":1}"#),
+            ("9,8,7,6,5,4", r#"{"x":[9,8,7,6,5,4]}"#),
+            (r#"qrstuvwx""#, r#"{"m":"qrstuvwx"}"#),
+            (r"yzabcdef\", r#"{"m":"yzabcdef\"x"}"#),
+            ("nQWERTYUI", r#"{"m":"a\nQWERTYUI"}"#),
+            ("12349876", r#"{"m":"\u0012349876"}"#),
+        ];
+        for (secret, line) in cases {
+            redact(secret);
+            assert!(
+                serde_json::from_str::<serde_json::Value>(line).is_ok(),
+                "{line}"
+            );
+            let out = redacted_json(line);
+            assert!(
+                serde_json::from_str::<serde_json::Value>(&out).is_ok(),
+                "{secret}: {out}"
+            );
+            assert!(!out.contains(secret), "{secret}: {out}");
+        }
+        // Inside a string, only the secret goes, and the escapes around it stay whole.
+        redact("kx7-secret-q9");
+        let out = redacted_json(r#"{"m":"a\"kx7-secret-q9\"\n","n":3}"#);
+        let value: serde_json::Value = serde_json::from_str(&out).unwrap();
+        assert_eq!(value["m"], format!("a\"{REDACTED}\"\n"));
+        assert_eq!(value["n"], 3);
+        // Prose around a prefix: no copy.
+        let prose = r#"{"m":"sent as a Bearer token"}"#;
+        assert!(matches!(redacted(prose), Cow::Borrowed(_)));
+        assert!(matches!(redacted_json(prose), Cow::Borrowed(_)));
     }
 
     #[test]
