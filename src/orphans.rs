@@ -129,12 +129,13 @@ pub fn kill_and_reap(pids: &[i32], wait: Duration) -> usize {
         let _ = kill_process(pid, Signal::KILL);
     }
     let deadline = std::time::Instant::now() + wait;
-    let children: HashSet<i32> = match children_of(me) {
-        Some(children) => children.into_iter().collect(),
-        None => parent_map()
+    let children: HashSet<i32> = if has_children_files() {
+        children_of(me).into_iter().collect()
+    } else {
+        parent_map()
             .into_iter()
             .filter_map(|(pid, ppid)| (ppid == me).then_some(pid))
-            .collect(),
+            .collect()
     };
     let mut pending: HashSet<i32> = pids
         .iter()
@@ -180,10 +181,10 @@ pub fn has_no_child() -> bool {
 /// Only a process started after the walk is missed; the invocation's last sweep finds it.
 pub fn descendants() -> Vec<i32> {
     let me = std::process::id() as i32;
-    if children_of(me).is_none() {
+    if !has_children_files() {
         return descendants_by_scan(me);
     }
-    walk_down(me, |pid| children_of(pid).unwrap_or_default())
+    walk_down(me, children_of)
 }
 
 /// Every descendant of `root`, each once, by `children` (a process's children now): down from
@@ -219,17 +220,19 @@ fn walk_down(root: i32, children: impl Fn(i32) -> Vec<i32>) -> Vec<i32> {
 /// The most times [`walk_down`] reads the root's list: 8.
 const ROOT_READS: usize = 8;
 
-/// The children of process `pid`, from `/proc/<pid>/task/<tid>/children` (Linux's
-/// `CONFIG_PROC_CHILDREN`: a child is listed under the thread that forked it, so every thread's
-/// file is read). `None` where this process's own files do not exist (a kernel without them);
-/// an empty list where `pid` has exited.
-fn children_of(pid: i32) -> Option<Vec<i32>> {
+/// Whether this kernel has the `children` files (Linux's `CONFIG_PROC_CHILDREN`), looked up
+/// once per process.
+fn has_children_files() -> bool {
     static SUPPORTED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    if !*SUPPORTED.get_or_init(|| std::fs::metadata("/proc/thread-self/children").is_ok()) {
-        return None;
-    }
+    *SUPPORTED.get_or_init(|| std::fs::metadata("/proc/thread-self/children").is_ok())
+}
+
+/// The children of process `pid`, from `/proc/<pid>/task/<tid>/children` (a child is listed
+/// under the thread that forked it, so every thread's file is read); none where `pid` has
+/// exited or the files do not exist ([`has_children_files`]).
+fn children_of(pid: i32) -> Vec<i32> {
     let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
-        return Some(Vec::new());
+        return Vec::new();
     };
     let mut children = Vec::new();
     for task in tasks.filter_map(Result::ok) {
@@ -242,7 +245,7 @@ fn children_of(pid: i32) -> Option<Vec<i32>> {
             );
         }
     }
-    Some(children)
+    children
 }
 
 /// Every process whose chain of parents leads to `root`, from the parent of every process on
@@ -357,7 +360,7 @@ mod tests {
     fn the_walk_down_the_children_files_finds_every_descendant_the_scan_finds() {
         assert!(become_subreaper());
         assert!(
-            children_of(std::process::id() as i32).is_some(),
+            has_children_files(),
             "this kernel has the children files: the walk is tested, not the fallback"
         );
         // sh with a sleep under it, and a sleep whose parent (a subshell) exits: it is

@@ -166,6 +166,9 @@ pub fn redacted_json(line: &str) -> Cow<'_, str> {
 pub const SPANNED_LINE: &str =
     r#"{"level":"WARN","message":"[redacted]: a line held a secret across its JSON structure"}"#;
 
+/// [`REDACTED`] as a JSON string, quotes included: what a hidden value becomes in a line.
+const REDACTED_STRING: &str = "\"[redacted]\"";
+
 /// Whether `c` belongs to a token outside any string (not whitespace, a quote or a structural
 /// character).
 fn is_bare(c: char) -> bool {
@@ -192,30 +195,20 @@ fn string_len(s: &str) -> usize {
 /// as the string [`REDACTED`].
 fn push_value(out: &mut String, value: &str) {
     if !value.starts_with('"') {
-        if matches!(redacted(value), Cow::Borrowed(_)) {
-            out.push_str(value);
-        } else {
-            out.push('"');
-            out.push_str(REDACTED);
-            out.push('"');
-        }
+        let hidden = !matches!(redacted(value), Cow::Borrowed(_));
+        out.push_str(if hidden { REDACTED_STRING } else { value });
         return;
     }
     let decoded = serde_json::from_str::<String>(value);
     match decoded.as_deref().map(redacted) {
         // Nothing hidden in the text: the literal as it was.
         Ok(Cow::Borrowed(_)) => out.push_str(value),
-        Ok(Cow::Owned(hidden)) => {
-            out.push_str(
-                &serde_json::to_string(&hidden).unwrap_or_else(|_| format!("\"{REDACTED}\"")),
-            );
-        }
+        Ok(Cow::Owned(hidden)) => match serde_json::to_string(&hidden) {
+            Ok(encoded) => out.push_str(&encoded),
+            Err(_) => out.push_str(REDACTED_STRING),
+        },
         // Not a string serde_json reads (cannot come from this module's lines): hidden whole.
-        Err(_) => {
-            out.push('"');
-            out.push_str(REDACTED);
-            out.push('"');
-        }
+        Err(_) => out.push_str(REDACTED_STRING),
     }
 }
 
