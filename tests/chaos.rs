@@ -551,6 +551,9 @@ async fn chaos_on(backend: common::Backend) {
     let mut not_terminal = Vec::new();
     let mut infra_failed = Vec::new();
     let mut reaper_failed_on_purpose = 0;
+    // Failed as blocked by the poison pill, the deaths that blocked it being this suite's
+    // aborted invocations (checked below: `undeserved` is empty).
+    let mut blocked_by_the_suites_deaths = 0;
     let mut workflow_failed = 0;
     let mut completed = 0;
     let mut reexecuted = Vec::new();
@@ -583,6 +586,15 @@ async fn chaos_on(backend: common::Backend) {
                     && t.reaped_on_purpose.contains(id) =>
             {
                 reaper_failed_on_purpose += 1
+            }
+            RunStatus::Failed
+                if run
+                    .error
+                    .as_deref()
+                    .is_some_and(|e| e.contains("is blocked as a poison pill"))
+                    && !t.killed.is_empty() =>
+            {
+                blocked_by_the_suites_deaths += 1
             }
             _ => infra_failed.push(format!("{} {id}: {state} {:?}", kind.name(), run.error)),
         }
@@ -617,7 +629,7 @@ async fn chaos_on(backend: common::Backend) {
 
     println!("chaos figures (seed {seed}):");
     println!(
-        "  runs {}: completed {completed}, failed by their workflow {workflow_failed}, failed by the reaper after an aborted invocation or a stolen lease {reaper_failed_on_purpose}, failed by infrastructure alone {} ({:.2} %)",
+        "  runs {}: completed {completed}, failed by their workflow {workflow_failed}, failed by the reaper after an aborted invocation or a stolen lease {reaper_failed_on_purpose}, blocked by the poison pill after this suite's aborted invocations {blocked_by_the_suites_deaths}, failed by infrastructure alone {} ({:.2} %)",
         runs.len(),
         infra_failed.len(),
         infra_share * 100.0
