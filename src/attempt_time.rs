@@ -26,11 +26,19 @@ const CAPACITY_WAIT_STEP_ERROR: &str = "waiting for provider capacity";
 ///   was answered, or `now`): its own interval and the run's sleep after it, or
 /// - a step that suspends the run had just ended: a `ctx.delay` that set a wake-up, an agent
 ///   step parked on a capacity wait, a step interrupted by a handback or the API's reaper (the
-///   run was Pending between two invocations).
+///   run was Pending between two invocations), or
+/// - it is `pending_since`, the run's `scheduled_at` as the last handback wrote it
+///   ([`pending_since`]): the run was Pending from then, whether or not the handback
+///   interrupted a step (a deferred step was never created).
 ///
 /// Zero for an attempt with no step. Instants are clamped to `now` (the API's clock may run
 /// ahead of ours).
-pub(crate) fn executed(steps: &[Step], attempt: u32, now: DateTime<Utc>) -> Duration {
+pub(crate) fn executed(
+    steps: &[Step],
+    attempt: u32,
+    pending_since: Option<DateTime<Utc>>,
+    now: DateTime<Utc>,
+) -> Duration {
     let steps: Vec<&Step> = steps.iter().filter(|s| s.attempt == attempt).collect();
     let mut instants: Vec<DateTime<Utc>> = steps
         .iter()
@@ -45,18 +53,52 @@ pub(crate) fn executed(steps: &[Step], attempt: u32, now: DateTime<Utc>) -> Dura
     if instants.is_empty() {
         return Duration::ZERO;
     }
+    let pending_since = pending_since.map(|at| at.min(now));
+    instants.extend(pending_since);
     instants.push(now);
     instants.sort_unstable();
     instants.dedup();
     instants
         .windows(2)
-        .filter(|w| !waited(&steps, w[0], w[1], now))
+        .filter(|w| !waited(&steps, pending_since, w[0], w[1], now))
         .map(|w| (w[1] - w[0]).to_std().unwrap_or_default())
         .fold(Duration::ZERO, Duration::saturating_add)
 }
 
+/// The `scheduled_at` a handback at `now` (the API's clock) writes with Pending, for
+/// [`executed`] to find where the wait began: `now`, or the instant an earlier handback wrote
+/// (`scheduled`) when the attempt's `steps` record nothing after it. Then this invocation
+/// created no step (a run claimed late and deferred again, or cut in its replay): its time
+/// counts as the replay's does, not at all, and the Pending time before it stays a wait.
+///
+/// Invariant: the result is at most `now`, so the run is claimable at once.
+pub(crate) fn pending_since(
+    scheduled: Option<DateTime<Utc>>,
+    steps: &[Step],
+    attempt: u32,
+    now: DateTime<Utc>,
+) -> DateTime<Utc> {
+    let mut instants = steps
+        .iter()
+        .filter(|s| s.attempt == attempt)
+        .flat_map(|s| [Some(s.created_at), s.started_at, s.completed_at])
+        .flatten()
+        .peekable();
+    let recorded = instants.peek().is_some();
+    match scheduled {
+        Some(at) if at <= now && recorded && instants.all(|i| i <= at) => at,
+        _ => now,
+    }
+}
+
 /// Whether the run waited from `from` to `to` (see [`executed`]).
-fn waited(steps: &[&Step], from: DateTime<Utc>, to: DateTime<Utc>, now: DateTime<Utc>) -> bool {
+fn waited(
+    steps: &[&Step],
+    pending_since: Option<DateTime<Utc>>,
+    from: DateTime<Utc>,
+    to: DateTime<Utc>,
+    now: DateTime<Utc>,
+) -> bool {
     let executing = steps.iter().any(|s| {
         !is_waiting(s) && s.kind != StepKind::Workflow && {
             let start = s.started_at.unwrap_or(s.created_at);
@@ -73,6 +115,7 @@ fn waited(steps: &[&Step], from: DateTime<Utc>, to: DateTime<Utc>, now: DateTime
             && s.completed_at.unwrap_or(now) > from
     });
     waiting_open
+        || pending_since == Some(from)
         || steps
             .iter()
             .any(|s| suspends(s) && s.completed_at.map(|at| at.min(now)) == Some(from))
@@ -146,13 +189,13 @@ mod tests {
             step("signal", "completed", 2, Some(100)),
             after,
         ]);
-        assert_eq!(secs(executed(&s, 1, t(305))), 2 + 5);
+        assert_eq!(secs(executed(&s, 1, None, t(305))), 2 + 5);
         // Still waiting at the claim: nothing after the wait's start counts.
         let s = steps(vec![
             step("shell", "completed", 0, Some(2)),
             step("human_input", "awaiting_approval", 2, None),
         ]);
-        assert_eq!(secs(executed(&s, 1, t(5000))), 2);
+        assert_eq!(secs(executed(&s, 1, None, t(5000))), 2);
     }
 
     #[test]
@@ -167,14 +210,48 @@ mod tests {
             // Taken up at 700, handed back at 710 (its step interrupted), again at 900.
             interrupted,
         ]);
-        assert_eq!(secs(executed(&s, 1, t(900))), 3 + 10);
+        assert_eq!(secs(executed(&s, 1, None, t(900))), 3 + 10);
         // An agent step parked on a capacity wait: the run sleeps from its end.
         let mut parked = step("agent", "failed", 0, Some(4));
         parked["error"] = json!(CAPACITY_WAIT_STEP_ERROR);
-        assert_eq!(secs(executed(&steps(vec![parked]), 1, t(500))), 4);
+        assert_eq!(secs(executed(&steps(vec![parked]), 1, None, t(500))), 4);
         // A zero delay (no wake-up) does not suspend: what follows it executes.
         let s = steps(vec![step("delay", "completed", 0, Some(0))]);
-        assert_eq!(secs(executed(&s, 1, t(40))), 40);
+        assert_eq!(secs(executed(&s, 1, None, t(40))), 40);
+    }
+
+    #[test]
+    fn the_pending_time_after_a_handback_that_interrupted_no_step_is_a_wait() {
+        // 3 s of shell, its next step deferred (never created): handed back at 4, Pending
+        // until the claim at 100.
+        let s = steps(vec![step("shell", "completed", 0, Some(3))]);
+        assert_eq!(pending_since(None, &s, 1, t(4)), t(4));
+        assert_eq!(secs(executed(&s, 1, Some(t(4)), t(100))), 4);
+        // Without the handback's instant, the Pending time counts (the old reading).
+        assert_eq!(secs(executed(&s, 1, None, t(100))), 100);
+        // Claimed at 100 and deferred again at 101 before any step: the wait began at 4.
+        assert_eq!(pending_since(Some(t(4)), &s, 1, t(101)), t(4));
+        assert_eq!(secs(executed(&s, 1, Some(t(4)), t(300))), 4);
+        // A step since the earlier handback: the wait begins at this one.
+        let s = steps(vec![
+            step("shell", "completed", 0, Some(3)),
+            step("shell", "completed", 100, Some(110)),
+        ]);
+        assert_eq!(pending_since(Some(t(4)), &s, 1, t(111)), t(111));
+        // From it on, nothing counts (the earlier wait, 4 to 100, is no longer marked: the
+        // limit docs/design.md states).
+        assert_eq!(
+            executed(&s, 1, Some(t(111)), t(500)),
+            executed(&s, 1, None, t(111))
+        );
+        // An instant another write left (a retry's backoff, before the attempt's steps, or
+        // ahead of the API's clock) is not kept.
+        assert_eq!(pending_since(Some(t(-50)), &[], 1, t(5)), t(5));
+        assert_eq!(pending_since(Some(t(9)), &s, 1, t(120)), t(120));
+        assert_eq!(pending_since(Some(t(130)), &s, 1, t(120)), t(120));
+        // A step executing across it: that stretch counts all the same.
+        let s = steps(vec![step("shell", "running", 0, None)]);
+        assert_eq!(secs(executed(&s, 1, Some(t(10)), t(30))), 30);
     }
 
     #[test]
@@ -187,13 +264,13 @@ mod tests {
             step("shell", "completed", 0, Some(50)),
             other_attempt,
         ]);
-        assert_eq!(secs(executed(&s, 1, t(400))), 50);
-        assert_eq!(executed(&[], 1, t(1)), Duration::ZERO);
+        assert_eq!(secs(executed(&s, 1, None, t(400))), 50);
+        assert_eq!(executed(&[], 1, None, t(1)), Duration::ZERO);
         // Executing without a wait: all of it, clamped to now.
         let s = steps(vec![step("shell", "running", 0, None)]);
-        assert_eq!(secs(executed(&s, 1, t(30))), 30);
+        assert_eq!(secs(executed(&s, 1, None, t(30))), 30);
         assert_eq!(
-            executed(&s, 1, t(30) - TimeDelta::seconds(60)),
+            executed(&s, 1, None, t(30) - TimeDelta::seconds(60)),
             Duration::ZERO
         );
     }

@@ -153,7 +153,48 @@ async fn the_claim_window_releases_a_run_whose_first_step_would_not_fit(backend:
     assert_eq!(h.status(id).await, RunStatus::Completed);
 }
 
+/// The time a run waits Pending after a deferral (a schedule's tick, a throttled wake-up) is
+/// not executed time: the run timeout counts the 3 s of step `a`, not the wait, though the
+/// handback interrupted no step (docs/design.md, "The run timeout across invocations").
+async fn the_pending_time_after_a_deferral_does_not_count_toward_the_run_timeout(backend: Backend) {
+    let h = Harness::start_on(backend).await;
+    let two = ShellWorkflow {
+        name: "two",
+        steps: vec![("a", "sleep 3".into()), ("b", "sleep 1".into())],
+    };
+    let worker = h
+        .builder()
+        .register(two)
+        .concurrency(1)
+        .max_runs_per_invocation(1)
+        .claim_ahead_percent(0)
+        .default_step_duration(Duration::from_secs(5))
+        .run_timeout(Duration::from_secs(8))
+        .build()
+        .unwrap();
+    let id = h.create("two", 0).await;
+
+    // `a` takes 3 s: `b`, expected to take 5 s, does not fit in the 4.5 s left.
+    let first = h.invoke(&worker, INVOCATION).await;
+    assert_eq!(first.runs[0].outcome, Outcome::HandedBack, "{first:?}");
+    let note = first.runs[0].error.as_deref().unwrap_or_default();
+    assert!(note.contains("step 'b' deferred"), "{note}");
+    let handed_back = h.run(id).await;
+    assert_eq!(handed_back.status.state, RunStatus::Pending);
+    let since = handed_back
+        .scheduled_at
+        .expect("the handback wrote when the wait began");
+    assert!(since <= chrono::Utc::now(), "claimable at once: {since}");
+
+    // 6 s Pending: with the 3 s of `a`, more than the 8 s timeout if the wait counted.
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    let second = h.invoke(&worker, INVOCATION).await;
+    assert_eq!(second.runs[0].outcome, Outcome::Completed, "{second:?}");
+    assert_eq!(h.status(id).await, RunStatus::Completed);
+}
+
 on_both_stores!(
+    the_pending_time_after_a_deferral_does_not_count_toward_the_run_timeout,
     a_step_that_would_not_fit_is_not_started_and_runs_next_with_a_full_budget,
     a_step_that_never_fits_still_fails_with_the_loop_guard_s_message,
     the_claim_window_releases_a_run_whose_first_step_would_not_fit,
