@@ -139,6 +139,24 @@ async fn a_401_says_only_that_the_request_is_not_authenticated() {
             "malformed signature",
             request(&body, json!({"x-signature-256": "sha1=00"}), ""),
         ),
+        // A request with a signature is judged by it alone: a good token does not save one
+        // that is wrong, malformed, or not even text.
+        (
+            "wrong signature with the token",
+            request(
+                &body,
+                json!({"x-signature-256": "sha256=00"}),
+                &format!("token={SECRET}"),
+            ),
+        ),
+        (
+            "unreadable signature with the token",
+            request(
+                &body,
+                json!({"x-signature-256": "sha256=\u{fc}"}),
+                &format!("token={SECRET}"),
+            ),
+        ),
         ("stale", signed(SECRET, &created_at("quick-shell", -3600))),
     ] {
         let (status, answer) = post(&worker, event).await;

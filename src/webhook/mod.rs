@@ -371,7 +371,12 @@ fn body_of(request: &LambdaFunctionUrlRequest) -> Result<Vec<u8>, Answer> {
     Ok(body)
 }
 
-/// A request header's value, if it is text.
+/// A request header's value, if present; one that is not visible ASCII is read as empty, not
+/// as absent (a signature that cannot be read is malformed, and a request that sends one is
+/// judged by it, never by its token).
 fn header<'a>(request: &'a LambdaFunctionUrlRequest, name: &str) -> Option<&'a str> {
-    request.headers.get(name).and_then(|v| v.to_str().ok())
+    request
+        .headers
+        .get(name)
+        .map(|v| v.to_str().unwrap_or_default())
 }
