@@ -131,6 +131,32 @@ fn without_queue(s: &Settings, set: &[&str], errors: &mut Vec<ConfigError>) {
             ),
         });
     }
+    let secret = [
+        table::WEBHOOK_SECRET.variable,
+        table::WEBHOOK_SECRET_ARN.variable,
+    ];
+    let secret: Vec<&str> = secret.into_iter().filter(|v| set.contains(v)).collect();
+    // The webhook receiver wakes the fleet through the queue: the builder would refuse it
+    // (`BuildError::WebhookWithoutWakeQueue`), reported here with the rest instead.
+    if s.wake_queue_url.is_none() && !secret.is_empty() {
+        errors.push(ConfigError::Unusable {
+            variable: table::WAKE_QUEUE_URL.variable,
+            reason: format!(
+                "{} is set, and the webhook receiver wakes the fleet through the wake queue: set \
+                 the queue's URL, or unset it to run without the receiver",
+                secret.join(" and ")
+            ),
+        });
+    }
+    let window = table::WEBHOOK_REPLAY_WINDOW.variable;
+    if secret.is_empty() && set.contains(&window) {
+        errors.push(ConfigError::Unusable {
+            variable: window,
+            reason: "it applies only to the webhook receiver: set IRONFLOW_WEBHOOK_SECRET or \
+                     IRONFLOW_WEBHOOK_SECRET_ARN, or unset it"
+                .into(),
+        });
+    }
 }
 
 /// The errors of the required variables that are not set.
@@ -144,7 +170,9 @@ fn missing(s: &Settings, errors: &mut Vec<ConfigError>) {
     if s.worker_token.expose().is_empty() && !errors_name(errors, WORKER_TOKEN_VAR) {
         errors.push(ConfigError::Missing {
             variable: WORKER_TOKEN_VAR,
-            expected: "the ironflow API's worker token (WORKER_TOKEN on the API), or                        IRONFLOW_WORKER_TOKEN_SECRET_ARN naming a Secrets Manager secret that                        holds it",
+            expected: "the ironflow API's worker token (WORKER_TOKEN on the API), or \
+                       IRONFLOW_WORKER_TOKEN_SECRET_ARN naming a Secrets Manager secret that \
+                       holds it",
         });
     }
 }

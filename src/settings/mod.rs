@@ -892,7 +892,12 @@ pub(crate) mod tests {
             assert!(!err.contains("pasted-s3cret"), "the value leaked: {err}");
         }
         let arn = "arn:aws:secretsmanager:eu-west-1:123456789012:secret:t-AbC123";
-        let s = with(&[("IRONFLOW_WEBHOOK_SECRET_ARN", arn)]).unwrap();
+        let queue = "https://sqs.eu-west-1.amazonaws.com/123456789012/q";
+        let s = with(&[
+            ("IRONFLOW_WEBHOOK_SECRET_ARN", arn),
+            ("IRONFLOW_WAKE_QUEUE_URL", queue),
+        ])
+        .unwrap();
         assert_eq!(s.webhook_secret_arn.as_deref(), Some(arn));
         let s = with(&[("IRONFLOW_ANTHROPIC_API_KEY_SECRET_ARN", arn)]).unwrap();
         assert_eq!(s.anthropic_api_key_secret_arn.as_deref(), Some(arn));
@@ -943,5 +948,84 @@ pub(crate) mod tests {
         assert!(!format!("{s:?}").contains("s3cr3t"));
         let err = Settings::from_lookup(lookup(&[("IRONFLOW_API_URL", "ftp://x")])).unwrap_err();
         assert!(!err.to_string().contains("s3cr3t"));
+    }
+
+    /// [`with`], and a wake queue.
+    fn with_queue(pairs: &[(&str, &str)]) -> Result<Settings, String> {
+        let mut vars = vec![(
+            "IRONFLOW_WAKE_QUEUE_URL",
+            "https://sqs.eu-west-1.amazonaws.com/123456789012/q",
+        )];
+        vars.extend_from_slice(pairs);
+        with(&vars)
+    }
+
+    #[test]
+    fn a_webhook_setting_that_cannot_work_is_reported_with_the_rest() {
+        let secret = "a-receiver-secret-of-at-least-32-characters";
+        let arn = "arn:aws:secretsmanager:us-east-1:123456789012:secret:webhook-AbCdEf";
+        let no_queue = |extra: &[(&str, &str)]| {
+            let mut vars = vec![
+                ("IRONFLOW_API_URL", "http://127.0.0.1:3000"),
+                ("IRONFLOW_WORKER_TOKEN", "s3cr3t-token"),
+                ("IRONFLOW_MAX_RUNS_PER_INVOCATION", "0"),
+            ];
+            vars.extend_from_slice(extra);
+            Settings::from_lookup(lookup(&vars)).map_err(|e| e.to_string())
+        };
+        for (what, extra) in [
+            ("secret", vec![("IRONFLOW_WEBHOOK_SECRET", secret)]),
+            ("secret ARN", vec![("IRONFLOW_WEBHOOK_SECRET_ARN", arn)]),
+            (
+                "receiver",
+                vec![
+                    ("IRONFLOW_FUNCTION_ROLE", "webhook-receiver"),
+                    ("IRONFLOW_WEBHOOK_SECRET_ARN", arn),
+                ],
+            ),
+        ] {
+            let err = no_queue(&extra).unwrap_err();
+            // Beside another problem, at once: not after it is fixed.
+            assert!(
+                err.contains("IRONFLOW_MAX_RUNS_PER_INVOCATION"),
+                "{what}: {err}"
+            );
+            assert!(
+                err.contains("IRONFLOW_WAKE_QUEUE_URL cannot work")
+                    && err.contains("the webhook receiver wakes the fleet"),
+                "{what}: {err}"
+            );
+            assert!(
+                !err.contains(secret),
+                "{what}: the secret is never shown: {err}"
+            );
+        }
+        // With the queue, the secret is accepted; the window with a secret, not without.
+        with_queue(&[("IRONFLOW_WEBHOOK_SECRET", secret)]).unwrap();
+        let window = ("IRONFLOW_WEBHOOK_REPLAY_WINDOW_SECS", "60");
+        with_queue(&[("IRONFLOW_WEBHOOK_SECRET", secret), window]).unwrap();
+        let err = with_queue(&[window]).unwrap_err();
+        assert!(
+            err.contains("IRONFLOW_WEBHOOK_REPLAY_WINDOW_SECS") && err.contains("applies only"),
+            "{err}"
+        );
+        // Even at its default, as the wake-up variables without a queue.
+        with_queue(&[("IRONFLOW_WEBHOOK_REPLAY_WINDOW_SECS", "300")]).unwrap_err();
+    }
+
+    #[test]
+    fn every_message_reads_as_one_sentence() {
+        // An empty token: its message once carried the indentation of a wrapped literal.
+        let err = Settings::from_lookup(lookup(&[
+            ("IRONFLOW_API_URL", "http://127.0.0.1:3000"),
+            ("IRONFLOW_WORKER_TOKEN", " "),
+        ]))
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.contains("IRONFLOW_WORKER_TOKEN_SECRET_ARN naming"),
+            "{err}"
+        );
+        assert!(!err.contains("  "), "no run of spaces: {err}");
     }
 }
