@@ -27,18 +27,12 @@ const CAPACITY_WAIT_STEP_ERROR: &str = "waiting for provider capacity";
 /// - a step that suspends the run had just ended: a `ctx.delay` that set a wake-up, an agent
 ///   step parked on a capacity wait, a step interrupted by a handback or the API's reaper (the
 ///   run was Pending between two invocations), or
-/// - it is `pending_since`, the run's `scheduled_at` as the last handback wrote it
-///   ([`pending_since`]): the run was Pending from then, whether or not the handback
-///   interrupted a step (a deferred step was never created).
+/// - a handback that interrupted no step (a deferred step was never created) recorded it as
+///   the instant the run began to wait ([`handback_mark`]).
 ///
 /// Zero for an attempt with no step. Instants are clamped to `now` (the API's clock may run
 /// ahead of ours).
-pub(crate) fn executed(
-    steps: &[Step],
-    attempt: u32,
-    pending_since: Option<DateTime<Utc>>,
-    now: DateTime<Utc>,
-) -> Duration {
+pub(crate) fn executed(steps: &[Step], attempt: u32, now: DateTime<Utc>) -> Duration {
     let steps: Vec<&Step> = steps.iter().filter(|s| s.attempt == attempt).collect();
     let mut instants: Vec<DateTime<Utc>> = steps
         .iter()
@@ -53,48 +47,83 @@ pub(crate) fn executed(
     if instants.is_empty() {
         return Duration::ZERO;
     }
-    let pending_since = pending_since.map(|at| at.min(now));
-    instants.extend(pending_since);
+    let handed_back: Vec<DateTime<Utc>> = steps
+        .iter()
+        .flat_map(|s| handed_back_at(s))
+        .map(|at| at.min(now))
+        .collect();
+    instants.extend(&handed_back);
     instants.push(now);
     instants.sort_unstable();
     instants.dedup();
     instants
         .windows(2)
-        .filter(|w| !waited(&steps, pending_since, w[0], w[1], now))
+        .filter(|w| !waited(&steps, &handed_back, w[0], w[1], now))
         .map(|w| (w[1] - w[0]).to_std().unwrap_or_default())
         .fold(Duration::ZERO, Duration::saturating_add)
 }
 
-/// The `scheduled_at` a handback at `now` (the API's clock) writes with Pending, for
-/// [`executed`] to find where the wait began: `now`, or the instant an earlier handback wrote
-/// (`scheduled`) when the attempt's `steps` record nothing after it. Then this invocation
-/// created no step (a run claimed late and deferred again, or cut in its replay): its time
-/// counts as the replay's does, not at all, and the Pending time before it stays a wait.
+/// The key of the debug message in which a handback that interrupted no step records when the
+/// run began to wait: `{"ironflow_lambda_handed_back_at": "<RFC 3339 instant>"}`.
+pub(crate) const HANDED_BACK_KEY: &str = "ironflow_lambda_handed_back_at";
+
+/// The most a step's debug messages may weigh, serialized, for a handback to add its mark to
+/// them: 64 KiB (the write sends them whole).
+pub(crate) const MAX_MARKED_BYTES: usize = 64 * 1024;
+
+/// Where a handback at `at` that interrupted no step records that the run begins to wait (read
+/// back by [`executed`]): one step of the attempt `attempt` among `steps`, the one whose debug
+/// messages weigh least, and its debug messages with the mark added (those it had kept, in
+/// order). Which step carries it does not matter: the mark is an instant of the attempt.
 ///
-/// Invariant: the result is at most `now`, so the run is claimable at once.
-pub(crate) fn pending_since(
-    scheduled: Option<DateTime<Utc>>,
+/// `None` when a step of the attempt is still Running (its interruption marks the wait), when
+/// the attempt has no step (nothing before its first step counts), or when every step's debug
+/// messages weigh more than [`MAX_MARKED_BYTES`]; the Pending time then counts until the next
+/// step, as docs/design.md says.
+pub(crate) fn handback_mark(
     steps: &[Step],
     attempt: u32,
-    now: DateTime<Utc>,
-) -> DateTime<Utc> {
-    let mut instants = steps
-        .iter()
-        .filter(|s| s.attempt == attempt)
-        .flat_map(|s| [Some(s.created_at), s.started_at, s.completed_at])
-        .flatten()
-        .peekable();
-    let recorded = instants.peek().is_some();
-    match scheduled {
-        Some(at) if at <= now && recorded && instants.all(|i| i <= at) => at,
-        _ => now,
+    at: DateTime<Utc>,
+) -> Option<(uuid::Uuid, serde_json::Value)> {
+    let steps: Vec<&Step> = steps.iter().filter(|s| s.attempt == attempt).collect();
+    if steps.iter().any(|s| s.status.state == StepStatus::Running) {
+        return None;
     }
+    let (step, weight) = steps
+        .iter()
+        .map(|s| {
+            (
+                *s,
+                s.debug_messages.as_ref().map_or(0, |m| m.to_string().len()),
+            )
+        })
+        .min_by_key(|(_, weight)| *weight)?;
+    if weight > MAX_MARKED_BYTES {
+        return None;
+    }
+    let mut messages = match step.debug_messages.clone() {
+        Some(serde_json::Value::Array(messages)) => messages,
+        None | Some(serde_json::Value::Null) => Vec::new(),
+        Some(other) => vec![other],
+    };
+    messages.push(serde_json::json!({ HANDED_BACK_KEY: at }));
+    Some((step.id, serde_json::Value::Array(messages)))
+}
+
+/// The instants handbacks recorded on `step` ([`handback_mark`]).
+fn handed_back_at(step: &Step) -> impl Iterator<Item = DateTime<Utc>> + '_ {
+    step.debug_messages
+        .as_ref()
+        .and_then(|m| m.as_array())
+        .into_iter()
+        .flatten()
+        .filter_map(|m| m.get(HANDED_BACK_KEY)?.as_str()?.parse().ok())
 }
 
 /// Whether the run waited from `from` to `to` (see [`executed`]).
 fn waited(
     steps: &[&Step],
-    pending_since: Option<DateTime<Utc>>,
+    handed_back: &[DateTime<Utc>],
     from: DateTime<Utc>,
     to: DateTime<Utc>,
     now: DateTime<Utc>,
@@ -115,7 +144,7 @@ fn waited(
             && s.completed_at.unwrap_or(now) > from
     });
     waiting_open
-        || pending_since == Some(from)
+        || handed_back.contains(&from)
         || steps
             .iter()
             .any(|s| suspends(s) && s.completed_at.map(|at| at.min(now)) == Some(from))
@@ -189,13 +218,13 @@ mod tests {
             step("signal", "completed", 2, Some(100)),
             after,
         ]);
-        assert_eq!(secs(executed(&s, 1, None, t(305))), 2 + 5);
+        assert_eq!(secs(executed(&s, 1, t(305))), 2 + 5);
         // Still waiting at the claim: nothing after the wait's start counts.
         let s = steps(vec![
             step("shell", "completed", 0, Some(2)),
             step("human_input", "awaiting_approval", 2, None),
         ]);
-        assert_eq!(secs(executed(&s, 1, None, t(5000))), 2);
+        assert_eq!(secs(executed(&s, 1, t(5000))), 2);
     }
 
     #[test]
@@ -210,14 +239,22 @@ mod tests {
             // Taken up at 700, handed back at 710 (its step interrupted), again at 900.
             interrupted,
         ]);
-        assert_eq!(secs(executed(&s, 1, None, t(900))), 3 + 10);
+        assert_eq!(secs(executed(&s, 1, t(900))), 3 + 10);
         // An agent step parked on a capacity wait: the run sleeps from its end.
         let mut parked = step("agent", "failed", 0, Some(4));
         parked["error"] = json!(CAPACITY_WAIT_STEP_ERROR);
-        assert_eq!(secs(executed(&steps(vec![parked]), 1, None, t(500))), 4);
+        assert_eq!(secs(executed(&steps(vec![parked]), 1, t(500))), 4);
         // A zero delay (no wake-up) does not suspend: what follows it executes.
         let s = steps(vec![step("delay", "completed", 0, Some(0))]);
-        assert_eq!(secs(executed(&s, 1, None, t(40))), 40);
+        assert_eq!(secs(executed(&s, 1, t(40))), 40);
+    }
+
+    /// `steps` with the mark of a handback at `at` written where [`handback_mark`] puts it.
+    fn marked(mut steps: Vec<Step>, at: i64) -> Vec<Step> {
+        let (id, messages) = handback_mark(&steps, 1, t(at)).expect("a step to mark");
+        let step = steps.iter_mut().find(|s| s.id == id).expect("one of them");
+        step.debug_messages = Some(messages);
+        steps
     }
 
     #[test]
@@ -225,33 +262,54 @@ mod tests {
         // 3 s of shell, its next step deferred (never created): handed back at 4, Pending
         // until the claim at 100.
         let s = steps(vec![step("shell", "completed", 0, Some(3))]);
-        assert_eq!(pending_since(None, &s, 1, t(4)), t(4));
-        assert_eq!(secs(executed(&s, 1, Some(t(4)), t(100))), 4);
-        // Without the handback's instant, the Pending time counts (the old reading).
-        assert_eq!(secs(executed(&s, 1, None, t(100))), 100);
-        // Claimed at 100 and deferred again at 101 before any step: the wait began at 4.
-        assert_eq!(pending_since(Some(t(4)), &s, 1, t(101)), t(4));
-        assert_eq!(secs(executed(&s, 1, Some(t(4)), t(300))), 4);
-        // A step since the earlier handback: the wait begins at this one.
-        let s = steps(vec![
-            step("shell", "completed", 0, Some(3)),
-            step("shell", "completed", 100, Some(110)),
-        ]);
-        assert_eq!(pending_since(Some(t(4)), &s, 1, t(111)), t(111));
-        // From it on, nothing counts (the earlier wait, 4 to 100, is no longer marked: the
-        // limit docs/design.md states).
         assert_eq!(
-            executed(&s, 1, Some(t(111)), t(500)),
-            executed(&s, 1, None, t(111))
+            secs(executed(&s, 1, t(100))),
+            100,
+            "unmarked, the wait counts"
         );
-        // An instant another write left (a retry's backoff, before the attempt's steps, or
-        // ahead of the API's clock) is not kept.
-        assert_eq!(pending_since(Some(t(-50)), &[], 1, t(5)), t(5));
-        assert_eq!(pending_since(Some(t(9)), &s, 1, t(120)), t(120));
-        assert_eq!(pending_since(Some(t(130)), &s, 1, t(120)), t(120));
-        // A step executing across it: that stretch counts all the same.
-        let s = steps(vec![step("shell", "running", 0, None)]);
-        assert_eq!(secs(executed(&s, 1, Some(t(10)), t(30))), 30);
+        let s = marked(s, 4);
+        assert_eq!(secs(executed(&s, 1, t(100))), 4);
+        // Claimed at 100 and deferred again at 101 before any step: both marks stay (the
+        // second invocation's second counts no more than a replay does).
+        let s = marked(s, 101);
+        assert_eq!(secs(executed(&s, 1, t(300))), 4);
+        // Then 10 s of a step, handed back after it at 311 and claimed at 500: every wait
+        // of the attempt is still one.
+        let mut s = s;
+        s.extend(steps(vec![step("shell", "completed", 300, Some(310))]));
+        let s = marked(s, 311);
+        assert_eq!(secs(executed(&s, 1, t(500))), 3 + 1 + 10 + 1);
+        // A step executing across a mark: that stretch counts all the same.
+        let mut running = steps(vec![step("shell", "running", 0, None)]);
+        running[0].debug_messages =
+            Some(json!([{ HANDED_BACK_KEY: t(10) }, {"role": "assistant"}]));
+        assert_eq!(secs(executed(&running, 1, t(30))), 30);
+    }
+
+    #[test]
+    fn a_handback_marks_the_lightest_step_and_keeps_its_messages() {
+        let mut s = steps(vec![
+            step("agent", "completed", 0, Some(3)),
+            step("shell", "completed", 3, Some(4)),
+        ]);
+        s[0].debug_messages = Some(json!([{"role": "user", "content": "long"}]));
+        s[1].debug_messages = Some(json!([{"note": 1}]));
+        let (id, messages) = handback_mark(&s, 1, t(5)).unwrap();
+        assert_eq!(id, s[1].id);
+        assert_eq!(messages, json!([{"note": 1}, { HANDED_BACK_KEY: t(5) }]));
+        // A step still running is marked by its interruption instead; no step, no mark.
+        let running = steps(vec![step("shell", "running", 0, None)]);
+        assert_eq!(handback_mark(&running, 1, t(5)), None);
+        assert_eq!(handback_mark(&[], 1, t(5)), None);
+        // Nor on messages too heavy to send again.
+        let mut heavy = steps(vec![step("agent", "completed", 0, Some(3))]);
+        heavy[0].debug_messages = Some(json!(["x".repeat(MAX_MARKED_BYTES)]));
+        assert_eq!(handback_mark(&heavy, 1, t(5)), None);
+        // Messages that are not a list are kept as its first element.
+        let mut odd = steps(vec![step("shell", "completed", 0, Some(3))]);
+        odd[0].debug_messages = Some(json!({"k": "v"}));
+        let (_, messages) = handback_mark(&odd, 1, t(5)).unwrap();
+        assert_eq!(messages, json!([{"k": "v"}, { HANDED_BACK_KEY: t(5) }]));
     }
 
     #[test]
@@ -264,13 +322,13 @@ mod tests {
             step("shell", "completed", 0, Some(50)),
             other_attempt,
         ]);
-        assert_eq!(secs(executed(&s, 1, None, t(400))), 50);
-        assert_eq!(executed(&[], 1, None, t(1)), Duration::ZERO);
+        assert_eq!(secs(executed(&s, 1, t(400))), 50);
+        assert_eq!(executed(&[], 1, t(1)), Duration::ZERO);
         // Executing without a wait: all of it, clamped to now.
         let s = steps(vec![step("shell", "running", 0, None)]);
-        assert_eq!(secs(executed(&s, 1, None, t(30))), 30);
+        assert_eq!(secs(executed(&s, 1, t(30))), 30);
         assert_eq!(
-            executed(&s, 1, None, t(30) - TimeDelta::seconds(60)),
+            executed(&s, 1, t(30) - TimeDelta::seconds(60)),
             Duration::ZERO
         );
     }

@@ -507,7 +507,7 @@ async fn executed_before(ctx: &Invocation, run: &Run, claimed_at: DateTime<Utc>)
         .within(ctx.budget.cutoff(), Some(ctx.key(run.id)), read)
         .await
     {
-        Ok(steps) => attempt_time::executed(&steps, attempt, run.scheduled_at, claimed_at),
+        Ok(steps) => attempt_time::executed(&steps, attempt, claimed_at),
         Err(e) => {
             warn!(error = %e, "could not list steps to find the attempt's executed time");
             Duration::ZERO

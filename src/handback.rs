@@ -30,11 +30,11 @@
 //!    for one the loop guard counts, another word for one it does not (so that later handbacks
 //!    do not count it either). An interruption without the mark is the API's reaper's: the
 //!    poison pill tells by it that a recovered run's dead holder had started a step
-//!    ([`crate::poison::recovery`]);
-//! 4. write Pending, adding this invocation's time to the run's `duration_ms`, with the instant
-//!    the run began to wait as its `scheduled_at` (the API's clock at step 1, or an earlier
-//!    handback's: [`attempt_time::pending_since`]), so that the next claim does not count the
-//!    Pending time toward the run timeout when no interrupted step marks it (a deferral).
+//!    ([`crate::poison::recovery`]). With no step Running (a deferral, a cut outside any step),
+//!    record instead when the run begins to wait, in a debug message of one of the attempt's
+//!    steps ([`attempt_time::handback_mark`]), so that the run timeout does not count the time
+//!    it waits Pending;
+//! 4. write Pending, adding this invocation's time to the run's `duration_ms`.
 //!
 //! A step the execution left Running that cannot be marked interrupted keeps the run from
 //! being written Pending (its replay would take the Running step for a finished one). When a
@@ -49,7 +49,7 @@
 
 use std::time::Duration;
 
-use chrono::{DateTime, TimeDelta, Utc};
+use chrono::{DateTime, Utc};
 use ironflow_store::entities::Run;
 use ironflow_store::entities::{RunStatus, RunUpdate, Step, StepStatus, StepUpdate};
 use ironflow_store::error::StoreError;
@@ -156,24 +156,24 @@ impl Invocation {
 
     async fn hand_back_steps(&self, h: &Handback<'_>) -> Fate {
         // 1. The lease.
-        let api_now = match self.confirm_lease(h.target).await {
-            Ok(api_now) => api_now,
-            Err(fate) => return not_confirmed(fate, &h.why),
-        };
+        if let Err(fate) = self.confirm_lease(h.target).await {
+            return not_confirmed(fate, &h.why);
+        }
         // 2. The loop guard.
         let guarded = match self.guard(h).await {
             Ok(guarded) => guarded,
             Err(fate) => return fate,
         };
-        // 3. The steps left Running.
+        // 3. The steps left Running, or when the run begins to wait.
         let mark = h.why.mark(guarded.counted, guarded.progressed);
         if let Err(e) = self.interrupt_running_steps(&guarded.steps, mark).await {
             return reaper(format!(
                 "could not mark the running steps interrupted ({e})"
             ));
         }
+        self.mark_the_wait(&guarded).await;
         // 4. Pending.
-        self.write_pending(h, &guarded, api_now).await
+        self.write_pending(h, &guarded.run).await
     }
 
     /// Step 2: the loop guard, at a counted cutoff. The run whose lease is held and its
@@ -219,26 +219,14 @@ impl Invocation {
         })
     }
 
-    /// Step 4: write the run Pending, adding this invocation's time to its `duration_ms`, and
-    /// when it began to wait (`api_now`, the API's clock at step 1, or an earlier handback's
-    /// instant: [`attempt_time::pending_since`]) as its `scheduled_at`.
-    async fn write_pending(
-        &self,
-        h: &Handback<'_>,
-        guarded: &Guarded,
-        api_now: DateTime<Utc>,
-    ) -> Fate {
-        let run = &guarded.run;
+    /// Step 4: write the run Pending, adding this invocation's time to its `duration_ms`.
+    async fn write_pending(&self, h: &Handback<'_>, run: &Run) -> Fate {
         let executed_ms = u64::try_from(h.executed.as_millis())
             .unwrap_or(u64::MAX)
             .max(1);
-        let attempt = run.retry_count.saturating_add(1);
-        let waits_from =
-            attempt_time::pending_since(run.scheduled_at, &guarded.steps, attempt, api_now);
         let update = RunUpdate {
             status: Some(RunStatus::Pending),
             duration_ms: Some(run.duration_ms.saturating_add(executed_ms)),
-            scheduled_at: Some(waits_from),
             ..RunUpdate::default()
         };
         let target = h.target;
@@ -293,17 +281,12 @@ fn reaper(what: String) -> Fate {
 
 impl Invocation {
     /// Step 1 of a handback or release: confirm the lease is still this invocation's
-    /// (`renew_lease`, retried within the caller's scope). The API's clock at the renewal (the
-    /// new expiry less the TTL; ours where that cannot be computed), or `Err` with the fate
-    /// when the lease is not this invocation's: cancelled, someone else's, or unconfirmable
-    /// (the API keeps failing: the reaper's).
-    async fn confirm_lease(&self, run_id: Uuid) -> Result<DateTime<Utc>, Fate> {
+    /// (`renew_lease`, retried within the caller's scope). `Err` with the fate when it is not:
+    /// cancelled, someone else's, or unconfirmable (the API keeps failing: the reaper's).
+    async fn confirm_lease(&self, run_id: Uuid) -> Result<(), Fate> {
         let calls = &self.calls;
         match calls.store.renew_lease(run_id, self.lease.clone()).await {
-            Ok(expires_at) => Ok(TimeDelta::from_std(self.lease.ttl)
-                .ok()
-                .and_then(|ttl| expires_at.checked_sub_signed(ttl))
-                .unwrap_or_else(Utc::now)),
+            Ok(_) => Ok(()),
             Err(StoreError::LeaseLost { held_by, .. }) => {
                 let status = match calls.store.get_run(run_id).await {
                     Ok(Some(run)) => Some(run.status.state),
@@ -351,6 +334,31 @@ impl Invocation {
             info!(step = %step.name, position = step.position, "interrupted step will be executed again");
         }
         Ok(())
+    }
+}
+
+impl Invocation {
+    /// Step 3, with no step Running: record on one of the attempt's steps that the run begins
+    /// to wait now ([`attempt_time::handback_mark`]). A write that fails costs only the run
+    /// timeout's reading of this wait (it then counts, until the next step): the handback goes
+    /// on.
+    async fn mark_the_wait(&self, guarded: &Guarded) {
+        let attempt = guarded.run.retry_count.saturating_add(1);
+        let Some((step_id, messages)) =
+            attempt_time::handback_mark(&guarded.steps, attempt, Utc::now())
+        else {
+            return;
+        };
+        let update = StepUpdate {
+            debug_messages: Some(messages),
+            ..StepUpdate::default()
+        };
+        if let Err(e) = self.calls.store.update_step(step_id, update).await {
+            warn!(
+                error = %e,
+                "could not record when the run began to wait: the run timeout counts its wait until its next step"
+            );
+        }
     }
 }
 

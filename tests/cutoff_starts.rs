@@ -154,42 +154,54 @@ async fn the_claim_window_releases_a_run_whose_first_step_would_not_fit(backend:
 }
 
 /// The time a run waits Pending after a deferral (a schedule's tick, a throttled wake-up) is
-/// not executed time: the run timeout counts the 3 s of step `a`, not the wait, though the
-/// handback interrupted no step (docs/design.md, "The run timeout across invocations").
+/// not executed time, though the handback interrupted no step, and every such wait of the
+/// attempt stays one after later handbacks (docs/design.md, "The run timeout across
+/// invocations"): the 10 s timeout counts the 7 s of the steps, not the 4 s wait.
 async fn the_pending_time_after_a_deferral_does_not_count_toward_the_run_timeout(backend: Backend) {
     let h = Harness::start_on(backend).await;
-    let two = ShellWorkflow {
-        name: "two",
-        steps: vec![("a", "sleep 3".into()), ("b", "sleep 1".into())],
+    let three = ShellWorkflow {
+        name: "three",
+        steps: vec![
+            ("a", "sleep 3".into()),
+            ("b", "sleep 3".into()),
+            ("c", "sleep 1".into()),
+        ],
     };
     let worker = h
         .builder()
-        .register(two)
+        .register(three)
         .concurrency(1)
         .max_runs_per_invocation(1)
         .claim_ahead_percent(0)
         .default_step_duration(Duration::from_secs(5))
-        .run_timeout(Duration::from_secs(8))
+        .run_timeout(Duration::from_secs(10))
         .build()
         .unwrap();
-    let id = h.create("two", 0).await;
+    let id = h.create("three", 0).await;
+    let deferred = |summary: &ironflow_lambda::InvocationSummary, step: &str| {
+        assert_eq!(summary.runs[0].outcome, Outcome::HandedBack, "{summary:?}");
+        let note = summary.runs[0].error.as_deref().unwrap_or_default();
+        assert!(note.contains(&format!("step '{step}' deferred")), "{note}");
+    };
 
     // `a` takes 3 s: `b`, expected to take 5 s, does not fit in the 4.5 s left.
-    let first = h.invoke(&worker, INVOCATION).await;
-    assert_eq!(first.runs[0].outcome, Outcome::HandedBack, "{first:?}");
-    let note = first.runs[0].error.as_deref().unwrap_or_default();
-    assert!(note.contains("step 'b' deferred"), "{note}");
-    let handed_back = h.run(id).await;
-    assert_eq!(handed_back.status.state, RunStatus::Pending);
-    let since = handed_back
-        .scheduled_at
-        .expect("the handback wrote when the wait began");
-    assert!(since <= chrono::Utc::now(), "claimable at once: {since}");
+    deferred(&h.invoke(&worker, INVOCATION).await, "b");
+    assert_eq!(h.status(id).await, RunStatus::Pending);
+    let steps = h.steps(id).await;
+    let marked = steps[0].debug_messages.as_ref().and_then(|m| m.as_array());
+    assert!(
+        marked.is_some_and(|m| m
+            .iter()
+            .any(|m| m.get("ironflow_lambda_handed_back_at").is_some())),
+        "the handback recorded when the wait began: {steps:?}"
+    );
 
-    // 6 s Pending: with the 3 s of `a`, more than the 8 s timeout if the wait counted.
-    tokio::time::sleep(Duration::from_secs(6)).await;
-    let second = h.invoke(&worker, INVOCATION).await;
-    assert_eq!(second.runs[0].outcome, Outcome::Completed, "{second:?}");
+    // 4 s Pending: with the 3 s of `a` and the 3 of `b`, more than the timeout if it counted.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    // `b` takes 3 s: `c` does not fit either.
+    deferred(&h.invoke(&worker, INVOCATION).await, "c");
+    let last = h.invoke(&worker, INVOCATION).await;
+    assert_eq!(last.runs[0].outcome, Outcome::Completed, "{last:?}");
     assert_eq!(h.status(id).await, RunStatus::Completed);
 }
 
