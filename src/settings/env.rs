@@ -112,48 +112,24 @@ fn invalid(v: &Variable, expected: Cow<'static, str>, raw: &str) -> ConfigError 
     }
 }
 
-/// A variable set without the one it works with, even to its default: it would be ignored
-/// without a word, or refused by the builder only once the rest is fixed
-/// ([`Settings::validate`] sees only values that differ from the defaults, as the builder
-/// cannot tell a default from a value set to it):
-/// - a wake-up variable without a wake queue;
-/// - a webhook secret without a wake queue: the receiver wakes the fleet through it (the
-///   builder's `BuildError::WebhookWithoutWakeQueue`);
-/// - the webhook replay window without a webhook secret.
+/// A wake-up variable set without a queue, even to its default: it would be ignored without a
+/// word ([`Settings::validate`] sees only values that differ from the defaults, as the builder
+/// cannot tell a default from a value set to it).
 fn without_queue(s: &Settings, set: &[&str], errors: &mut Vec<ConfigError>) {
-    let given = |vars: &[&'static str]| -> Vec<&'static str> {
-        vars.iter().copied().filter(|v| set.contains(v)).collect()
-    };
-    let mut unusable = |variable: &'static str, given: &[&str], why: &str| {
-        errors.push(ConfigError::Unusable {
-            variable,
-            reason: format!("{} is set, and {why}", given.join(" and ")),
-        });
-    };
-    let wake = given(&[
+    let wake = [
         table::MAX_WAKEUPS_PER_INVOCATION.variable,
         table::WAKE_DELAY.variable,
-    ]);
-    let secret = given(&[
-        table::WEBHOOK_SECRET.variable,
-        table::WEBHOOK_SECRET_ARN.variable,
-    ]);
-    let window = given(&[table::WEBHOOK_REPLAY_WINDOW.variable]);
-    let queue = table::WAKE_QUEUE_URL.variable;
-    if s.wake_queue_url.is_none() && !wake.is_empty() {
-        let why = "applies only to a wake queue: set the queue's URL, or unset it to send no \
-                   wake-ups";
-        unusable(queue, &wake, why);
-    }
-    if s.wake_queue_url.is_none() && !secret.is_empty() {
-        let why = "the webhook receiver wakes the fleet through the wake queue: set the \
-                   queue's URL, or unset it to run without the receiver";
-        unusable(queue, &secret, why);
-    }
-    if secret.is_empty() && !window.is_empty() {
-        let why = "applies only to the webhook receiver: set IRONFLOW_WEBHOOK_SECRET or \
-                   IRONFLOW_WEBHOOK_SECRET_ARN, or unset it";
-        unusable(table::WEBHOOK_REPLAY_WINDOW.variable, &window, why);
+    ];
+    let given: Vec<&str> = wake.into_iter().filter(|v| set.contains(v)).collect();
+    if s.wake_queue_url.is_none() && !given.is_empty() {
+        errors.push(ConfigError::Unusable {
+            variable: table::WAKE_QUEUE_URL.variable,
+            reason: format!(
+                "{} is set, and applies only to a wake queue: set the queue's URL, or unset it \
+                 to send no wake-ups",
+                given.join(" and ")
+            ),
+        });
     }
 }
 
