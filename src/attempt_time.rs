@@ -19,19 +19,20 @@ const CAPACITY_WAIT_STEP_ERROR: &str = "waiting for provider capacity";
 /// How long the attempt `attempt` of a run executed until `now`, from its `steps` (every
 /// attempt's; the others are ignored): the time from the attempt's first step to `now`, less
 /// every stretch in which the run waited instead of executing. A stretch between two
-/// consecutive instants the steps record (a step's creation, start or end, and `now`) is a wait
-/// when no step that executes (any kind but a waiting one or a sub-workflow) runs across it,
-/// and at its start either
+/// consecutive instants the steps record (a step's creation, start or end, a handback's mark,
+/// and `now`) is a wait when no step that executes (any kind but a waiting one or a
+/// sub-workflow) runs across it, nor an invocation that a handback's mark says executed the run
+/// across it (from when it took the run up to its handback), and at its start either
 /// - a waiting step (a signal, an approval or a human input) was open (from its start until it
 ///   was answered, or `now`): its own interval and the run's sleep after it, or
 /// - a step that suspends the run had just ended: a `ctx.delay` that set a wake-up, an agent
 ///   step parked on a capacity wait, a step interrupted by a handback or the API's reaper (the
 ///   run was Pending between two invocations), or
-/// - a handback that interrupted no step (a deferred step was never created) recorded it as
-///   the instant the run began to wait ([`handback_mark`]).
+/// - a handback that interrupted no step (a deferred step was never created, a cut outside any
+///   step) recorded it as the instant the run began to wait ([`handback_mark`]).
 ///
-/// Zero for an attempt with no step. Instants are clamped to `now` (the API's clock may run
-/// ahead of ours).
+/// A step left Pending (created, its start never written) executes nothing. Zero for an attempt
+/// with no step. Instants are clamped to `now` (the API's clock may run ahead of ours).
 pub(crate) fn executed(steps: &[Step], attempt: u32, now: DateTime<Utc>) -> Duration {
     let steps: Vec<&Step> = steps.iter().filter(|s| s.attempt == attempt).collect();
     let mut instants: Vec<DateTime<Utc>> = steps
@@ -47,34 +48,55 @@ pub(crate) fn executed(steps: &[Step], attempt: u32, now: DateTime<Utc>) -> Dura
     if instants.is_empty() {
         return Duration::ZERO;
     }
-    let handed_back: Vec<DateTime<Utc>> = steps
+    let marks: Vec<Mark> = steps
         .iter()
-        .flat_map(|s| handed_back_at(s))
-        .map(|at| at.min(now))
+        .flat_map(|s| marks_on(s))
+        .map(|m| Mark {
+            taken_up: m.taken_up.min(now),
+            handed_back: m.handed_back.min(now),
+        })
         .collect();
-    instants.extend(&handed_back);
+    instants.extend(marks.iter().flat_map(|m| [m.taken_up, m.handed_back]));
     instants.push(now);
     instants.sort_unstable();
     instants.dedup();
     instants
         .windows(2)
-        .filter(|w| !waited(&steps, &handed_back, w[0], w[1], now))
+        .filter(|w| !waited(&steps, &marks, w[0], w[1], now))
         .map(|w| (w[1] - w[0]).to_std().unwrap_or_default())
         .fold(Duration::ZERO, Duration::saturating_add)
 }
 
 /// The key of the debug message in which a handback that interrupted no step records when the
-/// run began to wait: `{"ironflow_lambda_handed_back_at": "<RFC 3339 instant>"}`.
+/// run began to wait, beside [`TAKEN_UP_KEY`]: `{"ironflow_lambda_handed_back_at": "<RFC 3339
+/// instant>", "ironflow_lambda_taken_up_at": "<RFC 3339 instant>"}`.
 pub(crate) const HANDED_BACK_KEY: &str = "ironflow_lambda_handed_back_at";
+
+/// The key of the instant the invocation that handed the run back took it up, in the same
+/// debug message: the run executed from then to the handback, steps or not.
+pub(crate) const TAKEN_UP_KEY: &str = "ironflow_lambda_taken_up_at";
+
+/// What one handback that interrupted no step recorded ([`handback_mark`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Mark {
+    /// When its invocation took the run up: the run executed from then…
+    taken_up: DateTime<Utc>,
+    /// …to then, when it began to wait.
+    handed_back: DateTime<Utc>,
+}
 
 /// The most a step's debug messages may weigh, serialized, for a handback to add its mark to
 /// them: 64 KiB (the write sends them whole).
 pub(crate) const MAX_MARKED_BYTES: usize = 64 * 1024;
 
-/// Where a handback at `at` that interrupted no step records that the run begins to wait (read
-/// back by [`executed`]): one step of the attempt `attempt` among `steps`, the one whose debug
-/// messages weigh least, and its debug messages with the mark added (those it had kept, in
-/// order). Which step carries it does not matter: the mark is an instant of the attempt.
+/// Where a handback at `at` that interrupted no step records that the run executed from
+/// `taken_up` (when its invocation took it up) and begins to wait (read back by [`executed`]):
+/// one step of the attempt `attempt` among `steps`, the one whose debug messages weigh least,
+/// its debug messages with the mark added (those it had kept, in order), and the mark's
+/// instant: `at`, or the latest instant the steps record if that is later (the API's clock,
+/// which stamps `created_at`, may run ahead of ours; a mark before an instant would not begin
+/// the last stretch). Which step carries it does not matter: the mark is a stretch of the
+/// attempt.
 ///
 /// `None` when a step of the attempt is still Running (its interruption marks the wait), when
 /// the attempt has no step (nothing before its first step counts), or when every step's debug
@@ -83,12 +105,18 @@ pub(crate) const MAX_MARKED_BYTES: usize = 64 * 1024;
 pub(crate) fn handback_mark(
     steps: &[Step],
     attempt: u32,
+    taken_up: DateTime<Utc>,
     at: DateTime<Utc>,
-) -> Option<(uuid::Uuid, serde_json::Value)> {
+) -> Option<(uuid::Uuid, serde_json::Value, DateTime<Utc>)> {
     let steps: Vec<&Step> = steps.iter().filter(|s| s.attempt == attempt).collect();
     if steps.iter().any(|s| s.status.state == StepStatus::Running) {
         return None;
     }
+    let at = steps
+        .iter()
+        .flat_map(|s| [Some(s.created_at), s.started_at, s.completed_at])
+        .flatten()
+        .fold(at, DateTime::max);
     let (step, weight) = steps
         .iter()
         .map(|s| {
@@ -106,36 +134,61 @@ pub(crate) fn handback_mark(
         None | Some(serde_json::Value::Null) => Vec::new(),
         Some(other) => vec![other],
     };
-    messages.push(serde_json::json!({ HANDED_BACK_KEY: at }));
-    Some((step.id, serde_json::Value::Array(messages)))
+    messages.push(serde_json::json!({ HANDED_BACK_KEY: at, TAKEN_UP_KEY: taken_up.min(at) }));
+    Some((step.id, serde_json::Value::Array(messages), at))
 }
 
-/// The instants handbacks recorded on `step` ([`handback_mark`]).
-fn handed_back_at(step: &Step) -> impl Iterator<Item = DateTime<Utc>> + '_ {
+/// Whether a step of the attempt `attempt` carries the mark of a handback at `at`: its write
+/// landed (read back after a lost answer).
+pub(crate) fn is_marked(steps: &[Step], attempt: u32, at: DateTime<Utc>) -> bool {
+    steps
+        .iter()
+        .filter(|s| s.attempt == attempt)
+        .any(|s| marks_on(s).any(|m| m.handed_back == at))
+}
+
+/// The marks handbacks recorded on `step` ([`handback_mark`]); one without its taken-up
+/// instant executed nothing before its handback.
+fn marks_on(step: &Step) -> impl Iterator<Item = Mark> + '_ {
+    let instant = |m: &serde_json::Value, key| m.get(key)?.as_str()?.parse().ok();
     step.debug_messages
         .as_ref()
         .and_then(|m| m.as_array())
         .into_iter()
         .flatten()
-        .filter_map(|m| m.get(HANDED_BACK_KEY)?.as_str()?.parse().ok())
+        .filter_map(move |m| {
+            let handed_back: DateTime<Utc> = instant(m, HANDED_BACK_KEY)?;
+            let taken_up = instant(m, TAKEN_UP_KEY).unwrap_or(handed_back);
+            Some(Mark {
+                taken_up: taken_up.min(handed_back),
+                handed_back,
+            })
+        })
 }
 
 /// Whether the run waited from `from` to `to` (see [`executed`]).
 fn waited(
     steps: &[&Step],
-    handed_back: &[DateTime<Utc>],
+    marks: &[Mark],
     from: DateTime<Utc>,
     to: DateTime<Utc>,
     now: DateTime<Utc>,
 ) -> bool {
+    // A step still Pending never started (its start was never written: the engine creates a
+    // new one at its replay): it executes nothing, however long it stays.
     let executing = steps.iter().any(|s| {
-        !is_waiting(s) && s.kind != StepKind::Workflow && {
+        !is_waiting(s) && s.kind != StepKind::Workflow && s.status.state != StepStatus::Pending && {
             let start = s.started_at.unwrap_or(s.created_at);
             let end = s.completed_at.unwrap_or(now);
             start <= from && end >= to
         }
     });
-    if executing {
+    // An invocation that handed the run back executed it from when it took it up.
+    if executing
+        || marks
+            .iter()
+            .any(|m| m.taken_up <= from && m.handed_back >= to)
+    {
         return false;
     }
     let waiting_open = steps.iter().any(|s| {
@@ -144,7 +197,7 @@ fn waited(
             && s.completed_at.unwrap_or(now) > from
     });
     waiting_open
-        || handed_back.contains(&from)
+        || marks.iter().any(|m| m.handed_back == from)
         || steps
             .iter()
             .any(|s| suspends(s) && s.completed_at.map(|at| at.min(now)) == Some(from))
@@ -249,9 +302,11 @@ mod tests {
         assert_eq!(secs(executed(&s, 1, t(40))), 40);
     }
 
-    /// `steps` with the mark of a handback at `at` written where [`handback_mark`] puts it.
-    fn marked(mut steps: Vec<Step>, at: i64) -> Vec<Step> {
-        let (id, messages) = handback_mark(&steps, 1, t(at)).expect("a step to mark");
+    /// `steps` with the mark of a handback at `at`, by an invocation that took the run up at
+    /// `taken_up`, written where [`handback_mark`] puts it.
+    fn marked(mut steps: Vec<Step>, taken_up: i64, at: i64) -> Vec<Step> {
+        let (id, messages, _) =
+            handback_mark(&steps, 1, t(taken_up), t(at)).expect("a step to mark");
         let step = steps.iter_mut().find(|s| s.id == id).expect("one of them");
         step.debug_messages = Some(messages);
         steps
@@ -259,31 +314,61 @@ mod tests {
 
     #[test]
     fn the_pending_time_after_a_handback_that_interrupted_no_step_is_a_wait() {
-        // 3 s of shell, its next step deferred (never created): handed back at 4, Pending
-        // until the claim at 100.
+        // Taken up at 0, 3 s of shell, its next step deferred (never created): handed back at
+        // 4, Pending until the claim at 100.
         let s = steps(vec![step("shell", "completed", 0, Some(3))]);
         assert_eq!(
             secs(executed(&s, 1, t(100))),
             100,
             "unmarked, the wait counts"
         );
-        let s = marked(s, 4);
+        let s = marked(s, 0, 4);
         assert_eq!(secs(executed(&s, 1, t(100))), 4);
-        // Claimed at 100 and deferred again at 101 before any step: both marks stay (the
-        // second invocation's second counts no more than a replay does).
-        let s = marked(s, 101);
-        assert_eq!(secs(executed(&s, 1, t(300))), 4);
-        // Then 10 s of a step, handed back after it at 311 and claimed at 500: every wait
-        // of the attempt is still one.
+        // Taken up at 100 and deferred again at 101 before any step: that second counts, the
+        // waits before and after it do not.
+        let s = marked(s, 100, 101);
+        assert_eq!(secs(executed(&s, 1, t(300))), 4 + 1);
+        // Then 10 s of a step, handed back after it at 311 and claimed at 500: every wait of
+        // the attempt is still one.
         let mut s = s;
         s.extend(steps(vec![step("shell", "completed", 300, Some(310))]));
-        let s = marked(s, 311);
-        assert_eq!(secs(executed(&s, 1, t(500))), 3 + 1 + 10 + 1);
+        let s = marked(s, 300, 311);
+        assert_eq!(secs(executed(&s, 1, t(500))), 3 + 1 + 1 + 10 + 1);
+        // Workflow code that runs outside any step until each cutoff: every invocation's time
+        // counts, so the run timeout still ends it.
+        let s = steps(vec![step("shell", "completed", 0, Some(1))]);
+        let s = marked(marked(marked(s, 0, 60), 100, 160), 200, 260);
+        assert_eq!(secs(executed(&s, 1, t(300))), 60 * 3);
         // A step executing across a mark: that stretch counts all the same.
         let mut running = steps(vec![step("shell", "running", 0, None)]);
         running[0].debug_messages =
             Some(json!([{ HANDED_BACK_KEY: t(10) }, {"role": "assistant"}]));
         assert_eq!(secs(executed(&running, 1, t(30))), 30);
+    }
+
+    #[test]
+    fn a_step_left_pending_executes_nothing_and_an_api_clock_ahead_does_not_undo_a_mark() {
+        // Created at 4, its start never written: the handback at 5 marks the wait, claimed at
+        // 1000; then 2 s of a step and a signal answered a day later, claimed at 90 000.
+        let s = steps(vec![
+            step("shell", "completed", 0, Some(3)),
+            step("shell", "pending", 4, None),
+        ]);
+        let mut s = marked(s, 0, 5);
+        assert_eq!(secs(executed(&s, 1, t(1000))), 5);
+        s.extend(steps(vec![
+            step("shell", "completed", 1000, Some(1002)),
+            step("signal", "completed", 1002, Some(86_400)),
+        ]));
+        assert_eq!(secs(executed(&s, 1, t(90_000))), 5 + 2);
+        // An instant step the API stamped 2 s ahead of our clock, after our handback's "now":
+        // the mark goes after it, and the Pending time is a wait.
+        let mut skip = step("skip", "completed", 3, Some(3));
+        skip["created_at"] = json!(t(6));
+        let s = steps(vec![step("shell", "completed", 0, Some(3)), skip]);
+        let (_, _, at) = handback_mark(&s, 1, t(0), t(4)).unwrap();
+        assert_eq!(at, t(6));
+        assert_eq!(secs(executed(&marked(s, 0, 4), 1, t(100))), 6);
     }
 
     #[test]
@@ -294,22 +379,24 @@ mod tests {
         ]);
         s[0].debug_messages = Some(json!([{"role": "user", "content": "long"}]));
         s[1].debug_messages = Some(json!([{"note": 1}]));
-        let (id, messages) = handback_mark(&s, 1, t(5)).unwrap();
+        let (id, messages, at) = handback_mark(&s, 1, t(0), t(5)).unwrap();
+        assert_eq!(at, t(5));
         assert_eq!(id, s[1].id);
-        assert_eq!(messages, json!([{"note": 1}, { HANDED_BACK_KEY: t(5) }]));
+        let mark = json!({ HANDED_BACK_KEY: t(5), TAKEN_UP_KEY: t(0) });
+        assert_eq!(messages, json!([{"note": 1}, mark]));
         // A step still running is marked by its interruption instead; no step, no mark.
         let running = steps(vec![step("shell", "running", 0, None)]);
-        assert_eq!(handback_mark(&running, 1, t(5)), None);
-        assert_eq!(handback_mark(&[], 1, t(5)), None);
+        assert_eq!(handback_mark(&running, 1, t(0), t(5)), None);
+        assert_eq!(handback_mark(&[], 1, t(0), t(5)), None);
         // Nor on messages too heavy to send again.
         let mut heavy = steps(vec![step("agent", "completed", 0, Some(3))]);
         heavy[0].debug_messages = Some(json!(["x".repeat(MAX_MARKED_BYTES)]));
-        assert_eq!(handback_mark(&heavy, 1, t(5)), None);
+        assert_eq!(handback_mark(&heavy, 1, t(0), t(5)), None);
         // Messages that are not a list are kept as its first element.
         let mut odd = steps(vec![step("shell", "completed", 0, Some(3))]);
         odd[0].debug_messages = Some(json!({"k": "v"}));
-        let (_, messages) = handback_mark(&odd, 1, t(5)).unwrap();
-        assert_eq!(messages, json!([{"k": "v"}, { HANDED_BACK_KEY: t(5) }]));
+        let (_, messages, _) = handback_mark(&odd, 1, t(0), t(5)).unwrap();
+        assert_eq!(messages, json!([{"k": "v"}, mark]));
     }
 
     #[test]

@@ -31,9 +31,9 @@
 //!    do not count it either). An interruption without the mark is the API's reaper's: the
 //!    poison pill tells by it that a recovered run's dead holder had started a step
 //!    ([`crate::poison::recovery`]). With no step Running (a deferral, a cut outside any step),
-//!    record instead when the run begins to wait, in a debug message of one of the attempt's
-//!    steps ([`attempt_time::handback_mark`]), so that the run timeout does not count the time
-//!    it waits Pending;
+//!    record instead, in a debug message of one of the attempt's steps, when this invocation
+//!    took the run up and that it begins to wait now ([`attempt_time::handback_mark`]), so that
+//!    the run timeout counts what it executed here and not the time it waits Pending;
 //! 4. write Pending, adding this invocation's time to the run's `duration_ms`.
 //!
 //! A step the execution left Running that cannot be marked interrupted keeps the run from
@@ -171,7 +171,7 @@ impl Invocation {
                 "could not mark the running steps interrupted ({e})"
             ));
         }
-        self.mark_the_wait(&guarded).await;
+        self.mark_the_wait(h, &guarded).await;
         // 4. Pending.
         self.write_pending(h, &guarded.run).await
     }
@@ -338,29 +338,52 @@ impl Invocation {
 }
 
 impl Invocation {
-    /// Step 3, with no step Running: record on one of the attempt's steps that the run begins
-    /// to wait now ([`attempt_time::handback_mark`]). A write that fails costs only the run
-    /// timeout's reading of this wait (it then counts, until the next step): the handback goes
-    /// on.
-    async fn mark_the_wait(&self, guarded: &Guarded) {
+    /// Step 3, with no step Running: record on one of the attempt's steps that the run executed
+    /// from when this invocation took it up and begins to wait now
+    /// ([`attempt_time::handback_mark`]). A write that fails is read back (the mark
+    /// landed if a step carries it) and sent again, at most [`MARK_ATTEMPTS`] times in all; one
+    /// that still fails costs only the run timeout's reading of this wait (it then counts,
+    /// until the next step): the handback goes on.
+    async fn mark_the_wait(&self, h: &Handback<'_>, guarded: &Guarded) {
+        let (store, target) = (&self.calls.store, guarded.run.id);
         let attempt = guarded.run.retry_count.saturating_add(1);
-        let Some((step_id, messages)) =
-            attempt_time::handback_mark(&guarded.steps, attempt, Utc::now())
+        let taken_up = h.claimed_at;
+        let Some(mut mark) =
+            attempt_time::handback_mark(&guarded.steps, attempt, taken_up, Utc::now())
         else {
             return;
         };
-        let update = StepUpdate {
-            debug_messages: Some(messages),
-            ..StepUpdate::default()
-        };
-        if let Err(e) = self.calls.store.update_step(step_id, update).await {
-            warn!(
-                error = %e,
-                "could not record when the run began to wait: the run timeout counts its wait until its next step"
-            );
+        let mut error = None;
+        for _ in 0..MARK_ATTEMPTS {
+            let (step_id, messages, at) = mark;
+            let update = StepUpdate {
+                debug_messages: Some(messages),
+                ..StepUpdate::default()
+            };
+            let Err(e) = store.update_step(step_id, update).await else {
+                return;
+            };
+            error = Some(e);
+            match store.list_steps(target).await {
+                Ok(steps) if attempt_time::is_marked(&steps, attempt, at) => return,
+                Ok(steps) => match attempt_time::handback_mark(&steps, attempt, taken_up, at) {
+                    Some(again) => mark = again,
+                    None => break,
+                },
+                Err(_) => break,
+            }
         }
+        let error = error.map(|e| e.to_string()).unwrap_or_default();
+        warn!(
+            error,
+            "could not record when the run began to wait: the run timeout counts its wait until its next step"
+        );
     }
 }
+
+/// How many times a handback sends the mark of the run's wait at most
+/// ([`Invocation::mark_the_wait`]).
+const MARK_ATTEMPTS: usize = 3;
 
 /// Why a run that did not execute was not written back to Pending.
 #[derive(Debug)]

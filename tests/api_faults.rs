@@ -291,7 +291,71 @@ async fn renewals_the_api_dated_back_do_not_extend_the_lease(backend: Backend) {
     assert_ne!(h.status(id).await, RunStatus::Completed);
 }
 
+/// The mark of a deferred run's wait (docs/design.md, "The run timeout across invocations")
+/// survives a fault on its write: a reset write is read back and sent again, a write whose
+/// answer was lost is read back and not sent again. Each run: `a` (2 s), then `b`, expected to
+/// take 5 s, deferred with 4.5 s left.
+async fn a_fault_on_the_mark_of_a_wait_is_read_back_and_the_mark_sent_again(backend: Backend) {
+    let h = Harness::start_on(backend).await;
+    let proxy = FaultProxy::start(&h.api.url(), 13).await;
+    // One workflow per fault: `b`'s time, once seen, is known to fit.
+    let two = |name| ShellWorkflow {
+        name,
+        steps: vec![("a", "sleep 2".into()), ("b", "true".into())],
+    };
+    let worker = through(&h, &proxy)
+        .register(two("mark-reset"))
+        .register(two("mark-lost"))
+        .concurrency(1)
+        .max_runs_per_invocation(1)
+        .claim_ahead_percent(0)
+        .default_step_duration(Duration::from_secs(5))
+        .build()
+        .unwrap();
+    for (workflow, fault, writes) in [
+        ("mark-reset", Fault::Reset, 2),
+        ("mark-lost", Fault::LostAnswer, 1),
+    ] {
+        let id = h.create(workflow, 0).await;
+        let before = requests(&proxy, "PUT /steps/{id}");
+        // `a`'s Running and Completed pass; the mark meets the fault.
+        proxy.next("PUT /steps/{id}", Fault::Delay(Duration::ZERO));
+        proxy.next("PUT /steps/{id}", Fault::Delay(Duration::ZERO));
+        proxy.next("PUT /steps/{id}", fault);
+
+        let summary = h.invoke(&worker, Duration::from_secs(8)).await;
+
+        let note = summary.runs[0].error.as_deref().unwrap_or_default();
+        assert!(note.contains("step 'b' deferred"), "{fault:?}: {summary:?}");
+        assert_eq!(h.status(id).await, RunStatus::Pending);
+        let marks: usize = h
+            .steps(id)
+            .await
+            .iter()
+            .filter_map(|s| s.debug_messages.as_ref()?.as_array().cloned())
+            .flatten()
+            .filter(|m| m.get("ironflow_lambda_handed_back_at").is_some())
+            .count();
+        assert_eq!(marks, 1, "{fault:?}: the wait is marked once");
+        assert_eq!(
+            requests(&proxy, "PUT /steps/{id}") - before,
+            2 + writes,
+            "{fault:?}: the mark sent {writes} time(s): {:?}",
+            proxy.stats()
+        );
+        // Resumed by the next invocation (before the next run is created: claims take the
+        // oldest first).
+        let resumed = h.invoke(&worker, Duration::from_secs(8)).await;
+        assert_eq!(
+            resumed.count(Outcome::Completed),
+            1,
+            "{fault:?}: {resumed:?}"
+        );
+    }
+}
+
 on_both_stores!(
+    a_fault_on_the_mark_of_a_wait_is_read_back_and_the_mark_sent_again,
     a_claim_whose_lease_the_api_dated_back_is_released_not_executed,
     renewals_the_api_dated_back_do_not_extend_the_lease,
     a_lost_answer_to_a_write_is_read_back_and_the_write_never_sent_again,

@@ -156,7 +156,8 @@ async fn the_claim_window_releases_a_run_whose_first_step_would_not_fit(backend:
 /// The time a run waits Pending after a deferral (a schedule's tick, a throttled wake-up) is
 /// not executed time, though the handback interrupted no step, and every such wait of the
 /// attempt stays one after later handbacks (docs/design.md, "The run timeout across
-/// invocations"): the 10 s timeout counts the 7 s of the steps, not the 4 s wait.
+/// invocations"): the 12 s timeout counts the 7 s of the steps and the invocations around them,
+/// not the 6 s wait.
 async fn the_pending_time_after_a_deferral_does_not_count_toward_the_run_timeout(backend: Backend) {
     let h = Harness::start_on(backend).await;
     let three = ShellWorkflow {
@@ -174,7 +175,7 @@ async fn the_pending_time_after_a_deferral_does_not_count_toward_the_run_timeout
         .max_runs_per_invocation(1)
         .claim_ahead_percent(0)
         .default_step_duration(Duration::from_secs(5))
-        .run_timeout(Duration::from_secs(10))
+        .run_timeout(Duration::from_secs(12))
         .build()
         .unwrap();
     let id = h.create("three", 0).await;
@@ -196,8 +197,8 @@ async fn the_pending_time_after_a_deferral_does_not_count_toward_the_run_timeout
         "the handback recorded when the wait began: {steps:?}"
     );
 
-    // 4 s Pending: with the 3 s of `a` and the 3 of `b`, more than the timeout if it counted.
-    tokio::time::sleep(Duration::from_secs(4)).await;
+    // 6 s Pending: with the 3 s of `a` and the 3 of `b`, more than the timeout if it counted.
+    tokio::time::sleep(Duration::from_secs(6)).await;
     // `b` takes 3 s: `c` does not fit either.
     deferred(&h.invoke(&worker, INVOCATION).await, "c");
     let last = h.invoke(&worker, INVOCATION).await;
