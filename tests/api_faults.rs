@@ -354,7 +354,46 @@ async fn a_fault_on_the_mark_of_a_wait_is_read_back_and_the_mark_sent_again(back
     }
 }
 
+/// A step created whose start is never written (its dependencies' route does not answer): the
+/// run is handed back after the API fault with the step left Pending, which the engine never
+/// replays (it creates the step again). That record executes nothing: the 6 s the run then
+/// waits do not count toward its 6 s timeout (found by a review: it counted as a step
+/// executing until the claim).
+async fn a_step_whose_start_was_never_written_does_not_count_the_wait_after_it(backend: Backend) {
+    let h = Harness::start_on(backend).await;
+    let proxy = FaultProxy::start(&h.api.url(), 14).await;
+    let two = ShellWorkflow {
+        name: "two",
+        steps: vec![("a", "sleep 1".into()), ("b", "sleep 1".into())],
+    };
+    let worker = through(&h, &proxy)
+        .register(two)
+        .concurrency(1)
+        .max_runs_per_invocation(1)
+        .claim_ahead_percent(0)
+        .run_timeout(Duration::from_secs(6))
+        .build()
+        .unwrap();
+    let id = h.create("two", 0).await;
+    proxy.black_hole("POST /step-dependencies");
+
+    let first = h.invoke(&worker, Duration::from_secs(8)).await;
+
+    assert_eq!(first.runs[0].outcome, Outcome::HandedBack, "{first:?}");
+    proxy.restore();
+    let steps = h.steps(id).await;
+    assert!(
+        steps.iter().any(|s| s.status.state == StepStatus::Pending),
+        "a step left Pending: {steps:?}"
+    );
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    let second = h.invoke(&worker, Duration::from_secs(8)).await;
+    assert_eq!(second.runs[0].outcome, Outcome::Completed, "{second:?}");
+    assert_eq!(h.status(id).await, RunStatus::Completed);
+}
+
 on_both_stores!(
+    a_step_whose_start_was_never_written_does_not_count_the_wait_after_it,
     a_fault_on_the_mark_of_a_wait_is_read_back_and_the_mark_sent_again,
     a_claim_whose_lease_the_api_dated_back_is_released_not_executed,
     renewals_the_api_dated_back_do_not_extend_the_lease,
