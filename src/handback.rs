@@ -343,9 +343,27 @@ impl Invocation {
     /// ([`attempt_time::handback_mark`]). A write that fails is read back (the mark
     /// landed if a step carries it) and sent again, at most [`MARK_ATTEMPTS`] times in all; one
     /// that still fails costs only the run timeout's reading of this wait (it then counts,
-    /// until the next step): the handback goes on.
+    /// until the next step): the handback goes on. It takes at most a third of the time left
+    /// to the handback's last write, so that the Pending write keeps the rest; and it is not
+    /// written when the run whose lease is held could not be read (its attempt is unknown).
     async fn mark_the_wait(&self, h: &Handback<'_>, guarded: &Guarded) {
-        let (store, target) = (&self.calls.store, guarded.run.id);
+        if guarded.run.id != h.target {
+            return;
+        }
+        let share = h.until.saturating_duration_since(Instant::now()) / 3;
+        if tokio::time::timeout(share, self.send_the_mark(h, guarded))
+            .await
+            .is_err()
+        {
+            warn!(
+                "no time left to record when the run began to wait: the run timeout counts its wait until its next step"
+            );
+        }
+    }
+
+    /// [`Invocation::mark_the_wait`]'s writes and read-backs.
+    async fn send_the_mark(&self, h: &Handback<'_>, guarded: &Guarded) {
+        let (store, target) = (&self.calls.store, h.target);
         let attempt = guarded.run.retry_count.saturating_add(1);
         let taken_up = h.claimed_at;
         let Some(mut mark) =
