@@ -23,48 +23,142 @@ const CAPACITY_WAIT_STEP_ERROR: &str = "waiting for provider capacity";
 /// and `now`) is a wait when no step that executes (any kind but a waiting one or a
 /// sub-workflow) runs across it, nor an invocation that a handback's mark says executed the run
 /// across it (from when it took the run up to its handback), and at its start either
-/// - a waiting step (a signal, an approval or a human input) was open (from its start until it
-///   was answered, or `now`): its own interval and the run's sleep after it, or
+/// - a waiting step was open (from its start until it was answered, or `now`): its own
+///   interval and the run's sleep after it. A waiting step is a signal, an approval, a human
+///   input, or a decision escalated to a human (from the end of its model call, `duration_ms`
+///   after its start, until its replay after the answer completes it), or
 /// - a step that suspends the run had just ended: a `ctx.delay` that set a wake-up, an agent
-///   step parked on a capacity wait, a step interrupted by a handback or the API's reaper (the
-///   run was Pending between two invocations), or
-/// - a handback that interrupted no step (a deferred step was never created, a cut outside any
-///   step) recorded it as the instant the run began to wait ([`handback_mark`]).
+///   step parked on a capacity wait, a step interrupted by a handback, an operator's pause or
+///   the API's reaper (the run was Pending or Paused between two invocations), or
+/// - a handback, or an execution stopped by an operator's pause, that interrupted no step
+///   recorded it as the instant the run began to wait ([`handback_mark`]).
 ///
 /// A step left Pending (created, its start never written) executes nothing. Zero for an attempt
-/// with no step. Instants are clamped to `now` (the API's clock may run ahead of ours).
+/// with no step. Instants are clamped to `now` (the API's clock may run ahead of ours). Linear
+/// in the steps but for a sort and a binary search per stretch: it runs at every claim.
 pub(crate) fn executed(steps: &[Step], attempt: u32, now: DateTime<Utc>) -> Duration {
-    let steps: Vec<&Step> = steps.iter().filter(|s| s.attempt == attempt).collect();
-    let mut instants: Vec<DateTime<Utc>> = steps
+    let parts: Vec<Part> = steps
         .iter()
-        .flat_map(|s| {
-            // A waiting step's end is its answer's (a delivery, a human), not the run's doing.
-            let end = if is_waiting(s) { None } else { s.completed_at };
-            [Some(s.created_at), s.started_at, end]
-        })
-        .flatten()
-        .map(|at| at.min(now))
+        .filter(|s| s.attempt == attempt)
+        .map(|s| Part::of(s, now))
         .collect();
-    if instants.is_empty() {
-        return Duration::ZERO;
-    }
     let marks: Vec<Mark> = steps
         .iter()
-        .flat_map(|s| marks_on(s))
+        .filter(|s| s.attempt == attempt)
+        .flat_map(marks_on)
         .map(|m| Mark {
             taken_up: m.taken_up.min(now),
             handed_back: m.handed_back.min(now),
         })
         .collect();
+    let mut instants: Vec<DateTime<Utc>> =
+        parts.iter().flat_map(|p| p.instants).flatten().collect();
+    if instants.is_empty() {
+        return Duration::ZERO;
+    }
     instants.extend(marks.iter().flat_map(|m| [m.taken_up, m.handed_back]));
     instants.push(now);
     instants.sort_unstable();
     instants.dedup();
+
+    let executing = Cover::new(parts.iter().filter_map(|p| p.executing));
+    let handed_over = Cover::new(marks.iter().map(|m| (m.taken_up, m.handed_back)));
+    let waiting = Cover::new(parts.iter().filter_map(|p| p.waiting));
+    let mut waits_begin: Vec<DateTime<Utc>> = marks.iter().map(|m| m.handed_back).collect();
+    waits_begin.extend(parts.iter().filter_map(|p| p.suspends_at));
+    waits_begin.sort_unstable();
+    // The stretch from `from` to the next instant: every span is between two instants, so one
+    // that holds `from` and ends after it runs across the whole stretch.
+    let waited = |from: DateTime<Utc>| {
+        !executing.holds(from)
+            && !handed_over.holds(from)
+            && (waiting.holds(from) || waits_begin.binary_search(&from).is_ok())
+    };
     instants
         .windows(2)
-        .filter(|w| !waited(&steps, &marks, w[0], w[1], now))
+        .filter(|w| !waited(w[0]))
         .map(|w| (w[1] - w[0]).to_std().unwrap_or_default())
         .fold(Duration::ZERO, Duration::saturating_add)
+}
+
+/// What one step of the attempt adds to [`executed`]'s reading, its instants clamped to `now`.
+struct Part {
+    /// The instants it records: its creation, its start, and the end of what it executed
+    /// (none for a waiting step, whose end is its answer's, not the run's doing).
+    instants: [Option<DateTime<Utc>>; 3],
+    /// When it executed (`None` for a waiting step, a sub-workflow, a step left Pending).
+    executing: Option<(DateTime<Utc>, DateTime<Utc>)>,
+    /// When it waited for something outside the run.
+    waiting: Option<(DateTime<Utc>, DateTime<Utc>)>,
+    /// Its end, when the run was suspended after it ([`suspends`]).
+    suspends_at: Option<DateTime<Utc>>,
+}
+
+impl Part {
+    fn of(s: &Step, now: DateTime<Utc>) -> Self {
+        let start = s.started_at.unwrap_or(s.created_at).min(now);
+        let end = s.completed_at.map_or(now, |at| at.min(now)).max(start);
+        let (executing, waiting, last) = if is_waiting(s) {
+            (None, Some((start, end)), None)
+        } else if is_escalated(s) {
+            // Its model call, then the human's answer.
+            let call = Duration::from_millis(s.duration_ms);
+            let turn = later(start, call).min(end);
+            (Some((start, turn)), Some((turn, end)), Some(turn))
+        } else if s.kind == StepKind::Workflow || s.status.state == StepStatus::Pending {
+            // A sub-workflow's time is its child's; a step still Pending never started (its
+            // start was never written: the engine creates a new one at its replay).
+            (None, None, s.completed_at.map(|at| at.min(now)))
+        } else {
+            (
+                Some((start, end)),
+                None,
+                s.completed_at.map(|at| at.min(now)),
+            )
+        };
+        Part {
+            instants: [
+                Some(s.created_at.min(now)),
+                s.started_at.map(|at| at.min(now)),
+                last,
+            ],
+            executing,
+            waiting,
+            suspends_at: suspends(s)
+                .then_some(s.completed_at)
+                .flatten()
+                .map(|at| at.min(now)),
+        }
+    }
+}
+
+/// `at` plus `d`, saturating at the latest instant chrono represents.
+fn later(at: DateTime<Utc>, d: Duration) -> DateTime<Utc> {
+    chrono::TimeDelta::from_std(d)
+        .ok()
+        .and_then(|d| at.checked_add_signed(d))
+        .unwrap_or(DateTime::<Utc>::MAX_UTC)
+}
+
+/// A set of spans `[start, end)`, asked which instants they hold in `O(log n)`.
+struct Cover {
+    starts: Vec<DateTime<Utc>>,
+    ends: Vec<DateTime<Utc>>,
+}
+
+impl Cover {
+    fn new(spans: impl Iterator<Item = (DateTime<Utc>, DateTime<Utc>)>) -> Self {
+        let (mut starts, mut ends): (Vec<_>, Vec<_>) = spans.filter(|(s, e)| s < e).unzip();
+        starts.sort_unstable();
+        ends.sort_unstable();
+        Cover { starts, ends }
+    }
+
+    /// Whether a span holds `at` (starts at or before it, ends after it): every span that
+    /// ended by `at` had also started by then.
+    fn holds(&self, at: DateTime<Utc>) -> bool {
+        self.starts.partition_point(|s| *s <= at) > self.ends.partition_point(|e| *e <= at)
+    }
 }
 
 /// The key of the debug message in which a handback that interrupted no step records when the
@@ -166,49 +260,19 @@ fn marks_on(step: &Step) -> impl Iterator<Item = Mark> + '_ {
         })
 }
 
-/// Whether the run waited from `from` to `to` (see [`executed`]).
-fn waited(
-    steps: &[&Step],
-    marks: &[Mark],
-    from: DateTime<Utc>,
-    to: DateTime<Utc>,
-    now: DateTime<Utc>,
-) -> bool {
-    // A step still Pending never started (its start was never written: the engine creates a
-    // new one at its replay): it executes nothing, however long it stays.
-    let executing = steps.iter().any(|s| {
-        !is_waiting(s) && s.kind != StepKind::Workflow && s.status.state != StepStatus::Pending && {
-            let start = s.started_at.unwrap_or(s.created_at);
-            let end = s.completed_at.unwrap_or(now);
-            start <= from && end >= to
-        }
-    });
-    // An invocation that handed the run back executed it from when it took it up.
-    if executing
-        || marks
-            .iter()
-            .any(|m| m.taken_up <= from && m.handed_back >= to)
-    {
-        return false;
-    }
-    let waiting_open = steps.iter().any(|s| {
-        is_waiting(s)
-            && s.started_at.unwrap_or(s.created_at) <= from
-            && s.completed_at.unwrap_or(now) > from
-    });
-    waiting_open
-        || marks.iter().any(|m| m.handed_back == from)
-        || steps
-            .iter()
-            .any(|s| suspends(s) && s.completed_at.map(|at| at.min(now)) == Some(from))
-}
-
 /// A step that waits for something outside the run: a signal, an approval, a human input.
 fn is_waiting(step: &Step) -> bool {
     matches!(
         step.kind,
         StepKind::Signal | StepKind::Approval | StepKind::HumanInput
     )
+}
+
+/// A decision escalated to a human (`escalate_below`): the engine leaves it AwaitingApproval
+/// and the replay after the answer completes it; the answer is a vote on it.
+fn is_escalated(step: &Step) -> bool {
+    step.kind == StepKind::Decision
+        && (step.status.state == StepStatus::AwaitingApproval || !step.approvals.is_empty())
 }
 
 /// A step after whose end the run did not execute until it was taken up again: a delay that
@@ -397,6 +461,153 @@ mod tests {
         odd[0].debug_messages = Some(json!({"k": "v"}));
         let (_, messages, _) = handback_mark(&odd, 1, t(0), t(5)).unwrap();
         assert_eq!(messages, json!([{"k": "v"}, mark]));
+    }
+
+    /// An escalated decision of attempt 1 at `start`: its model call took `call_ms`, its
+    /// answer (a vote) came, and its replay completed it at `end`, if it did.
+    fn escalated(start: i64, call_ms: u64, end: Option<i64>) -> serde_json::Value {
+        let status = match end {
+            Some(_) => "completed",
+            None => "awaiting_approval",
+        };
+        let mut d = step("decision", status, start, end);
+        d["duration_ms"] = json!(call_ms);
+        if end.is_some() {
+            d["approvals"] = json!([{"user_id": uuid::Uuid::nil(), "approved_by": "ops", "at": t(start + 4000)}]);
+        }
+        d
+    }
+
+    #[test]
+    fn a_decision_escalated_to_a_human_waits_from_the_end_of_its_model_call() {
+        // 2 s of shell, a decision whose model call took 3 s, escalated: at the claim after
+        // the answer, 5000 s later, only the 5 s executed count.
+        let open = steps(vec![
+            step("shell", "completed", 0, Some(2)),
+            escalated(2, 3000, None),
+        ]);
+        assert_eq!(secs(executed(&open, 1, t(5000))), 2 + 3);
+        // Its replay completed it at 5001; 4 s of a step after it, a claim at 5010.
+        let s = steps(vec![
+            step("shell", "completed", 0, Some(2)),
+            escalated(2, 3000, Some(5001)),
+            step("shell", "completed", 5001, Some(5005)),
+        ]);
+        assert_eq!(secs(executed(&s, 1, t(5010))), 2 + 3 + 4 + 5);
+        // A decision that was not escalated executes from its start to its end, as any step.
+        let mut plain = step("decision", "completed", 0, Some(7));
+        plain["duration_ms"] = json!(3000);
+        assert_eq!(secs(executed(&steps(vec![plain]), 1, t(7))), 7);
+    }
+
+    /// [`executed`]'s definition read stretch by stretch over every step, without its spans'
+    /// binary search: what the fast reading must agree with.
+    fn executed_by_scan(steps: &[Step], now: DateTime<Utc>) -> Duration {
+        let parts: Vec<Part> = steps.iter().map(|s| Part::of(s, now)).collect();
+        let marks: Vec<Mark> = steps
+            .iter()
+            .flat_map(marks_on)
+            .map(|m| Mark {
+                taken_up: m.taken_up.min(now),
+                handed_back: m.handed_back.min(now),
+            })
+            .collect();
+        let mut instants: Vec<_> = parts.iter().flat_map(|p| p.instants).flatten().collect();
+        if instants.is_empty() {
+            return Duration::ZERO;
+        }
+        instants.extend(marks.iter().flat_map(|m| [m.taken_up, m.handed_back]));
+        instants.push(now);
+        instants.sort_unstable();
+        instants.dedup();
+        let within = |span: Option<(DateTime<Utc>, DateTime<Utc>)>, from, to| {
+            span.is_some_and(|(s, e)| s <= from && e >= to && s < e)
+        };
+        instants
+            .windows(2)
+            .filter(|w| {
+                let (from, to) = (w[0], w[1]);
+                let waited = !parts.iter().any(|p| within(p.executing, from, to))
+                    && !marks
+                        .iter()
+                        .any(|m| within(Some((m.taken_up, m.handed_back)), from, to))
+                    // A wait goes on past its end to the next instant: the run's sleep after it.
+                    && (parts
+                        .iter()
+                        .any(|p| p.waiting.is_some_and(|(s, e)| s <= from && e > from))
+                        || marks.iter().any(|m| m.handed_back == from)
+                        || parts.iter().any(|p| p.suspends_at == Some(from)));
+                !waited
+            })
+            .map(|w| (w[1] - w[0]).to_std().unwrap_or_default())
+            .sum()
+    }
+
+    #[test]
+    fn the_spans_binary_search_reads_as_a_scan_of_every_step() {
+        use rand::{Rng, SeedableRng};
+        // A fixed seed: the same cases at every run.
+        let seed = 0x5eed_a77e;
+        let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+        for case in 0..2000 {
+            let mut values = Vec::new();
+            for _ in 0..rng.random_range(0..12) {
+                let start = rng.random_range(0..100);
+                let end = rng
+                    .random_bool(0.8)
+                    .then(|| start + rng.random_range(0..30));
+                let (kind, status) = match rng.random_range(0..7) {
+                    0 => (
+                        "signal",
+                        if end.is_some() {
+                            "completed"
+                        } else {
+                            "awaiting_approval"
+                        },
+                    ),
+                    1 => (
+                        "workflow",
+                        if end.is_some() {
+                            "completed"
+                        } else {
+                            "running"
+                        },
+                    ),
+                    2 => ("shell", "pending"),
+                    3 => ("delay", "completed"),
+                    _ => ("shell", if end.is_some() { "failed" } else { "running" }),
+                };
+                let mut v = match rng.random_range(0..6) {
+                    0 => escalated(start, rng.random_range(0..20_000), end),
+                    _ => step(kind, status, start, end),
+                };
+                if kind == "delay" {
+                    v["completed_at"] = json!(t(start));
+                    v["output"] = json!({"wake_at": t(start + 50)});
+                }
+                if status == "failed" && rng.random_bool(0.5) {
+                    v["error"] = json!(STEP_INTERRUPTED_ERROR);
+                }
+                values.push(v);
+            }
+            let mut s = steps(values);
+            for _ in 0..rng.random_range(0..3) {
+                if let Some((id, messages, _)) = handback_mark(
+                    &s,
+                    1,
+                    t(rng.random_range(0..100)),
+                    t(rng.random_range(0..140)),
+                ) {
+                    s.iter_mut().find(|x| x.id == id).unwrap().debug_messages = Some(messages);
+                }
+            }
+            let now = t(rng.random_range(0..150));
+            assert_eq!(
+                executed(&s, 1, now),
+                executed_by_scan(&s, now),
+                "seed {seed}, case {case}: {s:#?}"
+            );
+        }
     }
 
     #[test]
