@@ -389,7 +389,17 @@ async fn decide(
             until,
         })
     };
-    match stop {
+    // An operator paused the run while it executed here (seen by the engine, a write or the
+    // lease).
+    let paused = match &stop {
+        Stop::Finished(joined) => matches!(&**joined,
+            Ok(Ok(result)) if result.run.id == run.id && result.run.status.state == RunStatus::Paused),
+        Stop::Scope(ScopeStop::RunLeft { status, .. }) | Stop::Lease(LeaseEnd::Left { status }) => {
+            *status == RunStatus::Paused
+        }
+        _ => false,
+    };
+    let fate = match stop {
         Stop::Finished(joined) => finished(ctx, run, target, *joined).await,
         Stop::Scope(ScopeStop::Fault(fault)) => {
             warn!(error = %fault, "the API kept failing: handing the run back");
@@ -431,7 +441,15 @@ async fn decide(
             record_failure(ctx, target, Outcome::TimedOut, timing.timeout_msg.clone()).await
         }
         Stop::Cutoff => hand_back(Why::Cutoff).await,
+    };
+    if paused {
+        // Its pause is a wait, not execution, for the run timeout.
+        let ours = ctx.engine_store.open_steps(run.id);
+        let until = ctx.budget.last_write();
+        ctx.mark_the_pause(target, timing.claimed_at, until, &ours)
+            .await;
     }
+    fate
 }
 
 /// The fate of a run whose execution's task ended: with the engine's result, or a panic.

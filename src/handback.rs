@@ -104,7 +104,8 @@ pub(crate) enum Why {
 
 /// The key of the debug message that marks an interruption written by a handback
 /// (`{"ironflow_lambda_interruption": "cutoff" | "api_fault" | "lease_expired" |
-/// "short_cutoff" | "cutoff_after_progress" | "deferred"}`): [`COUNTED_MARK`] for one the loop guard counts.
+/// "short_cutoff" | "cutoff_after_progress" | "deferred" | "paused"}`): [`COUNTED_MARK`] for
+/// one the loop guard counts; [`PAUSED_MARK`] is written after an operator's pause.
 pub const INTERRUPTION_KEY: &str = "ironflow_lambda_interruption";
 
 /// The interruption mark of a cutoff the loop guard counts.
@@ -171,7 +172,8 @@ impl Invocation {
                 "could not mark the running steps interrupted ({e})"
             ));
         }
-        self.mark_the_wait(h, &guarded).await;
+        self.mark_the_wait(h.target, h.claimed_at, h.until, &guarded)
+            .await;
         // 4. Pending.
         self.write_pending(h, &guarded.run).await
     }
@@ -342,30 +344,38 @@ impl Invocation {
     /// from when this invocation took it up and begins to wait now
     /// ([`attempt_time::handback_mark`]). A write that fails is read back (the mark
     /// landed if a step carries it) and sent again, at most [`MARK_ATTEMPTS`] times in all; one
-    /// that still fails costs only the run timeout's reading of this wait (it then counts,
-    /// until the next step): the handback goes on. It takes at most a third of the time left
+    /// that still fails costs only the run timeout's reading of this invocation and the wait
+    /// after it (read as the stretch before them, docs/design.md): the handback goes on. It takes at most a third of the time left
     /// to the handback's last write, so that the Pending write keeps the rest; and it is not
     /// written when the run whose lease is held could not be read (its attempt is unknown).
-    async fn mark_the_wait(&self, h: &Handback<'_>, guarded: &Guarded) {
-        if guarded.run.id != h.target {
+    ///
+    /// `target` is the run whose lease is held, `taken_up` when this invocation took it up,
+    /// `until` the handback's last write.
+    async fn mark_the_wait(
+        &self,
+        target: Uuid,
+        taken_up: DateTime<Utc>,
+        until: Instant,
+        guarded: &Guarded,
+    ) {
+        if guarded.run.id != target {
             return;
         }
-        let share = h.until.saturating_duration_since(Instant::now()) / 3;
-        if tokio::time::timeout(share, self.send_the_mark(h, guarded))
+        let share = until.saturating_duration_since(Instant::now()) / 3;
+        if tokio::time::timeout(share, self.send_the_mark(target, taken_up, guarded))
             .await
             .is_err()
         {
             warn!(
-                "no time left to record when the run began to wait: the run timeout counts its wait until its next step"
+                "no time left to record when the run began to wait: the run timeout reads this invocation and the wait after it as it reads the time before them (docs/design.md)"
             );
         }
     }
 
     /// [`Invocation::mark_the_wait`]'s writes and read-backs.
-    async fn send_the_mark(&self, h: &Handback<'_>, guarded: &Guarded) {
-        let (store, target) = (&self.calls.store, h.target);
+    async fn send_the_mark(&self, target: Uuid, taken_up: DateTime<Utc>, guarded: &Guarded) {
+        let store = &self.calls.store;
         let attempt = guarded.run.retry_count.saturating_add(1);
-        let taken_up = h.claimed_at;
         let Some(mut mark) =
             attempt_time::handback_mark(&guarded.steps, attempt, taken_up, Utc::now())
         else {
@@ -394,8 +404,74 @@ impl Invocation {
         let error = error.map(|e| e.to_string()).unwrap_or_default();
         warn!(
             error,
-            "could not record when the run began to wait: the run timeout counts its wait until its next step"
+            "could not record when the run began to wait: the run timeout reads this invocation and the wait after it as it reads the time before them (docs/design.md)"
         );
+    }
+}
+
+/// The interruption mark of the steps an execution left Running when an operator paused its
+/// run ([`Invocation::mark_the_pause`]): never counted by the loop guard.
+pub const PAUSED_MARK: &str = "paused";
+
+impl Invocation {
+    /// An operator paused the run whose lease was held (`target`) while it executed here,
+    /// taken up at `taken_up`: nothing of a handback is written but its step 3, so that the
+    /// pause is a wait for the run timeout (docs/design.md, "The run timeout across
+    /// invocations"). The API's pause interrupted the steps Running at that moment; the
+    /// execution went on until it saw the pause, and may have started another step. Then, with
+    /// the invocation's calls, until `until`:
+    /// 1. read the run whose lease was held: if it is no longer Paused (resumed since: the
+    ///    resume interrupts the steps left Running itself, and another worker may hold it now),
+    ///    write nothing;
+    /// 2. mark Failed with `STEP_INTERRUPTED_ERROR` (and [`PAUSED_MARK`]) the steps this
+    ///    execution created or started and left Running (`ours`; never another's), so that the
+    ///    resume executes them again and their interruption begins the wait;
+    /// 3. with none Running, record that this invocation executed the run from its claim and
+    ///    that it waits from now ([`Invocation::mark_the_wait`]).
+    ///
+    /// The lease is not confirmed: a paused run has no holder (step writes are not
+    /// lease-checked). A write that fails costs only the run timeout's reading of the pause.
+    pub(crate) async fn mark_the_pause(
+        &self,
+        target: Uuid,
+        taken_up: DateTime<Utc>,
+        until: Instant,
+        ours: &[Uuid],
+    ) {
+        let store = &self.calls.store;
+        let write = async {
+            // 1. Still paused.
+            let run = match store.get_run(target).await {
+                Ok(Some(run)) if run.status.state == RunStatus::Paused => run,
+                _ => return,
+            };
+            let Ok(steps) = store.list_steps(target).await else {
+                warn!("could not list the paused run's steps: the run timeout may count its pause");
+                return;
+            };
+            // 2. Its steps left Running.
+            let left: Vec<Step> = steps
+                .iter()
+                .filter(|s| s.status.state == StepStatus::Running && ours.contains(&s.id))
+                .cloned()
+                .collect();
+            if let Err(e) = self.interrupt_running_steps(&left, PAUSED_MARK).await {
+                warn!(error = %e, "could not mark the paused run's running steps interrupted: the run timeout may count its pause");
+                return;
+            }
+            // 3. When it began to wait.
+            if left.is_empty() {
+                let guarded = Guarded {
+                    run,
+                    steps,
+                    counted: false,
+                    progressed: false,
+                };
+                self.mark_the_wait(target, taken_up, until, &guarded).await;
+            }
+        };
+        let key = self.key(target);
+        self.calls.within(until, Some(key), write).await;
     }
 }
 

@@ -229,6 +229,12 @@ impl GuardedStore {
         self.spends.take(run_id)
     }
 
+    /// The ids of run `run_id`'s steps (its execution's, sub-workflow children's included)
+    /// that this worker created or started and saw no end of, until [`GuardedStore::take_spend`].
+    pub fn open_steps(&self, run_id: Uuid) -> Vec<Uuid> {
+        self.spends.open(run_id)
+    }
+
     /// Stop answering reads of `run_id` from its view (its status changed): the next read goes
     /// to the API.
     fn forget(&self, run_id: Uuid) {
