@@ -56,6 +56,15 @@ impl Spends {
         let Some(run_id) = inner.step_run.get(&step_id).copied().or(scope_run) else {
             return;
         };
+        // A write with nothing to count (a handback's interruption or mark, made with the
+        // invocation's own calls) adds no entry: nothing would ever take it.
+        let counts = update.input_tokens.is_some()
+            || update.output_tokens.is_some()
+            || update.cost_usd.is_some()
+            || update.status == Some(StepStatus::Running);
+        if !counts && !inner.runs.contains_key(&run_id) {
+            return;
+        }
         let run = inner.runs.entry(run_id).or_default();
         match update.status {
             Some(status) if status.is_terminal() => {
@@ -77,6 +86,17 @@ impl Spends {
             // A `Decimal` of dollars: its text always parses.
             spend.cost_usd += cost.to_string().parse::<f64>().unwrap_or(0.0);
         }
+    }
+
+    /// The steps of run `run_id` (its execution's, as [`Spends::created`] counts them) created
+    /// or started and not yet ended.
+    pub fn open(&self, run_id: Uuid) -> Vec<Uuid> {
+        let inner = self.lock();
+        inner
+            .runs
+            .get(&run_id)
+            .map(|run| run.open.iter().copied().collect())
+            .unwrap_or_default()
     }
 
     /// Take what run `run_id` used since this worker began holding it, and how many of its
@@ -121,5 +141,27 @@ mod tests {
         let (spend, open) = spends.take(other);
         assert_eq!((spend.input_tokens, open), (0, 1), "by its scope's run");
         assert_eq!(spends.take(run).0, Spend::default(), "taken once");
+    }
+
+    #[test]
+    fn a_write_with_nothing_to_count_to_a_run_not_held_adds_nothing() {
+        let spends = Spends::default();
+        let (run, step) = (Uuid::new_v4(), Uuid::new_v4());
+        // A handback's interruption and mark, with the invocation's own calls.
+        let interrupted = StepUpdate {
+            status: Some(StepStatus::Failed),
+            ..StepUpdate::default()
+        };
+        let mark = StepUpdate {
+            debug_messages: Some(serde_json::json!([{"mark": 1}])),
+            ..StepUpdate::default()
+        };
+        spends.landed(step, &interrupted, Some(run));
+        spends.landed(step, &mark, Some(run));
+        assert!(spends.lock().runs.is_empty(), "{:?}", spends.lock().runs);
+        // The same writes to a run its execution holds still count there.
+        spends.created(Uuid::new_v4(), run);
+        spends.landed(step, &interrupted, Some(run));
+        assert_eq!(spends.open(run).len(), 1);
     }
 }
