@@ -1,9 +1,10 @@
-//! The run timeout and an operator's pause (docs/design.md, "The run timeout across
-//! invocations"), against the real ironflow API on both of its stores: the time a run stays
-//! Paused is a wait, not executed time, whether the pause stopped the execution between two
-//! steps or after it had started another step on its last view of the run.
+//! The run timeout's waits (docs/design.md, "The run timeout across invocations"), against the
+//! real ironflow API on both of its stores: the time a run stays Paused is a wait, not executed
+//! time, whether the pause stopped the execution between two steps or after it had started
+//! another step on its last view of the run; and so is the time a decision escalated to a human
+//! waits for its answer.
 //!
-//! The workflow: a step `a`, then workflow code that waits outside any step until the test
+//! The pause's workflow: a step `a`, then workflow code that waits outside any step until the test
 //! creates the file `go`, then a step `b` (which sleeps 30 s unless the file `resumed` exists,
 //! so that it is still running when its execution is stopped the first time, and ends at once
 //! after the resume), then `c`. Each test pauses the run for longer than its run timeout, then
@@ -11,16 +12,24 @@
 
 mod common;
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use common::{Backend, Harness, wait_until};
-use ironflow_engine::config::ShellConfig;
+use ironflow_core::decision::{DecisionAnswer, DecisionOutput, DecisionUsage, NoulAnswer};
+use ironflow_core::providers::record_replay_decision::{
+    RecordReplayDecisionProvider, hash_request,
+};
+use ironflow_engine::config::{DecisionConfig, ShellConfig};
 use ironflow_engine::context::WorkflowContext;
+use ironflow_engine::decision::DecisionAnswers;
 use ironflow_engine::handler::{HandlerFuture, WorkflowHandler};
 use ironflow_lambda::Outcome;
-use ironflow_store::entities::{RunStatus, StepStatus};
+use ironflow_store::entities::{RunStatus, StepKind, StepStatus};
 use ironflow_store::store::STEP_INTERRUPTED_ERROR;
+use serde_json::json;
 
 const LONG: Duration = Duration::from_secs(60);
 
@@ -162,7 +171,109 @@ async fn a_step_started_after_the_pause_is_interrupted_when_the_pause_is_seen(ba
     assert_eq!(h.status(id).await, RunStatus::Completed);
 }
 
+/// The answers of the decision below.
+#[derive(DecisionAnswers)]
+struct Urgency {
+    #[noul("Does this convey urgency?")]
+    urgent: f64,
+}
+
+/// The decision's config: escalated to a human when its confidence is below 0.7.
+fn urgency() -> DecisionConfig<Urgency> {
+    DecisionConfig::new("Payouts fail since 3 days")
+        .answers::<Urgency>()
+        .escalate_below(0.7)
+}
+
+/// A step `a`, the decision `urgency`, a step `c` that records its answer.
+struct Triage;
+
+impl WorkflowHandler for Triage {
+    fn name(&self) -> &str {
+        "triage"
+    }
+
+    fn execute<'a>(&'a self, ctx: &'a mut WorkflowContext) -> HandlerFuture<'a> {
+        Box::pin(async move {
+            ctx.shell("a", ShellConfig::new("true")).await?;
+            let answer = ctx.decision("urgency", urgency()).await?;
+            let record = format!("echo {}", answer.urgent);
+            ctx.shell("c", ShellConfig::new(&record)).await?;
+            Ok(())
+        })
+    }
+}
+
+/// A decision escalated to a human (its model's answer, replayed by ironflow-core's
+/// `RecordReplayDecisionProvider` from a fixture written here: "urgent" at 0.6, a confidence of
+/// 0.2) waits with no invocation holding the run; answered 8 s later, past the 6 s timeout,
+/// the run must complete. The engine leaves the step AwaitingApproval and completes it only at
+/// the replay after the answer: without the decision's own reading, its whole interval counted.
+async fn a_decision_escalated_to_a_human_does_not_count_its_wait_toward_the_run_timeout(
+    backend: Backend,
+) {
+    let h = Harness::start_on(backend).await;
+    let fixtures = h.path("decisions");
+    std::fs::create_dir_all(&fixtures).unwrap();
+    let request = urgency().to_request();
+    let output = DecisionOutput {
+        model: None,
+        answers: BTreeMap::from([(
+            "urgent".to_string(),
+            DecisionAnswer::Noul(NoulAnswer { noul: 0.6 }),
+        )]),
+        usage: DecisionUsage::default(),
+    };
+    let fixture = json!({ "request": request, "output": output });
+    let file = fixtures.join(format!("{}.json", hash_request(&request)));
+    std::fs::write(&file, fixture.to_string()).unwrap();
+    let provider = RecordReplayDecisionProvider::replay(fixtures.to_str().unwrap());
+    let worker = h
+        .builder()
+        .register(Triage)
+        .decision_provider(Arc::new(provider))
+        .run_timeout(Duration::from_secs(6))
+        .build()
+        .unwrap();
+    let id = h.create("triage", 0).await;
+
+    let first = h.invoke(&worker, LONG).await;
+    assert_eq!(first.count(Outcome::Suspended), 1, "{first:?}");
+    assert_eq!(h.status(id).await, RunStatus::AwaitingApproval);
+    let steps = h.steps(id).await;
+    assert!(
+        steps.iter().any(|s| s.kind == StepKind::Decision
+            && s.status.state == StepStatus::AwaitingApproval),
+        "{steps:?}"
+    );
+
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    let answer = reqwest::Client::new()
+        .post(format!("{}/api/v1/runs/{id}/approve", h.api.url()))
+        .header("authorization", h.api.admin_bearer().await.unwrap())
+        .json(&json!({}))
+        .send()
+        .await
+        .unwrap();
+    assert!(
+        answer.status().is_success(),
+        "{}",
+        answer.text().await.unwrap()
+    );
+    let last = h.invoke(&worker, LONG).await;
+    assert_eq!(last.count(Outcome::Completed), 1, "{last:?}");
+    assert_eq!(h.status(id).await, RunStatus::Completed);
+    let steps = h.steps(id).await;
+    let decision = steps.iter().find(|s| s.kind == StepKind::Decision);
+    assert!(
+        decision
+            .is_some_and(|d| d.status.state == StepStatus::Completed && !d.approvals.is_empty()),
+        "completed by the replay, with the human's vote: {steps:?}"
+    );
+}
+
 on_both_stores!(
     a_pause_between_two_steps_does_not_count_toward_the_run_timeout,
     a_step_started_after_the_pause_is_interrupted_when_the_pause_is_seen,
+    a_decision_escalated_to_a_human_does_not_count_its_wait_toward_the_run_timeout,
 );
