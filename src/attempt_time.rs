@@ -5,11 +5,13 @@
 //!
 //! The module map: [docs/structure.md](https://github.com/ironflow-lambda/ironflow-lambda/blob/main/docs/structure.md).
 
+use std::collections::HashMap;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use ironflow_store::entities::{Step, StepKind, StepStatus};
 use ironflow_store::store::STEP_INTERRUPTED_ERROR;
+use uuid::Uuid;
 
 /// The error ironflow-engine gives an agent step parked on a capacity wait (its
 /// `CAPACITY_WAIT_STEP_ERROR`, not exported): the run sleeps from that step's end until it
@@ -33,15 +35,31 @@ const CAPACITY_WAIT_STEP_ERROR: &str = "waiting for provider capacity";
 /// - a handback, or an execution stopped by an operator's pause, that interrupted no step
 ///   recorded it as the instant the run began to wait ([`handback_mark`]).
 ///
+/// The steps of the sub-workflow runs the attempt entered (`children`, [`children_of`]) count
+/// as the attempt's own while the `workflow` step that entered them is open: a child that
+/// waits, waits for its parent.
+///
 /// A step left Pending (created, its start never written) executes nothing. Zero for an attempt
 /// with no step. Instants are clamped to `now` (the API's clock may run ahead of ours). Linear
 /// in the steps but for a sort and a binary search per stretch: it runs at every claim.
-pub(crate) fn executed(steps: &[Step], attempt: u32, now: DateTime<Utc>) -> Duration {
-    let parts: Vec<Part> = steps
-        .iter()
-        .filter(|s| s.attempt == attempt)
-        .map(|s| Part::of(s, now))
-        .collect();
+pub(crate) fn executed(
+    steps: &[Step],
+    attempt: u32,
+    children: &Children,
+    now: DateTime<Utc>,
+) -> Duration {
+    let mut parts: Vec<Part> = Vec::new();
+    for s in steps.iter().filter(|s| s.attempt == attempt) {
+        parts.push(Part::of(s, now));
+        entered(
+            s,
+            children,
+            now,
+            (DateTime::<Utc>::MIN_UTC, now),
+            0,
+            &mut parts,
+        );
+    }
     let marks: Vec<Mark> = steps
         .iter()
         .filter(|s| s.attempt == attempt)
@@ -79,6 +97,71 @@ pub(crate) fn executed(steps: &[Step], attempt: u32, now: DateTime<Utc>) -> Dura
         .filter(|w| !waited(w[0]))
         .map(|w| (w[1] - w[0]).to_std().unwrap_or_default())
         .fold(Duration::ZERO, Duration::saturating_add)
+}
+
+/// The steps of the sub-workflow runs an attempt entered, by run id, as read at the claim
+/// ([`children_of`]); a run missing here counts as before: its `workflow` step's interval is
+/// executed time.
+pub(crate) type Children = HashMap<Uuid, Vec<Step>>;
+
+/// The most levels of sub-workflows below a run whose steps [`executed`] reads: 8.
+pub(crate) const MAX_DEPTH: usize = 8;
+
+/// The child run a `workflow` step entered: `child_run_id` in its output while the child runs
+/// or waits, `run_id` once it finished (ironflow-engine's `SubWorkflowOutput`).
+fn child_of(step: &Step) -> Option<Uuid> {
+    if step.kind != StepKind::Workflow {
+        return None;
+    }
+    let output = step.output.as_ref()?;
+    let id = output
+        .get("child_run_id")
+        .or_else(|| output.get("run_id"))?;
+    id.as_str()?.parse().ok()
+}
+
+/// The sub-workflow runs that the steps among `steps` of attempt `attempt` (every attempt's,
+/// for `None`: a child's) entered: the runs whose steps [`executed`] needs in `children`.
+pub(crate) fn children_of(steps: &[Step], attempt: Option<u32>) -> Vec<Uuid> {
+    let mut ids: Vec<Uuid> = steps
+        .iter()
+        .filter(|s| attempt.is_none_or(|a| s.attempt == a))
+        .filter_map(child_of)
+        .collect();
+    ids.sort_unstable();
+    ids.dedup();
+    ids
+}
+
+/// Add to `parts` the steps of the child run `step` entered (and of its own children, down to
+/// [`MAX_DEPTH`] levels), each cut to the part of `within` and of `step`'s interval it shares:
+/// the child's steps execute and wait for the run that entered it while that step is open,
+/// whichever of the child's attempts they belong to. A child interrupted with its parent's
+/// step and entered again later is read once per entry.
+fn entered(
+    step: &Step,
+    children: &Children,
+    now: DateTime<Utc>,
+    within: (DateTime<Utc>, DateTime<Utc>),
+    depth: usize,
+    parts: &mut Vec<Part>,
+) {
+    let Some(child) = child_of(step).and_then(|id| children.get(&id)) else {
+        return;
+    };
+    if depth >= MAX_DEPTH {
+        return;
+    }
+    let start = step.started_at.unwrap_or(step.created_at).min(now);
+    let end = step.completed_at.map_or(now, |at| at.min(now));
+    let within = (within.0.max(start), within.1.min(end));
+    if within.0 >= within.1 {
+        return;
+    }
+    for s in child {
+        parts.push(Part::of(s, now).cut_to(within));
+        entered(s, children, now, within, depth + 1, parts);
+    }
 }
 
 /// What one step of the attempt adds to [`executed`]'s reading, its instants clamped to `now`.
@@ -128,6 +211,24 @@ impl Part {
                 .then_some(s.completed_at)
                 .flatten()
                 .map(|at| at.min(now)),
+        }
+    }
+}
+
+impl Part {
+    /// This part as seen from the run whose step entered its sub-workflow: what falls within
+    /// `[from, to]`.
+    fn cut_to(self, (from, to): (DateTime<Utc>, DateTime<Utc>)) -> Self {
+        let inside = |at: &DateTime<Utc>| from <= *at && *at <= to;
+        let cut = |(s, e): (DateTime<Utc>, DateTime<Utc>)| {
+            let (s, e) = (s.max(from), e.min(to));
+            (s < e).then_some((s, e))
+        };
+        Part {
+            instants: self.instants.map(|at| at.filter(inside)),
+            executing: self.executing.and_then(cut),
+            waiting: self.waiting.and_then(cut),
+            suspends_at: self.suspends_at.filter(|at| from <= *at && *at < to),
         }
     }
 }
@@ -321,6 +422,11 @@ mod tests {
             .collect()
     }
 
+    /// [`executed`] of an attempt that entered no sub-workflow.
+    fn executed_alone(steps: &[Step], attempt: u32, now: DateTime<Utc>) -> Duration {
+        executed(steps, attempt, &Children::new(), now)
+    }
+
     fn secs(d: Duration) -> u64 {
         d.as_secs()
     }
@@ -335,13 +441,13 @@ mod tests {
             step("signal", "completed", 2, Some(100)),
             after,
         ]);
-        assert_eq!(secs(executed(&s, 1, t(305))), 2 + 5);
+        assert_eq!(secs(executed_alone(&s, 1, t(305))), 2 + 5);
         // Still waiting at the claim: nothing after the wait's start counts.
         let s = steps(vec![
             step("shell", "completed", 0, Some(2)),
             step("human_input", "awaiting_approval", 2, None),
         ]);
-        assert_eq!(secs(executed(&s, 1, t(5000))), 2);
+        assert_eq!(secs(executed_alone(&s, 1, t(5000))), 2);
     }
 
     #[test]
@@ -356,14 +462,14 @@ mod tests {
             // Taken up at 700, handed back at 710 (its step interrupted), again at 900.
             interrupted,
         ]);
-        assert_eq!(secs(executed(&s, 1, t(900))), 3 + 10);
+        assert_eq!(secs(executed_alone(&s, 1, t(900))), 3 + 10);
         // An agent step parked on a capacity wait: the run sleeps from its end.
         let mut parked = step("agent", "failed", 0, Some(4));
         parked["error"] = json!(CAPACITY_WAIT_STEP_ERROR);
-        assert_eq!(secs(executed(&steps(vec![parked]), 1, t(500))), 4);
+        assert_eq!(secs(executed_alone(&steps(vec![parked]), 1, t(500))), 4);
         // A zero delay (no wake-up) does not suspend: what follows it executes.
         let s = steps(vec![step("delay", "completed", 0, Some(0))]);
-        assert_eq!(secs(executed(&s, 1, t(40))), 40);
+        assert_eq!(secs(executed_alone(&s, 1, t(40))), 40);
     }
 
     /// `steps` with the mark of a handback at `at`, by an invocation that took the run up at
@@ -382,32 +488,32 @@ mod tests {
         // 4, Pending until the claim at 100.
         let s = steps(vec![step("shell", "completed", 0, Some(3))]);
         assert_eq!(
-            secs(executed(&s, 1, t(100))),
+            secs(executed_alone(&s, 1, t(100))),
             100,
             "unmarked, the wait counts"
         );
         let s = marked(s, 0, 4);
-        assert_eq!(secs(executed(&s, 1, t(100))), 4);
+        assert_eq!(secs(executed_alone(&s, 1, t(100))), 4);
         // Taken up at 100 and deferred again at 101 before any step: that second counts, the
         // waits before and after it do not.
         let s = marked(s, 100, 101);
-        assert_eq!(secs(executed(&s, 1, t(300))), 4 + 1);
+        assert_eq!(secs(executed_alone(&s, 1, t(300))), 4 + 1);
         // Then 10 s of a step, handed back after it at 311 and claimed at 500: every wait of
         // the attempt is still one.
         let mut s = s;
         s.extend(steps(vec![step("shell", "completed", 300, Some(310))]));
         let s = marked(s, 300, 311);
-        assert_eq!(secs(executed(&s, 1, t(500))), 3 + 1 + 1 + 10 + 1);
+        assert_eq!(secs(executed_alone(&s, 1, t(500))), 3 + 1 + 1 + 10 + 1);
         // Workflow code that runs outside any step until each cutoff: every invocation's time
         // counts, so the run timeout still ends it.
         let s = steps(vec![step("shell", "completed", 0, Some(1))]);
         let s = marked(marked(marked(s, 0, 60), 100, 160), 200, 260);
-        assert_eq!(secs(executed(&s, 1, t(300))), 60 * 3);
+        assert_eq!(secs(executed_alone(&s, 1, t(300))), 60 * 3);
         // A step executing across a mark: that stretch counts all the same.
         let mut running = steps(vec![step("shell", "running", 0, None)]);
         running[0].debug_messages =
             Some(json!([{ HANDED_BACK_KEY: t(10) }, {"role": "assistant"}]));
-        assert_eq!(secs(executed(&running, 1, t(30))), 30);
+        assert_eq!(secs(executed_alone(&running, 1, t(30))), 30);
     }
 
     #[test]
@@ -419,12 +525,12 @@ mod tests {
             step("shell", "pending", 4, None),
         ]);
         let mut s = marked(s, 0, 5);
-        assert_eq!(secs(executed(&s, 1, t(1000))), 5);
+        assert_eq!(secs(executed_alone(&s, 1, t(1000))), 5);
         s.extend(steps(vec![
             step("shell", "completed", 1000, Some(1002)),
             step("signal", "completed", 1002, Some(86_400)),
         ]));
-        assert_eq!(secs(executed(&s, 1, t(90_000))), 5 + 2);
+        assert_eq!(secs(executed_alone(&s, 1, t(90_000))), 5 + 2);
         // An instant step the API stamped 2 s ahead of our clock, after our handback's "now":
         // the mark goes after it, and the Pending time is a wait.
         let mut skip = step("skip", "completed", 3, Some(3));
@@ -432,7 +538,7 @@ mod tests {
         let s = steps(vec![step("shell", "completed", 0, Some(3)), skip]);
         let (_, _, at) = handback_mark(&s, 1, t(0), t(4)).unwrap();
         assert_eq!(at, t(6));
-        assert_eq!(secs(executed(&marked(s, 0, 4), 1, t(100))), 6);
+        assert_eq!(secs(executed_alone(&marked(s, 0, 4), 1, t(100))), 6);
     }
 
     #[test]
@@ -486,18 +592,18 @@ mod tests {
             step("shell", "completed", 0, Some(2)),
             escalated(2, 3000, None),
         ]);
-        assert_eq!(secs(executed(&open, 1, t(5000))), 2 + 3);
+        assert_eq!(secs(executed_alone(&open, 1, t(5000))), 2 + 3);
         // Its replay completed it at 5001; 4 s of a step after it, a claim at 5010.
         let s = steps(vec![
             step("shell", "completed", 0, Some(2)),
             escalated(2, 3000, Some(5001)),
             step("shell", "completed", 5001, Some(5005)),
         ]);
-        assert_eq!(secs(executed(&s, 1, t(5010))), 2 + 3 + 4 + 5);
+        assert_eq!(secs(executed_alone(&s, 1, t(5010))), 2 + 3 + 4 + 5);
         // A decision that was not escalated executes from its start to its end, as any step.
         let mut plain = step("decision", "completed", 0, Some(7));
         plain["duration_ms"] = json!(3000);
-        assert_eq!(secs(executed(&steps(vec![plain]), 1, t(7))), 7);
+        assert_eq!(secs(executed_alone(&steps(vec![plain]), 1, t(7))), 7);
     }
 
     /// [`executed`]'s definition read stretch by stretch over every step, without its spans'
@@ -603,11 +709,86 @@ mod tests {
             }
             let now = t(rng.random_range(0..150));
             assert_eq!(
-                executed(&s, 1, now),
+                executed_alone(&s, 1, now),
                 executed_by_scan(&s, now),
                 "seed {seed}, case {case}: {s:#?}"
             );
         }
+    }
+
+    /// A `workflow` step of attempt 1 from `start` to `end` that entered run `child`.
+    fn workflow(child: uuid::Uuid, start: i64, end: Option<i64>) -> serde_json::Value {
+        let status = if end.is_some() {
+            "completed"
+        } else {
+            "running"
+        };
+        let mut w = step("workflow", status, start, end);
+        w["output"] = match end {
+            Some(_) => json!({"run_id": child, "workflow_name": "child", "status": "completed"}),
+            None => json!({"child_run_id": child}),
+        };
+        w
+    }
+
+    #[test]
+    fn a_sub_workflow_s_waits_are_its_parent_s_and_its_steps_count_within_its_step() {
+        let (child, grandchild) = (uuid::Uuid::new_v4(), uuid::Uuid::new_v4());
+        // 1 s of `a`; the child: 2 s of `x`, a human input answered 1000 s later, 3 s of `y`;
+        // then `c`, handed back at 1010 (interrupted), claimed at 2000.
+        let mut c = step("shell", "failed", 1006, Some(1010));
+        c["error"] = json!(STEP_INTERRUPTED_ERROR);
+        let parent = steps(vec![
+            step("shell", "completed", 0, Some(1)),
+            workflow(child, 1, Some(1006)),
+            c,
+        ]);
+        let mut kids = Children::new();
+        let alone = executed(&parent, 1, &kids, t(2000));
+        assert_eq!(secs(alone), 1010, "unread, the child's wait counts");
+        kids.insert(
+            child,
+            steps(vec![
+                step("shell", "completed", 1, Some(3)),
+                step("human_input", "completed", 3, Some(1003)),
+                step("shell", "completed", 1003, Some(1006)),
+            ]),
+        );
+        assert_eq!(secs(executed(&parent, 1, &kids, t(2000))), 1 + 2 + 3 + 4);
+
+        // A grandchild that sleeps (`ctx.delay`) 500 s inside the child's step, read too.
+        let mut delay = step("delay", "completed", 5, Some(5));
+        delay["output"] = json!({"wake_at": t(505)});
+        kids.insert(
+            child,
+            steps(vec![
+                step("shell", "completed", 1, Some(3)),
+                workflow(grandchild, 3, Some(506)),
+            ]),
+        );
+        kids.insert(
+            grandchild,
+            steps(vec![
+                step("shell", "completed", 3, Some(5)),
+                delay,
+                step("shell", "completed", 505, Some(506)),
+            ]),
+        );
+        let parent = steps(vec![
+            step("shell", "completed", 0, Some(1)),
+            workflow(child, 1, Some(506)),
+        ]);
+        assert_eq!(secs(executed(&parent, 1, &kids, t(506))), 1 + 2 + 2 + 1);
+
+        // The child's steps count only within its parent's step: a step left Running in the
+        // child when the parent's step was interrupted at 10 (a handback) does not run on
+        // through the Pending time after it.
+        let mut cut = workflow(child, 1, Some(10));
+        cut["status"]["state"] = json!("failed");
+        cut["error"] = json!(STEP_INTERRUPTED_ERROR);
+        let parent = steps(vec![step("shell", "completed", 0, Some(1)), cut]);
+        kids.insert(child, steps(vec![step("shell", "running", 2, None)]));
+        assert_eq!(secs(executed(&parent, 1, &kids, t(900))), 10);
     }
 
     #[test]
@@ -620,13 +801,13 @@ mod tests {
             step("shell", "completed", 0, Some(50)),
             other_attempt,
         ]);
-        assert_eq!(secs(executed(&s, 1, t(400))), 50);
-        assert_eq!(executed(&[], 1, t(1)), Duration::ZERO);
+        assert_eq!(secs(executed_alone(&s, 1, t(400))), 50);
+        assert_eq!(executed_alone(&[], 1, t(1)), Duration::ZERO);
         // Executing without a wait: all of it, clamped to now.
         let s = steps(vec![step("shell", "running", 0, None)]);
-        assert_eq!(secs(executed(&s, 1, t(30))), 30);
+        assert_eq!(secs(executed_alone(&s, 1, t(30))), 30);
         assert_eq!(
-            executed(&s, 1, t(30) - TimeDelta::seconds(60)),
+            executed_alone(&s, 1, t(30) - TimeDelta::seconds(60)),
             Duration::ZERO
         );
     }

@@ -36,6 +36,7 @@ use chrono::{DateTime, Utc};
 use ironflow_engine::engine::WorkflowResult;
 use ironflow_engine::error::EngineError;
 use ironflow_store::entities::{Run, RunStatus};
+use ironflow_store::error::StoreError;
 use ironflow_store::store::RunStore;
 use tokio::task::JoinError;
 use tokio::time::{Instant, sleep_until, timeout_at};
@@ -511,27 +512,60 @@ async fn record_failure(ctx: &Invocation, run_id: Uuid, outcome: Outcome, msg: S
 }
 
 /// How long the current attempt of `run` executed before `claimed_at`, read from its steps
-/// ([`attempt_time::executed`]: waits do not count), or zero for a run that never executed
-/// (its recorded duration is zero). The read is the invocation's, bounded by the cutoff; a
-/// read that fails counts nothing (the timeout then counts from this invocation).
+/// and from those of the sub-workflow runs they entered ([`attempt_time::executed`]: waits do
+/// not count, a child's included), or zero for a run that never executed (its recorded
+/// duration is zero). The reads are the invocation's, bounded by the cutoff, at most
+/// [`MAX_STEP_LISTS`] of them; a read of the run's steps that fails counts nothing (the timeout
+/// then counts from this invocation), one of a child's counts its `workflow` step as executed.
 async fn executed_before(ctx: &Invocation, run: &Run, claimed_at: DateTime<Utc>) -> Duration {
     if run.duration_ms == 0 {
         return Duration::ZERO;
     }
     let attempt = run.retry_count + 1;
-    let read = ctx.calls.store.list_steps(run.id);
+    let store = &ctx.calls.store;
+    let read = async {
+        let steps = store.list_steps(run.id).await?;
+        let mut children = attempt_time::Children::new();
+        let mut next = attempt_time::children_of(&steps, Some(attempt));
+        let mut reads = 1;
+        // Level by level, each child once.
+        for _ in 0..attempt_time::MAX_DEPTH {
+            let mut below = Vec::new();
+            for id in next {
+                if reads >= MAX_STEP_LISTS || children.contains_key(&id) {
+                    continue;
+                }
+                reads += 1;
+                match store.list_steps(id).await {
+                    Ok(child) => {
+                        below.extend(attempt_time::children_of(&child, None));
+                        children.insert(id, child);
+                    }
+                    Err(e) => {
+                        warn!(child_run_id = %id, error = %e, "could not list a sub-workflow's steps: its time counts as executed")
+                    }
+                }
+            }
+            next = below;
+        }
+        Ok::<_, StoreError>((steps, children))
+    };
     match ctx
         .calls
         .within(ctx.budget.cutoff(), Some(ctx.key(run.id)), read)
         .await
     {
-        Ok(steps) => attempt_time::executed(&steps, attempt, claimed_at),
+        Ok((steps, children)) => attempt_time::executed(&steps, attempt, &children, claimed_at),
         Err(e) => {
             warn!(error = %e, "could not list steps to find the attempt's executed time");
             Duration::ZERO
         }
     }
 }
+
+/// The most step lists [`executed_before`] reads at a claim: the run's own and 15 of its
+/// sub-workflows'.
+const MAX_STEP_LISTS: usize = 16;
 
 fn panic_message(panic: JoinError) -> String {
     if !panic.is_panic() {

@@ -1,8 +1,9 @@
 //! The run timeout's waits (docs/design.md, "The run timeout across invocations"), against the
 //! real ironflow API on both of its stores: the time a run stays Paused is a wait, not executed
 //! time, whether the pause stopped the execution between two steps or after it had started
-//! another step on its last view of the run; and so is the time a decision escalated to a human
-//! waits for its answer.
+//! another step on its last view of the run; so is the time a decision escalated to a human
+//! waits for its answer, and the time a sub-workflow waits for a human, for the run that
+//! entered it.
 //!
 //! The pause's workflow: a step `a`, then workflow code that waits outside any step until the test
 //! creates the file `go`, then a step `b` (which sleeps 30 s unless the file `resumed` exists,
@@ -17,17 +18,18 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use chrono::Utc;
 use common::{Backend, Harness, wait_until};
 use ironflow_core::decision::{DecisionAnswer, DecisionOutput, DecisionUsage, NoulAnswer};
 use ironflow_core::providers::record_replay_decision::{
     RecordReplayDecisionProvider, hash_request,
 };
-use ironflow_engine::config::{DecisionConfig, ShellConfig};
+use ironflow_engine::config::{DecisionConfig, HumanInputConfig, ShellConfig};
 use ironflow_engine::context::WorkflowContext;
 use ironflow_engine::decision::DecisionAnswers;
-use ironflow_engine::handler::{HandlerFuture, WorkflowHandler};
+use ironflow_engine::handler::{HandlerFuture, TypedWorkflow, WorkflowHandler};
 use ironflow_lambda::Outcome;
-use ironflow_store::entities::{RunStatus, StepKind, StepStatus};
+use ironflow_store::entities::{RunStatus, StepKind, StepStatus, StepUpdate};
 use ironflow_store::store::STEP_INTERRUPTED_ERROR;
 use serde_json::json;
 
@@ -272,8 +274,115 @@ async fn a_decision_escalated_to_a_human_does_not_count_its_wait_toward_the_run_
     );
 }
 
+/// A human's answer.
+#[derive(serde::Deserialize, schemars::JsonSchema)]
+struct Review {
+    ok: bool,
+}
+
+/// A sub-workflow: a step, a human input, a step.
+struct Reviewed;
+
+impl WorkflowHandler for Reviewed {
+    fn name(&self) -> &str {
+        "reviewed"
+    }
+
+    fn execute<'a>(&'a self, ctx: &'a mut WorkflowContext) -> HandlerFuture<'a> {
+        Box::pin(async move {
+            ctx.shell("x", ShellConfig::new("true")).await?;
+            let review: Review = ctx
+                .human_input("review", HumanInputConfig::new("Is it fine?"))
+                .await?;
+            ctx.shell("y", ShellConfig::new(&format!("echo {}", review.ok)))
+                .await?;
+            Ok(())
+        })
+    }
+}
+
+impl TypedWorkflow for Reviewed {
+    type Input = serde_json::Value;
+}
+
+/// A step, the sub-workflow `reviewed`, then 2 s of `c`.
+struct EntersReviewed;
+
+impl WorkflowHandler for EntersReviewed {
+    fn name(&self) -> &str {
+        "enters-reviewed"
+    }
+
+    fn execute<'a>(&'a self, ctx: &'a mut WorkflowContext) -> HandlerFuture<'a> {
+        Box::pin(async move {
+            ctx.shell("a", ShellConfig::new("true")).await?;
+            ctx.workflow(&Reviewed, json!({})).await?;
+            ctx.shell("c", ShellConfig::new("sleep 2")).await?;
+            Ok(())
+        })
+    }
+}
+
+/// The child waits for a human 8 s, past the parent's 4 s timeout; once answered, the parent
+/// goes on within the child's invocation and is handed back during `c` (a 1.5 s invocation),
+/// so that the next invocation claims the parent itself and reads its time from its steps,
+/// where the child's wait is one `workflow` step: it must read the child's steps too, and
+/// complete the run.
+async fn a_sub_workflow_s_wait_does_not_count_toward_its_parent_s_run_timeout(backend: Backend) {
+    let h = Harness::start_on(backend).await;
+    let worker = h
+        .builder()
+        .run_timeout(Duration::from_secs(4))
+        .register(EntersReviewed)
+        .register(Reviewed)
+        .build()
+        .unwrap();
+    let id = h.create("enters-reviewed", 0).await;
+    let first = h.invoke(&worker, LONG).await;
+    assert_eq!(first.count(Outcome::Suspended), 1, "{first:?}");
+    let steps = h.steps(id).await;
+    let entered = steps.iter().find(|s| s.kind == StepKind::Workflow);
+    let child: uuid::Uuid = entered
+        .and_then(|s| s.output.as_ref()?["child_run_id"].as_str()?.parse().ok())
+        .unwrap_or_else(|| panic!("the workflow step names its child: {steps:?}"));
+    assert_eq!(h.status(child).await, RunStatus::AwaitingApproval);
+
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    // The answer, as the human-input route writes it (tests/signals.rs says why by hand).
+    let review = h
+        .steps(child)
+        .await
+        .into_iter()
+        .find(|s| s.name == "review");
+    let answer = StepUpdate {
+        status: Some(StepStatus::Completed),
+        output: Some(json!({"ok": true})),
+        completed_at: Some(Utc::now()),
+        clear_approval_deadline: true,
+        ..StepUpdate::default()
+    };
+    let store = h.api.store();
+    store
+        .update_step(review.expect("the human input").id, answer)
+        .await
+        .unwrap();
+    store
+        .update_run_status(child, RunStatus::Pending)
+        .await
+        .unwrap();
+
+    let cut = h.invoke(&worker, Duration::from_millis(1500)).await;
+    assert_eq!(cut.count(Outcome::HandedBack), 1, "{cut:?}");
+    assert_eq!(h.status(id).await, RunStatus::Pending);
+    let last = h.invoke(&worker, LONG).await;
+    assert_eq!(last.runs[0].run_id, id, "{last:?}");
+    assert_eq!(last.count(Outcome::Completed), 1, "{last:?}");
+    assert_eq!(h.status(id).await, RunStatus::Completed);
+}
+
 on_both_stores!(
     a_pause_between_two_steps_does_not_count_toward_the_run_timeout,
     a_step_started_after_the_pause_is_interrupted_when_the_pause_is_seen,
     a_decision_escalated_to_a_human_does_not_count_its_wait_toward_the_run_timeout,
+    a_sub_workflow_s_wait_does_not_count_toward_its_parent_s_run_timeout,
 );
