@@ -307,11 +307,7 @@ pub(crate) fn handback_mark(
     if steps.iter().any(|s| s.status.state == StepStatus::Running) {
         return None;
     }
-    let at = steps
-        .iter()
-        .flat_map(|s| [Some(s.created_at), s.started_at, s.completed_at])
-        .flatten()
-        .fold(at, DateTime::max);
+    let at = not_before_recorded(steps.iter().copied(), at);
     let (step, weight) = steps
         .iter()
         .map(|s| {
@@ -331,6 +327,21 @@ pub(crate) fn handback_mark(
     };
     messages.push(serde_json::json!({ HANDED_BACK_KEY: at, TAKEN_UP_KEY: taken_up.min(at) }));
     Some((step.id, serde_json::Value::Array(messages), at))
+}
+
+/// `at`, or the latest instant `steps` record (a creation, a start, an end) if that is later:
+/// the API's clock, which stamps `created_at`, may run ahead of ours, and an instant a worker
+/// writes (a mark, an interruption's end) before one the API stamped would not begin the wait
+/// that follows.
+pub(crate) fn not_before_recorded<'a>(
+    steps: impl IntoIterator<Item = &'a Step>,
+    at: DateTime<Utc>,
+) -> DateTime<Utc> {
+    steps
+        .into_iter()
+        .flat_map(|s| [Some(s.created_at), s.started_at, s.completed_at])
+        .flatten()
+        .fold(at, DateTime::max)
 }
 
 /// Whether a step of the attempt `attempt` carries the mark of a handback at `at`: its write
@@ -789,6 +800,24 @@ mod tests {
         let parent = steps(vec![step("shell", "completed", 0, Some(1)), cut]);
         kids.insert(child, steps(vec![step("shell", "running", 2, None)]));
         assert_eq!(secs(executed(&parent, 1, &kids, t(900))), 10);
+    }
+
+    #[test]
+    fn an_interruption_ends_no_earlier_than_an_instant_the_api_stamped() {
+        // `b` created at 10 by an API clock 2 s ahead of ours, interrupted at our 9: its end
+        // must not come before its start, or the Pending time after it counts (claim at 1000).
+        let mut b = step("shell", "failed", 10, None);
+        b["error"] = json!(STEP_INTERRUPTED_ERROR);
+        let mut s = steps(vec![step("shell", "completed", 0, Some(3)), b]);
+        s[1].completed_at = Some(t(9));
+        assert_eq!(
+            secs(executed_alone(&s, 1, t(1000))),
+            999,
+            "ended before it began: only the second between its end and its start is a wait"
+        );
+        s[1].completed_at = Some(not_before_recorded(&s, t(9)));
+        assert_eq!(s[1].completed_at, Some(t(10)));
+        assert_eq!(secs(executed_alone(&s, 1, t(1000))), 10);
     }
 
     #[test]

@@ -443,12 +443,22 @@ async fn decide(
         }
         Stop::Cutoff => hand_back(Why::Cutoff).await,
     };
-    if paused {
-        // Its pause is a wait, not execution, for the run timeout.
+    // A pause met first by a handback's lease confirmation (refused: the run left Running) or
+    // by the timeout's write (the engine writes nothing to a paused run) left nothing written:
+    // the run is Paused, and its pause is a wait, not execution, for the run timeout.
+    let maybe_paused =
+        !fate.left_to_reaper && matches!(fate.outcome, Outcome::LeaseLost | Outcome::TimedOut);
+    if paused || maybe_paused {
         let ours = ctx.engine_store.open_steps(run.id);
-        let until = ctx.budget.last_write();
-        ctx.mark_the_pause(target, timing.claimed_at, until, &ours)
+        let found = ctx
+            .mark_the_pause(target, timing.claimed_at, until, &ours)
             .await;
+        if found && !paused {
+            let why = LeaseEnd::Left {
+                status: RunStatus::Paused,
+            };
+            return abandoned(&why);
+        }
     }
     fate
 }

@@ -172,7 +172,7 @@ impl Invocation {
                 "could not mark the running steps interrupted ({e})"
             ));
         }
-        self.mark_the_wait(h.target, h.claimed_at, h.until, &guarded)
+        self.mark_the_wait(h.target, h.claimed_at, Utc::now(), h.until, &guarded)
             .await;
         // 4. Pending.
         self.write_pending(h, &guarded.run).await
@@ -318,9 +318,11 @@ impl Invocation {
 
     /// Mark the Running steps among `steps` Failed with `STEP_INTERRUPTED_ERROR`, so that the
     /// replay executes them again, each write retried within the caller's scope, and with the
-    /// interruption `mark` in their debug messages.
+    /// interruption `mark` in their debug messages; ended now, or at the latest instant `steps`
+    /// record if the API's clock runs ahead ([`attempt_time::not_before_recorded`]).
     async fn interrupt_running_steps(&self, steps: &[Step], mark: &str) -> Result<(), StoreError> {
-        let now = Utc::now();
+        // Never before an instant the API stamped: the wait begins at the interruption.
+        let now = attempt_time::not_before_recorded(steps, Utc::now());
         for step in steps
             .iter()
             .filter(|s| s.status.state == StepStatus::Running)
@@ -349,12 +351,14 @@ impl Invocation {
     /// to the handback's last write, so that the Pending write keeps the rest; and it is not
     /// written when the run whose lease is held could not be read (its attempt is unknown).
     ///
-    /// `target` is the run whose lease is held, `taken_up` when this invocation took it up,
-    /// `until` the handback's last write.
+    /// `target` is the run whose lease is held, `taken_up` when this invocation took it up, `at`
+    /// when the run began to wait (or the latest instant its steps record, if later), `until`
+    /// the handback's last write.
     async fn mark_the_wait(
         &self,
         target: Uuid,
         taken_up: DateTime<Utc>,
+        at: DateTime<Utc>,
         until: Instant,
         guarded: &Guarded,
     ) {
@@ -362,7 +366,7 @@ impl Invocation {
             return;
         }
         let share = until.saturating_duration_since(Instant::now()) / 3;
-        if tokio::time::timeout(share, self.send_the_mark(target, taken_up, guarded))
+        if tokio::time::timeout(share, self.send_the_mark(target, taken_up, at, guarded))
             .await
             .is_err()
         {
@@ -373,11 +377,16 @@ impl Invocation {
     }
 
     /// [`Invocation::mark_the_wait`]'s writes and read-backs.
-    async fn send_the_mark(&self, target: Uuid, taken_up: DateTime<Utc>, guarded: &Guarded) {
+    async fn send_the_mark(
+        &self,
+        target: Uuid,
+        taken_up: DateTime<Utc>,
+        at: DateTime<Utc>,
+        guarded: &Guarded,
+    ) {
         let store = &self.calls.store;
         let attempt = guarded.run.retry_count.saturating_add(1);
-        let Some(mut mark) =
-            attempt_time::handback_mark(&guarded.steps, attempt, taken_up, Utc::now())
+        let Some(mut mark) = attempt_time::handback_mark(&guarded.steps, attempt, taken_up, at)
         else {
             return;
         };
@@ -427,27 +436,30 @@ impl Invocation {
     ///    execution created or started and left Running (`ours`; never another's), so that the
     ///    resume executes them again and their interruption begins the wait;
     /// 3. with none Running, record that this invocation executed the run from its claim and
-    ///    that it waits from now ([`Invocation::mark_the_wait`]).
+    ///    that it waits ([`Invocation::mark_the_wait`]): from the API's interruption of one of
+    ///    its steps (or the latest instant its steps record after it), else from now.
     ///
-    /// The lease is not confirmed: a paused run has no holder (step writes are not
-    /// lease-checked). A write that fails costs only the run timeout's reading of the pause.
+    /// Returns whether the run was Paused (step 1): a handback or a timeout's write that met
+    /// the pause first wrote nothing. The lease is not confirmed: a paused run has no holder
+    /// (step writes are not lease-checked). A write that fails costs only the run timeout's
+    /// reading of the pause.
     pub(crate) async fn mark_the_pause(
         &self,
         target: Uuid,
         taken_up: DateTime<Utc>,
         until: Instant,
         ours: &[Uuid],
-    ) {
+    ) -> bool {
         let store = &self.calls.store;
         let write = async {
             // 1. Still paused.
             let run = match store.get_run(target).await {
                 Ok(Some(run)) if run.status.state == RunStatus::Paused => run,
-                _ => return,
+                _ => return false,
             };
             let Ok(steps) = store.list_steps(target).await else {
                 warn!("could not list the paused run's steps: the run timeout may count its pause");
-                return;
+                return true;
             };
             // 2. Its steps left Running.
             let left: Vec<Step> = steps
@@ -457,21 +469,34 @@ impl Invocation {
                 .collect();
             if let Err(e) = self.interrupt_running_steps(&left, PAUSED_MARK).await {
                 warn!(error = %e, "could not mark the paused run's running steps interrupted: the run timeout may count its pause");
-                return;
+                return true;
             }
             // 3. When it began to wait.
             if left.is_empty() {
+                // The API's pause interrupted a step of ours (no handback's mark on it).
+                let by_the_api = steps.iter().any(|s| {
+                    ours.contains(&s.id)
+                        && s.status.state == StepStatus::Failed
+                        && s.error.as_deref() == Some(STEP_INTERRUPTED_ERROR)
+                        && interruption_mark(s).is_none()
+                });
+                let at = match by_the_api {
+                    true => DateTime::<Utc>::MIN_UTC,
+                    false => Utc::now(),
+                };
                 let guarded = Guarded {
                     run,
                     steps,
                     counted: false,
                     progressed: false,
                 };
-                self.mark_the_wait(target, taken_up, until, &guarded).await;
+                self.mark_the_wait(target, taken_up, at, until, &guarded)
+                    .await;
             }
+            true
         };
         let key = self.key(target);
-        self.calls.within(until, Some(key), write).await;
+        self.calls.within(until, Some(key), write).await
     }
 }
 

@@ -173,6 +173,147 @@ async fn a_step_started_after_the_pause_is_interrupted_when_the_pause_is_seen(ba
     assert_eq!(h.status(id).await, RunStatus::Completed);
 }
 
+/// Paused between `a` and `b` as above, with `go` created at once, but the invocation's cutoff
+/// comes before the refresher's first renewal (every 15 s here, 4 s invocations): the pause is
+/// met first by the handback, whose lease confirmation the API refuses. `b`, started on the
+/// stale view, must be interrupted all the same, the run reported Suspended (not a lost lease),
+/// and 8 s Paused against a 10 s timeout must not time it out.
+async fn a_pause_met_first_at_the_cutoff_is_a_wait(backend: Backend) {
+    let h = Harness::start_on(backend).await;
+    let workflow = WaitsForGo::new(&h);
+    let go = workflow.go.clone();
+    let worker = h
+        .builder()
+        .register(workflow)
+        .lease_ttl(Duration::from_secs(30))
+        .lease_refresh_interval(Duration::from_secs(15))
+        .cutoff_aware_starts(false)
+        .run_timeout(Duration::from_secs(10))
+        .build()
+        .unwrap();
+    let id = h.create("waits-for-go", 0).await;
+    let invocation = {
+        let (h, worker) = (&h, &worker);
+        async move { h.invoke(worker, Duration::from_secs(4)).await }
+    };
+    let pause = async {
+        wait_until("step a completed", LONG, || {
+            step_is(&h, id, "a", StepStatus::Completed)
+        })
+        .await;
+        h.api.pause_run(id).await.unwrap();
+        std::fs::write(&go, "").unwrap();
+    };
+    let (summary, ()) = tokio::join!(invocation, pause);
+    assert_eq!(summary.count(Outcome::Suspended), 1, "{summary:?}");
+    assert_eq!(h.status(id).await, RunStatus::Paused);
+    assert_interrupted_by_the_invocation(&h.steps(id).await);
+
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    std::fs::write(h.path("resumed"), "").unwrap();
+    h.api.resume_run(id).await.unwrap();
+    let last = h.invoke(&worker, LONG).await;
+    assert_eq!(last.count(Outcome::Completed), 1, "{last:?}");
+    assert_eq!(h.status(id).await, RunStatus::Completed);
+}
+
+/// The same pause met first by the run deadline (3 s): the engine writes no failure to a paused
+/// run, so the run is reported Suspended, not TimedOut, and `b` is interrupted.
+async fn a_pause_met_first_at_the_run_deadline_is_reported_and_interrupts_the_step(
+    backend: Backend,
+) {
+    let h = Harness::start_on(backend).await;
+    let workflow = WaitsForGo::new(&h);
+    let go = workflow.go.clone();
+    let worker = h
+        .builder()
+        .register(workflow)
+        .lease_ttl(Duration::from_secs(30))
+        .lease_refresh_interval(Duration::from_secs(15))
+        .run_timeout(Duration::from_secs(3))
+        .build()
+        .unwrap();
+    let id = h.create("waits-for-go", 0).await;
+    let invocation = {
+        let (h, worker) = (&h, &worker);
+        async move { h.invoke(worker, LONG).await }
+    };
+    let pause = async {
+        wait_until("step a completed", LONG, || {
+            step_is(&h, id, "a", StepStatus::Completed)
+        })
+        .await;
+        h.api.pause_run(id).await.unwrap();
+        std::fs::write(&go, "").unwrap();
+    };
+    let (summary, ()) = tokio::join!(invocation, pause);
+    assert_eq!(summary.count(Outcome::Suspended), 1, "{summary:?}");
+    assert_eq!(h.status(id).await, RunStatus::Paused);
+    assert_interrupted_by_the_invocation(&h.steps(id).await);
+}
+
+/// `b` was started after the pause, then interrupted by the invocation (its "paused" mark).
+fn assert_interrupted_by_the_invocation(steps: &[ironflow_store::entities::Step]) {
+    let b: Vec<_> = steps.iter().filter(|s| s.name == "b").collect();
+    assert!(
+        !b.is_empty()
+            && b.iter().all(|s| s.status.state == StepStatus::Failed
+                && s.error.as_deref() == Some(STEP_INTERRUPTED_ERROR)
+                && s.debug_messages
+                    .as_ref()
+                    .is_some_and(|m| m.to_string().contains("\"paused\""))),
+        "{steps:?}"
+    );
+}
+
+/// The common pause: `b` running when the operator pauses, interrupted by the API's pause,
+/// whose interruption begins the wait. The refresher sees the pause about 4 s after the claim;
+/// the invocation's record of the wait must begin at the API's interruption, not then: after
+/// the resume `b` takes 2 s, 2.3 s executed in all against a 5 s timeout (6 s if the time to
+/// the pause's sight counted).
+async fn a_pause_during_a_step_waits_from_the_api_s_interruption(backend: Backend) {
+    let h = Harness::start_on(backend).await;
+    let resumed = h.path("resumed");
+    let workflow = WaitsForGo {
+        go: h.path("go"),
+        b: format!(
+            "if test -f '{}'; then sleep 2; else sleep 30; fi",
+            resumed.display()
+        ),
+    };
+    std::fs::write(&workflow.go, "").unwrap();
+    let worker = h
+        .builder()
+        .register(workflow)
+        .lease_ttl(Duration::from_secs(12))
+        .lease_refresh_interval(Duration::from_secs(4))
+        .run_timeout(Duration::from_secs(5))
+        .build()
+        .unwrap();
+    let id = h.create("waits-for-go", 0).await;
+    let invocation = {
+        let (h, worker) = (&h, &worker);
+        async move { h.invoke(worker, LONG).await }
+    };
+    let pause = async {
+        wait_until("step b running", LONG, || {
+            step_is(&h, id, "b", StepStatus::Running)
+        })
+        .await;
+        h.api.pause_run(id).await.unwrap();
+    };
+    let (summary, ()) = tokio::join!(invocation, pause);
+    assert_eq!(summary.count(Outcome::Suspended), 1, "{summary:?}");
+    assert_eq!(h.status(id).await, RunStatus::Paused);
+
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    std::fs::write(&resumed, "").unwrap();
+    h.api.resume_run(id).await.unwrap();
+    let last = h.invoke(&worker, LONG).await;
+    assert_eq!(last.count(Outcome::Completed), 1, "{last:?}");
+    assert_eq!(h.status(id).await, RunStatus::Completed);
+}
+
 /// The answers of the decision below.
 #[derive(DecisionAnswers)]
 struct Urgency {
@@ -383,6 +524,9 @@ async fn a_sub_workflow_s_wait_does_not_count_toward_its_parent_s_run_timeout(ba
 on_both_stores!(
     a_pause_between_two_steps_does_not_count_toward_the_run_timeout,
     a_step_started_after_the_pause_is_interrupted_when_the_pause_is_seen,
+    a_pause_met_first_at_the_cutoff_is_a_wait,
+    a_pause_met_first_at_the_run_deadline_is_reported_and_interrupts_the_step,
+    a_pause_during_a_step_waits_from_the_api_s_interruption,
     a_decision_escalated_to_a_human_does_not_count_its_wait_toward_the_run_timeout,
     a_sub_workflow_s_wait_does_not_count_toward_its_parent_s_run_timeout,
 );
