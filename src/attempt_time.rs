@@ -60,24 +60,11 @@ pub(crate) fn executed(
             &mut parts,
         );
     }
-    let marks: Vec<Mark> = steps
-        .iter()
-        .filter(|s| s.attempt == attempt)
-        .flat_map(marks_on)
-        .map(|m| Mark {
-            taken_up: m.taken_up.min(now),
-            handed_back: m.handed_back.min(now),
-        })
-        .collect();
-    let mut instants: Vec<DateTime<Utc>> =
-        parts.iter().flat_map(|p| p.instants).flatten().collect();
+    let marks = marks_of(steps.iter().filter(|s| s.attempt == attempt), now);
+    let instants = instants_of(&parts, &marks, now);
     if instants.is_empty() {
         return Duration::ZERO;
     }
-    instants.extend(marks.iter().flat_map(|m| [m.taken_up, m.handed_back]));
-    instants.push(now);
-    instants.sort_unstable();
-    instants.dedup();
 
     let executing = Cover::new(parts.iter().filter_map(|p| p.executing));
     let handed_over = Cover::new(marks.iter().map(|m| (m.taken_up, m.handed_back)));
@@ -162,6 +149,32 @@ fn entered(
         parts.push(Part::of(s, now).cut_to(within));
         entered(s, children, now, within, depth + 1, parts);
     }
+}
+
+/// The marks handbacks recorded on `steps`, their instants clamped to `now`.
+fn marks_of<'a>(steps: impl Iterator<Item = &'a Step>, now: DateTime<Utc>) -> Vec<Mark> {
+    steps
+        .flat_map(marks_on)
+        .map(|m| Mark {
+            taken_up: m.taken_up.min(now),
+            handed_back: m.handed_back.min(now),
+        })
+        .collect()
+}
+
+/// The instants [`executed`] reads stretches between, in order, each once: those `parts`
+/// record, the `marks`' and `now`. Empty when the parts record none (no step).
+fn instants_of(parts: &[Part], marks: &[Mark], now: DateTime<Utc>) -> Vec<DateTime<Utc>> {
+    let mut instants: Vec<DateTime<Utc>> =
+        parts.iter().flat_map(|p| p.instants).flatten().collect();
+    if instants.is_empty() {
+        return instants;
+    }
+    instants.extend(marks.iter().flat_map(|m| [m.taken_up, m.handed_back]));
+    instants.push(now);
+    instants.sort_unstable();
+    instants.dedup();
+    instants
 }
 
 /// What one step of the attempt adds to [`executed`]'s reading, its instants clamped to `now`.
@@ -621,22 +634,8 @@ mod tests {
     /// binary search: what the fast reading must agree with.
     fn executed_by_scan(steps: &[Step], now: DateTime<Utc>) -> Duration {
         let parts: Vec<Part> = steps.iter().map(|s| Part::of(s, now)).collect();
-        let marks: Vec<Mark> = steps
-            .iter()
-            .flat_map(marks_on)
-            .map(|m| Mark {
-                taken_up: m.taken_up.min(now),
-                handed_back: m.handed_back.min(now),
-            })
-            .collect();
-        let mut instants: Vec<_> = parts.iter().flat_map(|p| p.instants).flatten().collect();
-        if instants.is_empty() {
-            return Duration::ZERO;
-        }
-        instants.extend(marks.iter().flat_map(|m| [m.taken_up, m.handed_back]));
-        instants.push(now);
-        instants.sort_unstable();
-        instants.dedup();
+        let marks = marks_of(steps.iter(), now);
+        let instants = instants_of(&parts, &marks, now);
         let within = |span: Option<(DateTime<Utc>, DateTime<Utc>)>, from, to| {
             span.is_some_and(|(s, e)| s <= from && e >= to && s < e)
         };

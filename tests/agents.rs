@@ -299,21 +299,6 @@ async fn assert_calls_per_attempt(s: &Setup, run: Uuid, steps: &[(&str, &str)], 
     }
 }
 
-async fn approve(h: &Harness, run: Uuid) {
-    let answer = reqwest::Client::new()
-        .post(format!("{}/api/v1/runs/{run}/approve", h.api.url()))
-        .header("authorization", h.api.admin_bearer().await.unwrap())
-        .json(&json!({}))
-        .send()
-        .await
-        .unwrap();
-    assert!(
-        answer.status().is_success(),
-        "{}",
-        answer.text().await.unwrap()
-    );
-}
-
 /// `prompt-chaining` across handbacks: each completed step's call is never made again, an
 /// interrupted one at most once more.
 async fn prompt_chaining_survives_handbacks(backend: Backend) {
@@ -358,7 +343,7 @@ async fn human_review_completes_after_a_late_approval(backend: Backend) {
     assert_eq!(summary.claimed, 0, "{summary:?}");
     // The approval comes later than the run timeout (2 s of executed time).
     tokio::time::sleep(Duration::from_secs(3)).await;
-    approve(&s.harness, run).await;
+    s.harness.approve(run).await;
     let (state, handbacks) = drive(&s, run, Duration::from_secs(5)).await;
     let stored = s.harness.run(run).await;
     assert_eq!(state, RunStatus::Completed, "{:?}", stored.error);
@@ -412,7 +397,7 @@ async fn durable_agent_waits_for_the_refund_approval_between_turns(backend: Back
         .map(|st| (st.position, st.name, st.approvals.len()))
         .collect();
     assert_eq!(open, [(3, "approve-refund-2".to_string(), 0)], "{open:?}");
-    approve(&s.harness, run).await;
+    s.harness.approve(run).await;
     let (state, after) = drive(&s, run, Duration::from_millis(1100)).await;
     let stored = s.harness.run(run).await;
     // On failure, every record with its state, votes and error.

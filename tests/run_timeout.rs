@@ -14,7 +14,7 @@
 mod common;
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -28,7 +28,7 @@ use ironflow_engine::config::{DecisionConfig, HumanInputConfig, ShellConfig};
 use ironflow_engine::context::WorkflowContext;
 use ironflow_engine::decision::DecisionAnswers;
 use ironflow_engine::handler::{HandlerFuture, TypedWorkflow, WorkflowHandler};
-use ironflow_lambda::Outcome;
+use ironflow_lambda::{LambdaWorker, LambdaWorkerBuilder, Outcome};
 use ironflow_store::entities::{RunStatus, StepKind, StepStatus, StepUpdate};
 use ironflow_store::store::STEP_INTERRUPTED_ERROR;
 use serde_json::json;
@@ -77,49 +77,80 @@ async fn step_is(h: &Harness, id: uuid::Uuid, name: &str, state: StepStatus) -> 
         .any(|s| s.name == name && s.status.state == state)
 }
 
+/// One invocation of `worker` with `time_left`, during which run `id` is paused as soon as its
+/// step `step` is in `state`, `go` created right after the pause when given: the invocation
+/// must report the run Suspended and leave it Paused.
+async fn invoke_and_pause(
+    h: &Harness,
+    worker: &LambdaWorker,
+    id: uuid::Uuid,
+    time_left: Duration,
+    (step, state): (&str, StepStatus),
+    go: Option<&Path>,
+) {
+    let pause = async {
+        wait_until("the step to pause at", LONG, || step_is(h, id, step, state)).await;
+        h.api.pause_run(id).await.unwrap();
+        if let Some(go) = go {
+            std::fs::write(go, "").unwrap();
+        }
+    };
+    let (summary, ()) = tokio::join!(h.invoke(worker, time_left), pause);
+    assert_eq!(summary.count(Outcome::Suspended), 1, "{summary:?}");
+    assert_eq!(h.status(id).await, RunStatus::Paused);
+}
+
+/// After `paused_for`, let the workflow go on and `b` end at once, resume run `id` and invoke
+/// `worker`: the run must complete.
+async fn resume_and_complete(
+    h: &Harness,
+    worker: &LambdaWorker,
+    id: uuid::Uuid,
+    paused_for: Duration,
+) {
+    tokio::time::sleep(paused_for).await;
+    std::fs::write(h.path("go"), "").unwrap();
+    std::fs::write(h.path("resumed"), "").unwrap();
+    h.api.resume_run(id).await.unwrap();
+    let last = h.invoke(worker, LONG).await;
+    assert_eq!(last.count(Outcome::Completed), 1, "{last:?}");
+    assert_eq!(h.status(id).await, RunStatus::Completed);
+}
+
+/// A builder of a worker of `waits-for-go` with run timeout `timeout` and, when given, lease
+/// refreshes every `refresh` (its TTL three times that; the harness's 200 ms otherwise).
+fn waits_for_go(h: &Harness, refresh: Option<Duration>, timeout: Duration) -> LambdaWorkerBuilder {
+    let builder = h
+        .builder()
+        .register(WaitsForGo::new(h))
+        .run_timeout(timeout);
+    match refresh {
+        Some(refresh) => builder
+            .lease_ttl(refresh * 3)
+            .lease_refresh_interval(refresh),
+        None => builder,
+    }
+}
+
 /// Paused while its workflow code waited between `a` and `b`: the refresher sees the pause
 /// (every 200 ms here) and stops the execution with no step running. The invocation records
 /// when the run began to wait; 8 s Paused against a 6 s timeout must not time it out.
 async fn a_pause_between_two_steps_does_not_count_toward_the_run_timeout(backend: Backend) {
     let h = Harness::start_on(backend).await;
-    let workflow = WaitsForGo::new(&h);
-    let go = workflow.go.clone();
-    let worker = h
-        .builder()
-        .register(workflow)
-        .run_timeout(Duration::from_secs(6))
+    let worker = waits_for_go(&h, None, Duration::from_secs(6))
         .build()
         .unwrap();
     let id = h.create("waits-for-go", 0).await;
-    let invocation = {
-        let (h, worker) = (&h, &worker);
-        async move { h.invoke(worker, LONG).await }
-    };
-    let pause = async {
-        wait_until("step a completed", LONG, || {
-            step_is(&h, id, "a", StepStatus::Completed)
-        })
-        .await;
-        h.api.pause_run(id).await.unwrap();
-    };
-    let (summary, ()) = tokio::join!(invocation, pause);
-    assert_eq!(summary.count(Outcome::Suspended), 1, "{summary:?}");
-    assert_eq!(h.status(id).await, RunStatus::Paused);
+    let after_a = ("a", StepStatus::Completed);
+    invoke_and_pause(&h, &worker, id, LONG, after_a, None).await;
     let marked = h.steps(id).await.iter().any(|s| {
         s.debug_messages
             .as_ref()
             .is_some_and(|m| m.to_string().contains("ironflow_lambda_handed_back_at"))
     });
     assert!(marked, "the wait's start recorded: {:?}", h.steps(id).await);
-
     // Paused longer than the whole timeout.
-    tokio::time::sleep(Duration::from_secs(8)).await;
-    std::fs::write(&go, "").unwrap();
-    std::fs::write(h.path("resumed"), "").unwrap();
-    h.api.resume_run(id).await.unwrap();
-    let last = h.invoke(&worker, LONG).await;
-    assert_eq!(last.count(Outcome::Completed), 1, "{last:?}");
-    assert_eq!(h.status(id).await, RunStatus::Completed);
+    resume_and_complete(&h, &worker, id, Duration::from_secs(8)).await;
 }
 
 /// Paused between `a` and `b`, and `go` created at once: the engine's check before `b` reads
@@ -130,47 +161,14 @@ async fn a_pause_between_two_steps_does_not_count_toward_the_run_timeout(backend
 /// must not time it out.
 async fn a_step_started_after_the_pause_is_interrupted_when_the_pause_is_seen(backend: Backend) {
     let h = Harness::start_on(backend).await;
-    let workflow = WaitsForGo::new(&h);
-    let go = workflow.go.clone();
-    let worker = h
-        .builder()
-        .register(workflow)
-        .lease_ttl(Duration::from_secs(20))
-        .lease_refresh_interval(Duration::from_secs(5))
-        .run_timeout(Duration::from_secs(10))
+    let worker = waits_for_go(&h, Some(Duration::from_secs(5)), Duration::from_secs(10))
         .build()
         .unwrap();
     let id = h.create("waits-for-go", 0).await;
-    let invocation = {
-        let (h, worker) = (&h, &worker);
-        async move { h.invoke(worker, LONG).await }
-    };
-    let pause = async {
-        wait_until("step a completed", LONG, || {
-            step_is(&h, id, "a", StepStatus::Completed)
-        })
-        .await;
-        h.api.pause_run(id).await.unwrap();
-        std::fs::write(&go, "").unwrap();
-    };
-    let (summary, ()) = tokio::join!(invocation, pause);
-    assert_eq!(summary.count(Outcome::Suspended), 1, "{summary:?}");
-    assert_eq!(h.status(id).await, RunStatus::Paused);
-    let steps = h.steps(id).await;
-    let b: Vec<_> = steps.iter().filter(|s| s.name == "b").collect();
-    assert!(
-        !b.is_empty()
-            && b.iter().all(|s| s.status.state == StepStatus::Failed
-                && s.error.as_deref() == Some(STEP_INTERRUPTED_ERROR)),
-        "b started on the stale view, then interrupted by the invocation: {steps:?}"
-    );
-
-    tokio::time::sleep(Duration::from_secs(8)).await;
-    std::fs::write(h.path("resumed"), "").unwrap();
-    h.api.resume_run(id).await.unwrap();
-    let last = h.invoke(&worker, LONG).await;
-    assert_eq!(last.count(Outcome::Completed), 1, "{last:?}");
-    assert_eq!(h.status(id).await, RunStatus::Completed);
+    let after_a = ("a", StepStatus::Completed);
+    invoke_and_pause(&h, &worker, id, LONG, after_a, Some(&h.path("go"))).await;
+    assert_interrupted_by_the_invocation(&h.steps(id).await);
+    resume_and_complete(&h, &worker, id, Duration::from_secs(8)).await;
 }
 
 /// Paused between `a` and `b` as above, with `go` created at once, but the invocation's cutoff
@@ -180,41 +178,15 @@ async fn a_step_started_after_the_pause_is_interrupted_when_the_pause_is_seen(ba
 /// and 8 s Paused against a 10 s timeout must not time it out.
 async fn a_pause_met_first_at_the_cutoff_is_a_wait(backend: Backend) {
     let h = Harness::start_on(backend).await;
-    let workflow = WaitsForGo::new(&h);
-    let go = workflow.go.clone();
-    let worker = h
-        .builder()
-        .register(workflow)
-        .lease_ttl(Duration::from_secs(30))
-        .lease_refresh_interval(Duration::from_secs(15))
+    let worker = waits_for_go(&h, Some(Duration::from_secs(15)), Duration::from_secs(10))
         .cutoff_aware_starts(false)
-        .run_timeout(Duration::from_secs(10))
         .build()
         .unwrap();
     let id = h.create("waits-for-go", 0).await;
-    let invocation = {
-        let (h, worker) = (&h, &worker);
-        async move { h.invoke(worker, Duration::from_secs(4)).await }
-    };
-    let pause = async {
-        wait_until("step a completed", LONG, || {
-            step_is(&h, id, "a", StepStatus::Completed)
-        })
-        .await;
-        h.api.pause_run(id).await.unwrap();
-        std::fs::write(&go, "").unwrap();
-    };
-    let (summary, ()) = tokio::join!(invocation, pause);
-    assert_eq!(summary.count(Outcome::Suspended), 1, "{summary:?}");
-    assert_eq!(h.status(id).await, RunStatus::Paused);
+    let (after_a, go) = (("a", StepStatus::Completed), h.path("go"));
+    invoke_and_pause(&h, &worker, id, Duration::from_secs(4), after_a, Some(&go)).await;
     assert_interrupted_by_the_invocation(&h.steps(id).await);
-
-    tokio::time::sleep(Duration::from_secs(8)).await;
-    std::fs::write(h.path("resumed"), "").unwrap();
-    h.api.resume_run(id).await.unwrap();
-    let last = h.invoke(&worker, LONG).await;
-    assert_eq!(last.count(Outcome::Completed), 1, "{last:?}");
-    assert_eq!(h.status(id).await, RunStatus::Completed);
+    resume_and_complete(&h, &worker, id, Duration::from_secs(8)).await;
 }
 
 /// The same pause met first by the run deadline (3 s): the engine writes no failure to a paused
@@ -223,32 +195,12 @@ async fn a_pause_met_first_at_the_run_deadline_is_reported_and_interrupts_the_st
     backend: Backend,
 ) {
     let h = Harness::start_on(backend).await;
-    let workflow = WaitsForGo::new(&h);
-    let go = workflow.go.clone();
-    let worker = h
-        .builder()
-        .register(workflow)
-        .lease_ttl(Duration::from_secs(30))
-        .lease_refresh_interval(Duration::from_secs(15))
-        .run_timeout(Duration::from_secs(3))
+    let worker = waits_for_go(&h, Some(Duration::from_secs(15)), Duration::from_secs(3))
         .build()
         .unwrap();
     let id = h.create("waits-for-go", 0).await;
-    let invocation = {
-        let (h, worker) = (&h, &worker);
-        async move { h.invoke(worker, LONG).await }
-    };
-    let pause = async {
-        wait_until("step a completed", LONG, || {
-            step_is(&h, id, "a", StepStatus::Completed)
-        })
-        .await;
-        h.api.pause_run(id).await.unwrap();
-        std::fs::write(&go, "").unwrap();
-    };
-    let (summary, ()) = tokio::join!(invocation, pause);
-    assert_eq!(summary.count(Outcome::Suspended), 1, "{summary:?}");
-    assert_eq!(h.status(id).await, RunStatus::Paused);
+    let after_a = ("a", StepStatus::Completed);
+    invoke_and_pause(&h, &worker, id, LONG, after_a, Some(&h.path("go"))).await;
     assert_interrupted_by_the_invocation(&h.steps(id).await);
 }
 
@@ -291,27 +243,9 @@ async fn a_pause_during_a_step_waits_from_the_api_s_interruption(backend: Backen
         .build()
         .unwrap();
     let id = h.create("waits-for-go", 0).await;
-    let invocation = {
-        let (h, worker) = (&h, &worker);
-        async move { h.invoke(worker, LONG).await }
-    };
-    let pause = async {
-        wait_until("step b running", LONG, || {
-            step_is(&h, id, "b", StepStatus::Running)
-        })
-        .await;
-        h.api.pause_run(id).await.unwrap();
-    };
-    let (summary, ()) = tokio::join!(invocation, pause);
-    assert_eq!(summary.count(Outcome::Suspended), 1, "{summary:?}");
-    assert_eq!(h.status(id).await, RunStatus::Paused);
-
-    tokio::time::sleep(Duration::from_secs(5)).await;
-    std::fs::write(&resumed, "").unwrap();
-    h.api.resume_run(id).await.unwrap();
-    let last = h.invoke(&worker, LONG).await;
-    assert_eq!(last.count(Outcome::Completed), 1, "{last:?}");
-    assert_eq!(h.status(id).await, RunStatus::Completed);
+    let b_running = ("b", StepStatus::Running);
+    invoke_and_pause(&h, &worker, id, LONG, b_running, None).await;
+    resume_and_complete(&h, &worker, id, Duration::from_secs(5)).await;
 }
 
 /// The answers of the decision below.
@@ -391,18 +325,7 @@ async fn a_decision_escalated_to_a_human_does_not_count_its_wait_toward_the_run_
     );
 
     tokio::time::sleep(Duration::from_secs(8)).await;
-    let answer = reqwest::Client::new()
-        .post(format!("{}/api/v1/runs/{id}/approve", h.api.url()))
-        .header("authorization", h.api.admin_bearer().await.unwrap())
-        .json(&json!({}))
-        .send()
-        .await
-        .unwrap();
-    assert!(
-        answer.status().is_success(),
-        "{}",
-        answer.text().await.unwrap()
-    );
+    h.approve(id).await;
     let last = h.invoke(&worker, LONG).await;
     assert_eq!(last.count(Outcome::Completed), 1, "{last:?}");
     assert_eq!(h.status(id).await, RunStatus::Completed);

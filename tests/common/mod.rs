@@ -102,6 +102,24 @@ impl Harness {
         steps
     }
 
+    /// Approve run `id`'s open gate as an operator does (`POST /api/v1/runs/{id}/approve`,
+    /// signed in as a new admin), asserting the API accepted it.
+    pub async fn approve(&self, id: Uuid) {
+        let answer = reqwest::Client::new()
+            .post(format!("{}/api/v1/runs/{id}/approve", self.api.url()))
+            .header("authorization", self.api.admin_bearer().await.unwrap())
+            .json(&serde_json::json!({}))
+            .send()
+            .await
+            .unwrap();
+        let status = answer.status();
+        assert!(
+            status.is_success(),
+            "{status}: {}",
+            answer.text().await.unwrap()
+        );
+    }
+
     /// One invocation through the Lambda handler, with `time_left` until its deadline.
     pub async fn invoke(&self, worker: &LambdaWorker, time_left: Duration) -> InvocationSummary {
         self.invoke_event(worker, serde_json::json!({}), deadline_in(time_left))
