@@ -87,7 +87,7 @@ pub(crate) fn executed(
 }
 
 /// The steps of the sub-workflow runs an attempt entered, by run id, as read at the claim
-/// ([`children_of`]); a run missing here (unread) counts its `workflow` step's interval as
+/// ([`children_of`]); a run missing here counts as before: its `workflow` step's interval is
 /// executed time.
 pub(crate) type Children = HashMap<Uuid, Vec<Step>>;
 
@@ -108,38 +108,23 @@ fn child_of(step: &Step) -> Option<Uuid> {
 }
 
 /// The sub-workflow runs that the steps among `steps` of attempt `attempt` (every attempt's,
-/// for `None`: a child's) entered: the runs whose steps [`executed`] needs in `children`, each
-/// once, those whose `workflow` step lasted longest first (still open, then the longest
-/// finished: those that could have waited longest, for a reader that cannot read them all).
+/// for `None`: a child's) entered: the runs whose steps [`executed`] needs in `children`.
 pub(crate) fn children_of(steps: &[Step], attempt: Option<u32>) -> Vec<Uuid> {
-    let mut found: Vec<(Option<chrono::TimeDelta>, Uuid)> = steps
+    let mut ids: Vec<Uuid> = steps
         .iter()
         .filter(|s| attempt.is_none_or(|a| s.attempt == a))
-        .filter_map(|s| {
-            let start = s.started_at.unwrap_or(s.created_at);
-            Some((s.completed_at.map(|end| end - start), child_of(s)?))
-        })
+        .filter_map(child_of)
         .collect();
-    // `None` (open) sorts first in the reversed order.
-    found.sort_by(|a, b| match (a.0, b.0) {
-        (None, None) => std::cmp::Ordering::Equal,
-        (None, Some(_)) => std::cmp::Ordering::Less,
-        (Some(_), None) => std::cmp::Ordering::Greater,
-        (Some(x), Some(y)) => y.cmp(&x),
-    });
-    let mut seen = std::collections::HashSet::new();
-    found
-        .into_iter()
-        .filter_map(|(_, id)| seen.insert(id).then_some(id))
-        .collect()
+    ids.sort_unstable();
+    ids.dedup();
+    ids
 }
 
 /// Add to `parts` the steps of the child run `step` entered (and of its own children, down to
 /// [`MAX_DEPTH`] levels), each cut to the part of `within` and of `step`'s interval it shares:
 /// the child's steps execute and wait for the run that entered it while that step is open,
 /// whichever of the child's attempts they belong to. A child interrupted with its parent's
-/// step and entered again later is read once per entry. A child missing from `children` (or
-/// deeper) executes across `step`'s interval.
+/// step and entered again later is read once per entry.
 fn entered(
     step: &Step,
     children: &Children,
@@ -148,28 +133,18 @@ fn entered(
     depth: usize,
     parts: &mut Vec<Part>,
 ) {
-    let Some(id) = child_of(step) else {
+    let Some(child) = child_of(step).and_then(|id| children.get(&id)) else {
         return;
     };
+    if depth >= MAX_DEPTH {
+        return;
+    }
     let start = step.started_at.unwrap_or(step.created_at).min(now);
     let end = step.completed_at.map_or(now, |at| at.min(now));
     let within = (within.0.max(start), within.1.min(end));
     if within.0 >= within.1 {
         return;
     }
-    let child = match children.get(&id) {
-        Some(child) if depth < MAX_DEPTH => child,
-        // Unread: its step's interval counts as executed, whatever its siblings did.
-        _ => {
-            parts.push(Part {
-                instants: [None; 3],
-                executing: Some(within),
-                waiting: None,
-                suspends_at: None,
-            });
-            return;
-        }
-    };
     for s in child {
         parts.push(Part::of(s, now).cut_to(within));
         entered(s, children, now, within, depth + 1, parts);
@@ -824,39 +799,6 @@ mod tests {
         let parent = steps(vec![step("shell", "completed", 0, Some(1)), cut]);
         kids.insert(child, steps(vec![step("shell", "running", 2, None)]));
         assert_eq!(secs(executed(&parent, 1, &kids, t(900))), 10);
-    }
-
-    #[test]
-    fn an_unread_child_executes_across_its_step_and_the_longest_are_read_first() {
-        // Two children entered at once (a wave): `waits` waited 599 s for a signal, `unread`
-        // could not be read. The unread one's interval counts as executed all the same.
-        let (waits, unread) = (uuid::Uuid::new_v4(), uuid::Uuid::new_v4());
-        let parent = steps(vec![
-            workflow(waits, 0, Some(600)),
-            workflow(unread, 0, Some(600)),
-        ]);
-        let mut kids = Children::new();
-        kids.insert(
-            waits,
-            steps(vec![
-                step("shell", "completed", 0, Some(1)),
-                step("signal", "completed", 1, Some(600)),
-            ]),
-        );
-        assert_eq!(secs(executed(&parent, 1, &kids, t(600))), 600);
-        // Still open first, then the longest finished; each child once.
-        let (short, long, open) = (
-            uuid::Uuid::new_v4(),
-            uuid::Uuid::new_v4(),
-            uuid::Uuid::new_v4(),
-        );
-        let entered = steps(vec![
-            workflow(short, 0, Some(1)),
-            workflow(long, 1, Some(500)),
-            workflow(short, 500, Some(502)),
-            workflow(open, 502, None),
-        ]);
-        assert_eq!(children_of(&entered, Some(1)), [open, long, short]);
     }
 
     #[test]

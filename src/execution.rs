@@ -33,7 +33,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use ironflow_engine::engine::{WorkflowResult, chain_root};
+use ironflow_engine::engine::WorkflowResult;
 use ironflow_engine::error::EngineError;
 use ironflow_store::entities::{Run, RunStatus};
 use ironflow_store::error::StoreError;
@@ -393,10 +393,8 @@ async fn decide(
     // An operator paused the run while it executed here (seen by the engine, a write or the
     // lease).
     let paused = match &stop {
-        // Our own run, or the root a sub-workflow child's execution resumed.
         Stop::Finished(joined) => matches!(&**joined,
-            Ok(Ok(result)) if (result.run.id == run.id || Some(result.run.id) == chain_root(run))
-                && result.run.status.state == RunStatus::Paused),
+            Ok(Ok(result)) if result.run.id == run.id && result.run.status.state == RunStatus::Paused),
         Stop::Scope(ScopeStop::RunLeft { status, .. }) | Stop::Lease(LeaseEnd::Left { status }) => {
             *status == RunStatus::Paused
         }
@@ -445,15 +443,22 @@ async fn decide(
         }
         Stop::Cutoff => hand_back(Why::Cutoff).await,
     };
-    // A pause met first by a handback's lease confirmation or by a failure's write (the engine
-    // writes nothing to a paused run) left nothing written: the run is Paused, and its pause
-    // is a wait, not execution, for the run timeout.
-    if paused || fate.paused {
+    // A pause met first by a handback's lease confirmation (refused: the run left Running) or
+    // by the timeout's write (the engine writes nothing to a paused run) left nothing written:
+    // the run is Paused, and its pause is a wait, not execution, for the run timeout.
+    let maybe_paused =
+        !fate.left_to_reaper && matches!(fate.outcome, Outcome::LeaseLost | Outcome::TimedOut);
+    if paused || maybe_paused {
         let ours = ctx.engine_store.open_steps(run.id);
-        // A sub-workflow child's execution resumes its root: the root is what was paused.
-        let paused_run = chain_root(run).unwrap_or(target);
-        ctx.mark_the_pause(paused_run, timing.claimed_at, until, &ours)
+        let found = ctx
+            .mark_the_pause(target, timing.claimed_at, until, &ours)
             .await;
+        if found && !paused {
+            let why = LeaseEnd::Left {
+                status: RunStatus::Paused,
+            };
+            return abandoned(&why);
+        }
     }
     fate
 }
@@ -468,13 +473,8 @@ async fn finished(
     match joined {
         // Our own run, left waiting by its handler (a timer or signal: sleeping; an approval;
         // an operator's pause, or already resumed from it: pending, running). A sub-workflow
-        // child resumes its root, whose status is not this run's: completed, as before, unless
-        // an operator paused the root.
-        Ok(Ok(result))
-            if (result.run.id == run.id && !result.run.status.state.is_terminal())
-                || (Some(result.run.id) == chain_root(run)
-                    && result.run.status.state == RunStatus::Paused) =>
-        {
+        // child resumes its root, whose status is not this run's: completed, as before.
+        Ok(Ok(result)) if result.run.id == run.id && !result.run.status.state.is_terminal() => {
             info!(status = %result.run.status.state, "run suspended");
             Fate::new(Outcome::Suspended, None)
         }
@@ -524,43 +524,48 @@ async fn record_failure(ctx: &Invocation, run_id: Uuid, outcome: Outcome, msg: S
 /// How long the current attempt of `run` executed before `claimed_at`, read from its steps
 /// and from those of the sub-workflow runs they entered ([`attempt_time::executed`]: waits do
 /// not count, a child's included), or zero for a run that never executed (its recorded
-/// duration is zero). A sub-workflow child's execution resumes its root: the root's attempt is
-/// read then. The reads are the invocation's, bounded by the cutoff; a read of the run's steps
-/// that fails counts nothing (the timeout then counts from this invocation). The children's
-/// ([`read_children`]) take at most [`CHILD_READS_WAIT`] in all, and at most
-/// [`MAX_STEP_LISTS`] lists.
+/// duration is zero). The reads are the invocation's, bounded by the cutoff, at most
+/// [`MAX_STEP_LISTS`] of them; a read of the run's steps that fails counts nothing (the timeout
+/// then counts from this invocation), one of a child's counts its `workflow` step as executed.
 async fn executed_before(ctx: &Invocation, run: &Run, claimed_at: DateTime<Utc>) -> Duration {
-    let root = chain_root(run);
-    if root.is_none() && run.duration_ms == 0 {
+    if run.duration_ms == 0 {
         return Duration::ZERO;
     }
+    let attempt = run.retry_count + 1;
     let store = &ctx.calls.store;
     let read = async {
-        let run = match root {
-            Some(root) => store.get_run(root).await?.unwrap_or_else(|| run.clone()),
-            None => run.clone(),
-        };
-        if run.duration_ms == 0 {
-            return Ok(None);
-        }
-        let attempt = run.retry_count + 1;
         let steps = store.list_steps(run.id).await?;
         let mut children = attempt_time::Children::new();
-        let first = attempt_time::children_of(&steps, Some(attempt));
-        // Those left unread count as executed.
-        let _ =
-            tokio::time::timeout(CHILD_READS_WAIT, read_children(ctx, first, &mut children)).await;
-        Ok::<_, StoreError>(Some((steps, attempt, children)))
+        let mut next = attempt_time::children_of(&steps, Some(attempt));
+        let mut reads = 1;
+        // Level by level, each child once.
+        for _ in 0..attempt_time::MAX_DEPTH {
+            let mut below = Vec::new();
+            for id in next {
+                if reads >= MAX_STEP_LISTS || children.contains_key(&id) {
+                    continue;
+                }
+                reads += 1;
+                match store.list_steps(id).await {
+                    Ok(child) => {
+                        below.extend(attempt_time::children_of(&child, None));
+                        children.insert(id, child);
+                    }
+                    Err(e) => {
+                        warn!(child_run_id = %id, error = %e, "could not list a sub-workflow's steps: its time counts as executed")
+                    }
+                }
+            }
+            next = below;
+        }
+        Ok::<_, StoreError>((steps, children))
     };
     match ctx
         .calls
         .within(ctx.budget.cutoff(), Some(ctx.key(run.id)), read)
         .await
     {
-        Ok(Some((steps, attempt, children))) => {
-            attempt_time::executed(&steps, attempt, &children, claimed_at)
-        }
-        Ok(None) => Duration::ZERO,
+        Ok((steps, children)) => attempt_time::executed(&steps, attempt, &children, claimed_at),
         Err(e) => {
             warn!(error = %e, "could not list steps to find the attempt's executed time");
             Duration::ZERO
@@ -568,42 +573,9 @@ async fn executed_before(ctx: &Invocation, run: &Run, claimed_at: DateTime<Utc>)
     }
 }
 
-/// Read into `children` the steps of the sub-workflow runs `first` and of theirs, level by
-/// level, each once, up to [`attempt_time::MAX_DEPTH`] levels and [`MAX_STEP_LISTS`] lists in
-/// all (the run's own included), in the order [`attempt_time::children_of`] gives (those that
-/// could have waited longest first). A child whose read fails is left out (it then counts as
-/// executed).
-async fn read_children(ctx: &Invocation, first: Vec<Uuid>, children: &mut attempt_time::Children) {
-    let store = &ctx.calls.store;
-    let (mut next, mut reads) = (first, 1);
-    for _ in 0..attempt_time::MAX_DEPTH {
-        let mut below = Vec::new();
-        for id in next {
-            if reads >= MAX_STEP_LISTS || children.contains_key(&id) {
-                continue;
-            }
-            reads += 1;
-            match store.list_steps(id).await {
-                Ok(child) => {
-                    below.extend(attempt_time::children_of(&child, None));
-                    children.insert(id, child);
-                }
-                Err(e) => {
-                    warn!(child_run_id = %id, error = %e, "could not list a sub-workflow's steps: its time counts as executed")
-                }
-            }
-        }
-        next = below;
-    }
-}
-
 /// The most step lists [`executed_before`] reads at a claim: the run's own and 15 of its
 /// sub-workflows'.
 const MAX_STEP_LISTS: usize = 16;
-
-/// The longest [`executed_before`] reads the sub-workflows' steps, in all: 2 s. An API that
-/// answers slowly costs the claim no more; the children left unread count as executed.
-const CHILD_READS_WAIT: Duration = Duration::from_secs(2);
 
 fn panic_message(panic: JoinError) -> String {
     if !panic.is_panic() {
