@@ -225,7 +225,9 @@ impl PoisonGate {
     /// Count a finished run's outcome: failures increment; a success resets, as does a run
     /// suspended by its handler (it ran without failing, as the reference worker counts any
     /// handler that returned) or handed back cleanly at the cutoff (it executed without
-    /// failing, for as long as the invocation lasted). A run this invocation left to the API's
+    /// failing, for as long as the invocation lasted). A run abandoned because an operator
+    /// paused it (suspended with that reason, whatever ended its execution first: a timeout
+    /// found paused is no success) neither counts nor resets. A run this invocation left to the API's
     /// reaper, or whose lease it lost (expired unconfirmed, or taken over by another worker, which
     /// may leave a step of this invocation Running for the reaper to interrupt), is noted as
     /// expected to come back with one more lease recovery, which then does not count as a dead
@@ -236,8 +238,9 @@ impl PoisonGate {
         if report.outcome.is_workflow_failure() {
             let failure_id = format!("{}/{}", report.run_id, report.retry_count);
             self.record_failure(workflow, &failure_id).await;
-        } else if (matches!(report.outcome, Outcome::Completed | Outcome::Suspended)
-            || (report.outcome == Outcome::HandedBack && report.error.is_none()))
+        } else if (report.outcome == Outcome::Completed
+            || (matches!(report.outcome, Outcome::Suspended | Outcome::HandedBack)
+                && report.error.is_none()))
             && self.counter(workflow).await.is_some()
         {
             if !self.table_usable() {
@@ -579,6 +582,22 @@ mod tests {
             gate.record(&report("wf", Outcome::Failed)).await;
             assert_eq!(gate.blocked_reason("wf").await, None, "{ending:?}");
         }
+    }
+
+    #[tokio::test]
+    async fn a_run_abandoned_to_an_operator_s_pause_neither_counts_nor_resets() {
+        let table = Arc::new(MemoryPoisonTable::new(policy()));
+        let mut gate = PoisonGate::new(table, policy(), PoisonMode::Fail, later(), "w");
+        gate.record(&report("wf", Outcome::Failed)).await;
+        let mut paused = report("wf", Outcome::Suspended);
+        paused.error = Some("the run was paused by an operator".into());
+        gate.record(&paused).await;
+        assert_eq!(gate.blocked_reason("wf").await, None, "not counted");
+        gate.record(&report("wf", Outcome::Failed)).await;
+        assert!(
+            gate.blocked_reason("wf").await.is_some(),
+            "the streak goes on across the pause"
+        );
     }
 
     #[tokio::test]
