@@ -87,8 +87,9 @@ pub(crate) fn executed(
 }
 
 /// The steps of the sub-workflow runs an attempt entered, by run id, as read at the claim
-/// ([`children_of`]); a run missing here counts as before: its `workflow` step's interval is
-/// executed time.
+/// ([`children_of`]). A run missing here (unread) adds nothing of its own: its `workflow`
+/// step's interval counts as executed, unless a sibling read waited across it with nothing
+/// executing (a wave of children waiting at once, more than the reads allow).
 pub(crate) type Children = HashMap<Uuid, Vec<Step>>;
 
 /// The most levels of sub-workflows below a run whose steps [`executed`] reads: 8.
@@ -108,16 +109,30 @@ fn child_of(step: &Step) -> Option<Uuid> {
 }
 
 /// The sub-workflow runs that the steps among `steps` of attempt `attempt` (every attempt's,
-/// for `None`: a child's) entered: the runs whose steps [`executed`] needs in `children`.
+/// for `None`: a child's) entered: the runs whose steps [`executed`] needs in `children`, each
+/// once, those whose `workflow` step lasted longest first (still open, then the longest
+/// finished: those that could have waited longest, for a reader that cannot read them all).
 pub(crate) fn children_of(steps: &[Step], attempt: Option<u32>) -> Vec<Uuid> {
-    let mut ids: Vec<Uuid> = steps
+    let mut found: Vec<(Option<chrono::TimeDelta>, Uuid)> = steps
         .iter()
         .filter(|s| attempt.is_none_or(|a| s.attempt == a))
-        .filter_map(child_of)
+        .filter_map(|s| {
+            let start = s.started_at.unwrap_or(s.created_at);
+            Some((s.completed_at.map(|end| end - start), child_of(s)?))
+        })
         .collect();
-    ids.sort_unstable();
-    ids.dedup();
-    ids
+    // Open (`None`) first, then the longest.
+    found.sort_by(|a, b| match (a.0, b.0) {
+        (None, None) => std::cmp::Ordering::Equal,
+        (None, Some(_)) => std::cmp::Ordering::Less,
+        (Some(_), None) => std::cmp::Ordering::Greater,
+        (Some(x), Some(y)) => y.cmp(&x),
+    });
+    let mut seen = std::collections::HashSet::new();
+    found
+        .into_iter()
+        .filter_map(|(_, id)| seen.insert(id).then_some(id))
+        .collect()
 }
 
 /// Add to `parts` the steps of the child run `step` entered (and of its own children, down to
@@ -799,6 +814,42 @@ mod tests {
         let parent = steps(vec![step("shell", "completed", 0, Some(1)), cut]);
         kids.insert(child, steps(vec![step("shell", "running", 2, None)]));
         assert_eq!(secs(executed(&parent, 1, &kids, t(900))), 10);
+    }
+
+    #[test]
+    fn an_unread_child_is_covered_by_a_sibling_s_wait_and_the_longest_are_read_first() {
+        // A wave: two children entered at once, `waits` waited 599 s for a signal, `unread`
+        // could not be read (beyond the reads' bounds). Only `waits`' 1 s step executed.
+        let (waits, unread) = (uuid::Uuid::new_v4(), uuid::Uuid::new_v4());
+        let parent = steps(vec![
+            workflow(waits, 0, Some(600)),
+            workflow(unread, 0, Some(600)),
+        ]);
+        let mut kids = Children::new();
+        kids.insert(
+            waits,
+            steps(vec![
+                step("shell", "completed", 0, Some(1)),
+                step("signal", "completed", 1, Some(600)),
+            ]),
+        );
+        assert_eq!(secs(executed(&parent, 1, &kids, t(600))), 1);
+        // Alone, the unread child's interval counts.
+        let alone = steps(vec![workflow(unread, 0, Some(600))]);
+        assert_eq!(secs(executed(&alone, 1, &kids, t(600))), 600);
+        // Still open first, then the longest finished; each child once.
+        let (short, long, open) = (
+            uuid::Uuid::new_v4(),
+            uuid::Uuid::new_v4(),
+            uuid::Uuid::new_v4(),
+        );
+        let entered = steps(vec![
+            workflow(short, 0, Some(1)),
+            workflow(long, 1, Some(500)),
+            workflow(short, 500, Some(502)),
+            workflow(open, 502, None),
+        ]);
+        assert_eq!(children_of(&entered, Some(1)), [open, long, short]);
     }
 
     #[test]

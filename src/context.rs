@@ -30,9 +30,9 @@ use std::sync::atomic::AtomicUsize;
 use std::time::Duration;
 
 use ironflow_engine::engine::Engine;
-use ironflow_store::entities::{LeaseRequest, Run};
+use ironflow_store::entities::{LeaseRequest, Run, RunStatus};
 use tokio::time::Instant;
-use tracing::{error, info};
+use tracing::{error, info, warn};
 use uuid::Uuid;
 
 use crate::calls::Calls;
@@ -140,6 +140,11 @@ pub(crate) async fn fail_or_leave_to_reaper(
         .engine
         .fail_or_schedule_retry(run_id, &msg, retryable, None, None);
     match write.await {
+        // The engine writes nothing to a paused run.
+        Ok(RunStatus::Paused) => {
+            warn!(error = %msg, "the run was paused: its failure is not recorded");
+            Fate::paused("its failure")
+        }
         Ok(status) => {
             info!(status = %status, "failure recorded");
             Fate::new(outcome, Some(msg))

@@ -33,7 +33,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use ironflow_engine::engine::WorkflowResult;
+use ironflow_engine::engine::{WorkflowResult, chain_root};
 use ironflow_engine::error::EngineError;
 use ironflow_store::entities::{Run, RunStatus};
 use ironflow_store::error::StoreError;
@@ -379,6 +379,9 @@ async fn decide(
         true => later(Instant::now(), LEASE_EXPIRED_HANDBACK).min(ctx.budget.last_write()),
         false => ctx.budget.last_write(),
     };
+    // A sub-workflow child's lease may have moved to its root since the refresher's last
+    // renewal: what is written goes to the run whose lease is held.
+    let target = held(run, target, scope);
     let hand_back = |why| {
         ctx.hand_back(Handback {
             run,
@@ -391,10 +394,10 @@ async fn decide(
         })
     };
     // An operator paused the run while it executed here (seen by the engine, a write or the
-    // lease).
+    // lease): the run itself, or the root a sub-workflow child's execution resumed and holds.
     let paused = match &stop {
         Stop::Finished(joined) => matches!(&**joined,
-            Ok(Ok(result)) if result.run.id == run.id && result.run.status.state == RunStatus::Paused),
+            Ok(Ok(result)) if result.run.id == target && result.run.status.state == RunStatus::Paused),
         Stop::Scope(ScopeStop::RunLeft { status, .. }) | Stop::Lease(LeaseEnd::Left { status }) => {
             *status == RunStatus::Paused
         }
@@ -443,22 +446,13 @@ async fn decide(
         }
         Stop::Cutoff => hand_back(Why::Cutoff).await,
     };
-    // A pause met first by a handback's lease confirmation (refused: the run left Running) or
-    // by the timeout's write (the engine writes nothing to a paused run) left nothing written:
-    // the run is Paused, and its pause is a wait, not execution, for the run timeout.
-    let maybe_paused =
-        !fate.left_to_reaper && matches!(fate.outcome, Outcome::LeaseLost | Outcome::TimedOut);
-    if paused || maybe_paused {
+    // A pause met first by a handback's lease confirmation or by a failure's write (the engine
+    // writes nothing to a paused run) left nothing written: the run is Paused, and its pause
+    // is a wait, not execution, for the run timeout.
+    if paused || fate.paused {
         let ours = ctx.engine_store.open_steps(run.id);
-        let found = ctx
-            .mark_the_pause(target, timing.claimed_at, until, &ours)
+        ctx.mark_the_pause(target, timing.claimed_at, until, &ours)
             .await;
-        if found && !paused {
-            let why = LeaseEnd::Left {
-                status: RunStatus::Paused,
-            };
-            return abandoned(&why);
-        }
     }
     fate
 }
@@ -473,8 +467,14 @@ async fn finished(
     match joined {
         // Our own run, left waiting by its handler (a timer or signal: sleeping; an approval;
         // an operator's pause, or already resumed from it: pending, running). A sub-workflow
-        // child resumes its root, whose status is not this run's: completed, as before.
-        Ok(Ok(result)) if result.run.id == run.id && !result.run.status.state.is_terminal() => {
+        // child resumes its root, whose status is not this run's: completed, as before, unless
+        // an operator paused the root this execution held.
+        Ok(Ok(result))
+            if (result.run.id == run.id && !result.run.status.state.is_terminal())
+                || (result.run.id == target
+                    && target != run.id
+                    && result.run.status.state == RunStatus::Paused) =>
+        {
             info!(status = %result.run.status.state, "run suspended");
             Fate::new(Outcome::Suspended, None)
         }
@@ -496,6 +496,23 @@ async fn finished(
             error!(error = %msg, "run panicked");
             record_failure(ctx, target, Outcome::Panicked, msg).await
         }
+    }
+}
+
+/// The run whose lease this execution holds as its fate is written: `target`, the refresher's,
+/// or the root of sub-workflow child `run` once the execution moved the child's lease to it
+/// (ironflow-engine's `resume_chain` claims the root with the child's lease as it moves it to
+/// Running, then releases the child's lease: [`CallScope::lease_moved`]) and the refresher
+/// had not renewed since, which would have followed it. A child whose execution did not (it
+/// waited for a root another execution of the chain holds, or found the chain settled) holds
+/// the child alone.
+fn held(run: &Run, target: Uuid, scope: &CallScope) -> Uuid {
+    match chain_root(run) {
+        Some(root) if target == run.id && scope.lease_moved() => {
+            info!(root_run_id = %root, "the lease had moved to the run's root");
+            root
+        }
+        _ => target,
     }
 }
 
@@ -524,48 +541,55 @@ async fn record_failure(ctx: &Invocation, run_id: Uuid, outcome: Outcome, msg: S
 /// How long the current attempt of `run` executed before `claimed_at`, read from its steps
 /// and from those of the sub-workflow runs they entered ([`attempt_time::executed`]: waits do
 /// not count, a child's included), or zero for a run that never executed (its recorded
-/// duration is zero). The reads are the invocation's, bounded by the cutoff, at most
-/// [`MAX_STEP_LISTS`] of them; a read of the run's steps that fails counts nothing (the timeout
-/// then counts from this invocation), one of a child's counts its `workflow` step as executed.
+/// duration is zero). A claimed sub-workflow child (its wait ended) is executed by resuming its
+/// root's chain (ironflow-engine's `resume_chain`): the root's attempt is what executes, and
+/// what is read (the root's run and its steps, one more read). The reads are the invocation's,
+/// bounded by the cutoff; a read of the run's steps that fails counts nothing (the timeout then
+/// counts from this invocation). The children's ([`read_children`]) take at most
+/// [`CHILD_READS_WAIT`] in all and [`MAX_STEP_LISTS`] lists; one left unread adds nothing of
+/// its own (its `workflow` step's interval counts as executed unless a sibling read waited
+/// across it).
 async fn executed_before(ctx: &Invocation, run: &Run, claimed_at: DateTime<Utc>) -> Duration {
-    if run.duration_ms == 0 {
+    let root = chain_root(run);
+    if root.is_none() && run.duration_ms == 0 {
         return Duration::ZERO;
     }
-    let attempt = run.retry_count + 1;
     let store = &ctx.calls.store;
     let read = async {
+        let run = match root {
+            Some(root) => match store.get_run(root).await? {
+                Some(root) => root,
+                None => run.clone(),
+            },
+            None => run.clone(),
+        };
+        if run.duration_ms == 0 {
+            return Ok(None);
+        }
+        let attempt = run.retry_count + 1;
         let steps = store.list_steps(run.id).await?;
         let mut children = attempt_time::Children::new();
-        let mut next = attempt_time::children_of(&steps, Some(attempt));
-        let mut reads = 1;
-        // Level by level, each child once.
-        for _ in 0..attempt_time::MAX_DEPTH {
-            let mut below = Vec::new();
-            for id in next {
-                if reads >= MAX_STEP_LISTS || children.contains_key(&id) {
-                    continue;
-                }
-                reads += 1;
-                match store.list_steps(id).await {
-                    Ok(child) => {
-                        below.extend(attempt_time::children_of(&child, None));
-                        children.insert(id, child);
-                    }
-                    Err(e) => {
-                        warn!(child_run_id = %id, error = %e, "could not list a sub-workflow's steps: its time counts as executed")
-                    }
-                }
+        let first = attempt_time::children_of(&steps, Some(attempt));
+        if !first.is_empty() {
+            let reads = read_children(ctx, first, &mut children);
+            if tokio::time::timeout(CHILD_READS_WAIT, reads).await.is_err() {
+                warn!(
+                    read = children.len(),
+                    "the sub-workflows' steps were not all read in time: those left unread count their time as executed unless a sibling waited"
+                );
             }
-            next = below;
         }
-        Ok::<_, StoreError>((steps, children))
+        Ok::<_, StoreError>(Some((steps, attempt, children)))
     };
     match ctx
         .calls
         .within(ctx.budget.cutoff(), Some(ctx.key(run.id)), read)
         .await
     {
-        Ok((steps, children)) => attempt_time::executed(&steps, attempt, &children, claimed_at),
+        Ok(Some((steps, attempt, children))) => {
+            attempt_time::executed(&steps, attempt, &children, claimed_at)
+        }
+        Ok(None) => Duration::ZERO,
         Err(e) => {
             warn!(error = %e, "could not list steps to find the attempt's executed time");
             Duration::ZERO
@@ -573,9 +597,42 @@ async fn executed_before(ctx: &Invocation, run: &Run, claimed_at: DateTime<Utc>)
     }
 }
 
+/// Read into `children` the steps of the sub-workflow runs `first` and of theirs, level by
+/// level, each once, up to [`attempt_time::MAX_DEPTH`] levels and [`MAX_STEP_LISTS`] lists in
+/// all (the run's own included), in the order [`attempt_time::children_of`] gives (those that
+/// could have waited longest first). A child whose read fails is left out: it adds nothing of
+/// its own.
+async fn read_children(ctx: &Invocation, first: Vec<Uuid>, children: &mut attempt_time::Children) {
+    let store = &ctx.calls.store;
+    let (mut next, mut reads) = (first, 1);
+    for _ in 0..attempt_time::MAX_DEPTH {
+        let mut below = Vec::new();
+        for id in next {
+            if reads >= MAX_STEP_LISTS || children.contains_key(&id) {
+                continue;
+            }
+            reads += 1;
+            match store.list_steps(id).await {
+                Ok(child) => {
+                    below.extend(attempt_time::children_of(&child, None));
+                    children.insert(id, child);
+                }
+                Err(e) => {
+                    warn!(child_run_id = %id, error = %e, "could not list a sub-workflow's steps: its time counts as executed unless a sibling waited")
+                }
+            }
+        }
+        next = below;
+    }
+}
+
 /// The most step lists [`executed_before`] reads at a claim: the run's own and 15 of its
 /// sub-workflows'.
 const MAX_STEP_LISTS: usize = 16;
+
+/// The longest [`executed_before`] reads the sub-workflows' steps, in all: 2 s. An API that
+/// answers slowly costs the claim no more than that.
+const CHILD_READS_WAIT: Duration = Duration::from_secs(2);
 
 fn panic_message(panic: JoinError) -> String {
     if !panic.is_panic() {

@@ -294,7 +294,9 @@ impl Invocation {
                     Ok(Some(run)) => Some(run.status.state),
                     _ => None,
                 };
-                let fate = if status == Some(RunStatus::Cancelled) {
+                let fate = if status == Some(RunStatus::Paused) {
+                    Fate::paused("its write back to Pending")
+                } else if status == Some(RunStatus::Cancelled) {
                     Fate::new(
                         Outcome::Cancelled,
                         Some("run cancelled through the API: nothing written".into()),
@@ -318,19 +320,21 @@ impl Invocation {
 
     /// Mark the Running steps among `steps` Failed with `STEP_INTERRUPTED_ERROR`, so that the
     /// replay executes them again, each write retried within the caller's scope, and with the
-    /// interruption `mark` in their debug messages; ended now, or at the latest instant `steps`
-    /// record if the API's clock runs ahead ([`attempt_time::not_before_recorded`]).
+    /// interruption `mark` in their debug messages; ended now, or at the latest instant the
+    /// steps of their attempt record if the API's clock runs ahead
+    /// ([`attempt_time::not_before_recorded`]).
     async fn interrupt_running_steps(&self, steps: &[Step], mark: &str) -> Result<(), StoreError> {
-        // Never before an instant the API stamped: the wait begins at the interruption.
-        let now = attempt_time::not_before_recorded(steps, Utc::now());
+        let now = Utc::now();
         for step in steps
             .iter()
             .filter(|s| s.status.state == StepStatus::Running)
         {
+            // Never before an instant the API stamped on its attempt: the wait begins here.
+            let attempt = steps.iter().filter(|s| s.attempt == step.attempt);
             let update = StepUpdate {
                 status: Some(StepStatus::Failed),
                 error: Some(STEP_INTERRUPTED_ERROR.to_string()),
-                completed_at: Some(now),
+                completed_at: Some(attempt_time::not_before_recorded(attempt, now)),
                 debug_messages: Some(json!([{ INTERRUPTION_KEY: mark }])),
                 ..StepUpdate::default()
             };
@@ -439,27 +443,27 @@ impl Invocation {
     ///    that it waits ([`Invocation::mark_the_wait`]): from the API's interruption of one of
     ///    its steps (or the latest instant its steps record after it), else from now.
     ///
-    /// Returns whether the run was Paused (step 1): a handback or a timeout's write that met
-    /// the pause first wrote nothing. The lease is not confirmed: a paused run has no holder
-    /// (step writes are not lease-checked). A write that fails costs only the run timeout's
-    /// reading of the pause.
+    /// Called when the execution saw the pause, and when a handback or a failure's write met
+    /// it first (and wrote nothing: [`Fate::paused`]). The lease is not confirmed: a paused run
+    /// has no holder (step writes are not lease-checked). A write that fails costs only the run
+    /// timeout's reading of the pause.
     pub(crate) async fn mark_the_pause(
         &self,
         target: Uuid,
         taken_up: DateTime<Utc>,
         until: Instant,
         ours: &[Uuid],
-    ) -> bool {
+    ) {
         let store = &self.calls.store;
         let write = async {
             // 1. Still paused.
             let run = match store.get_run(target).await {
                 Ok(Some(run)) if run.status.state == RunStatus::Paused => run,
-                _ => return false,
+                _ => return,
             };
             let Ok(steps) = store.list_steps(target).await else {
                 warn!("could not list the paused run's steps: the run timeout may count its pause");
-                return true;
+                return;
             };
             // 2. Its steps left Running.
             let left: Vec<Step> = steps
@@ -469,7 +473,7 @@ impl Invocation {
                 .collect();
             if let Err(e) = self.interrupt_running_steps(&left, PAUSED_MARK).await {
                 warn!(error = %e, "could not mark the paused run's running steps interrupted: the run timeout may count its pause");
-                return true;
+                return;
             }
             // 3. When it began to wait.
             if left.is_empty() {
@@ -493,7 +497,6 @@ impl Invocation {
                 self.mark_the_wait(target, taken_up, at, until, &guarded)
                     .await;
             }
-            true
         };
         let key = self.key(target);
         self.calls.within(until, Some(key), write).await

@@ -25,8 +25,9 @@ pub enum Outcome {
     /// signal (status `sleeping`), an approval (`awaiting_approval`) or an operator
     /// (`paused`; `pending` or `running` if already resumed). The API wakes it back to
     /// Pending, and a later invocation (schedule tick, wake-up or direct call) claims it.
-    /// Also a run an operator paused while it executed: abandoned at once, the resume replays
-    /// it.
+    /// Also a run an operator paused while it executed: abandoned at once (or found paused
+    /// when its handback or its failure was to be written: nothing written), the resume
+    /// replays it.
     Suspended,
     /// The handler returned an error; the engine already recorded the failure or armed a retry.
     Failed,
@@ -119,6 +120,9 @@ pub(crate) struct Fate {
     /// When the run is due again, as the write of this fate left it (a retry armed for a
     /// timeout or a panic).
     pub due: Option<Due>,
+    /// The write of this fate found the run paused by an operator and wrote nothing
+    /// ([`Fate::paused`]).
+    pub paused: bool,
 }
 
 impl Fate {
@@ -129,6 +133,21 @@ impl Fate {
             error,
             left_to_reaper: false,
             due: None,
+            paused: false,
+        }
+    }
+
+    /// A run found paused by an operator when this fate was to be written (`what`: the write
+    /// that was not made): Suspended, nothing written; the resume replays it.
+    pub fn paused(what: &str) -> Self {
+        Self {
+            paused: true,
+            ..Self::new(
+                Outcome::Suspended,
+                Some(format!(
+                    "the run was paused by an operator: {what} not written; the resume replays it"
+                )),
+            )
         }
     }
 
@@ -145,6 +164,7 @@ impl Fate {
             error: Some(why),
             left_to_reaper: true,
             due: None,
+            paused: false,
         }
     }
 }

@@ -425,7 +425,12 @@ impl RunStore for GuardedStore {
     fn update_run(&self, id: Uuid, update: RunUpdate) -> StoreFuture<'_, ()> {
         Box::pin(async move {
             let progress = view::is_progress(&update).then(|| update.clone());
+            let releases = matches!(update.lease, Some(LeaseUpdate::Release));
             let taken = self.write_run(id, update).await?;
+            if releases {
+                // A sub-workflow child's lease moved to its root (`CallScope::lease_moved`).
+                CallScope::current().released_lease(id);
+            }
             if let (Some(taken), Some(update)) = (taken, progress) {
                 self.views.put_back(taken, &update);
             }

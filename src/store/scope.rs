@@ -170,6 +170,8 @@ pub struct CallScope {
     /// When its own run becomes claimable again, as its last landed write left it (a retry's
     /// backoff, a sleep's wake time).
     due: Mutex<Option<Due>>,
+    /// A landed write of this scope released its own run's lease ([`CallScope::lease_moved`]).
+    lease_released: AtomicBool,
     /// Model calls of this scope's work dropped before their answer ([`ModelCall`]).
     calls_cut: AtomicU32,
     /// Their estimated input tokens.
@@ -196,6 +198,7 @@ impl CallScope {
             seen_steps: Mutex::new(HashSet::new()),
             statuses_written: Mutex::new(Vec::new()),
             due: Mutex::new(None),
+            lease_released: AtomicBool::new(false),
             calls_cut: AtomicU32::new(0),
             estimated_input_tokens: AtomicU64::new(0),
         }
@@ -462,6 +465,22 @@ impl CallScope {
             .due
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// A write of this scope that released run `run_id`'s lease landed: remembered if that is
+    /// the scope's own run.
+    pub fn released_lease(&self, run_id: Uuid) {
+        if self.run.as_ref().is_some_and(|k| k.run_id == run_id) {
+            self.lease_released.store(true, Ordering::SeqCst);
+        }
+    }
+
+    /// Whether this execution released its own run's lease, which for a sub-workflow child
+    /// means it moved the lease to the chain's root: ironflow-engine's `resume_chain` releases
+    /// the child's lease only after its root took it, in the update that moved the root to
+    /// Running. From then on the root's lease is the one this execution holds.
+    pub fn lease_moved(&self) -> bool {
+        self.lease_released.load(Ordering::SeqCst)
     }
 
     /// Whether a call of this scope wrote (or was writing) any status other than Running to the

@@ -1,0 +1,466 @@
+//! The run timeout when the claim hands out a sub-workflow child (after a wait inside the child
+//! ends, the engine resumes the root's chain from it), against the real ironflow API on both of
+//! its stores: the root's attempt is what executes and what the timeout reads, its children's
+//! steps counted within their `workflow` steps (docs/design.md, "The run timeout across
+//! invocations"). Written by reviews of e7567d8 and fa0c86d: the child's steps alone were read
+//! then, and what a child claim writes (a timeout, a panic, a handback) went to the child while
+//! the engine had moved its lease to the root, until the refresher's next renewal.
+
+mod common;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use chrono::Utc;
+use common::{Backend, Harness};
+use ironflow_engine::config::{HumanInputConfig, ShellConfig};
+use ironflow_engine::context::WorkflowContext;
+use ironflow_engine::handler::{HandlerFuture, TypedWorkflow, WorkflowHandler};
+use ironflow_lambda::Outcome;
+use ironflow_store::entities::{RunStatus, StepKind, StepStatus, StepUpdate};
+use serde_json::json;
+
+const LONG: Duration = Duration::from_secs(60);
+
+#[derive(serde::Deserialize, schemars::JsonSchema)]
+struct Review {
+    ok: bool,
+}
+
+/// A child: a step `s` (`s_cmd`), a human input, a step `y`.
+struct Reviewed {
+    s_cmd: String,
+}
+
+impl WorkflowHandler for Reviewed {
+    fn name(&self) -> &str {
+        "reviewed"
+    }
+
+    fn execute<'a>(&'a self, ctx: &'a mut WorkflowContext) -> HandlerFuture<'a> {
+        Box::pin(async move {
+            ctx.shell("s", ShellConfig::new(&self.s_cmd)).await?;
+            let review: Review = ctx
+                .human_input("review", HumanInputConfig::new("Is it fine?"))
+                .await?;
+            ctx.shell("y", ShellConfig::new(&format!("echo {}", review.ok)))
+                .await?;
+            Ok(())
+        })
+    }
+}
+
+impl TypedWorkflow for Reviewed {
+    type Input = serde_json::Value;
+}
+
+/// `a`, the child, `c`.
+struct Root {
+    a: String,
+    c: String,
+    child: Reviewed,
+}
+
+impl WorkflowHandler for Root {
+    fn name(&self) -> &str {
+        "root"
+    }
+
+    fn execute<'a>(&'a self, ctx: &'a mut WorkflowContext) -> HandlerFuture<'a> {
+        Box::pin(async move {
+            ctx.shell("a", ShellConfig::new(&self.a)).await?;
+            ctx.workflow(&self.child, json!({})).await?;
+            ctx.shell("c", ShellConfig::new(&self.c)).await?;
+            Ok(())
+        })
+    }
+}
+
+/// Answer the child's human input as the route does and queue the child.
+async fn answer(h: &Harness, child: uuid::Uuid) {
+    let review = h
+        .steps(child)
+        .await
+        .into_iter()
+        .find(|s| s.name == "review" && s.status.state == StepStatus::AwaitingApproval)
+        .expect("the open human input");
+    let store = h.api.store();
+    store
+        .update_step(
+            review.id,
+            StepUpdate {
+                status: Some(StepStatus::Completed),
+                output: Some(json!({"ok": true})),
+                completed_at: Some(Utc::now()),
+                clear_approval_deadline: true,
+                ..StepUpdate::default()
+            },
+        )
+        .await
+        .unwrap();
+    store
+        .update_run_status(child, RunStatus::Pending)
+        .await
+        .unwrap();
+}
+
+async fn child_of(h: &Harness, id: uuid::Uuid) -> uuid::Uuid {
+    let steps = h.steps(id).await;
+    steps
+        .iter()
+        .filter(|s| s.kind == StepKind::Workflow)
+        .find_map(|s| s.output.as_ref()?["child_run_id"].as_str()?.parse().ok())
+        .unwrap_or_else(|| panic!("{steps:?}"))
+}
+
+/// The root executes 3 s (`a`), waits on its child's human input, then 3 s (`c`) after the
+/// answer: 6 s executed against a 4 s timeout. The second invocation claims the child: its run
+/// deadline must count the root's 3 s, and time the run out.
+async fn a_child_claim_counts_the_root_s_executed_time(backend: Backend) {
+    let h = Harness::start_on(backend).await;
+    let worker = h
+        .builder()
+        .register(Root {
+            a: "sleep 3".into(),
+            c: "sleep 3".into(),
+            child: Reviewed {
+                s_cmd: "true".into(),
+            },
+        })
+        .register(Reviewed {
+            s_cmd: "true".into(),
+        })
+        .cutoff_aware_starts(false)
+        .lease_ttl(Duration::from_secs(30))
+        .lease_refresh_interval(Duration::from_secs(15))
+        .run_timeout(Duration::from_secs(4))
+        .build()
+        .unwrap();
+    let id = h.create("root", 0).await;
+    let first = h.invoke(&worker, LONG).await;
+    assert_eq!(first.count(Outcome::Suspended), 1, "{first:?}");
+    let child = child_of(&h, id).await;
+    answer(&h, child).await;
+    let second = h.invoke(&worker, LONG).await;
+    assert_eq!(
+        second.count(Outcome::TimedOut),
+        1,
+        "6 s executed against a 4 s timeout: {second:?}"
+    );
+    // Written to the root, which the execution held: not to the child, which completed.
+    let root = h.run(id).await;
+    assert_eq!(root.status.state, RunStatus::Failed, "{root:?}");
+    assert!(
+        root.error
+            .as_deref()
+            .is_some_and(|e| e.contains("timed out")),
+        "{root:?}"
+    );
+    assert_eq!(h.status(child).await, RunStatus::Completed);
+}
+
+/// `a`, the child, then a panic.
+struct RootPanics;
+
+impl WorkflowHandler for RootPanics {
+    fn name(&self) -> &str {
+        "root-panics"
+    }
+
+    fn execute<'a>(&'a self, ctx: &'a mut WorkflowContext) -> HandlerFuture<'a> {
+        Box::pin(async move {
+            ctx.shell("a", ShellConfig::new("true")).await?;
+            ctx.workflow(
+                &Reviewed {
+                    s_cmd: "true".into(),
+                },
+                json!({}),
+            )
+            .await?;
+            panic!("after the child");
+        })
+    }
+}
+
+/// A panic after the child, in the invocation that claimed the child (the lease moved to the
+/// root, the refresher not renewed since): the failure is the root's.
+async fn a_panic_in_a_child_claim_fails_the_root(backend: Backend) {
+    let h = Harness::start_on(backend).await;
+    let worker = h
+        .builder()
+        .register(RootPanics)
+        .register(Reviewed {
+            s_cmd: "true".into(),
+        })
+        .lease_ttl(Duration::from_secs(30))
+        .lease_refresh_interval(Duration::from_secs(15))
+        .build()
+        .unwrap();
+    let id = h.create("root-panics", 0).await;
+    let first = h.invoke(&worker, LONG).await;
+    assert_eq!(first.count(Outcome::Suspended), 1, "{first:?}");
+    let child = child_of(&h, id).await;
+    answer(&h, child).await;
+    let second = h.invoke(&worker, LONG).await;
+    assert_eq!(second.count(Outcome::Panicked), 1, "{second:?}");
+    let root = h.run(id).await;
+    assert_eq!(root.status.state, RunStatus::Failed, "{root:?}");
+    assert!(
+        root.error
+            .as_deref()
+            .is_some_and(|e| e.contains("after the child")),
+        "{root:?}"
+    );
+    assert_eq!(h.status(child).await, RunStatus::Completed);
+}
+
+/// The cutoff during `c`, in the invocation that claimed the child (the lease moved to the
+/// root, the refresher not renewed since): the root is handed back Pending, not left Running
+/// under a lease nobody renews, and the next invocation completes it.
+async fn a_child_claim_s_cutoff_hands_the_root_back(backend: Backend) {
+    let h = Harness::start_on(backend).await;
+    let resumed: PathBuf = h.path("resumed");
+    let c = format!("test -f '{}' || sleep 30", resumed.display());
+    let child = || Reviewed {
+        s_cmd: "true".into(),
+    };
+    let worker = h
+        .builder()
+        .register(Root {
+            a: "true".into(),
+            c,
+            child: child(),
+        })
+        .register(child())
+        .cutoff_aware_starts(false)
+        .lease_ttl(Duration::from_secs(30))
+        .lease_refresh_interval(Duration::from_secs(15))
+        .build()
+        .unwrap();
+    let id = h.create("root", 0).await;
+    let first = h.invoke(&worker, LONG).await;
+    assert_eq!(first.count(Outcome::Suspended), 1, "{first:?}");
+    let kid = child_of(&h, id).await;
+    answer(&h, kid).await;
+    let cut = h.invoke(&worker, Duration::from_millis(1500)).await;
+    assert_eq!(cut.count(Outcome::HandedBack), 1, "{cut:?}");
+    assert_eq!(h.status(id).await, RunStatus::Pending);
+    let c_cut = h
+        .steps(id)
+        .await
+        .into_iter()
+        .find(|s| s.name == "c")
+        .expect("step c");
+    assert_eq!(c_cut.status.state, StepStatus::Failed, "{c_cut:?}");
+    std::fs::write(&resumed, "").unwrap();
+    let last = h.invoke(&worker, LONG).await;
+    assert_eq!(last.count(Outcome::Completed), 1, "{last:?}");
+    assert_eq!(h.status(id).await, RunStatus::Completed);
+}
+
+/// The child's step `s` is cut by a handback (1.5 s invocation), the root waits Pending 10 s, is
+/// re-entered (the engine interrupts `s` only then), `s` ends at once, the child waits for a
+/// human; once answered the child is claimed: the Pending time after the handback must not count
+/// (about 1.5 s executed against a 6 s timeout; 11.5 s if `s` read as executing across it).
+async fn a_child_claim_does_not_count_the_pending_time_after_a_handback(backend: Backend) {
+    let h = Harness::start_on(backend).await;
+    let resumed: PathBuf = h.path("resumed");
+    let s_cmd = format!("test -f '{}' || sleep 30", resumed.display());
+    let worker = h
+        .builder()
+        .register(Root {
+            a: "true".into(),
+            c: "true".into(),
+            child: Reviewed {
+                s_cmd: s_cmd.clone(),
+            },
+        })
+        .register(Reviewed { s_cmd })
+        .cutoff_aware_starts(false)
+        .run_timeout(Duration::from_secs(6))
+        .build()
+        .unwrap();
+    let id = h.create("root", 0).await;
+    let cut = h.invoke(&worker, Duration::from_millis(1500)).await;
+    assert_eq!(cut.count(Outcome::HandedBack), 1, "{cut:?}");
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    std::fs::write(&resumed, "").unwrap();
+    let second = h.invoke(&worker, LONG).await;
+    assert_eq!(second.count(Outcome::Suspended), 1, "{second:?}");
+    let child = child_of(&h, id).await;
+    answer(&h, child).await;
+    let third = h.invoke(&worker, LONG).await;
+    assert_eq!(third.count(Outcome::Completed), 1, "{third:?}");
+    assert_eq!(h.status(id).await, RunStatus::Completed);
+}
+
+/// `a`, the child, `c`, then code that waits for the file `go`, then `d`.
+struct RootWaitsForGo {
+    go: PathBuf,
+}
+
+impl WorkflowHandler for RootWaitsForGo {
+    fn name(&self) -> &str {
+        "root-go"
+    }
+
+    fn execute<'a>(&'a self, ctx: &'a mut WorkflowContext) -> HandlerFuture<'a> {
+        Box::pin(async move {
+            ctx.shell("a", ShellConfig::new("true")).await?;
+            ctx.workflow(
+                &Reviewed {
+                    s_cmd: "true".into(),
+                },
+                json!({}),
+            )
+            .await?;
+            ctx.shell("c", ShellConfig::new("true")).await?;
+            while !self.go.exists() {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            ctx.shell("d", ShellConfig::new("true")).await?;
+            Ok(())
+        })
+    }
+}
+
+/// An operator's pause between two steps of the root, in an invocation that claimed the child
+/// (after its human input was answered): the engine stops with the root Paused; the pause must
+/// be marked as a wait, so that 8 s Paused against a 6 s timeout does not time the run out.
+async fn a_pause_in_a_child_claim_is_marked(backend: Backend) {
+    let h = Harness::start_on(backend).await;
+    let go = h.path("go");
+    let worker = h
+        .builder()
+        .register(RootWaitsForGo { go: go.clone() })
+        .register(Reviewed {
+            s_cmd: "true".into(),
+        })
+        .lease_ttl(Duration::from_secs(30))
+        .lease_refresh_interval(Duration::from_secs(15))
+        .run_timeout(Duration::from_secs(6))
+        .build()
+        .unwrap();
+    let id = h.create("root-go", 0).await;
+    let first = h.invoke(&worker, LONG).await;
+    assert_eq!(first.count(Outcome::Suspended), 1, "{first:?}");
+    let child = child_of(&h, id).await;
+    answer(&h, child).await;
+    let invocation = {
+        let (h, worker) = (&h, &worker);
+        async move { h.invoke(worker, LONG).await }
+    };
+    let pause = async {
+        common::wait_until("step c completed", LONG, || async {
+            h.steps(id)
+                .await
+                .iter()
+                .any(|s| s.name == "c" && s.status.state == StepStatus::Completed)
+        })
+        .await;
+        h.api.pause_run(id).await.unwrap();
+        std::fs::write(&go, "").unwrap();
+    };
+    let (second, ()) = tokio::join!(invocation, pause);
+    assert_eq!(second.count(Outcome::Suspended), 1, "{second:?}");
+    assert_eq!(h.status(id).await, RunStatus::Paused);
+    let marked = h.steps(id).await.iter().any(|s| {
+        s.debug_messages
+            .as_ref()
+            .is_some_and(|m| m.to_string().contains("ironflow_lambda_handed_back_at"))
+    });
+    assert!(marked, "the wait's start recorded: {:?}", h.steps(id).await);
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    h.api.resume_run(id).await.unwrap();
+    let last = h.invoke(&worker, LONG).await;
+    assert_eq!(last.count(Outcome::Completed), 1, "{last:?}");
+    assert_eq!(h.status(id).await, RunStatus::Completed);
+}
+
+/// A child that does one quick step.
+struct Quick;
+
+impl WorkflowHandler for Quick {
+    fn name(&self) -> &str {
+        "quick"
+    }
+
+    fn execute<'a>(&'a self, ctx: &'a mut WorkflowContext) -> HandlerFuture<'a> {
+        Box::pin(async move {
+            ctx.shell("q", ShellConfig::new("true")).await?;
+            Ok(())
+        })
+    }
+}
+
+impl TypedWorkflow for Quick {
+    type Input = serde_json::Value;
+}
+
+/// 16 quick children, then the reviewed child, then 2 s of `c`.
+struct Many;
+
+impl WorkflowHandler for Many {
+    fn name(&self) -> &str {
+        "many"
+    }
+
+    fn execute<'a>(&'a self, ctx: &'a mut WorkflowContext) -> HandlerFuture<'a> {
+        Box::pin(async move {
+            ctx.shell("a", ShellConfig::new("true")).await?;
+            for _ in 0..16 {
+                ctx.workflow(&Quick, json!({})).await?;
+            }
+            ctx.workflow(
+                &Reviewed {
+                    s_cmd: "true".into(),
+                },
+                json!({}),
+            )
+            .await?;
+            ctx.shell("c", ShellConfig::new("sleep 2")).await?;
+            Ok(())
+        })
+    }
+}
+
+/// 17 children, one more than the reads allow: the one that waited (10 s, against a 6 s
+/// timeout), whose `workflow` step lasted longest, must be among those read.
+async fn the_child_that_waited_longest_is_read_first(backend: Backend) {
+    let h = Harness::start_on(backend).await;
+    let worker = h
+        .builder()
+        .run_timeout(Duration::from_secs(6))
+        .register(Many)
+        .register(Quick)
+        .register(Reviewed {
+            s_cmd: "true".into(),
+        })
+        .build()
+        .unwrap();
+    let id = h.create("many", 0).await;
+    let first = h.invoke(&worker, LONG).await;
+    assert_eq!(first.count(Outcome::Suspended), 1, "{first:?}");
+    let steps = h.steps(id).await;
+    let child = steps
+        .iter()
+        .filter(|s| s.kind == StepKind::Workflow && s.status.state == StepStatus::Running)
+        .find_map(|s| s.output.as_ref()?["child_run_id"].as_str()?.parse().ok())
+        .unwrap_or_else(|| panic!("{steps:?}"));
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    answer(&h, child).await;
+    let cut = h.invoke(&worker, Duration::from_millis(1500)).await;
+    assert_eq!(cut.count(Outcome::HandedBack), 1, "{cut:?}");
+    let last = h.invoke(&worker, LONG).await;
+    assert_eq!(last.count(Outcome::Completed), 1, "{last:?}");
+    assert_eq!(h.status(id).await, RunStatus::Completed);
+}
+
+on_both_stores!(
+    a_child_claim_counts_the_root_s_executed_time,
+    a_panic_in_a_child_claim_fails_the_root,
+    a_child_claim_s_cutoff_hands_the_root_back,
+    a_child_claim_does_not_count_the_pending_time_after_a_handback,
+    a_pause_in_a_child_claim_is_marked,
+    the_child_that_waited_longest_is_read_first,
+);
