@@ -35,7 +35,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use ironflow_engine::engine::{WorkflowResult, chain_root};
 use ironflow_engine::error::EngineError;
-use ironflow_store::entities::{Run, RunStatus};
+use ironflow_store::entities::{LeaseUpdate, Run, RunStatus, RunUpdate};
 use ironflow_store::error::StoreError;
 use ironflow_store::store::RunStore;
 use tokio::task::JoinError;
@@ -381,7 +381,7 @@ async fn decide(
     };
     // A sub-workflow child's lease may have moved to its root since the refresher's last
     // renewal: what is written goes to the run whose lease is held.
-    let target = held(run, target, scope);
+    let target = held(ctx, run, target, scope, until).await;
     let hand_back = |why| {
         ctx.hand_back(Handback {
             run,
@@ -476,7 +476,12 @@ async fn finished(
                     && result.run.status.state == RunStatus::Paused) =>
         {
             info!(status = %result.run.status.state, "run suspended");
-            Fate::new(Outcome::Suspended, None)
+            // An operator's pause is no handler's suspension (the poison pill neither counts
+            // nor resets it): it says so.
+            let paused = (result.run.status.state == RunStatus::Paused).then(|| {
+                "paused by an operator while it executed: the resume replays it".to_string()
+            });
+            Fate::new(Outcome::Suspended, paused)
         }
         Ok(Ok(_)) => {
             // At DEBUG: the run's end line ("run execution ended", outcome Completed) says it.
@@ -500,19 +505,52 @@ async fn finished(
 }
 
 /// The run whose lease this execution holds as its fate is written: `target`, the refresher's,
-/// or the root of sub-workflow child `run` once the execution moved the child's lease to it
-/// (ironflow-engine's `resume_chain` claims the root with the child's lease as it moves it to
-/// Running, then releases the child's lease: [`CallScope::lease_moved`]) and the refresher
-/// had not renewed since, which would have followed it. A child whose execution did not (it
-/// waited for a root another execution of the chain holds, or found the chain settled) holds
-/// the child alone.
-fn held(run: &Run, target: Uuid, scope: &CallScope) -> Uuid {
-    match chain_root(run) {
-        Some(root) if target == run.id && scope.lease_moved() => {
-            info!(root_run_id = %root, "the lease had moved to the run's root");
+/// or the root of sub-workflow child `run` once the execution moved the child's lease to it,
+/// which the refresher follows only at its next renewal. ironflow-engine's `resume_chain`
+/// moves the root to Running with the child's lease, then releases the child's
+/// ([`CallScope::lease_moved`]: the release landed, the root holds the lease). An execution
+/// stopped between the two (the root's write sent, [`CallScope::lease_sent_to`], the release
+/// not landed) asks the API: a renewal of the root's lease with ours tells whether the root
+/// holds it, and if so the child's lease is released here, as the engine would have, so that
+/// neither run is left Running under a lease nobody renews. A child whose execution sent the
+/// root nothing (it waited for a root another execution of the chain holds, or found the chain
+/// settled) holds the child alone. The calls are bounded by `until`; an unanswered renewal
+/// keeps the child.
+async fn held(
+    ctx: &Invocation,
+    run: &Run,
+    target: Uuid,
+    scope: &CallScope,
+    until: Instant,
+) -> Uuid {
+    let root = match chain_root(run) {
+        Some(root) if target == run.id && scope.lease_sent_to(root) => root,
+        _ => return target,
+    };
+    if scope.lease_moved() {
+        debug!(root_run_id = %root, "the lease had moved to the run's root");
+        return root;
+    }
+    let store = &ctx.calls.store;
+    let follow = async {
+        if store.renew_lease(root, ctx.lease.clone()).await.is_err() {
+            return false;
+        }
+        let release = RunUpdate {
+            lease: Some(LeaseUpdate::Release),
+            ..RunUpdate::default()
+        };
+        if let Err(e) = store.update_run(run.id, release).await {
+            warn!(error = %e, "could not release the child's lease after its root took it: the reaper recovers the child once it expires");
+        }
+        true
+    };
+    match ctx.calls.within(until, Some(ctx.key(run.id)), follow).await {
+        true => {
+            info!(root_run_id = %root, "the execution stopped as the lease moved to the run's root: the root's is the fate to write");
             root
         }
-        _ => target,
+        false => target,
     }
 }
 

@@ -27,7 +27,9 @@ pub enum Outcome {
     /// Pending, and a later invocation (schedule tick, wake-up or direct call) claims it.
     /// Also a run an operator paused while it executed: abandoned at once (or found paused
     /// when its handback or its failure was to be written: nothing written), the resume
-    /// replays it.
+    /// replays it; and a claimed run found paused as it was written back unexecuted (claimed
+    /// ahead, or of a blocked workflow). These carry the pause in `error`: the poison pill
+    /// neither counts nor resets them.
     Suspended,
     /// The handler returned an error; the engine already recorded the failure or armed a retry.
     Failed,
@@ -188,8 +190,9 @@ impl RunReport {
     }
 
     /// The report of a claimed run that never executed: its workflow was blocked
-    /// (PoisonBlocked), it was claimed ahead and got no slot (Released), or its lease was lost
-    /// while it waited for one (LeaseLost).
+    /// (PoisonBlocked), it was claimed ahead and got no slot (Released), its lease was lost
+    /// while it waited for one (LeaseLost), or an operator paused it meanwhile (Suspended,
+    /// nothing written).
     pub(crate) fn not_executed(run: &Run, fate: Fate) -> Self {
         Self::new(run, fate, Duration::ZERO)
     }

@@ -9,14 +9,17 @@
 mod common;
 
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::Utc;
+use common::fault_proxy::{Fault, FaultProxy};
 use common::{Backend, Harness};
+use ironflow_core::providers::claude::ClaudeCodeProvider;
 use ironflow_engine::config::{HumanInputConfig, ShellConfig};
 use ironflow_engine::context::WorkflowContext;
 use ironflow_engine::handler::{HandlerFuture, TypedWorkflow, WorkflowHandler};
-use ironflow_lambda::Outcome;
+use ironflow_lambda::{LambdaWorkerBuilder, Outcome};
 use ironflow_store::entities::{RunStatus, StepKind, StepStatus, StepUpdate};
 use serde_json::json;
 
@@ -363,6 +366,10 @@ async fn a_pause_in_a_child_claim_is_marked(backend: Backend) {
     };
     let (second, ()) = tokio::join!(invocation, pause);
     assert_eq!(second.count(Outcome::Suspended), 1, "{second:?}");
+    assert!(
+        second.runs[0].error.is_some(),
+        "a pause says so (the poison pill neither counts nor resets it): {second:?}"
+    );
     assert_eq!(h.status(id).await, RunStatus::Paused);
     let marked = h.steps(id).await.iter().any(|s| {
         s.debug_messages
@@ -375,6 +382,92 @@ async fn a_pause_in_a_child_claim_is_marked(backend: Backend) {
     let last = h.invoke(&worker, LONG).await;
     assert_eq!(last.count(Outcome::Completed), 1, "{last:?}");
     assert_eq!(h.status(id).await, RunStatus::Completed);
+}
+
+/// A worker of the harness's API reached through `proxy` (as tests/api_faults.rs), its lease
+/// renewed only after the invocations below end.
+fn through(h: &Harness, proxy: &FaultProxy) -> LambdaWorkerBuilder {
+    LambdaWorkerBuilder::new(&proxy.url(), h.api.token())
+        .provider(Arc::new(ClaudeCodeProvider::new()))
+        .lease_ttl(Duration::from_secs(30))
+        .lease_refresh_interval(Duration::from_secs(15))
+        .deadline_margin(Duration::from_millis(1500))
+        .min_claim_budget(Duration::from_millis(200))
+        .cutoff_aware_starts(false)
+}
+
+/// The root's `a` and `c`, around the reviewed child.
+fn root(a: &str, c: &str) -> Root {
+    Root {
+        a: a.into(),
+        c: c.into(),
+        child: Reviewed {
+            s_cmd: "true".into(),
+        },
+    }
+}
+
+/// The child claim's release of its own lease (`resume_chain`, after the root took it) lands
+/// and its answer is lost: the read-back must take a Running child with no holder for the
+/// release landed, not for a run another worker took (which abandoned the execution and left
+/// the root Running under a lease nobody renews). Found by a review of b8e9028.
+async fn a_lost_answer_to_the_child_s_release_is_read_back_as_landed(backend: Backend) {
+    let h = Harness::start_on(backend).await;
+    let proxy = FaultProxy::start(&h.api.url(), 41).await;
+    let worker = through(&h, &proxy)
+        .register(root("true", "true"))
+        .register(Reviewed {
+            s_cmd: "true".into(),
+        })
+        .build()
+        .unwrap();
+    let id = h.create("root", 0).await;
+    let first = h.invoke(&worker, LONG).await;
+    assert_eq!(first.count(Outcome::Suspended), 1, "{first:?}");
+    let child = child_of(&h, id).await;
+    answer(&h, child).await;
+    // The root's move to Running (with the child's lease) goes through; the release's answer
+    // is lost.
+    proxy.next("PUT /runs/{id}", Fault::Delay(Duration::ZERO));
+    proxy.next("PUT /runs/{id}", Fault::LostAnswer);
+    let second = h.invoke(&worker, LONG).await;
+    assert_eq!(second.count(Outcome::Completed), 1, "{second:?}");
+    assert_eq!(h.status(id).await, RunStatus::Completed);
+    assert_eq!(h.status(child).await, RunStatus::Completed);
+}
+
+/// The run deadline fires while the child's release is in flight (the root already took the
+/// lease; the API answers the release 1.8 s late): the timeout is the root's, written to the
+/// root, and the child is not failed for it. Found by a review of b8e9028.
+async fn a_timeout_before_the_release_is_answered_is_the_root_s(backend: Backend) {
+    let h = Harness::start_on(backend).await;
+    let proxy = FaultProxy::start(&h.api.url(), 42).await;
+    let worker = through(&h, &proxy)
+        .register(root("sleep 2", "true"))
+        .register(Reviewed {
+            s_cmd: "true".into(),
+        })
+        .run_timeout(Duration::from_secs(3))
+        .build()
+        .unwrap();
+    let id = h.create("root", 0).await;
+    let first = h.invoke(&worker, LONG).await;
+    assert_eq!(first.count(Outcome::Suspended), 1, "{first:?}");
+    let child = child_of(&h, id).await;
+    answer(&h, child).await;
+    proxy.next("PUT /runs/{id}", Fault::Delay(Duration::ZERO));
+    proxy.next("PUT /runs/{id}", Fault::Delay(Duration::from_millis(1800)));
+    let second = h.invoke(&worker, LONG).await;
+    assert_eq!(second.count(Outcome::TimedOut), 1, "{second:?}");
+    let r = h.run(id).await;
+    assert_eq!(r.status.state, RunStatus::Failed, "{r:?}");
+    assert!(
+        r.error.as_deref().is_some_and(|e| e.contains("timed out")),
+        "{r:?}"
+    );
+    let c = h.run(child).await;
+    assert_ne!(c.status.state, RunStatus::Failed, "{c:?}");
+    assert_eq!(c.worker_id, None, "the child's lease released: {c:?}");
 }
 
 /// A child that does one quick step.
@@ -463,4 +556,6 @@ on_both_stores!(
     a_child_claim_does_not_count_the_pending_time_after_a_handback,
     a_pause_in_a_child_claim_is_marked,
     the_child_that_waited_longest_is_read_first,
+    a_lost_answer_to_the_child_s_release_is_read_back_as_landed,
+    a_timeout_before_the_release_is_answered_is_the_root_s,
 );

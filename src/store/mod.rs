@@ -274,11 +274,15 @@ impl GuardedStore {
         if let Some(status) = target {
             CallScope::current().writing_status(id, status);
         }
+        let releases = matches!(update.lease, Some(LeaseUpdate::Release));
+        if matches!(update.lease, Some(LeaseUpdate::Set { .. })) {
+            CallScope::current().setting_lease(id);
+        }
         guard::write(
             "PUT /runs/{id}",
             self.credentials(),
             || self.put_run(id, update.clone()),
-            || self.run_write_landed(id, target),
+            || self.run_write_landed(id, target, releases),
         )
         .await?;
         if let Some(status) = target {
@@ -414,7 +418,7 @@ impl RunStore for GuardedStore {
                 "PUT /runs/{id}/status",
                 self.credentials(),
                 move || self.put_run_status(id, new_status),
-                move || self.run_write_landed(id, Some(new_status)),
+                move || self.run_write_landed(id, Some(new_status), false),
             )
             .await?;
             CallScope::current().wrote_due(id, new_status, None);

@@ -12,11 +12,14 @@ use super::scope::CallScope;
 
 impl GuardedStore {
     /// Read back a run write whose answer was lost: did it reach `target` (`None`: a write
-    /// that changes no status)?
+    /// that changes no status)? A write that releases the scope's own run's lease (`releases`:
+    /// ironflow-engine's `resume_chain`, once the chain's root took it) landed if the run,
+    /// still Running, has no holder.
     pub(super) async fn run_write_landed(
         &self,
         id: Uuid,
         target: Option<RunStatus>,
+        releases: bool,
     ) -> ReadBack<()> {
         let run = match self.inner().get_run(id).await {
             Ok(Some(run)) => run,
@@ -34,6 +37,9 @@ impl GuardedStore {
             };
         };
         let ours = run.worker_id.as_deref() == Some(key.worker_id.as_str());
+        if releases && target.is_none() && status == RunStatus::Running && run.worker_id.is_none() {
+            return ReadBack::Applied(());
+        }
         match target {
             Some(target) if status == target && (status != RunStatus::Running || ours) => {
                 ReadBack::Applied(())

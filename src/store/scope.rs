@@ -172,6 +172,9 @@ pub struct CallScope {
     due: Mutex<Option<Due>>,
     /// A landed write of this scope released its own run's lease ([`CallScope::lease_moved`]).
     lease_released: AtomicBool,
+    /// Another run a write of this scope gave a lease to, before the request left
+    /// ([`CallScope::lease_sent_to`]).
+    lease_set_on: Mutex<Option<Uuid>>,
     /// Model calls of this scope's work dropped before their answer ([`ModelCall`]).
     calls_cut: AtomicU32,
     /// Their estimated input tokens.
@@ -199,6 +202,7 @@ impl CallScope {
             statuses_written: Mutex::new(Vec::new()),
             due: Mutex::new(None),
             lease_released: AtomicBool::new(false),
+            lease_set_on: Mutex::new(None),
             calls_cut: AtomicU32::new(0),
             estimated_input_tokens: AtomicU64::new(0),
         }
@@ -473,6 +477,29 @@ impl CallScope {
         if self.run.as_ref().is_some_and(|k| k.run_id == run_id) {
             self.lease_released.store(true, Ordering::SeqCst);
         }
+    }
+
+    /// A call of this scope is about to give run `run_id` a lease: remembered if that is not
+    /// the scope's own run (ironflow-engine's `resume_chain` moving a sub-workflow child's
+    /// lease to its root), before the request leaves: once sent, the root may hold the lease
+    /// whatever the answer.
+    pub fn setting_lease(&self, run_id: Uuid) {
+        if self.run.as_ref().is_some_and(|k| k.run_id != run_id) {
+            *self
+                .lease_set_on
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(run_id);
+        }
+    }
+
+    /// Whether a call of this scope sent run `run_id` (not its own) a lease
+    /// ([`CallScope::setting_lease`]): the run may hold this execution's lease.
+    pub fn lease_sent_to(&self, run_id: Uuid) -> bool {
+        *self
+            .lease_set_on
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            == Some(run_id)
     }
 
     /// Whether this execution released its own run's lease, which for a sub-workflow child
