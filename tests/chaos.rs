@@ -80,6 +80,10 @@ fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
 /// the violations they saw.
 struct Probe {
     store: Arc<dyn Store>,
+    /// The test's runtime: the probe's reads run there, not on the worker's execution runtime
+    /// that calls them (a PostgreSQL connection the pool opened there breaks when an aborted
+    /// instance's runtime shuts down, and a later read of the harness's fails with it).
+    home: tokio::runtime::Handle,
     log: PathBuf,
     violations: Mutex<Vec<String>>,
     /// When each run's lease was last stolen (written to another worker id behind the worker's
@@ -95,15 +99,22 @@ impl Probe {
             .push(what);
     }
 
+    /// The run as the API's store has it, read on the test's runtime (`None`: not read).
+    async fn read(&self, run: Uuid) -> Option<ironflow_store::entities::Run> {
+        let store = self.store.clone();
+        let read = self.home.spawn(async move { store.get_run(run).await });
+        read.await.ok()?.ok().flatten()
+    }
+
     /// The worker holding the run's lease as the execution starts.
     async fn holder(&self, run: Uuid) -> Option<String> {
-        self.store.get_run(run).await.ok().flatten()?.worker_id
+        self.read(run).await?.worker_id
     }
 
     /// The run must be Running under `holder`'s unexpired lease while it executes.
     async fn check(&self, run: Uuid, holder: &Option<String>, at: &str) {
         let asked = Utc::now();
-        let Ok(Some(stored)) = self.store.get_run(run).await else {
+        let Some(stored) = self.read(run).await else {
             return;
         };
         let now = Utc::now();
@@ -388,6 +399,7 @@ async fn chaos_on(backend: common::Backend) {
     let proxy = Arc::new(FaultProxy::start(&h.api.url(), seed).await);
     let probe = Arc::new(Probe {
         store: h.api.store().clone(),
+        home: tokio::runtime::Handle::current(),
         log: h.path("executions.log"),
         violations: Mutex::default(),
         stolen: Mutex::default(),
