@@ -595,10 +595,7 @@ async fn executed_before(ctx: &Invocation, run: &Run, claimed_at: DateTime<Utc>)
     let store = &ctx.calls.store;
     let read = async {
         let run = match root {
-            Some(root) => match store.get_run(root).await? {
-                Some(root) => root,
-                None => run.clone(),
-            },
+            Some(root) => store.get_run(root).await?.unwrap_or_else(|| run.clone()),
             None => run.clone(),
         };
         if run.duration_ms == 0 {

@@ -18,6 +18,7 @@ use common::{Backend, Harness};
 use ironflow_core::providers::claude::ClaudeCodeProvider;
 use ironflow_engine::config::{HumanInputConfig, ShellConfig};
 use ironflow_engine::context::WorkflowContext;
+use ironflow_engine::error::EngineError;
 use ironflow_engine::handler::{HandlerFuture, TypedWorkflow, WorkflowHandler};
 use ironflow_lambda::{LambdaWorkerBuilder, Outcome};
 use ironflow_store::entities::{RunStatus, StepKind, StepStatus, StepUpdate};
@@ -162,6 +163,16 @@ async fn a_child_claim_counts_the_root_s_executed_time(backend: Backend) {
     assert_eq!(h.status(child).await, RunStatus::Completed);
 }
 
+/// `a` (`true`), then the reviewed child (its `s`: `true`): how the roots below begin.
+async fn a_then_the_child(ctx: &mut WorkflowContext) -> Result<(), EngineError> {
+    ctx.shell("a", ShellConfig::new("true")).await?;
+    let child = Reviewed {
+        s_cmd: "true".into(),
+    };
+    ctx.workflow(&child, json!({})).await?;
+    Ok(())
+}
+
 /// `a`, the child, then a panic.
 struct RootPanics;
 
@@ -172,14 +183,7 @@ impl WorkflowHandler for RootPanics {
 
     fn execute<'a>(&'a self, ctx: &'a mut WorkflowContext) -> HandlerFuture<'a> {
         Box::pin(async move {
-            ctx.shell("a", ShellConfig::new("true")).await?;
-            ctx.workflow(
-                &Reviewed {
-                    s_cmd: "true".into(),
-                },
-                json!({}),
-            )
-            .await?;
+            a_then_the_child(ctx).await?;
             panic!("after the child");
         })
     }
@@ -309,14 +313,7 @@ impl WorkflowHandler for RootWaitsForGo {
 
     fn execute<'a>(&'a self, ctx: &'a mut WorkflowContext) -> HandlerFuture<'a> {
         Box::pin(async move {
-            ctx.shell("a", ShellConfig::new("true")).await?;
-            ctx.workflow(
-                &Reviewed {
-                    s_cmd: "true".into(),
-                },
-                json!({}),
-            )
-            .await?;
+            a_then_the_child(ctx).await?;
             ctx.shell("c", ShellConfig::new("true")).await?;
             while !self.go.exists() {
                 tokio::time::sleep(Duration::from_millis(20)).await;

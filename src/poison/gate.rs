@@ -225,9 +225,9 @@ impl PoisonGate {
     /// Count a finished run's outcome: failures increment; a success resets, as does a run
     /// suspended by its handler (it ran without failing, as the reference worker counts any
     /// handler that returned) or handed back cleanly at the cutoff (it executed without
-    /// failing, for as long as the invocation lasted). A run an operator paused
-    /// (suspended with that reason, whichever part of the worker saw the pause first: a
-    /// timeout found paused is no success) neither counts nor resets. A run this invocation left to the API's
+    /// failing, for as long as the invocation lasted). A run an operator paused (suspended
+    /// with that reason, whichever part of the worker saw the pause first: a timeout found
+    /// paused is no success) neither counts nor resets. A run this invocation left to the API's
     /// reaper, or whose lease it lost (expired unconfirmed, or taken over by another worker, which
     /// may leave a step of this invocation Running for the reaper to interrupt), is noted as
     /// expected to come back with one more lease recovery, which then does not count as a dead
