@@ -31,7 +31,7 @@ use tracing_subscriber::fmt::MakeWriter;
 use tracing_subscriber::layer::Context;
 use tracing_subscriber::registry::LookupSpan;
 
-use super::redacted_json;
+use super::{engine, redacted_json};
 
 /// A layer writing each event as one flat JSON line to `W`'s writer (see the module docs),
 /// every line passed through [`redacted_json`] first (still one JSON object, with nothing the
@@ -131,29 +131,41 @@ impl Line {
 }
 
 /// The event's fields into a [`Line`]; `log.*` fields (a `log` record's metadata, already
-/// normalized into the line's `target`) are left out.
-struct EventFields<'a>(&'a mut Line);
+/// normalized into the line's `target`) are left out, and an ironflow event's withheld fields
+/// ([`engine::withheld`]) are written as that says.
+struct EventFields<'a> {
+    line: &'a mut Line,
+    /// The event comes from ironflow's crates ([`engine::from_ironflow`]).
+    ironflow: bool,
+}
 
 impl EventFields<'_> {
     /// The key `field` is written under, unless it is left out.
     fn key(&self, field: &Field) -> Option<&'static str> {
         let key = unreserved(field.name());
-        (!field.name().starts_with("log.") && !self.0.has(key)).then_some(key)
+        (!field.name().starts_with("log.") && !self.line.has(key)).then_some(key)
     }
 
     /// `field` as `json`, written as it prints: a number or a boolean.
     fn bare(&mut self, field: &Field, json: impl fmt::Display) {
         if let Some(key) = self.key(field) {
-            self.0.key(key);
-            let _ = write!(self.0.text, "{json}");
+            self.line.key(key);
+            let _ = write!(self.line.text, "{json}");
         }
     }
 
     /// `field` as the JSON string of `value`.
     fn string(&mut self, field: &Field, value: &str) {
         if let Some(key) = self.key(field) {
-            self.0.key(key);
-            self.0.string(value);
+            self.line.key(key);
+            match self
+                .ironflow
+                .then(|| engine::withheld(key, value))
+                .flatten()
+            {
+                Some(shown) => self.line.string(&shown),
+                None => self.line.string(value),
+            }
         }
     }
 }
@@ -232,7 +244,10 @@ where
             line.string(&chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Micros, true));
             line.key("level");
             line.string(metadata.level().as_str());
-            event.record(&mut EventFields(&mut line));
+            event.record(&mut EventFields {
+                line: &mut line,
+                ironflow: engine::from_ironflow(metadata.target()),
+            });
             line.field("target", &json_str(metadata.target()));
             let mut innermost = None;
             if let Some(scope) = ctx.event_scope(event) {

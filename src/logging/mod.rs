@@ -13,7 +13,7 @@
 //!  "request_id":"8f5c…","worker_id":"lambda-8f5c…-1a2b3c4d","requestId":"8f5c…","xrayTraceId":"Root=1-…","span":"run"}
 //! ```
 //!
-//! **No secret in any line, at any level** (docs/push.md, "Secrets and logs"). Two rules, applied
+//! **No secret in any line, at any level** (docs/push.md, "Secrets and logs"). Three rules, applied
 //! to every line whatever `RUST_LOG` says:
 //! 1. TRACE events and spans of other crates are never written: at that level libraries print
 //!    wire data. lambda_runtime prints each raw event (`lambda_runtime::layers::api_response`,
@@ -33,6 +33,12 @@
 //!    integer field) turns that whole value into the string `"[redacted]"`, a string is
 //!    redacted in its decoded text, and a line in which a secret spans the JSON structure is
 //!    replaced whole ([`SPANNED_LINE`]).
+//! 3. The fields of ironflow's own lines where a workflow puts credentials inline (a shell
+//!    step's `command`, an HTTP step's `url` query) are withheld (`src/logging/engine.rs`).
+//!
+//! **Routine lines.** The engine's lines that each step or run completed (seven of the nine and
+//! a half lines of a three-step shell run) are written only when the filter asks for DEBUG
+//! (`src/logging/engine.rs`).
 //!
 //! What it cannot cover: a secret shorter than [`MIN_REDACTED_LEN`] (not registered: it would
 //! mangle every line that contains it by chance), a secret in an encoding other than those
@@ -40,6 +46,7 @@
 //!
 //! The module map: [docs/structure.md](https://github.com/ironflow-lambda/ironflow-lambda/blob/main/docs/structure.md).
 
+mod engine;
 mod line;
 
 use std::borrow::Cow;
@@ -47,7 +54,7 @@ use std::sync::{PoisonError, RwLock};
 
 use tracing::{Level, Metadata};
 use tracing_subscriber::EnvFilter;
-use tracing_subscriber::filter::filter_fn;
+use tracing_subscriber::filter::{FilterExt, filter_fn};
 use tracing_subscriber::fmt::MakeWriter;
 use tracing_subscriber::prelude::*;
 
@@ -284,19 +291,24 @@ pub fn filter() -> EnvFilter {
     EnvFilter::new(level)
 }
 
-/// Install the line layer ([`JsonLines`]) writing to `writer` (stdout on Lambda), under `filter`
-/// and the two rules of the module docs. Returns `false` when a global subscriber was already
-/// set.
+/// Install the line layer ([`JsonLines`]) writing to `writer` (stdout on Lambda), under `filter`,
+/// the three rules and the routine lines of the module docs. Returns `false` when a global
+/// subscriber was already set.
 pub fn init<W>(filter: EnvFilter, writer: W) -> bool
 where
     W: for<'a> MakeWriter<'a> + Send + Sync + 'static,
 {
-    let lines = JsonLines::new(writer).with_filter(filter_fn(below_trace_or_own));
-    tracing_subscriber::registry()
-        .with(filter)
-        .with(lines)
-        .try_init()
-        .is_ok()
+    subscriber(filter, writer).try_init().is_ok()
+}
+
+/// The subscriber [`init`] installs.
+fn subscriber<W>(filter: EnvFilter, writer: W) -> impl tracing::Subscriber + Send + Sync
+where
+    W: for<'a> MakeWriter<'a> + Send + Sync + 'static,
+{
+    let routine = engine::RoutineLines::new(filter.max_level_hint());
+    let lines = JsonLines::new(writer).with_filter(filter_fn(below_trace_or_own).and(routine));
+    tracing_subscriber::registry().with(filter).with(lines)
 }
 
 /// A `MakeWriter` that appends to a shared buffer, for tests that read the logs back.
@@ -345,6 +357,66 @@ impl<'a> MakeWriter<'a> for CaptureWriter {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// What `f` logs under [`subscriber`] with `filter`, a line each.
+    fn written(filter: &str, f: impl FnOnce()) -> Vec<String> {
+        let capture = CaptureWriter::default();
+        let subscriber = subscriber(EnvFilter::new(filter), capture.clone());
+        tracing::subscriber::with_default(subscriber, f);
+        capture.contents().lines().map(str::to_string).collect()
+    }
+
+    fn engine_lines() {
+        tracing::info!(
+            target: "ironflow_engine::executor::shell",
+            command = %"curl -H 'X-Api-Key: k-0123456789'",
+            exit_code = 0,
+            "shell step completed"
+        );
+        tracing::info!(target: "ironflow_engine::context::lifecycle", step = "build", "step completed");
+        tracing::info!(target: "ironflow_engine::engine", "run completed");
+        tracing::info!(target: "ironflow_engine::engine", "run awaiting approval");
+        tracing::warn!(
+            target: "ironflow_core::operations::http",
+            url = "https://u:p@api.example/v1?api_key=k-0123456789",
+            "http request failed"
+        );
+        tracing::info!(target: "ironflow_lambda::execution", command = "mine", "run execution ended");
+    }
+
+    #[test]
+    fn routine_engine_lines_are_left_out_at_info_and_commands_and_url_queries_never_written() {
+        let lines = written("info", engine_lines);
+        assert_eq!(lines.len(), 3, "{lines:#?}");
+        assert!(
+            lines[0].contains("\"run awaiting approval\""),
+            "{}",
+            lines[0]
+        );
+        assert!(
+            lines[1].contains("\"url\":\"https://api.example/v1\""),
+            "{}",
+            lines[1]
+        );
+        // This crate's own fields are its own to keep.
+        assert!(lines[2].contains("\"command\":\"mine\""), "{}", lines[2]);
+        assert!(
+            lines.iter().all(|l| !l.contains("k-0123456789")),
+            "{lines:#?}"
+        );
+
+        let lines = written("info,ironflow_lambda=debug", engine_lines);
+        assert_eq!(lines.len(), 6, "{lines:#?}");
+        assert!(
+            lines[0].contains("\"command\":\"[withheld: 33 chars]\""),
+            "{}",
+            lines[0]
+        );
+        assert!(
+            lines.iter().all(|l| !l.contains("k-0123456789")),
+            "{lines:#?}"
+        );
+    }
 
     #[test]
     fn secrets_in_every_form_signatures_bearer_tokens_and_token_parameters_are_redacted() {

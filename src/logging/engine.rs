@@ -1,0 +1,162 @@
+//! Rule 3 and the routine lines of the module docs of [`crate::logging`]: what of the lines of
+//! ironflow's own crates (`ironflow_engine`, `ironflow_core`) is written.
+//!
+//! - **Routine lines** ([`ROUTINE`]): the engine says, at INFO, that each step completed (twice
+//!   for a shell or HTTP step: the executor's line and the lifecycle's) and that each run
+//!   completed. That is seven of the nine and a half lines of a three-step shell run, and it
+//!   repeats what the API's step records hold and what this worker's own line at the run's end
+//!   says ("run execution ended", with its outcome). They are written only when the filter
+//!   asks for DEBUG somewhere ([`RoutineLines::new`]); every other line of the engine (a run
+//!   sleeping, waiting for a human or a signal, a retry, an agent step's cost) is written as the
+//!   filter says.
+//! - **Withheld fields** ([`withheld`]): a shell step's `command` is written as its length only,
+//!   and an HTTP step's `url` without its query, fragment and user info, at every level: a
+//!   command or a URL is where a workflow puts a credential inline (`curl -H "Authorization:
+//!   …"`, `?api_key=`), which rule 2 cannot know to redact.
+//!
+//! The module map: [docs/structure.md](https://github.com/ironflow-lambda/ironflow-lambda/blob/main/docs/structure.md).
+
+use std::fmt::{self, Write as _};
+
+use tracing::field::{Field, Visit};
+use tracing::{Event, Metadata};
+use tracing_subscriber::filter::LevelFilter;
+use tracing_subscriber::layer::{Context, Filter};
+
+/// The routine lines: (target, message) of each. ironflow-engine 4.1.1 names them so.
+pub const ROUTINE: &[(&str, &str)] = &[
+    ("ironflow_engine::executor::shell", "shell step completed"),
+    ("ironflow_engine::executor::http", "http step completed"),
+    ("ironflow_engine::context::lifecycle", "step completed"),
+    ("ironflow_engine::engine", "run completed"),
+];
+
+/// Whether an event of `target` comes from ironflow's own crates (the engine and the
+/// operations it runs), whose fields [`withheld`] applies to.
+pub fn from_ironflow(target: &str) -> bool {
+    target.starts_with("ironflow_engine") || target.starts_with("ironflow_core")
+}
+
+/// What a field of an ironflow event is written as instead of `value` (its text), if it is
+/// withheld: `command` → `"[withheld: N chars]"`; `url` → the URL cut before its query or
+/// fragment, without user info (`https://user:pw@host/p?k=v` → `https://host/p`). `None`: the
+/// field is written as it is.
+pub fn withheld(field: &str, value: &str) -> Option<String> {
+    match field {
+        "command" => Some(format!("[withheld: {} chars]", value.chars().count())),
+        "url" => Some(bare_url(value)),
+        _ => None,
+    }
+}
+
+/// `url` cut before its first `?` or `#`, and without the user info of its authority.
+fn bare_url(url: &str) -> String {
+    let cut = url.find(['?', '#']).unwrap_or(url.len());
+    let url = &url[..cut];
+    let (scheme, rest) = match url.find("://") {
+        Some(i) => url.split_at(i + 3),
+        None => ("", url),
+    };
+    let authority_end = rest.find('/').unwrap_or(rest.len());
+    let rest = match rest[..authority_end].rfind('@') {
+        Some(at) => &rest[at + 1..],
+        None => rest,
+    };
+    format!("{scheme}{rest}")
+}
+
+/// The per-layer filter of the routine lines: every event passes, but a routine line only
+/// when `verbose`.
+pub struct RoutineLines {
+    verbose: bool,
+}
+
+impl RoutineLines {
+    /// Routine lines pass when `max` (the filter's most verbose level, `None` when it cannot
+    /// tell) is DEBUG or TRACE.
+    pub fn new(max: Option<LevelFilter>) -> Self {
+        Self {
+            verbose: max.is_none_or(|max| max >= LevelFilter::DEBUG),
+        }
+    }
+}
+
+impl<S> Filter<S> for RoutineLines {
+    fn enabled(&self, _: &Metadata<'_>, _: &Context<'_, S>) -> bool {
+        true
+    }
+
+    fn event_enabled(&self, event: &Event<'_>, _: &Context<'_, S>) -> bool {
+        self.verbose || !is_routine(event)
+    }
+}
+
+/// Whether `event` is one of the [`ROUTINE`] lines.
+fn is_routine(event: &Event<'_>) -> bool {
+    let target = event.metadata().target();
+    if !ROUTINE.iter().any(|(t, _)| *t == target) {
+        return false;
+    }
+    let mut message = Message(String::new());
+    event.record(&mut message);
+    ROUTINE.iter().any(|(t, m)| *t == target && *m == message.0)
+}
+
+/// An event's `message`, as it prints.
+struct Message(String);
+
+impl Visit for Message {
+    fn record_str(&mut self, field: &Field, value: &str) {
+        if field.name() == "message" {
+            self.0.push_str(value);
+        }
+    }
+
+    fn record_debug(&mut self, field: &Field, value: &dyn fmt::Debug) {
+        if field.name() == "message" {
+            let _ = write!(self.0, "{value:?}");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_command_is_written_as_its_length_only() {
+        assert_eq!(
+            withheld("command", "curl -H 'Authorization: Bearer sk-live-1'").as_deref(),
+            Some("[withheld: 41 chars]")
+        );
+        assert_eq!(withheld("exit_code", "0"), None);
+    }
+
+    #[test]
+    fn a_url_loses_its_query_fragment_and_user_info() {
+        for (url, bare) in [
+            (
+                "https://user:pw@api.example.com/v1/x?api_key=s3cret#f",
+                "https://api.example.com/v1/x",
+            ),
+            (
+                "https://api.example.com/v1/x",
+                "https://api.example.com/v1/x",
+            ),
+            ("http://h:8080?token=abc", "http://h:8080"),
+            ("https://a@b.example/p@q", "https://b.example/p@q"),
+            ("not a url?secret", "not a url"),
+        ] {
+            assert_eq!(withheld("url", url).as_deref(), Some(bare), "{url}");
+        }
+    }
+
+    #[test]
+    fn routine_lines_pass_only_when_debug_is_asked_for() {
+        assert!(!RoutineLines::new(Some(LevelFilter::INFO)).verbose);
+        assert!(!RoutineLines::new(Some(LevelFilter::WARN)).verbose);
+        assert!(RoutineLines::new(Some(LevelFilter::DEBUG)).verbose);
+        assert!(RoutineLines::new(Some(LevelFilter::TRACE)).verbose);
+        assert!(RoutineLines::new(None).verbose);
+    }
+}
