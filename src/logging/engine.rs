@@ -12,7 +12,9 @@
 //! - **Withheld fields** ([`withheld`]): a shell step's `command` is written as its length only,
 //!   and an HTTP step's `url` without its query, fragment and user info, at every level: a
 //!   command or a URL is where a workflow puts a credential inline (`curl -H "Authorization:
-//!   …"`, `?api_key=`), which rule 2 cannot know to redact.
+//!   …"`, `?api_key=`), which rule 2 cannot know to redact. The command a shell step's timeout
+//!   names in its error text ([`timed_out_command`]) is withheld in every line, whoever logs the
+//!   error (the engine, or this crate's line at the run's end).
 //!
 //! The module map: [docs/structure.md](https://github.com/ironflow-lambda/ironflow-lambda/blob/main/docs/structure.md).
 
@@ -47,6 +49,26 @@ pub fn withheld(field: &str, value: &str) -> Option<String> {
         "url" => Some(bare_url(value)),
         _ => None,
     }
+}
+
+/// What ironflow-core's shell timeout (`OperationError::Timeout`) says after the step's
+/// command, which it names: `step '<command>' timed out after 30s`.
+pub const TIMED_OUT: &str = "' timed out after ";
+
+/// `text` with the command of a shell timeout ([`TIMED_OUT`]) written as its length, as
+/// [`withheld`] writes a `command` field: from the first `step '` to the last [`TIMED_OUT`]
+/// after it (a command holding either is withheld whole, never cut). `None`: no such command,
+/// or one already withheld.
+pub fn timed_out_command(text: &str) -> Option<String> {
+    const STEP: &str = "step '";
+    let start = text.find(STEP)? + STEP.len();
+    let end = start + text[start..].rfind(TIMED_OUT)?;
+    let command = &text[start..end];
+    if command.starts_with("[withheld: ") && command.ends_with(" chars]") {
+        return None;
+    }
+    let shown = withheld("command", command)?;
+    Some(format!("{}{shown}{}", &text[..start], &text[end..]))
 }
 
 /// `url` cut before its first `?` or `#`, and without the user info of its authority.
@@ -130,6 +152,24 @@ mod tests {
             Some("[withheld: 41 chars]")
         );
         assert_eq!(withheld("exit_code", "0"), None);
+    }
+
+    #[test]
+    fn a_timed_out_shell_step_s_command_is_written_as_its_length() {
+        let text = "step failed: step 'curl -H \"X-Key: k\" -o a' timed out after 30s";
+        let out = timed_out_command(text).unwrap();
+        assert_eq!(
+            out,
+            "step failed: step '[withheld: 23 chars]' timed out after 30s"
+        );
+        assert_eq!(timed_out_command(&out), None, "idempotent");
+        assert_eq!(timed_out_command("agent timed out after 30s"), None);
+        // A command holding the phrase is withheld whole.
+        let text = "step 'echo step 'x' timed out after ' timed out after 1s";
+        assert_eq!(
+            timed_out_command(text).unwrap(),
+            "step '[withheld: 30 chars]' timed out after 1s"
+        );
     }
 
     #[test]

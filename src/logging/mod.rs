@@ -33,8 +33,9 @@
 //!    integer field) turns that whole value into the string `"[redacted]"`, a string is
 //!    redacted in its decoded text, and a line in which a secret spans the JSON structure is
 //!    replaced whole ([`SPANNED_LINE`]).
-//! 3. The fields of ironflow's own lines where a workflow puts credentials inline (a shell
-//!    step's `command`, an HTTP step's `url` query) are withheld (`src/logging/engine.rs`).
+//! 3. Where a workflow puts credentials inline, a shell step's command and an HTTP step's URL
+//!    query, ironflow's lines are withheld: their `command` and `url` fields, and the command
+//!    a shell step's timeout names in its error text, in any line (`src/logging/engine.rs`).
 //!
 //! **Routine lines.** The engine's lines that each step or run completed (seven of the nine and
 //! a half lines of a three-step shell run) are written only when the filter asks for DEBUG
@@ -109,7 +110,8 @@ fn percent_encoded(s: &str) -> String {
 }
 
 /// `line` with every registered secret and every signature, bearer token and `token=` value
-/// replaced by [`REDACTED`] (rule 2 of the module docs).
+/// replaced by [`REDACTED`] (rule 2 of the module docs), and a shell timeout's command withheld
+/// (rule 3).
 pub fn redacted(line: &str) -> Cow<'_, str> {
     let mut out = Cow::Borrowed(line);
     for secret in SECRETS
@@ -128,6 +130,11 @@ pub fn redacted(line: &str) -> Cow<'_, str> {
                 out = Cow::Owned(hidden);
             }
         }
+    }
+    if out.contains(engine::TIMED_OUT)
+        && let Some(withheld) = engine::timed_out_command(&out)
+    {
+        out = Cow::Owned(withheld);
     }
     out
 }
@@ -382,12 +389,17 @@ mod tests {
             "http request failed"
         );
         tracing::info!(target: "ironflow_lambda::execution", command = "mine", "run execution ended");
+        tracing::warn!(
+            target: "ironflow_lambda::execution",
+            error = %"step failed: step 'curl \"k-0123456789\"' timed out after 30s",
+            "run failed"
+        );
     }
 
     #[test]
     fn routine_engine_lines_are_left_out_at_info_and_commands_and_url_queries_never_written() {
         let lines = written("info", engine_lines);
-        assert_eq!(lines.len(), 3, "{lines:#?}");
+        assert_eq!(lines.len(), 4, "{lines:#?}");
         assert!(
             lines[0].contains("\"run awaiting approval\""),
             "{}",
@@ -400,13 +412,19 @@ mod tests {
         );
         // This crate's own fields are its own to keep.
         assert!(lines[2].contains("\"command\":\"mine\""), "{}", lines[2]);
+        // A timeout's error text names the command, whoever logs it.
+        let error: serde_json::Value = serde_json::from_str(&lines[3]).unwrap();
+        assert_eq!(
+            error["error"],
+            "step failed: step '[withheld: 19 chars]' timed out after 30s"
+        );
         assert!(
             lines.iter().all(|l| !l.contains("k-0123456789")),
             "{lines:#?}"
         );
 
         let lines = written("info,ironflow_lambda=debug", engine_lines);
-        assert_eq!(lines.len(), 6, "{lines:#?}");
+        assert_eq!(lines.len(), 7, "{lines:#?}");
         assert!(
             lines[0].contains("\"command\":\"[withheld: 33 chars]\""),
             "{}",
