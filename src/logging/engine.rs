@@ -10,17 +10,20 @@
 //!   sleeping, waiting for a human or a signal, a retry, an agent step's cost) is written as the
 //!   filter says.
 //! - **Withheld fields** ([`withheld`]): a shell step's `command` is written as its length only,
-//!   and an HTTP step's `url` without its query, fragment and user info, at every level: a
-//!   command or a URL is where a workflow puts a credential inline (`curl -H "Authorization:
-//!   …"`, `?api_key=`), which rule 2 cannot know to redact. The command a shell step's timeout
-//!   names in its error text ([`timed_out_command`]) is withheld in every line, whoever logs the
-//!   error (the engine, or this crate's line at the run's end).
+//!   and an HTTP step's `url` without its query, fragment and user info, at every level, on
+//!   ironflow's events and spans: a command or a URL is where a workflow puts a credential
+//!   inline (`curl -H "Authorization: …"`, `?api_key=`), which rule 2 cannot know to redact.
+//! - **Withheld text**, in every value of every line, whoever logs it (the engine, or this
+//!   crate's line at the run's end): the command a shell step's timeout names in its error text
+//!   ([`timed_out_command`]), and the query, fragment and user info of any URL ([`bare_urls`]:
+//!   an HTTP step's error names its URL).
 //!
 //! The module map: [docs/structure.md](https://github.com/ironflow-lambda/ironflow-lambda/blob/main/docs/structure.md).
 
 use std::fmt::{self, Write as _};
 
 use tracing::field::{Field, Visit};
+use tracing::subscriber::Interest;
 use tracing::{Event, Metadata};
 use tracing_subscriber::filter::LevelFilter;
 use tracing_subscriber::layer::{Context, Filter};
@@ -64,19 +67,68 @@ pub fn timed_out_command(text: &str) -> Option<String> {
     let start = text.find(STEP)? + STEP.len();
     let end = start + text[start..].rfind(TIMED_OUT)?;
     let command = &text[start..end];
-    if command.starts_with("[withheld: ") && command.ends_with(" chars]") {
+    if is_withheld(command) {
         return None;
     }
     let shown = withheld("command", command)?;
     Some(format!("{}{shown}{}", &text[..start], &text[end..]))
 }
 
-/// `url` cut before its first `?` or `#`, and without the user info of its authority.
-fn bare_url(url: &str) -> String {
+/// `text` with every URL in it (`scheme://…` or `//…`, up to a space, a quote, a bracket or a
+/// backslash) cut as [`bare_url`] cuts it: an error text names the URL it failed on, query
+/// included (reqwest's "error sending request for url (…)", ironflow-core's "invalid URL …").
+/// `None` where no URL has a query, a fragment or user info (so applying it twice changes
+/// nothing more).
+pub fn bare_urls(text: &str) -> Option<String> {
+    let ends =
+        |c: char| c.is_whitespace() || matches!(c, '"' | '\'' | '(' | ')' | '<' | '>' | '`' | '\\');
+    let mut out = String::with_capacity(text.len());
+    let mut changed = false;
+    let mut rest = text;
+    while let Some(at) = rest.find("//") {
+        // The URL starts at its scheme, if `//` follows one.
+        let before = &rest[..at];
+        let scheme_len = before
+            .strip_suffix(':')
+            .map(|b| {
+                let kept = b.trim_end_matches(|c: char| {
+                    c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.')
+                });
+                b.len() - kept.len() + 1
+            })
+            .unwrap_or(0);
+        let start = at - scheme_len;
+        let len = rest[at..].find(ends).map_or(rest.len(), |n| at + n) - start;
+        let url = &rest[start..start + len];
+        let bare = bare_url(url);
+        out.push_str(&rest[..start]);
+        if bare == url {
+            out.push_str(url);
+        } else {
+            out.push_str(&bare);
+            changed = true;
+        }
+        rest = &rest[start + len..];
+    }
+    out.push_str(rest);
+    changed.then_some(out)
+}
+
+/// Whether `text` is exactly what [`withheld`] writes for a command: `[withheld: <digits> chars]`.
+fn is_withheld(text: &str) -> bool {
+    text.strip_prefix("[withheld: ")
+        .and_then(|rest| rest.strip_suffix(" chars]"))
+        .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+}
+
+/// `url` cut before its first `?` or `#`, and without the user info of its authority (after
+/// `scheme://`, or `//` for a URL relative to its scheme).
+pub fn bare_url(url: &str) -> String {
     let cut = url.find(['?', '#']).unwrap_or(url.len());
     let url = &url[..cut];
     let (scheme, rest) = match url.find("://") {
         Some(i) => url.split_at(i + 3),
+        None if url.starts_with("//") => url.split_at(2),
         None => ("", url),
     };
     let authority_end = rest.find('/').unwrap_or(rest.len());
@@ -106,6 +158,16 @@ impl RoutineLines {
 impl<S> Filter<S> for RoutineLines {
     fn enabled(&self, _: &Metadata<'_>, _: &Context<'_, S>) -> bool {
         true
+    }
+
+    /// Every callsite but a routine line's is always enabled here, so that the combined
+    /// filter's answer is cached for it and not asked again at each event.
+    fn callsite_enabled(&self, metadata: &'static Metadata<'static>) -> Interest {
+        if self.verbose || !ROUTINE.iter().any(|(t, _)| *t == metadata.target()) {
+            Interest::always()
+        } else {
+            Interest::sometimes()
+        }
     }
 
     fn event_enabled(&self, event: &Event<'_>, _: &Context<'_, S>) -> bool {
@@ -164,12 +226,32 @@ mod tests {
         );
         assert_eq!(timed_out_command(&out), None, "idempotent");
         assert_eq!(timed_out_command("agent timed out after 30s"), None);
+        // Only exactly what `withheld` writes counts as withheld.
+        let text =
+            "step '[withheld: 1 chars]; curl k-0123456789; echo ' chars]' timed out after 1s";
+        assert!(!timed_out_command(text).unwrap().contains("k-0123456789"));
         // A command holding the phrase is withheld whole.
         let text = "step 'echo step 'x' timed out after ' timed out after 1s";
         assert_eq!(
             timed_out_command(text).unwrap(),
             "step '[withheld: 30 chars]' timed out after 1s"
         );
+    }
+
+    #[test]
+    fn a_url_in_any_text_loses_its_query_and_user_info_once() {
+        let text = "request failed: error sending request for url \
+                    (https://api.example.com/v1/x?api_key=s3cret-value); invalid URL \
+                    http://u:pw@h/p#frag: bad, see //cdn.example/a?sig=1 and a // comment";
+        let out = bare_urls(text).unwrap();
+        assert_eq!(
+            out,
+            "request failed: error sending request for url (https://api.example.com/v1/x); \
+             invalid URL http://h/p bad, see //cdn.example/a and a // comment"
+        );
+        assert_eq!(bare_urls(&out), None);
+        assert_eq!(bare_urls("see https://h/p and //"), None);
+        assert_eq!(bare_urls("é://ü?x"), Some("é://ü".into()));
     }
 
     #[test]
@@ -186,6 +268,7 @@ mod tests {
             ("http://h:8080?token=abc", "http://h:8080"),
             ("https://a@b.example/p@q", "https://b.example/p@q"),
             ("not a url?secret", "not a url"),
+            ("//u:p@cdn.example/a?k=v", "//cdn.example/a"),
         ] {
             assert_eq!(withheld("url", url).as_deref(), Some(bare), "{url}");
         }

@@ -62,27 +62,44 @@ impl SpanFields {
     }
 }
 
-impl Visit for SpanFields {
+/// A span's values into its [`SpanFields`]; an ironflow span's withheld fields
+/// ([`engine::withheld`]) are kept as that says.
+struct SpanValues<'a> {
+    fields: &'a mut SpanFields,
+    /// The span comes from ironflow's crates ([`engine::from_ironflow`]).
+    ironflow: bool,
+}
+
+impl SpanValues<'_> {
+    /// `field` as the JSON string of `value`, or of what is shown instead.
+    fn text(&mut self, field: &Field, value: &str) {
+        let shown = self.ironflow.then(|| engine::withheld(field.name(), value));
+        let json = json_str(shown.flatten().as_deref().unwrap_or(value));
+        self.fields.set(field.name(), json);
+    }
+}
+
+impl Visit for SpanValues<'_> {
     fn record_str(&mut self, field: &Field, value: &str) {
-        self.set(field.name(), json_str(value));
+        self.text(field, value);
     }
     fn record_i64(&mut self, field: &Field, value: i64) {
-        self.set(field.name(), value.to_string());
+        self.fields.set(field.name(), value.to_string());
     }
     fn record_u64(&mut self, field: &Field, value: u64) {
-        self.set(field.name(), value.to_string());
+        self.fields.set(field.name(), value.to_string());
     }
     fn record_bool(&mut self, field: &Field, value: bool) {
-        self.set(field.name(), value.to_string());
+        self.fields.set(field.name(), value.to_string());
     }
     fn record_f64(&mut self, field: &Field, value: f64) {
-        self.set(field.name(), json_f64(value));
+        self.fields.set(field.name(), json_f64(value));
     }
     fn record_error(&mut self, field: &Field, value: &(dyn std::error::Error + 'static)) {
-        self.set(field.name(), json_str(&displayed(value)));
+        self.text(field, &displayed(value));
     }
     fn record_debug(&mut self, field: &Field, value: &dyn fmt::Debug) {
-        self.set(field.name(), json_str(&debugged(value)));
+        self.text(field, &debugged(value));
     }
 }
 
@@ -207,7 +224,10 @@ where
     fn on_new_span(&self, attrs: &Attributes<'_>, id: &Id, ctx: Context<'_, S>) {
         let Some(span) = ctx.span(id) else { return };
         let mut fields = SpanFields::default();
-        attrs.record(&mut fields);
+        attrs.record(&mut SpanValues {
+            fields: &mut fields,
+            ironflow: engine::from_ironflow(span.metadata().target()),
+        });
         // `replace`, not `insert`: another `JsonLines` on the same registry may have put its own.
         span.extensions_mut().replace(fields);
     }
@@ -217,7 +237,10 @@ where
         // The values are formatted before the span's extensions are locked: a `Debug` that logs
         // (whose line reads them) or panics (which would poison them) runs outside the lock.
         let mut recorded = SpanFields::default();
-        values.record(&mut recorded);
+        values.record(&mut SpanValues {
+            fields: &mut recorded,
+            ironflow: engine::from_ironflow(span.metadata().target()),
+        });
         let mut extensions = span.extensions_mut();
         match extensions.get_mut::<SpanFields>() {
             Some(fields) => {

@@ -33,17 +33,19 @@
 //!    integer field) turns that whole value into the string `"[redacted]"`, a string is
 //!    redacted in its decoded text, and a line in which a secret spans the JSON structure is
 //!    replaced whole ([`SPANNED_LINE`]).
-//! 3. Where a workflow puts credentials inline, a shell step's command and an HTTP step's URL
-//!    query, ironflow's lines are withheld: their `command` and `url` fields, and the command
-//!    a shell step's timeout names in its error text, in any line (`src/logging/engine.rs`).
+//! 3. Where a workflow puts credentials inline, a shell step's command and a URL's query, is
+//!    withheld: the `command` and `url` fields of ironflow's events and spans, and in any text
+//!    of any line the command a shell step's timeout names and a URL's query, fragment and
+//!    user info (`src/logging/engine.rs`).
 //!
 //! **Routine lines.** The engine's lines that each step or run completed (seven of the nine and
-//! a half lines of a three-step shell run) are written only when the filter asks for DEBUG
-//! (`src/logging/engine.rs`).
+//! a half lines of a three-step shell run) are written only when the filter asks for DEBUG for
+//! some target (`src/logging/engine.rs`).
 //!
 //! What it cannot cover: a secret shorter than [`MIN_REDACTED_LEN`] (not registered: it would
 //! mangle every line that contains it by chance), a secret in an encoding other than those
-//! above, and anything written to stdout or stderr without `tracing`.
+//! above, a credential a failed command printed on its stderr (written as it is: the failure's
+//! first clue), and anything written to stdout or stderr without `tracing`.
 //!
 //! The module map: [docs/structure.md](https://github.com/ironflow-lambda/ironflow-lambda/blob/main/docs/structure.md).
 
@@ -110,8 +112,7 @@ fn percent_encoded(s: &str) -> String {
 }
 
 /// `line` with every registered secret and every signature, bearer token and `token=` value
-/// replaced by [`REDACTED`] (rule 2 of the module docs), and a shell timeout's command withheld
-/// (rule 3).
+/// replaced by [`REDACTED`] (rule 2 of the module docs).
 pub fn redacted(line: &str) -> Cow<'_, str> {
     let mut out = Cow::Borrowed(line);
     for secret in SECRETS
@@ -131,25 +132,38 @@ pub fn redacted(line: &str) -> Cow<'_, str> {
             }
         }
     }
+    out
+}
+
+/// `text` as a line shows it: [`redacted`] (rule 2), then what rule 3 withholds in any text
+/// (`src/logging/engine.rs`): a shell timeout's command, and a URL's query, fragment and user
+/// info. `text` itself where nothing is hidden or withheld.
+fn shown(text: &str) -> Cow<'_, str> {
+    let mut out = redacted(text);
     if out.contains(engine::TIMED_OUT)
         && let Some(withheld) = engine::timed_out_command(&out)
     {
         out = Cow::Owned(withheld);
     }
+    if out.contains("//")
+        && let Some(bare) = engine::bare_urls(&out)
+    {
+        out = Cow::Owned(bare);
+    }
     out
 }
 
-/// `line`, one JSON value, redacted as [`redacted`] does it and still JSON. Where the plain
-/// redaction finds nothing (nearly every line), `line` itself. Otherwise each value is redacted
-/// on its own: a string's decoded text (so that a replacement never cuts an escape sequence in
-/// two, and the string is encoded again), and a token outside any string (a number, `true`,
-/// `false`, `null`: a digit-only secret logged as an integer field) whole, as the string
-/// `"[redacted]"`. A secret still found in the result spans the line's structure (it holds a
-/// quote, a comma or a brace: no credential we register does in practice): the line is then
-/// [`SPANNED_LINE`], whose one field says so. So no registered secret is ever in the line, and
-/// the line stays one JSON object.
+/// `line`, one JSON value, redacted as [`redacted`] does it, with what rule 3 withholds in any
+/// text withheld (`shown`), and still JSON. Where neither finds anything (nearly every line),
+/// `line` itself. Otherwise each value is redacted on its own: a string's decoded text (so
+/// that a replacement never cuts an escape sequence in two, and the string is encoded again),
+/// and a token outside any string (a number, `true`, `false`, `null`: a digit-only secret
+/// logged as an integer field) whole, as the string `"[redacted]"`. A secret still found in the
+/// result spans the line's structure (it holds a quote, a comma or a brace: no credential we
+/// register does in practice): the line is then [`SPANNED_LINE`], whose one field says so. So
+/// no registered secret is ever in the line, and the line stays one JSON object.
 pub fn redacted_json(line: &str) -> Cow<'_, str> {
-    if matches!(redacted(line), Cow::Borrowed(_)) {
+    if matches!(shown(line), Cow::Borrowed(_)) {
         return Cow::Borrowed(line);
     }
     let mut out = String::with_capacity(line.len());
@@ -214,7 +228,7 @@ fn push_value(out: &mut String, value: &str) {
         return;
     }
     let decoded = serde_json::from_str::<String>(value);
-    match decoded.as_deref().map(redacted) {
+    match decoded.as_deref().map(shown) {
         // Nothing hidden in the text: the literal as it was.
         Ok(Cow::Borrowed(_)) => out.push_str(value),
         Ok(Cow::Owned(hidden)) => match serde_json::to_string(&hidden) {
@@ -262,7 +276,10 @@ fn redact_after(line: &str, prefix: &str, is_value: fn(char) -> bool) -> Option<
         out.push_str(&rest[..value_start]);
         let tail = &rest[value_start..];
         let value_len = tail.find(|c: char| !is_value(c)).unwrap_or(tail.len());
-        if tail[..value_len].chars().count() >= MIN_REDACTED_LEN {
+        // A value already redacted (`token=[redacted]`) stays as it is: redacting it again
+        // would make a redacted line look like one still holding a secret.
+        let value = &tail[..value_len];
+        if value != REDACTED && value.chars().count() >= MIN_REDACTED_LEN {
             out.push_str(REDACTED);
             hidden = true;
             rest = &tail[value_len..];
@@ -394,12 +411,27 @@ mod tests {
             error = %"step failed: step 'curl \"k-0123456789\"' timed out after 30s",
             "run failed"
         );
+        let span = tracing::info_span!(
+            target: "ironflow_core::operations::http",
+            "http",
+            url = %"https://api.example/v1?api_key=k-0123456789",
+            command = "echo k-0123456789"
+        );
+        span.in_scope(|| {
+            tracing::warn!(target: "ironflow_core::operations::http", "retrying");
+        });
+        tracing::error!(
+            target: "ironflow_lambda::execution",
+            note = "step 'build' failed first",
+            error = "error sending request for url (https://api.example/v1?api_key=k-0123456789)",
+            "run failed"
+        );
     }
 
     #[test]
     fn routine_engine_lines_are_left_out_at_info_and_commands_and_url_queries_never_written() {
         let lines = written("info", engine_lines);
-        assert_eq!(lines.len(), 4, "{lines:#?}");
+        assert_eq!(lines.len(), 6, "{lines:#?}");
         assert!(
             lines[0].contains("\"run awaiting approval\""),
             "{}",
@@ -418,13 +450,25 @@ mod tests {
             error["error"],
             "step failed: step '[withheld: 19 chars]' timed out after 30s"
         );
+        // An ironflow span's fields are withheld as its events' are.
+        let retry: serde_json::Value = serde_json::from_str(&lines[4]).unwrap();
+        assert_eq!(retry["url"], "https://api.example/v1", "{retry}");
+        assert_eq!(retry["command"], "[withheld: 17 chars]", "{retry}");
+        // A URL's query in any text, and each value on its own: one value's `step '` and
+        // another's timeout never make a line look like a secret across its structure.
+        let failed: serde_json::Value = serde_json::from_str(&lines[5]).unwrap();
+        assert_eq!(
+            failed["error"],
+            "error sending request for url (https://api.example/v1)"
+        );
+        assert_eq!(failed["note"], "step 'build' failed first");
         assert!(
             lines.iter().all(|l| !l.contains("k-0123456789")),
             "{lines:#?}"
         );
 
         let lines = written("info,ironflow_lambda=debug", engine_lines);
-        assert_eq!(lines.len(), 7, "{lines:#?}");
+        assert_eq!(lines.len(), 9, "{lines:#?}");
         assert!(
             lines[0].contains("\"command\":\"[withheld: 33 chars]\""),
             "{}",
@@ -469,6 +513,9 @@ mod tests {
             assert!(!out.contains(hidden) && out.contains(REDACTED), "{out}");
         }
         assert_eq!(redacted("token=&sha256= plain"), "token=&sha256= plain");
+        // A line with a token parameter stays that line, the token redacted.
+        let out = redacted_json("{\"rawQueryString\":\"token=s3cr3t-v4lue&x=1\"}");
+        assert_eq!(out, "{\"rawQueryString\":\"token=[redacted]&x=1\"}");
         // Prose keeps its words: a run shorter than MIN_REDACTED_LEN is not a credential.
         let prose = "expected visible ASCII (it is sent as a bearer token), found a space";
         assert_eq!(redacted(prose), prose);
