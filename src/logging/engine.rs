@@ -74,14 +74,13 @@ pub fn timed_out_command(text: &str) -> Option<String> {
     Some(format!("{}{shown}{}", &text[..start], &text[end..]))
 }
 
-/// `text` with every URL in it (`scheme://…` or `//…`, up to a space, a quote, a bracket or a
-/// backslash) cut as [`bare_url`] cuts it: an error text names the URL it failed on, query
+/// `text` with every URL in it (`scheme://…` or `//…`, up to a space, a quote or a bracket)
+/// cut as [`bare_url`] cuts it: an error text names the URL it failed on, query
 /// included (reqwest's "error sending request for url (…)", ironflow-core's "invalid URL …").
 /// `None` where no URL has a query, a fragment or user info (so applying it twice changes
 /// nothing more).
 pub fn bare_urls(text: &str) -> Option<String> {
-    let ends =
-        |c: char| c.is_whitespace() || matches!(c, '"' | '\'' | '(' | ')' | '<' | '>' | '`' | '\\');
+    let ends = |c: char| c.is_whitespace() || matches!(c, '"' | '\'' | '(' | ')' | '<' | '>' | '`');
     let mut out = String::with_capacity(text.len());
     let mut changed = false;
     let mut rest = text;
@@ -121,22 +120,42 @@ fn is_withheld(text: &str) -> bool {
         .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
 }
 
-/// `url` cut before its first `?` or `#`, and without the user info of its authority (after
-/// `scheme://`, or `//` for a URL relative to its scheme).
+/// `url` without the user info of its authority (after `scheme://`, or `//` for a URL relative
+/// to its scheme) and cut before its first `?` or `#`, in that order: a password may hold `?`,
+/// `#` or `/` (`https://admin:pa#ss@db/app` → `https://db/app`). Where the authority, up to its
+/// first `/`, `?` or `#`, holds a `:` and no `@` while an `@` comes later, everything through the
+/// last `@` is taken for user info: a port followed by a path holding `@` then loses more than
+/// its user info (`http://h:80/u/@me` → `http://me`), never a password. A second URL joined to
+/// the first without a space (`https://a/x,https://u:p@h/`) loses its user info too.
 pub fn bare_url(url: &str) -> String {
-    let cut = url.find(['?', '#']).unwrap_or(url.len());
-    let url = &url[..cut];
-    let (scheme, rest) = match url.find("://") {
-        Some(i) => url.split_at(i + 3),
-        None if url.starts_with("//") => url.split_at(2),
-        None => ("", url),
+    let mut out = String::with_capacity(url.len());
+    let mut rest = url;
+    if let Some(after) = rest.strip_prefix("//") {
+        out.push_str("//");
+        rest = without_user_info(after);
+    }
+    while let Some(at) = rest.find("://") {
+        if let Some(cut) = rest[..at].find(['?', '#']) {
+            out.push_str(&rest[..cut]);
+            return out;
+        }
+        out.push_str(&rest[..at + 3]);
+        rest = without_user_info(&rest[at + 3..]);
+    }
+    out.push_str(&rest[..rest.find(['?', '#']).unwrap_or(rest.len())]);
+    out
+}
+
+/// `rest` (what follows a URL's `//`) without the user info its authority starts with, as
+/// [`bare_url`] states it.
+fn without_user_info(rest: &str) -> &str {
+    let authority = &rest[..rest.find(['/', '?', '#']).unwrap_or(rest.len())];
+    let at = match authority.rfind('@') {
+        Some(at) => Some(at),
+        None if authority.contains(':') => rest.rfind('@'),
+        None => None,
     };
-    let authority_end = rest.find('/').unwrap_or(rest.len());
-    let rest = match rest[..authority_end].rfind('@') {
-        Some(at) => &rest[at + 1..],
-        None => rest,
-    };
-    format!("{scheme}{rest}")
+    at.map_or(rest, |at| &rest[at + 1..])
 }
 
 /// The per-layer filter of the routine lines: every event passes, but a routine line only
@@ -269,6 +288,25 @@ mod tests {
             ("https://a@b.example/p@q", "https://b.example/p@q"),
             ("not a url?secret", "not a url"),
             ("//u:p@cdn.example/a?k=v", "//cdn.example/a"),
+            // A password holding `#`, `?` or `/`.
+            (
+                "https://admin:s3cr3t#x@db.example/app",
+                "https://db.example/app",
+            ),
+            (
+                "https://admin:s3?cr3t@db.example/app?k",
+                "https://db.example/app",
+            ),
+            (
+                "https://admin:s3/cr3t@db.example/app",
+                "https://db.example/app",
+            ),
+            ("https://admin:12#34@db.example", "https://db.example"),
+            // A port and a path holding `@`: more is lost, no password is kept.
+            ("http://h:80/u/@me", "http://me"),
+            // A second URL joined without a space, and one in a query.
+            ("https://a/x,https://u:p@h/y", "https://a/x,https://h/y"),
+            ("https://h/p?next=https://u:p@x/", "https://h/p"),
         ] {
             assert_eq!(withheld("url", url).as_deref(), Some(bare), "{url}");
         }

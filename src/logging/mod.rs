@@ -138,19 +138,36 @@ pub fn redacted(line: &str) -> Cow<'_, str> {
 /// `text` as a line shows it: [`redacted`] (rule 2), then what rule 3 withholds in any text
 /// (`src/logging/engine.rs`): a shell timeout's command, and a URL's query, fragment and user
 /// info. `text` itself where nothing is hidden or withheld.
+///
+/// Withholding deletes text, which can join two pieces into a secret rule 2 finds (a token
+/// registered as a URL's user info and a prefix before it): where it changed anything, the
+/// result is redacted again.
 fn shown(text: &str) -> Cow<'_, str> {
     let mut out = redacted(text);
+    let mut withheld = false;
     if out.contains(engine::TIMED_OUT)
-        && let Some(withheld) = engine::timed_out_command(&out)
+        && let Some(shorter) = engine::timed_out_command(&out)
     {
-        out = Cow::Owned(withheld);
+        out = Cow::Owned(shorter);
+        withheld = true;
     }
     if out.contains("//")
         && let Some(bare) = engine::bare_urls(&out)
     {
         out = Cow::Owned(bare);
+        withheld = true;
+    }
+    if withheld && let Cow::Owned(hidden) = redacted(&out) {
+        out = Cow::Owned(hidden);
     }
     out
+}
+
+/// Whether `line` may hold text [`shown`] withholds that it cannot find in the line's JSON
+/// text: a URL or a timeout whose string holds an escape (`\"`, `\n`), where a URL's run ends.
+/// Such a line is read value by value, decoded.
+fn may_withhold(line: &str) -> bool {
+    line.contains(engine::TIMED_OUT) || (line.contains("//") && line.contains(['?', '#', '@']))
 }
 
 /// `line`, one JSON value, redacted as [`redacted`] does it, with what rule 3 withholds in any
@@ -163,7 +180,7 @@ fn shown(text: &str) -> Cow<'_, str> {
 /// register does in practice): the line is then [`SPANNED_LINE`], whose one field says so. So
 /// no registered secret is ever in the line, and the line stays one JSON object.
 pub fn redacted_json(line: &str) -> Cow<'_, str> {
-    if matches!(shown(line), Cow::Borrowed(_)) {
+    if !may_withhold(line) && matches!(shown(line), Cow::Borrowed(_)) {
         return Cow::Borrowed(line);
     }
     let mut out = String::with_capacity(line.len());
@@ -580,6 +597,29 @@ mod tests {
         let prose = r#"{"m":"sent as a Bearer token"}"#;
         assert!(matches!(redacted(prose), Cow::Borrowed(_)));
         assert!(matches!(redacted_json(prose), Cow::Borrowed(_)));
+    }
+
+    #[test]
+    fn a_url_in_a_json_string_is_withheld_past_its_escapes() {
+        // The line's text ends the URL at the escape; the decoded value does not.
+        let line = r#"{"m":"GET https://h.example/a\u0001?key=q5w4e3r2t1","n":1}"#;
+        let out = redacted_json(line);
+        assert!(!out.contains("q5w4e3r2t1"), "{out}");
+        let value: serde_json::Value = serde_json::from_str(&out).unwrap();
+        assert_eq!(value["m"], "GET https://h.example/a\u{1}");
+        assert_eq!(value["n"], 1);
+    }
+
+    #[test]
+    fn a_secret_that_withholding_uncovers_is_redacted() {
+        // Registered as a whole URL; the line holds it with user info inside.
+        redact("https://hc.example/ping/k9x8w7");
+        assert_eq!(
+            shown("ping https://u:p@hc.example/ping/k9x8w7?n=1 failed"),
+            format!("ping {REDACTED} failed")
+        );
+        let out = redacted_json(r#"{"m":"ping https://u:p@hc.example/ping/k9x8w7"}"#);
+        assert_eq!(out, format!(r#"{{"m":"ping {REDACTED}"}}"#));
     }
 
     #[test]
