@@ -74,13 +74,15 @@ pub fn timed_out_command(text: &str) -> Option<String> {
     Some(format!("{}{shown}{}", &text[..start], &text[end..]))
 }
 
-/// `text` with every URL in it (`scheme://…` or `//…`, up to a space, a quote or a bracket)
-/// cut as [`bare_url`] cuts it: an error text names the URL it failed on, query
-/// included (reqwest's "error sending request for url (…)", ironflow-core's "invalid URL …").
-/// `None` where no URL has a query, a fragment or user info (so applying it twice changes
-/// nothing more).
+/// `text` with every URL in it (`scheme://…` or `//…`, up to whitespace, a double quote, `<`,
+/// `>` or a backtick) cut as [`bare_url`] cuts it: an error text names the URL it failed on,
+/// query included (reqwest's "error sending request for url (…)", ironflow-core's "invalid URL
+/// …"). A path, a query or a password may hold `(`, `)` and `'` unencoded, so they do not end a
+/// URL; what closes the text around it is left out of it: trailing `.`, `,`, `;`, `:` or `!`, a
+/// `)` closing more parentheses than the URL opens, a `'` when one comes just before the URL.
+/// `None` where no URL has a query, a fragment or user info.
 pub fn bare_urls(text: &str) -> Option<String> {
-    let ends = |c: char| c.is_whitespace() || matches!(c, '"' | '\'' | '(' | ')' | '<' | '>' | '`');
+    let ends = |c: char| c.is_whitespace() || matches!(c, '"' | '<' | '>' | '`');
     let mut out = String::with_capacity(text.len());
     let mut changed = false;
     let mut rest = text;
@@ -97,8 +99,9 @@ pub fn bare_urls(text: &str) -> Option<String> {
             })
             .unwrap_or(0);
         let start = at - scheme_len;
-        let len = rest[at..].find(ends).map_or(rest.len(), |n| at + n) - start;
-        let url = &rest[start..start + len];
+        let end = rest[at..].find(ends).map_or(rest.len(), |n| at + n);
+        let quoted = rest[..start].ends_with('\'');
+        let url = without_closers(&rest[start..end], quoted);
         let bare = bare_url(url);
         out.push_str(&rest[..start]);
         if bare == url {
@@ -107,10 +110,37 @@ pub fn bare_urls(text: &str) -> Option<String> {
             out.push_str(&bare);
             changed = true;
         }
-        rest = &rest[start + len..];
+        rest = &rest[start + url.len()..];
     }
     out.push_str(rest);
     changed.then_some(out)
+}
+
+/// `run` (a URL up to where [`bare_urls`] ends it) without what closes the text around it:
+/// trailing `.`, `,`, `;`, `:`, `!`, a `)` closing more than the URL opens, and a `'` when
+/// `quoted` (one comes just before the URL).
+fn without_closers(run: &str, quoted: bool) -> &str {
+    let mut unmatched = run
+        .matches(')')
+        .count()
+        .saturating_sub(run.matches('(').count());
+    let mut run = run;
+    loop {
+        let before = run.len();
+        run = run.trim_end_matches(['.', ',', ';', ':', '!']);
+        if unmatched > 0
+            && let Some(t) = run.strip_suffix(')')
+        {
+            run = t;
+            unmatched -= 1;
+        }
+        if quoted && let Some(t) = run.strip_suffix('\'') {
+            run = t;
+        }
+        if run.len() == before {
+            return run;
+        }
+    }
 }
 
 /// Whether `text` is exactly what [`withheld`] writes for a command: `[withheld: <digits> chars]`.
@@ -120,42 +150,53 @@ fn is_withheld(text: &str) -> bool {
         .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
 }
 
-/// `url` without the user info of its authority (after `scheme://`, or `//` for a URL relative
-/// to its scheme) and cut before its first `?` or `#`, in that order: a password may hold `?`,
-/// `#` or `/` (`https://admin:pa#ss@db/app` → `https://db/app`). Where the authority, up to its
-/// first `/`, `?` or `#`, holds a `:` and no `@` while an `@` comes later, everything through the
-/// last `@` is taken for user info: a port followed by a path holding `@` then loses more than
-/// its user info (`http://h:80/u/@me` → `http://me`), never a password. A second URL joined to
-/// the first without a space (`https://a/x,https://u:p@h/`) loses its user info too.
+/// `url` without the user info of its authorities (after each `//`, with or without a scheme
+/// before it, so that a second URL joined to the first without a space loses its user info
+/// too), then cut before its first `?` or `#` outside user info: a password may hold `?`, `#`
+/// or `/` (`https://admin:pa#ss@db/app` → `https://db/app`). What [`after_user_info`] cannot
+/// tell apart from a query is withheld with it.
 pub fn bare_url(url: &str) -> String {
+    let last_at = url.rfind('@');
     let mut out = String::with_capacity(url.len());
-    let mut rest = url;
-    if let Some(after) = rest.strip_prefix("//") {
-        out.push_str("//");
-        rest = without_user_info(after);
-    }
-    while let Some(at) = rest.find("://") {
-        if let Some(cut) = rest[..at].find(['?', '#']) {
-            out.push_str(&rest[..cut]);
+    let mut pos = 0;
+    while let Some(found) = url[pos..].find("//") {
+        let at = pos + found;
+        if let Some(cut) = url[pos..at].find(['?', '#']) {
+            out.push_str(&url[pos..pos + cut]);
             return out;
         }
-        out.push_str(&rest[..at + 3]);
-        rest = without_user_info(&rest[at + 3..]);
+        out.push_str(&url[pos..at + 2]);
+        pos = after_user_info(url, at + 2, last_at);
     }
+    let rest = &url[pos..];
     out.push_str(&rest[..rest.find(['?', '#']).unwrap_or(rest.len())]);
     out
 }
 
-/// `rest` (what follows a URL's `//`) without the user info its authority starts with, as
-/// [`bare_url`] states it.
-fn without_user_info(rest: &str) -> &str {
-    let authority = &rest[..rest.find(['/', '?', '#']).unwrap_or(rest.len())];
-    let at = match authority.rfind('@') {
-        Some(at) => Some(at),
-        None if authority.contains(':') => rest.rfind('@'),
-        None => None,
-    };
-    at.map_or(rest, |at| &rest[at + 1..])
+/// Where, in `url`, the authority that starts at `start` (after a `//`) goes on after its user
+/// info, `last_at` being the last `@` of `url`. User info ends at the last `@` before the
+/// authority's first `/`, `?` or `#`, again and again (`//u@x:p@h` → `h`). Where the authority
+/// up to there holds a `:` and no `@` while an `@` comes later, it is a password holding `/`,
+/// `?` or `#`, or a port followed by a path holding `@`: everything through the last `@` is taken
+/// for user info (`http://h:80/u/@me` → `http://me`: more is lost than user info, never a
+/// password), and where a `?` or `#` comes before that `@`, which could be a query's as well as
+/// a password's, the rest of `url` is withheld whole (`url.len()`).
+fn after_user_info(url: &str, start: usize, last_at: Option<usize>) -> usize {
+    let mut start = start;
+    loop {
+        let rest = &url[start..];
+        let authority = &rest[..rest.find(['/', '?', '#']).unwrap_or(rest.len())];
+        start = match (authority.rfind('@'), last_at) {
+            (Some(at), _) => start + at + 1,
+            (None, Some(at)) if at >= start && authority.contains(':') => {
+                if url[start..at].contains(['?', '#']) {
+                    return url.len();
+                }
+                at + 1
+            }
+            _ => return start,
+        };
+    }
 }
 
 /// The per-layer filter of the routine lines: every event passes, but a routine line only
@@ -266,11 +307,28 @@ mod tests {
         assert_eq!(
             out,
             "request failed: error sending request for url (https://api.example.com/v1/x); \
-             invalid URL http://h/p bad, see //cdn.example/a and a // comment"
+             invalid URL http://h/p: bad, see //cdn.example/a and a // comment"
         );
         assert_eq!(bare_urls(&out), None);
         assert_eq!(bare_urls("see https://h/p and //"), None);
         assert_eq!(bare_urls("é://ü?x"), Some("é://ü".into()));
+        // Parentheses and quotes inside a URL, and around it.
+        for (text, shown) in [
+            (
+                "for url (https://h.example/api?filter=(a)&api_key=K3Y0123456789)",
+                "for url (https://h.example/api)",
+            ),
+            (
+                "see https://h.example/wiki/Foo_(bar)?api_key=K3Y0123456789.",
+                "see https://h.example/wiki/Foo_(bar).",
+            ),
+            (
+                "'https://admin:pa'ss@db.example/' and https://admin:pa(ss@db.example/",
+                "'https://db.example/' and https://db.example/",
+            ),
+        ] {
+            assert_eq!(bare_urls(text).as_deref(), Some(shown), "{text}");
+        }
     }
 
     #[test]
@@ -288,24 +346,28 @@ mod tests {
             ("https://a@b.example/p@q", "https://b.example/p@q"),
             ("not a url?secret", "not a url"),
             ("//u:p@cdn.example/a?k=v", "//cdn.example/a"),
-            // A password holding `#`, `?` or `/`.
-            (
-                "https://admin:s3cr3t#x@db.example/app",
-                "https://db.example/app",
-            ),
-            (
-                "https://admin:s3?cr3t@db.example/app?k",
-                "https://db.example/app",
-            ),
+            // A password holding `/`; one holding `#` or `?`, which a query with an `@` after
+            // a port could be as well: withheld whole.
             (
                 "https://admin:s3/cr3t@db.example/app",
                 "https://db.example/app",
             ),
-            ("https://admin:12#34@db.example", "https://db.example"),
+            ("https://admin:s3cr3t#x@db.example/app", "https://"),
+            ("https://admin:s3?cr3t@db.example/app?k", "https://"),
+            ("https://admin:12#34@db.example", "https://"),
+            (
+                "https://api.example.com:8443/v1/search?q=bob@example.com&api_key=K3Y0123456789",
+                "https://",
+            ),
+            ("//h:80/p#frag@x&api_key=K3Y0123456789", "//"),
             // A port and a path holding `@`: more is lost, no password is kept.
             ("http://h:80/u/@me", "http://me"),
+            // User info with `@` in it, again and again.
+            ("https://alice@example.com:pa/ss@host/", "https://host/"),
+            ("//u@x:p/y@h", "//h"),
             // A second URL joined without a space, and one in a query.
             ("https://a/x,https://u:p@h/y", "https://a/x,https://h/y"),
+            ("https://a/x,//u:p@h/y", "https://a/x,//h/y"),
             ("https://h/p?next=https://u:p@x/", "https://h/p"),
         ] {
             assert_eq!(withheld("url", url).as_deref(), Some(bare), "{url}");
