@@ -74,15 +74,14 @@ pub fn timed_out_command(text: &str) -> Option<String> {
     Some(format!("{}{shown}{}", &text[..start], &text[end..]))
 }
 
-/// `text` with every URL in it (`scheme://…` or `//…`, up to whitespace, a double quote, `<`,
-/// `>` or a backtick) cut as [`bare_url`] cuts it: an error text names the URL it failed on,
-/// query included (reqwest's "error sending request for url (…)", ironflow-core's "invalid URL
-/// …"). A path, a query or a password may hold `(`, `)` and `'` unencoded, so they do not end a
-/// URL; what closes the text around it is left out of it: trailing `.`, `,`, `;`, `:` or `!`, a
-/// `)` closing more parentheses than the URL opens, a `'` when one comes just before the URL.
-/// `None` where no URL has a query, a fragment or user info.
+/// `text` with every URL in it (`scheme://…` or `//…`, up to whitespace, a double quote, `<` or
+/// `>`, which a URL's text always encodes) cut as [`bare_url`] cuts it: an error text names the
+/// URL it failed on, query included (reqwest's "error sending request for url (…)",
+/// ironflow-core's "invalid URL …"). A path, a query or a password may hold `(`, `)`, `'` and
+/// a backtick unencoded, so they do not end a URL; what closes the text around it is left out
+/// of it ([`without_closers`]). `None` where no URL has a query, a fragment or user info.
 pub fn bare_urls(text: &str) -> Option<String> {
-    let ends = |c: char| c.is_whitespace() || matches!(c, '"' | '<' | '>' | '`');
+    let ends = |c: char| c.is_whitespace() || matches!(c, '"' | '<' | '>');
     let mut out = String::with_capacity(text.len());
     let mut changed = false;
     let mut rest = text;
@@ -100,8 +99,11 @@ pub fn bare_urls(text: &str) -> Option<String> {
             .unwrap_or(0);
         let start = at - scheme_len;
         let end = rest[at..].find(ends).map_or(rest.len(), |n| at + n);
-        let quoted = rest[..start].ends_with('\'');
-        let url = without_closers(&rest[start..end], quoted);
+        let opener = rest[..start]
+            .chars()
+            .next_back()
+            .filter(|c| matches!(c, '\'' | '`'));
+        let url = without_closers(&rest[start..end], opener);
         let bare = bare_url(url);
         out.push_str(&rest[..start]);
         if bare == url {
@@ -116,10 +118,10 @@ pub fn bare_urls(text: &str) -> Option<String> {
     changed.then_some(out)
 }
 
-/// `run` (a URL up to where [`bare_urls`] ends it) without what closes the text around it:
-/// trailing `.`, `,`, `;`, `:`, `!`, a `)` closing more than the URL opens, and a `'` when
-/// `quoted` (one comes just before the URL).
-fn without_closers(run: &str, quoted: bool) -> &str {
+/// `run` (a URL up to where [`bare_urls`] ends it) without what closes the text around it, at
+/// its end, for as long as one is found: `.`, `,`, `;`, `:`, `!`; a `)` while the run holds
+/// more `)` than `(`; and `opener` (the `'` or backtick just before the URL, if any).
+fn without_closers(run: &str, opener: Option<char>) -> &str {
     let mut unmatched = run
         .matches(')')
         .count()
@@ -134,7 +136,7 @@ fn without_closers(run: &str, quoted: bool) -> &str {
             run = t;
             unmatched -= 1;
         }
-        if quoted && let Some(t) = run.strip_suffix('\'') {
+        if let Some(t) = opener.and_then(|c| run.strip_suffix(c)) {
             run = t;
         }
         if run.len() == before {
@@ -175,20 +177,25 @@ pub fn bare_url(url: &str) -> String {
 
 /// Where, in `url`, the authority that starts at `start` (after a `//`) goes on after its user
 /// info, `last_at` being the last `@` of `url`. User info ends at the last `@` before the
-/// authority's first `/`, `?` or `#`, again and again (`//u@x:p@h` → `h`). Where the authority
-/// up to there holds a `:` and no `@` while an `@` comes later, it is a password holding `/`,
-/// `?` or `#`, or a port followed by a path holding `@`: everything through the last `@` is taken
-/// for user info (`http://h:80/u/@me` → `http://me`: more is lost than user info, never a
+/// authority's first `/`, `?` or `#`, again and again (`//u@x:p@h` → `h`). Where the authority,
+/// from `start` up to there, holds a `:` while an `@` comes later, it is a password holding `@`,
+/// `/`, `?` or `#`, or a port followed by a path holding `@`, or user info followed by a path
+/// holding `@`: everything through the last `@` is taken for user info (`http://h:80/u/@me` →
+/// `http://me`, `https://u:p@h/@me` → `https://me`: more is lost than user info, never a
 /// password), and where a `?` or `#` comes before that `@`, which could be a query's as well as
-/// a password's, the rest of `url` is withheld whole (`url.len()`).
+/// a password's, the rest of `url` is withheld whole (`url.len()`). A user name alone (no `:`)
+/// holding `/`, `?` or `#` before its `@` is taken for the host and path, as the URL standard
+/// reads it.
 fn after_user_info(url: &str, start: usize, last_at: Option<usize>) -> usize {
+    let first = start;
     let mut start = start;
     loop {
         let rest = &url[start..];
-        let authority = &rest[..rest.find(['/', '?', '#']).unwrap_or(rest.len())];
+        let authority_end = start + rest.find(['/', '?', '#']).unwrap_or(rest.len());
+        let authority = &url[start..authority_end];
         start = match (authority.rfind('@'), last_at) {
             (Some(at), _) => start + at + 1,
-            (None, Some(at)) if at >= start && authority.contains(':') => {
+            (None, Some(at)) if at >= start && url[first..authority_end].contains(':') => {
                 if url[start..at].contains(['?', '#']) {
                     return url.len();
                 }
@@ -326,6 +333,10 @@ mod tests {
                 "'https://admin:pa'ss@db.example/' and https://admin:pa(ss@db.example/",
                 "'https://db.example/' and https://db.example/",
             ),
+            (
+                "for url (https://h.example/s?q=a`b&api_key=K3Y0123456789) in `//u:p@h/`",
+                "for url (https://h.example/s) in `//h/`",
+            ),
         ] {
             assert_eq!(bare_urls(text).as_deref(), Some(shown), "{text}");
         }
@@ -364,6 +375,13 @@ mod tests {
             ("http://h:80/u/@me", "http://me"),
             // User info with `@` in it, again and again.
             ("https://alice@example.com:pa/ss@host/", "https://host/"),
+            (
+                "https://admin:p@ss/w0rd@db.example/app",
+                "https://db.example/app",
+            ),
+            ("https://admin:p@ss?w0rd@db.example/app", "https://"),
+            // User info, then a path holding `@`: more is lost, again.
+            ("https://u:p@h.example/@scope/pkg", "https://scope/pkg"),
             ("//u@x:p/y@h", "//h"),
             // A second URL joined without a space, and one in a query.
             ("https://a/x,https://u:p@h/y", "https://a/x,https://h/y"),
