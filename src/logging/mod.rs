@@ -172,7 +172,7 @@ fn may_withhold(line: &str) -> bool {
 
 /// `line`, one JSON value, redacted as [`redacted`] does it, with what rule 3 withholds in any
 /// text withheld (`shown`), and still JSON. Where neither finds anything in the line's text and
-/// [`may_withhold`] does not send it value by value (nearly every line), `line` itself (a line
+/// `may_withhold` does not send it value by value (nearly every line), `line` itself (a line
 /// read value by value in which nothing was found comes out as a copy of the same text).
 /// Otherwise each value is redacted on its own: a string's decoded text (so
 /// that a replacement never cuts an escape sequence in two, and the string is encoded again),
