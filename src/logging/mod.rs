@@ -163,26 +163,26 @@ fn shown(text: &str) -> Cow<'_, str> {
     out
 }
 
-/// Whether `line` may hold text [`shown`] withholds that it cannot find in the line's JSON
-/// text: a URL or a timeout whose string holds an escape (`\"`, `\n`), where a URL's run ends.
-/// Such a line is read value by value, decoded.
+/// Whether `line` may hold text [`shown`] withholds: a shell timeout, or a URL with a query, a
+/// fragment or user info (`//` with a `?`, `#` or `@`). Such a line is read value by value,
+/// decoded: its JSON text would end a URL at an escape (`\"`, `\u0001`). Where this is false,
+/// `shown` of any text of the line is [`redacted`] of it.
 fn may_withhold(line: &str) -> bool {
     line.contains(engine::TIMED_OUT) || (line.contains("//") && line.contains(['?', '#', '@']))
 }
 
 /// `line`, one JSON value, redacted as [`redacted`] does it, with what rule 3 withholds in any
-/// text withheld (`shown`), and still JSON. Where neither finds anything in the line's text and
-/// `may_withhold` does not send it value by value (nearly every line), `line` itself (a line
-/// read value by value in which nothing was found comes out as a copy of the same text).
-/// Otherwise each value is redacted on its own: a string's decoded text (so
-/// that a replacement never cuts an escape sequence in two, and the string is encoded again),
-/// and a token outside any string (a number, `true`, `false`, `null`: a digit-only secret
-/// logged as an integer field) whole, as the string `"[redacted]"`. A secret still found in the
-/// result spans the line's structure (it holds a quote, a comma or a brace: no credential we
-/// register does in practice): the line is then [`SPANNED_LINE`], whose one field says so. So
-/// no registered secret is ever in the line, and the line stays one JSON object.
+/// text withheld (`shown`), and still JSON. Where the line can hold nothing to withhold
+/// (`may_withhold`) and nothing to redact (nearly every line), `line` itself. Otherwise each
+/// value is redacted on its own: a string's decoded text (so that a replacement never cuts an
+/// escape sequence in two, and the string is encoded again), and a token outside any string
+/// (a number, `true`, `false`, `null`: a digit-only secret logged as an integer field) whole,
+/// as the string `"[redacted]"`. A secret still found in the result spans the line's structure
+/// (it holds a quote, a comma or a brace: no credential we register does in practice): the
+/// line is then [`SPANNED_LINE`], whose one field says so. So no registered secret is ever in
+/// the line, and the line stays one JSON object.
 pub fn redacted_json(line: &str) -> Cow<'_, str> {
-    if !may_withhold(line) && matches!(shown(line), Cow::Borrowed(_)) {
+    if !may_withhold(line) && matches!(redacted(line), Cow::Borrowed(_)) {
         return Cow::Borrowed(line);
     }
     let mut out = String::with_capacity(line.len());
