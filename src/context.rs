@@ -43,6 +43,7 @@ use crate::report::{Fate, Outcome};
 use crate::runtime::{ExecutionRuntime, StuckExecutions};
 use crate::step_times::StepTimes;
 use crate::store::GuardedStore;
+use crate::store::claim_log::{ClaimLog, Holding};
 use crate::store::scope::RunKey;
 
 /// The loop guard's settings ([`crate::handback`]).
@@ -65,6 +66,8 @@ pub(crate) struct Invocation {
     pub calls: Calls,
     /// The lease every claim asks for: this invocation's worker id and the lease TTL.
     pub lease: LeaseRequest,
+    /// Its claims, numbered: each run's latest ([`crate::store::claim_log`]).
+    pub claims: Arc<ClaimLog>,
     /// Every bound of the invocation.
     pub budget: Budget,
     /// The loop guard's settings.
@@ -88,9 +91,20 @@ pub(crate) struct Invocation {
 }
 
 impl Invocation {
-    /// The scope key of `run_id`'s calls under this invocation's lease.
+    /// The scope key of `run_id`'s calls under this invocation's lease, for a holding of the
+    /// run beginning now: a run just claimed, or one whose fate is written before it executed.
     pub fn key(&self, run_id: Uuid) -> RunKey {
-        RunKey::new(run_id, &self.lease)
+        RunKey::new(run_id, &self.lease).held(self.claims.holding())
+    }
+
+    /// The key of `run_id`'s calls made for `holding`: an execution's, whose fate is written
+    /// after it stopped, so that they never act on a later claim of the run by this invocation
+    /// ([`crate::store::claim_log`]). Without one, a holding beginning now ([`Invocation::key`]).
+    pub fn key_for(&self, run_id: Uuid, holding: Option<&Holding>) -> RunKey {
+        match holding {
+            Some(holding) => RunKey::new(run_id, &self.lease).held(holding.clone()),
+            None => self.key(run_id),
+        }
     }
 
     /// Start the lease of `run`, claimed under this invocation's lease by a request sent at
@@ -105,23 +119,20 @@ impl Invocation {
         Claimed::new(refresh, run, &self.lease, sent, interval, cutoff)
     }
 
-    /// Record `run_id` failed for `msg` from outside its handler (a timeout, a panic, a
+    /// Record the run of `key` failed for `msg` from outside its handler (a timeout, a panic, a
     /// blocked workflow; `retryable`: a retry may be armed), bounded by `until`: the fate for
     /// `outcome`, the run due again as the write left it, or left to the reaper when the
     /// write failed ([`fail_or_leave_to_reaper`]).
     pub async fn record_failure(
         &self,
-        run_id: Uuid,
+        key: RunKey,
         outcome: Outcome,
         msg: String,
         retryable: bool,
         until: Instant,
     ) -> Fate {
-        let write = fail_or_leave_to_reaper(&self.calls, run_id, outcome, msg, retryable);
-        let (fate, due) = self
-            .calls
-            .within_noting_due(until, self.key(run_id), write)
-            .await;
+        let write = fail_or_leave_to_reaper(&self.calls, key.run_id, outcome, msg, retryable);
+        let (fate, due) = self.calls.within_noting_due(until, key, write).await;
         fate.due(due)
     }
 }

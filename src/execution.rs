@@ -54,7 +54,7 @@ use crate::orphans;
 use crate::process_mark::{LiveMark, RunMark};
 use crate::report::{Fate, Outcome, RunReport, Spend};
 use crate::store::fit::StartFit;
-use crate::store::scope::{CallScope, InFlight, ScopeStop};
+use crate::store::scope::{CallScope, InFlight, RunKey, ScopeStop};
 
 /// How long a stopped execution's task is awaited after its abort: 100 ms. Cancelled at its
 /// next await, a task ends in microseconds; one still running after this is blocked in
@@ -381,11 +381,15 @@ async fn decide(
     };
     // A sub-workflow child's lease may have moved to its root since the refresher's last
     // renewal: what is written goes to the run whose lease is held.
+    // Its calls are made for the execution's holding: never for a later claim of the run by
+    // this invocation ([`crate::store::claim_log`]).
+    let holding = scope.run_key().and_then(|k| k.holding.as_ref());
     let target = held(ctx, run, target, scope, until).await;
     let hand_back = |why| {
         ctx.hand_back(Handback {
             run,
             target,
+            holding: holding.cloned(),
             claimed_at: timing.claimed_at,
             executed: timing.executed,
             why,
@@ -404,7 +408,7 @@ async fn decide(
         _ => false,
     };
     let fate = match stop {
-        Stop::Finished(joined) => finished(ctx, run, target, *joined).await,
+        Stop::Finished(joined) => finished(ctx, run, ctx.key_for(target, holding), *joined).await,
         Stop::Scope(ScopeStop::Fault(fault)) => {
             warn!(error = %fault, "the API kept failing: handing the run back");
             hand_back(Why::ApiFault(fault)).await
@@ -419,6 +423,7 @@ async fn decide(
             );
             hand_back(Why::Deferred(deferral)).await
         }
+        Stop::Scope(ScopeStop::ClaimedAgain) => claimed_again(),
         Stop::Scope(ScopeStop::RunLeft { status, held_by }) => {
             let end = match status {
                 RunStatus::Cancelled => LeaseEnd::Cancelled,
@@ -442,7 +447,8 @@ async fn decide(
         }
         Stop::TimedOut => {
             error!(error = %timing.timeout_msg, "run timed out");
-            record_failure(ctx, target, Outcome::TimedOut, timing.timeout_msg.clone()).await
+            let key = ctx.key_for(target, holding);
+            record_failure(ctx, key, Outcome::TimedOut, timing.timeout_msg.clone()).await
         }
         Stop::Cutoff => hand_back(Why::Cutoff).await,
     };
@@ -451,19 +457,26 @@ async fn decide(
     // is a wait, not execution, for the run timeout.
     if paused || fate.paused {
         let ours = ctx.engine_store.open_steps(run.id);
-        ctx.mark_the_pause(target, timing.claimed_at, until, &ours)
-            .await;
+        ctx.mark_the_pause(
+            ctx.key_for(target, holding),
+            timing.claimed_at,
+            until,
+            &ours,
+        )
+        .await;
     }
     fate
 }
 
-/// The fate of a run whose execution's task ended: with the engine's result, or a panic.
+/// The fate of a run whose execution's task ended: with the engine's result, or a panic; `key`
+/// is the run whose lease is held, for the execution's holding.
 async fn finished(
     ctx: &Invocation,
     run: &Run,
-    target: Uuid,
+    key: RunKey,
     joined: Result<Result<WorkflowResult, EngineError>, JoinError>,
 ) -> Fate {
+    let target = key.run_id;
     match joined {
         // Our own run, left waiting by its handler (a timer or signal: sleeping; an approval;
         // an operator's pause, or already resumed from it: pending, running). A sub-workflow
@@ -499,7 +512,7 @@ async fn finished(
         Err(panic) => {
             let msg = format!("run panicked: {}", panic_message(panic));
             error!(error = %msg, "run panicked");
-            record_failure(ctx, target, Outcome::Panicked, msg).await
+            record_failure(ctx, key, Outcome::Panicked, msg).await
         }
     }
 }
@@ -545,7 +558,8 @@ async fn held(
         }
         true
     };
-    match ctx.calls.within(until, Some(ctx.key(run.id)), follow).await {
+    let key = ctx.key_for(run.id, scope.run_key().and_then(|k| k.holding.as_ref()));
+    match ctx.calls.within(until, Some(key), follow).await {
         true => {
             info!(root_run_id = %root, "the execution stopped as the lease moved to the run's root: the root's is the fate to write");
             root
@@ -569,11 +583,22 @@ fn abandoned(end: &LeaseEnd) -> Fate {
 }
 
 /// Record a failure observed from outside the handler (timeout, panic) as retryable, with the
-/// invocation's own calls, bounded by the last write. A failure that could not be recorded
-/// leaves the run to the reaper.
-async fn record_failure(ctx: &Invocation, run_id: Uuid, outcome: Outcome, msg: String) -> Fate {
+/// invocation's own calls for `key`, bounded by the last write. A failure that could not be
+/// recorded leaves the run to the reaper.
+async fn record_failure(ctx: &Invocation, key: RunKey, outcome: Outcome, msg: String) -> Fate {
     let until = ctx.budget.last_write();
-    ctx.record_failure(run_id, outcome, msg, true, until).await
+    ctx.record_failure(key, outcome, msg, true, until).await
+}
+
+/// The fate of a run whose execution met a later claim of the run by this invocation: a write
+/// giving the run up landed, its answer lost, and the claim loop took the run again before
+/// the write was read back. Nothing more is written here: the later claim's execution writes
+/// the run's fate.
+fn claimed_again() -> Fate {
+    let why = "claimed again by this invocation after a write giving the run up landed \
+               unanswered: its later execution writes the run's fate, nothing written here";
+    warn!(reason = why, "abandoning the run");
+    Fate::new(Outcome::LeaseLost, Some(why.to_string()))
 }
 
 /// How long the current attempt of `run` executed before `claimed_at`, read from its steps

@@ -64,8 +64,10 @@ use crate::attempt_time;
 pub(crate) use crate::context::HandbackPolicy;
 use crate::context::{Invocation, fail_or_leave_to_reaper};
 use crate::report::{Fate, Outcome};
+use crate::store::claim_log::Holding;
 use crate::store::fault::ApiFault;
 use crate::store::fit::Deferral;
+use crate::store::scope::RunKey;
 #[cfg(doc)]
 use crate::store::scope::{CallScope, SLOW_ANSWER};
 
@@ -75,6 +77,9 @@ pub(crate) struct Handback<'a> {
     pub run: &'a Run,
     /// The run whose lease is held: the run itself, or the root of its sub-workflow chain.
     pub target: Uuid,
+    /// The execution's holding of the run: the handback's calls are made for it, never for a
+    /// later claim of the run by this invocation ([`crate::store::claim_log`]).
+    pub holding: Option<Holding>,
     /// When this invocation took it up.
     pub claimed_at: DateTime<Utc>,
     /// How long it executed here.
@@ -149,7 +154,7 @@ impl Invocation {
     /// Hand a run back (see the module docs), in its numbered steps, each write retried until
     /// `h.until`.
     pub(crate) async fn hand_back(&self, h: Handback<'_>) -> Fate {
-        let (until, key) = (h.until, self.key(h.target));
+        let (until, key) = (h.until, self.key_for(h.target, h.holding.as_ref()));
         self.calls
             .within(until, Some(key), self.hand_back_steps(&h))
             .await
@@ -427,10 +432,10 @@ impl Invocation {
 pub const PAUSED_MARK: &str = "paused";
 
 impl Invocation {
-    /// An operator paused the run whose lease was held (`target`) while it executed here,
-    /// taken up at `taken_up`: nothing of a handback is written but its step 3, so that the
-    /// pause is a wait for the run timeout (docs/design.md, "The run timeout across
-    /// invocations"). The API's pause interrupted the steps Running at that moment; the
+    /// An operator paused the run whose lease was held (its `key`, for the execution's
+    /// holding) while it executed here, taken up at `taken_up`: nothing of a handback is
+    /// written but its step 3, so that the pause is a wait for the run timeout (docs/design.md,
+    /// "The run timeout across invocations"). The API's pause interrupted the steps Running at that moment; the
     /// execution went on until it saw the pause, and may have started another step. Then, with
     /// the invocation's calls, until `until`:
     /// 1. read the run whose lease was held: if it is no longer Paused (resumed since: the
@@ -449,12 +454,12 @@ impl Invocation {
     /// timeout's reading of the pause.
     pub(crate) async fn mark_the_pause(
         &self,
-        target: Uuid,
+        key: RunKey,
         taken_up: DateTime<Utc>,
         until: Instant,
         ours: &[Uuid],
     ) {
-        let store = &self.calls.store;
+        let (store, target) = (&self.calls.store, key.run_id);
         let write = async {
             // 1. Still paused.
             let run = match store.get_run(target).await {
@@ -498,7 +503,6 @@ impl Invocation {
                     .await;
             }
         };
-        let key = self.key(target);
         self.calls.within(until, Some(key), write).await
     }
 }

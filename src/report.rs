@@ -327,11 +327,13 @@ pub struct InvocationSummary {
     pub request_id: String,
     /// The worker id this invocation claimed under.
     pub worker_id: String,
-    /// Runs claimed.
+    /// Claims that brought a run (a run handed back and claimed again by the same invocation
+    /// counts twice).
     pub claimed: usize,
-    /// Runs per outcome.
+    /// Reports per outcome.
     pub outcomes: BTreeMap<Outcome, usize>,
-    /// Every claimed run, in claim order.
+    /// One report per claim, in claim order; a run claimed twice has two, in the order the two
+    /// ended.
     pub runs: Vec<RunReport>,
     /// Why the claim loop stopped.
     pub stop_reason: StopReason,

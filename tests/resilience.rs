@@ -233,6 +233,113 @@ async fn an_api_fault_that_cannot_be_retried_hands_the_run_back_without_a_workfl
     );
 }
 
+/// Sends a signal first, then runs a step that appends a line to `file`.
+struct SignalFirst {
+    file: std::path::PathBuf,
+}
+
+impl WorkflowHandler for SignalFirst {
+    fn name(&self) -> &str {
+        "signal-first"
+    }
+    fn sent_signals(&self) -> ironflow_engine::signal::SentSignals {
+        ironflow_engine::signal::SentSignals::new().allow::<Ping>()
+    }
+    fn execute<'a>(&'a self, ctx: &'a mut WorkflowContext) -> HandlerFuture<'a> {
+        Box::pin(async move {
+            ctx.send_signal("ping", &Ping {}, "k").await?;
+            let cmd = format!("echo x >> {}", self.file.display());
+            ctx.shell("after", ironflow_engine::config::ShellConfig::new(&cmd))
+                .await?;
+            Ok(())
+        })
+    }
+}
+
+/// All claims of one invocation share its worker id. A handback whose Pending landed but whose
+/// answer was lost, read back after the same invocation claimed the run again, finds the run
+/// Running under "its" worker id: the write landed (the run went through Pending to be
+/// claimed), and sending it again would take the run from the execution that claimed it.
+#[tokio::test]
+async fn a_lost_handback_answer_read_back_after_the_same_invocation_claimed_the_run_again_is_not_sent_again()
+ {
+    let h = Harness::start().await;
+    let proxy = proxy_for(&h).await;
+    let after = h.path("signal-first-after");
+    let gate = h.path("gate");
+    let worker = through(&h, &proxy)
+        .concurrency(2)
+        .register(SignalFirst {
+            file: after.clone(),
+        })
+        .register(ShellWorkflow::one(
+            "gated",
+            &format!("while [ ! -e {} ]; do sleep 0.02; done", gate.display()),
+        ))
+        .register(ShellWorkflow::one("quick", "true"))
+        .build()
+        .unwrap();
+    // The oldest first: the run handed back is the one the next claim takes.
+    let id = h.create("signal-first", 0).await;
+    let gated = h.create("gated", 0).await;
+    let quick = h.create("quick", 0).await;
+    // Its signal's answer is lost (a call that cannot be read back): handed back at once. The
+    // handback's Pending lands, its answer is lost, and its read-back gets no answer until the
+    // run was claimed again.
+    proxy.next("POST /signals", Fault::Reset);
+    proxy.next("PUT /runs/{id}", Fault::LostAnswer);
+    proxy.hold_after_a_lost_answer(&format!("GET /api/v1/internal/runs/{id}"));
+    let drive = async {
+        wait_until(
+            "the handback's Pending lands",
+            Duration::from_secs(20),
+            || async {
+                proxy.stats().total("lost_answer") == 1 && h.status(id).await == RunStatus::Pending
+            },
+        )
+        .await;
+
+        // The gated run ends, freeing a slot: the claim loop claims the oldest Pending run.
+        std::fs::write(&gate, "").unwrap();
+        wait_until(
+            "the run is claimed again",
+            Duration::from_secs(20),
+            || async { h.status(id).await == RunStatus::Running },
+        )
+        .await;
+        proxy.lift_black_holes();
+    };
+
+    let (summary, ()) = tokio::join!(h.invoke(&worker, Duration::from_secs(30)), drive);
+
+    // Each claim has its report, in the order they ended (the handback's read-back may end
+    // after the later claim's execution).
+    let mut outcomes: Vec<Outcome> = summary
+        .runs
+        .iter()
+        .filter(|r| r.run_id == id)
+        .map(|r| r.outcome)
+        .collect();
+    outcomes.sort();
+    assert_eq!(
+        outcomes,
+        [Outcome::Completed, Outcome::HandedBack],
+        "handed back, then claimed again and completed in the same invocation, not taken from \
+         the later claim by the handback sent again: {summary:?}"
+    );
+    assert_eq!(summary.claimed, 4, "{summary:?}");
+    assert_eq!(h.status(id).await, RunStatus::Completed);
+    assert_eq!(executions(&after), 1, "its step ran once");
+    assert_eq!(
+        proxy.stats().total("lost_answer"),
+        1,
+        "the handback's Pending was the one write whose answer was lost"
+    );
+    for other in [gated, quick] {
+        assert_eq!(h.status(other).await, RunStatus::Completed);
+    }
+}
+
 #[tokio::test]
 async fn a_handback_whose_lease_confirmation_meets_server_errors_is_retried_and_written() {
     let h = Harness::start().await;

@@ -448,6 +448,7 @@ mod tests {
                 run_id: uuid::Uuid::nil(),
                 worker_id: "w".into(),
                 claimed_recoveries: None,
+                holding: None,
             },
             later(now, Duration::from_millis(1500)),
             Arc::new(LeaseClock::new(now, Duration::from_secs(3600))),

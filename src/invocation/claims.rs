@@ -33,7 +33,13 @@ impl Invocation {
             .store
             .pick_next_pending_for(Some(self.lease.clone()), Some(capabilities.clone()));
         let until = self.budget.last_write();
-        self.calls.within(until, None, pick).await
+        let answer = self.calls.within(until, None, pick).await;
+        if let Ok(Some(run)) = &answer {
+            // Before anything else sees the run: a holding of it that began before this claim
+            // ends here (a write giving it up landed, its answer lost).
+            self.claims.claimed(run.id);
+        }
+        answer
     }
 }
 

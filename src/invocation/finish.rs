@@ -4,7 +4,7 @@
 //! Invariant: they start once every execution has ended, and each call they make ends by the
 //! invocation's last write (logs, heartbeat) or the wake-up phase's end ([`crate::deadline`]).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::atomic::Ordering;
 
 use tokio::task::JoinHandle;
@@ -68,7 +68,7 @@ impl Batch<'_> {
         let runs: Vec<RunReport> = self
             .order
             .iter()
-            .filter_map(|id| self.reports.remove(id))
+            .filter_map(|id| self.reports.get_mut(id).and_then(VecDeque::pop_front))
             .collect();
         let mut outcomes = BTreeMap::new();
         for r in &runs {

@@ -72,6 +72,7 @@ impl Invocation {
                 worker_id: worker_id.to_string(),
                 ttl: s.lease_ttl,
             },
+            claims: Arc::default(),
             budget,
             handback: HandbackPolicy {
                 max_without_progress: s.max_handbacks_without_progress,
@@ -164,7 +165,9 @@ struct Batch<'w> {
     poison: PoisonGate,
     slots: Arc<Semaphore>,
     executions: JoinSet<(RunReport, OwnedSemaphorePermit)>,
-    reports: HashMap<Uuid, RunReport>,
+    /// The reports of each run, in the order they were kept: a run can be claimed twice in one
+    /// invocation (handed back, then claimed again), and each claim gets one.
+    reports: HashMap<Uuid, VecDeque<RunReport>>,
     /// Claimed runs, in claim order.
     order: Vec<Uuid>,
     errors: Vec<String>,
@@ -421,7 +424,10 @@ impl<'w> Batch<'w> {
     /// noted as expected ([`PoisonGate::expect_recovery`]).
     async fn keep_unexecuted(&mut self, report: RunReport) {
         self.poison.expect_recovery(&report).await;
-        self.reports.insert(report.run_id, report);
+        self.reports
+            .entry(report.run_id)
+            .or_default()
+            .push_back(report);
     }
 
     /// Turn a finished execution into its report and update the poison-pill table.
@@ -436,7 +442,10 @@ impl<'w> Batch<'w> {
         };
         self.worker.pace.record(report.outcome, report.executed);
         self.poison.record(&report).await;
-        self.reports.insert(report.run_id, report);
+        self.reports
+            .entry(report.run_id)
+            .or_default()
+            .push_back(report);
     }
 
     /// Phase 4: a run still waiting for a slot when the claim window closed goes back to

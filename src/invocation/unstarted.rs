@@ -24,7 +24,13 @@ impl Invocation {
         warn!(run_id = %run.id, workflow = %run.workflow_name, error = %reason, "skipping run: poison pill");
         let until = self.budget.last_write();
         let fate = self
-            .record_failure(run.id, Outcome::PoisonBlocked, reason, false, until)
+            .record_failure(
+                self.key(run.id),
+                Outcome::PoisonBlocked,
+                reason,
+                false,
+                until,
+            )
             .await;
         RunReport::not_executed(run, fate)
     }

@@ -220,6 +220,22 @@ impl<'a> Attempts<'a> {
         }
     }
 
+    /// The invocation claimed the scope's run again since the holding the call is made for
+    /// began ([`CallScope::claimed_again`]): not sent. Stop, or return `LeaseLost` (held by this
+    /// invocation's worker id, for its later claim).
+    async fn claimed_again<T>(&self) -> Result<T, StoreError> {
+        match self.scope.on_fault() {
+            OnFault::Return => Err(StoreError::LeaseLost {
+                run_id: self.scope.run_key().map_or(uuid::Uuid::nil(), |k| k.run_id),
+                held_by: self.scope.run_key().map(|k| k.worker_id.clone()),
+            }),
+            OnFault::Stop => {
+                self.scope.stop(ScopeStop::ClaimedAgain);
+                std::future::pending().await
+            }
+        }
+    }
+
     /// A fenced scope's call is held back: it never reaches the API.
     async fn held_back<T>(&self) -> Result<T, StoreError> {
         match self.scope.on_fault() {
@@ -266,6 +282,9 @@ where
         if a.scope.is_fenced() {
             return a.held_back().await;
         }
+        if a.scope.claimed_again() {
+            return a.claimed_again().await;
+        }
         let fault = match a.attempt(call()).await {
             None => return a.give_up(last).await,
             Some(Err(refused)) => return Err(refused),
@@ -306,6 +325,9 @@ where
         if a.scope.is_fenced() {
             return a.held_back().await;
         }
+        if a.scope.claimed_again() {
+            return a.claimed_again().await;
+        }
         let fault = match a.attempt(call()).await {
             None => return a.give_up(last).await,
             Some(Err(refused)) => return Err(refused),
@@ -344,6 +366,9 @@ where
                     last = Some(fault);
                     break;
                 }
+                Ok(ReadBack::RunLeft { .. }) if a.scope.claimed_again() => {
+                    return a.claimed_again().await;
+                }
                 Ok(ReadBack::RunLeft { status, held_by }) => {
                     return a.run_left(status, held_by).await;
                 }
@@ -377,6 +402,9 @@ where
     loop {
         if a.scope.is_fenced() {
             return a.held_back().await;
+        }
+        if a.scope.claimed_again() {
+            return a.claimed_again().await;
         }
         let fault = match a.attempt(call()).await {
             None => return a.give_up(last).await,
@@ -587,6 +615,7 @@ mod tests {
             run_id: uuid::Uuid::nil(),
             worker_id: "w".into(),
             claimed_recoveries: None,
+            holding: None,
         };
         let scope = Arc::new(CallScope::execution(
             key,
@@ -618,5 +647,67 @@ mod tests {
             .await;
         assert!(answer.is_err());
         assert_eq!(sent.load(Ordering::SeqCst), 0);
+    }
+
+    #[tokio::test]
+    async fn the_calls_of_a_holding_claimed_again_are_not_sent() {
+        use super::super::claim_log::ClaimLog;
+        use super::super::scope::RunKey;
+
+        let (log, run_id) = (Arc::new(ClaimLog::default()), uuid::Uuid::now_v7());
+        log.claimed(run_id);
+        let key = RunKey {
+            run_id,
+            worker_id: "w".into(),
+            claimed_recoveries: None,
+            holding: Some(log.holding()),
+        };
+        let sent = AtomicU32::new(0);
+        let write = || {
+            write(
+                "PUT /runs/{id}",
+                None,
+                || async {
+                    sent.fetch_add(1, Ordering::SeqCst);
+                    Ok(())
+                },
+                || async { ReadBack::Resend },
+            )
+        };
+        let returning = || {
+            Arc::new(
+                CallScope::returning(
+                    later(Instant::now(), Duration::from_secs(10)),
+                    Arc::default(),
+                )
+                .with_run(key.clone()),
+            )
+        };
+        returning().run(write()).await.unwrap();
+        assert_eq!(sent.load(Ordering::SeqCst), 1, "its own claim's holding");
+
+        log.claimed(run_id);
+        let answer = returning().run(write()).await;
+        assert!(
+            matches!(&answer, Err(StoreError::LeaseLost { held_by: Some(w), .. }) if w == "w"),
+            "{answer:?}"
+        );
+        assert_eq!(sent.load(Ordering::SeqCst), 1, "not sent after the claim");
+
+        let lease = Arc::new(crate::deadline::LeaseClock::new(
+            Instant::now(),
+            Duration::from_secs(30),
+        ));
+        let scope = Arc::new(CallScope::execution(
+            key.clone(),
+            later(Instant::now(), Duration::from_secs(60)),
+            lease,
+            Arc::default(),
+        ));
+        tokio::select! {
+            _ = scope.clone().run(write()) => panic!("a stopping scope's call returned"),
+            stop = scope.stopped() => assert_eq!(stop, ScopeStop::ClaimedAgain),
+        }
+        assert_eq!(sent.load(Ordering::SeqCst), 1);
     }
 }

@@ -73,6 +73,7 @@ mod tests {
             run_id: Uuid::nil(),
             worker_id: "ironflow-lambda-req-1-0badcafe".into(),
             claimed_recoveries: None,
+            holding: None,
         };
         let now = Instant::now();
         let lease = Arc::new(LeaseClock::new(now, Duration::from_secs(30)));

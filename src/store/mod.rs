@@ -43,6 +43,7 @@
 //!
 //! The module map: [docs/structure.md](https://github.com/ironflow-lambda/ironflow-lambda/blob/main/docs/structure.md).
 
+pub mod claim_log;
 pub mod fault;
 pub mod fit;
 pub mod guard;
@@ -780,6 +781,7 @@ mod tests {
             run_id: run.id,
             worker_id: run.worker_id.clone().unwrap_or_default(),
             claimed_recoveries: None,
+            holding: None,
         };
         let clock = Arc::new(LeaseClock::new(Instant::now(), Duration::from_millis(500)));
         let scope = CallScope::execution(

@@ -2,13 +2,17 @@
 //! landed): the store tells whether it landed, must be sent again, or can no longer apply
 //! because the run left this worker ([`ReadBack`]). `guard::write` calls these after a
 //! write's fault, before deciding to send it again.
+//!
+//! A write of a holding the invocation has since claimed again
+//! ([`CallScope::claimed_again`]) is never sent again, whatever the run reads: the run is the
+//! later claim's, under the same worker id.
 
 use ironflow_store::prelude::*;
 use uuid::Uuid;
 
 use super::GuardedStore;
 use super::guard::ReadBack;
-use super::scope::CallScope;
+use super::scope::{CallScope, RunKey};
 
 impl GuardedStore {
     /// Read back a run write whose answer was lost: did it reach `target` (`None`: a write
@@ -36,6 +40,17 @@ impl GuardedStore {
                 ReadBack::Resend
             };
         };
+        if scope.claimed_again() {
+            // Claimed from Pending: a handback's Pending landed. Any other write's fate is
+            // unknown, and no longer this holding's to write.
+            return match target {
+                Some(RunStatus::Pending) => ReadBack::Applied(()),
+                _ => ReadBack::RunLeft {
+                    status,
+                    held_by: run.worker_id,
+                },
+            };
+        }
         let ours = run.worker_id.as_deref() == Some(key.worker_id.as_str());
         if releases && target.is_none() && status == RunStatus::Running && run.worker_id.is_none() {
             return ReadBack::Applied(());
@@ -66,6 +81,9 @@ impl GuardedStore {
         let Some(key) = scope.run_key() else {
             return ReadBack::Resend;
         };
+        if scope.claimed_again() {
+            return claimed_again(key);
+        }
         match self.inner().list_steps(key.run_id).await {
             Ok(steps) => match steps.iter().find(|s| s.id == step_id) {
                 Some(step) if target == Some(step.status.state) => ReadBack::Applied(()),
@@ -90,6 +108,9 @@ impl GuardedStore {
     /// position and kind, still Pending, that this execution had not seen before.
     pub(super) async fn step_created(&self, new: &NewStep) -> ReadBack<Step> {
         let scope = CallScope::current();
+        if let Some(key) = scope.run_key().filter(|_| scope.claimed_again()) {
+            return claimed_again(key);
+        }
         match self.inner().list_steps(new.run_id).await {
             Ok(steps) => steps
                 .into_iter()
@@ -105,5 +126,14 @@ impl GuardedStore {
                 .map_or(ReadBack::Resend, ReadBack::Applied),
             Err(_) => ReadBack::Unknown,
         }
+    }
+}
+
+/// The read-back of a step write by a holding the invocation claimed again since: the run is
+/// the later claim's (Running, under the same worker id).
+fn claimed_again<T>(key: &RunKey) -> ReadBack<T> {
+    ReadBack::RunLeft {
+        status: RunStatus::Running,
+        held_by: Some(key.worker_id.clone()),
     }
 }

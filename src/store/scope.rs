@@ -25,6 +25,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
+use super::claim_log::Holding;
 use super::fault::{ApiFault, FaultKind, FaultLog};
 use super::fit::{Deferral, StartFit};
 use crate::deadline::LeaseClock;
@@ -110,6 +111,9 @@ pub enum ScopeStop {
     /// The step about to be created would not fit before the cutoff, yet would in the next
     /// invocation ([`CallScope::may_start`]): the run is handed back, the step not created.
     Deferred(Deferral),
+    /// The invocation claimed the run again ([`CallScope::claimed_again`]): a write giving it up
+    /// landed though its answer was lost. The later claim's execution writes its fate.
+    ClaimedAgain,
 }
 
 /// The run a scope's calls are about, and the lease they run under.
@@ -122,6 +126,10 @@ pub struct RunKey {
     /// The run's `lease_recoveries` when this invocation claimed it, for an execution's key
     /// (carried in the holder's mark, [`crate::store::holder`]); `None` for other calls.
     pub claimed_recoveries: Option<u32>,
+    /// The invocation's holding of the run these calls are made for: once the invocation
+    /// claimed the run again, they are not sent ([`CallScope::claimed_again`]). `None`: a key
+    /// outside an invocation's claims (the lease refresher's, a test's).
+    pub holding: Option<Holding>,
 }
 
 impl RunKey {
@@ -132,6 +140,15 @@ impl RunKey {
             run_id,
             worker_id: lease.worker_id.clone(),
             claimed_recoveries: None,
+            holding: None,
+        }
+    }
+
+    /// This key, for the calls of `holding`.
+    pub fn held(self, holding: Holding) -> Self {
+        Self {
+            holding: Some(holding),
+            ..self
         }
     }
 
@@ -263,6 +280,15 @@ impl CallScope {
     /// The run this scope's calls are about.
     pub fn run_key(&self) -> Option<&RunKey> {
         self.run.as_ref()
+    }
+
+    /// Whether the invocation claimed this scope's run again since the holding its calls are
+    /// made for began ([`crate::store::claim_log`]): the run is the later claim's, and no call
+    /// of this scope may act on it.
+    pub fn claimed_again(&self) -> bool {
+        self.run
+            .as_ref()
+            .is_some_and(|k| k.holding.as_ref().is_some_and(|h| h.superseded(k.run_id)))
     }
 
     /// What a call does once the API kept failing.
@@ -672,6 +698,7 @@ mod tests {
             run_id: Uuid::nil(),
             worker_id: "w".into(),
             claimed_recoveries: None,
+            holding: None,
         };
         let scope = CallScope::execution(
             key,

@@ -129,6 +129,11 @@ struct Control {
     rng: StdRng,
     queued: BTreeMap<String, VecDeque<Fault>>,
     black_holes: Vec<String>,
+    /// Requests (`"<METHOD> <path>"`, ids as they are) black-holed once a lost answer was
+    /// injected ([`FaultProxy::hold_after_a_lost_answer`]).
+    armed_holds: Vec<String>,
+    /// Requests black-holed until [`FaultProxy::lift_black_holes`].
+    holds: Vec<String>,
     stats: FaultStats,
 }
 
@@ -153,6 +158,8 @@ impl FaultProxy {
             rng: StdRng::seed_from_u64(seed),
             queued: BTreeMap::new(),
             black_holes: Vec::new(),
+            armed_holds: Vec::new(),
+            holds: Vec::new(),
             stats: FaultStats::default(),
         }));
         let (release, released) = watch::channel(0u64);
@@ -251,9 +258,21 @@ impl FaultProxy {
         self.control().black_holes.push(route.to_string());
     }
 
+    /// Once the proxy has injected a lost answer, the requests `"<METHOD> <path>"` (the path
+    /// relative to the API's root, ids as they are: `"GET /api/v1/internal/runs/<id>"`) get no
+    /// answer until [`FaultProxy::lift_black_holes`]: a read-back held until the test has made
+    /// happen what it must see.
+    pub fn hold_after_a_lost_answer(&self, request: &str) {
+        self.control().armed_holds.push(request.to_string());
+    }
+
     /// No more black holes; the requests they hold are reset.
     pub fn lift_black_holes(&self) {
-        self.control().black_holes.clear();
+        {
+            let mut control = self.control();
+            control.black_holes.clear();
+            control.holds.clear();
+        }
         self.release.send_modify(|n| *n += 1);
     }
 
@@ -262,6 +281,8 @@ impl FaultProxy {
         {
             let mut control = self.control();
             control.black_holes.clear();
+            control.armed_holds.clear();
+            control.holds.clear();
             control.queued.clear();
             control.plan = Faults::default();
         }
@@ -292,12 +313,13 @@ pub fn route_of(method: &str, path: &str) -> String {
 }
 
 /// The fault for a request to `route`, if any, counted.
-fn decide(control: &Mutex<Control>, route: &str) -> Option<Fault> {
+fn decide(control: &Mutex<Control>, route: &str, request: &str) -> Option<Fault> {
     let mut c = control
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
     *c.stats.requests.entry(route.to_string()).or_default() += 1;
-    let fault = if c.black_holes.iter().any(|r| r == route) {
+    let fault = if c.black_holes.iter().any(|r| r == route) || c.holds.iter().any(|r| r == request)
+    {
         Some(Fault::BlackHole)
     } else if let Some(f) = c.queued.get_mut(route).and_then(VecDeque::pop_front) {
         Some(f)
@@ -326,6 +348,10 @@ fn decide(control: &Mutex<Control>, route: &str) -> Option<Fault> {
     } else {
         None
     };
+    if fault == Some(Fault::LostAnswer) {
+        let armed = std::mem::take(&mut c.armed_holds);
+        c.holds.extend(armed);
+    }
     if let Some(f) = fault {
         *c.stats
             .faults
@@ -362,7 +388,8 @@ async fn serve(
     mut released: watch::Receiver<u64>,
 ) -> Reply {
     let route = route_of(req.method().as_str(), req.uri().path());
-    let fault = decide(&control, &route);
+    let request = format!("{} {}", req.method(), req.uri().path());
+    let fault = decide(&control, &route, &request);
     let reset = |kill: &AtomicBool| -> Reply {
         kill.store(true, Ordering::SeqCst);
         Err(ProxyError("fault injection: connection reset".into()))
