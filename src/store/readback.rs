@@ -13,6 +13,8 @@ use uuid::Uuid;
 use super::GuardedStore;
 use super::guard::ReadBack;
 use super::scope::{CallScope, RunKey};
+#[cfg(test)]
+use ironflow_store::entities::LeaseRequest;
 
 impl GuardedStore {
     /// Read back a run write whose answer was lost: did it reach `target` (`None`: a write
@@ -41,10 +43,11 @@ impl GuardedStore {
             };
         };
         if scope.claimed_again() {
-            // Claimed from Pending: a handback's Pending landed. Any other write's fate is
-            // unknown, and no longer this holding's to write.
+            // A claim takes a Pending or Retrying run: a write to either landed (or the reaper
+            // requeued the run: the later claim has it all the same). Any other write's fate
+            // is unknown, and no longer this holding's to write.
             return match target {
-                Some(RunStatus::Pending) => ReadBack::Applied(()),
+                Some(RunStatus::Pending | RunStatus::Retrying) => ReadBack::Applied(()),
                 _ => ReadBack::RunLeft {
                     status,
                     held_by: run.worker_id,
@@ -135,5 +138,66 @@ fn claimed_again<T>(key: &RunKey) -> ReadBack<T> {
     ReadBack::RunLeft {
         status: RunStatus::Running,
         held_by: Some(key.worker_id.clone()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use ironflow_store::memory::InMemoryStore;
+    use tokio::time::Instant;
+
+    use super::*;
+    use crate::store::claim_log::ClaimLog;
+
+    /// A run claimed under worker `w` in a real in-memory store, and a scope of calls for its
+    /// holding in `log`.
+    async fn claimed(log: &Arc<ClaimLog>) -> (GuardedStore, Uuid, Arc<CallScope>) {
+        let inner = Arc::new(InMemoryStore::new());
+        inner
+            .create_run(ironflow_local_api::new_run("w", 0))
+            .await
+            .unwrap();
+        let lease = LeaseRequest {
+            worker_id: "w".into(),
+            ttl: Duration::from_secs(30),
+        };
+        let run = inner.pick_next_pending(Some(lease.clone())).await.unwrap();
+        let id = run.unwrap().id;
+        log.claimed(id);
+        let key = RunKey::new(id, &lease).held(log.holding());
+        let until = Instant::now() + Duration::from_secs(10);
+        let scope = CallScope::returning(until, Arc::default()).with_run(key);
+        (GuardedStore::over(inner), id, Arc::new(scope))
+    }
+
+    #[tokio::test]
+    async fn a_run_running_under_this_worker_id_is_this_holding_s_until_claimed_again() {
+        let log = Arc::new(ClaimLog::default());
+        let (store, id, scope) = claimed(&log).await;
+        let landed = |target| scope.clone().run(store.run_write_landed(id, target, false));
+
+        assert_eq!(landed(Some(RunStatus::Pending)).await, ReadBack::Resend);
+        assert_eq!(landed(Some(RunStatus::Completed)).await, ReadBack::Resend);
+
+        // The write gave the run up and the same invocation claimed it again, under the same
+        // worker id.
+        log.claimed(id);
+        assert_eq!(
+            landed(Some(RunStatus::Pending)).await,
+            ReadBack::Applied(())
+        );
+        assert_eq!(
+            landed(Some(RunStatus::Retrying)).await,
+            ReadBack::Applied(())
+        );
+        let left = ReadBack::RunLeft {
+            status: RunStatus::Running,
+            held_by: Some("w".into()),
+        };
+        assert_eq!(landed(Some(RunStatus::Completed)).await, left);
+        assert_eq!(landed(None).await, left);
     }
 }
