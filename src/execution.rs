@@ -381,10 +381,12 @@ async fn decide(
     };
     // A sub-workflow child's lease may have moved to its root since the refresher's last
     // renewal: what is written goes to the run whose lease is held.
-    // Its calls are made for the execution's holding: never for a later claim of the run by
-    // this invocation ([`crate::store::claim_log`]).
-    let holding = scope.run_key().and_then(|k| k.holding.as_ref());
     let target = held(ctx, run, target, scope, until).await;
+    // Its calls are made for the execution's holding of `target` (of the chain's root, the one
+    // that began as the lease moved to it): never for a later claim of it by this invocation
+    // ([`crate::store::claim_log`]).
+    let holding = scope.holding_of(target);
+    let holding = holding.as_ref();
     let hand_back = |why| {
         ctx.hand_back(Handback {
             run,
@@ -590,15 +592,18 @@ async fn record_failure(ctx: &Invocation, key: RunKey, outcome: Outcome, msg: St
     ctx.record_failure(key, outcome, msg, true, until).await
 }
 
-/// The fate of a run whose execution met a later claim of the run by this invocation: a write
-/// giving the run up landed, its answer lost, and the claim loop took the run again before
-/// the write was read back. Nothing more is written here: the later claim's execution writes
-/// the run's fate.
+/// The fate of a run whose execution met a later claim of the run by this invocation: the run
+/// went back to Pending (a write of this execution giving it up landed, its answer lost; or an
+/// operator paused and resumed it) and the claim loop took it again. Nothing more is written
+/// here: the later claim's execution writes the run's fate. Handed back, with why: not
+/// `LeaseLost`, whose next lease recovery the poison pill would expect (the later claim holds
+/// the lease, and its holder's death must count).
 fn claimed_again() -> Fate {
-    let why = "claimed again by this invocation after a write giving the run up landed \
-               unanswered: its later execution writes the run's fate, nothing written here";
+    let why = "claimed again by this invocation after the run went back to Pending (a write \
+               giving it up landed unanswered, or a pause and a resume): its later execution \
+               writes the run's fate, nothing written here";
     warn!(reason = why, "abandoning the run");
-    Fate::new(Outcome::LeaseLost, Some(why.to_string()))
+    Fate::new(Outcome::HandedBack, Some(why.to_string()))
 }
 
 /// How long the current attempt of `run` executed before `claimed_at`, read from its steps

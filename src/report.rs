@@ -46,7 +46,9 @@ pub enum Outcome {
     LeaseLost,
     /// Written back to Pending for the next invocation, which resumes it by replay: it was
     /// still running at the cutoff, or its attempt ended on an API fault (not a workflow
-    /// failure: `error` says which), or its lease expired and was confirmed again.
+    /// failure: `error` says which), or its lease expired and was confirmed again. Also a run
+    /// the same invocation claimed again while this execution of it still went on (`error`
+    /// says so): the later claim's report follows.
     HandedBack,
     /// Claimed ahead of a free slot, or among an invocation's first claims sent together
     /// (claim-ahead, `docs/design.md#claim-ahead`), but not started before the claim window closed, or claimed

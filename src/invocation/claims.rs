@@ -33,12 +33,16 @@ impl Invocation {
             .store
             .pick_next_pending_for(Some(self.lease.clone()), Some(capabilities.clone()));
         let until = self.budget.last_write();
+        // Counted from before the request leaves: a read-back that finds a run Running under
+        // this worker id waits for the answer, which may be this claim's.
+        let in_flight = self.claims.claiming();
         let answer = self.calls.within(until, None, pick).await;
         if let Ok(Some(run)) = &answer {
             // Before anything else sees the run: a holding of it that began before this claim
             // ends here (a write giving it up landed, its answer lost).
             self.claims.claimed(run.id);
         }
+        drop(in_flight);
         answer
     }
 }

@@ -10,19 +10,22 @@
 //! it (found by the chaos suite: the second execution went on without its lease).
 //!
 //! Invariant: a holding ([`Holding`]) began when its claim was recorded or later; a claim of
-//! its run recorded after that ends it ([`Holding::superseded`]). From then on its calls are
-//! not sent ([`super::guard`]) and its read-backs say the run left it (a Pending write landed:
-//! the run was Pending to be claimed again), so that only the latest claim's execution writes
-//! the run.
+//! its run recorded after that ends it ([`Holding::superseded`], [`Holding::ended`]). From then
+//! on its calls are not sent ([`super::guard`]), its execution is stopped, and its read-backs
+//! say the run left it (a Pending or Retrying write landed: a claim takes only such a run), so
+//! that only the latest claim's execution writes the run. A claim is counted from before its
+//! request leaves ([`ClaimLog::claiming`]): while one is unanswered, the API may already have
+//! given it a run that a read-back would take for its own, and such a read-back waits.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
+use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 /// The claims one invocation made: for each run it claimed, the number of its latest claim
-/// (numbers grow by one from 1 in claim order). One per invocation, dropped with it: at most
-/// one entry per run it claimed.
+/// (numbers grow by one from 1 in claim order), and the claims still unanswered. One per
+/// invocation, dropped with it: at most one entry per run it claimed or held.
 #[derive(Debug, Default)]
 pub struct ClaimLog {
     state: Mutex<State>,
@@ -32,23 +35,49 @@ pub struct ClaimLog {
 struct State {
     /// Claims recorded so far: the number of the latest.
     recorded: u64,
-    /// Each claimed run's latest claim.
-    latest: HashMap<Uuid, u64>,
+    /// Claims sent and not answered yet ([`ClaimInFlight`]).
+    in_flight: usize,
+    /// Each claimed (or held) run's latest claim.
+    runs: HashMap<Uuid, RunClaims>,
+}
+
+#[derive(Debug, Default)]
+struct RunClaims {
+    /// The number of the run's latest claim (0: held without a claim of this invocation).
+    latest: u64,
+    /// Cancelled by the run's next claim: the holdings that began before it end.
+    ended: CancellationToken,
 }
 
 impl ClaimLog {
     fn state(&self) -> MutexGuard<'_, State> {
-        // Every update is one increment and one insert: a panic cannot leave it half-done.
+        // Every update is a few increments and one insert: a panic cannot leave it half-done.
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
+    /// A claim about to be sent: counted as unanswered until the returned guard drops, which
+    /// the claim's caller drops after [`ClaimLog::claimed`] if it brought a run.
+    pub fn claiming(self: &Arc<Self>) -> ClaimInFlight {
+        self.state().in_flight += 1;
+        ClaimInFlight(self.clone())
+    }
+
     /// Record a claim that brought `run_id`: every holding of the run that began before it
-    /// ends.
+    /// ends (its [`Holding::ended`] token is cancelled).
     pub fn claimed(&self, run_id: Uuid) {
         let mut state = self.state();
         state.recorded = state.recorded.saturating_add(1);
-        let n = state.recorded;
-        state.latest.insert(run_id, n);
+        let latest = state.recorded;
+        let previous = state.runs.insert(
+            run_id,
+            RunClaims {
+                latest,
+                ended: CancellationToken::new(),
+            },
+        );
+        if let Some(previous) = previous {
+            previous.ended.cancel();
+        }
     }
 
     /// A holding beginning now: of a run this invocation just claimed (its claim is recorded),
@@ -59,6 +88,17 @@ impl ClaimLog {
             since: self.state().recorded,
             log: self.clone(),
         }
+    }
+}
+
+/// A claim sent and not answered yet ([`ClaimLog::claiming`]); uncounted on drop.
+#[derive(Debug)]
+pub struct ClaimInFlight(Arc<ClaimLog>);
+
+impl Drop for ClaimInFlight {
+    fn drop(&mut self) {
+        let mut state = self.0.state();
+        state.in_flight = state.in_flight.saturating_sub(1);
     }
 }
 
@@ -76,10 +116,57 @@ impl Holding {
     pub fn superseded(&self, run_id: Uuid) -> bool {
         self.log
             .state()
-            .latest
+            .runs
             .get(&run_id)
-            .is_some_and(|&n| n > self.since)
+            .is_some_and(|r| r.latest > self.since)
     }
+
+    /// Cancelled once the invocation claims `run_id` after this holding began (at once if it
+    /// already did): what stops the holding's execution.
+    pub fn ended(&self, run_id: Uuid) -> CancellationToken {
+        let mut state = self.log.state();
+        let run = state.runs.entry(run_id).or_default();
+        if run.latest > self.since {
+            let ended = CancellationToken::new();
+            ended.cancel();
+            return ended;
+        }
+        run.ended.clone()
+    }
+
+    /// Where this holding of `run_id` stands, read at once (a claim answered between two
+    /// separate reads would be missed by both).
+    pub fn standing(&self, run_id: Uuid) -> Standing {
+        let state = self.log.state();
+        if state
+            .runs
+            .get(&run_id)
+            .is_some_and(|r| r.latest > self.since)
+        {
+            Standing::ClaimedAgain
+        } else if state.in_flight > 0 {
+            Standing::ClaimInFlight
+        } else {
+            Standing::Held
+        }
+    }
+
+    /// The same invocation's holding beginning now: the point a write was sent, or a lease
+    /// moved to another run, from which a claim of that run is a later one.
+    pub fn now(&self) -> Holding {
+        self.log.holding()
+    }
+}
+
+/// Where a holding of a run stands ([`Holding::standing`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Standing {
+    /// No later claim of the run, none unanswered.
+    Held,
+    /// A claim of the invocation is unanswered: it may have brought the run again.
+    ClaimInFlight,
+    /// The invocation claimed the run again since the holding began.
+    ClaimedAgain,
 }
 
 /// Two holdings are the same when they began at the same point of the same invocation's
@@ -119,5 +206,35 @@ mod tests {
         assert_ne!(before, two.holding());
         one.claimed(Uuid::nil());
         assert_ne!(before, one.holding(), "began after another claim");
+    }
+
+    #[test]
+    fn a_later_claim_cancels_the_holdings_before_it_and_unanswered_claims_are_counted() {
+        let log = Arc::new(ClaimLog::default());
+        let (run, root) = (Uuid::now_v7(), Uuid::now_v7());
+        log.claimed(run);
+        let holding = log.holding();
+        let (own, held_root) = (holding.ended(run), holding.ended(root));
+        assert!(!own.is_cancelled() && !held_root.is_cancelled());
+
+        let in_flight = log.claiming();
+        assert_eq!(holding.standing(run), Standing::ClaimInFlight);
+        log.claimed(run);
+        assert_eq!(holding.standing(run), Standing::ClaimedAgain);
+        drop(in_flight);
+        assert_eq!(holding.standing(root), Standing::Held);
+        assert!(own.is_cancelled(), "its run claimed again");
+        assert!(!held_root.is_cancelled());
+        assert!(holding.ended(run).is_cancelled(), "asked after the claim");
+        assert!(
+            !holding.now().ended(run).is_cancelled(),
+            "the later holding's"
+        );
+
+        log.claimed(root);
+        assert!(
+            held_root.is_cancelled(),
+            "a run held without a claim, claimed since"
+        );
     }
 }

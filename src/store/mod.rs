@@ -279,11 +279,13 @@ impl GuardedStore {
         if matches!(update.lease, Some(LeaseUpdate::Set { .. })) {
             CallScope::current().setting_lease(id);
         }
+        // A claim of the run by this invocation after this point is a later one.
+        let sent = CallScope::current().claims_now();
         guard::write(
             "PUT /runs/{id}",
             self.credentials(),
             || self.put_run(id, update.clone()),
-            || self.run_write_landed(id, target, releases),
+            || self.run_write_landed(id, target, releases, sent.as_ref()),
         )
         .await?;
         if let Some(status) = target {
@@ -415,11 +417,13 @@ impl RunStore for GuardedStore {
         Box::pin(async move {
             self.forget(id);
             CallScope::current().writing_status(id, new_status);
+            let sent = CallScope::current().claims_now();
+            let sent = sent.as_ref();
             guard::write(
                 "PUT /runs/{id}/status",
                 self.credentials(),
                 move || self.put_run_status(id, new_status),
-                move || self.run_write_landed(id, Some(new_status), false),
+                move || self.run_write_landed(id, Some(new_status), false, sent),
             )
             .await?;
             CallScope::current().wrote_due(id, new_status, None);

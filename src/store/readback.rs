@@ -4,13 +4,18 @@
 //! write's fault, before deciding to send it again.
 //!
 //! A write of a holding the invocation has since claimed again
-//! ([`CallScope::claimed_again`]) is never sent again, whatever the run reads: the run is the
-//! later claim's, under the same worker id.
+//! ([`CallScope::claimed_again`]), or about a run the invocation claimed after the write was
+//! sent, is never sent again, whatever the run reads: the run is the later claim's, under the
+//! same worker id. While a claim is unanswered, a run read Running under this worker id may be
+//! its: the read-back says [`ReadBack::Unknown`] and is made again.
+//!
+//! [`CallScope::claimed_again`]: super::scope::CallScope::claimed_again
 
 use ironflow_store::prelude::*;
 use uuid::Uuid;
 
 use super::GuardedStore;
+use super::claim_log::{Holding, Standing};
 use super::guard::ReadBack;
 use super::scope::{CallScope, RunKey};
 #[cfg(test)]
@@ -20,29 +25,35 @@ impl GuardedStore {
     /// Read back a run write whose answer was lost: did it reach `target` (`None`: a write
     /// that changes no status)? A write that releases the scope's own run's lease (`releases`:
     /// ironflow-engine's `resume_chain`, once the chain's root took it) landed if the run,
-    /// still Running, has no holder.
+    /// still Running, has no holder. `sent`: the scope's holding as of the write's first send
+    /// ([`CallScope::claims_now`]), from which a claim of the run is a later one.
     pub(super) async fn run_write_landed(
         &self,
         id: Uuid,
         target: Option<RunStatus>,
         releases: bool,
+        sent: Option<&Holding>,
     ) -> ReadBack<()> {
         let run = match self.inner().get_run(id).await {
             Ok(Some(run)) => run,
             _ => return ReadBack::Unknown,
         };
         let status = run.status.state;
+        // Read after the run: a claim answered since the read is seen here.
+        let standing = sent.map_or(Standing::Held, |s| s.standing(id));
         let scope = CallScope::current();
         let Some(key) = scope.run_key().filter(|k| k.run_id == id) else {
-            // Not the scope's own run (a sub-workflow's): the API refuses a transition that
-            // no longer applies.
-            return if target == Some(status) {
-                ReadBack::Applied(())
-            } else {
-                ReadBack::Resend
+            // Not the scope's own run (a sub-workflow's, the chain's root): the API refuses a
+            // transition that no longer applies. Claimed by this invocation since the write
+            // was sent, it is the later claim's: not sent again.
+            return match standing {
+                _ if target == Some(status) => ReadBack::Applied(()),
+                Standing::ClaimedAgain => ReadBack::Applied(()),
+                Standing::ClaimInFlight if status == RunStatus::Running => ReadBack::Unknown,
+                _ => ReadBack::Resend,
             };
         };
-        if scope.claimed_again() {
+        if standing == Standing::ClaimedAgain || scope.claimed_again() {
             // A claim takes a Pending or Retrying run: a write to either landed (or the reaper
             // requeued the run: the later claim has it all the same). Any other write's fate
             // is unknown, and no longer this holding's to write.
@@ -65,6 +76,11 @@ impl GuardedStore {
             // A handback's Pending landed, and another worker has claimed the run since.
             Some(RunStatus::Pending) if status == RunStatus::Running && !ours => {
                 ReadBack::Applied(())
+            }
+            // Running under this worker id: its own holding, unless an unanswered claim of the
+            // invocation brought it again; read again once that claim is answered.
+            _ if status == RunStatus::Running && ours && standing == Standing::ClaimInFlight => {
+                ReadBack::Unknown
             }
             _ if status == RunStatus::Running && ours => ReadBack::Resend,
             _ => ReadBack::RunLeft {
@@ -177,10 +193,26 @@ mod tests {
     async fn a_run_running_under_this_worker_id_is_this_holding_s_until_claimed_again() {
         let log = Arc::new(ClaimLog::default());
         let (store, id, scope) = claimed(&log).await;
-        let landed = |target| scope.clone().run(store.run_write_landed(id, target, false));
+        let sent = scope.claims_now();
+        let landed = |target| {
+            let sent = sent.clone();
+            let (store, scope) = (&store, scope.clone());
+            async move {
+                scope
+                    .run(store.run_write_landed(id, target, false, sent.as_ref()))
+                    .await
+            }
+        };
 
         assert_eq!(landed(Some(RunStatus::Pending)).await, ReadBack::Resend);
         assert_eq!(landed(Some(RunStatus::Completed)).await, ReadBack::Resend);
+        let in_flight = log.claiming();
+        assert_eq!(
+            landed(Some(RunStatus::Pending)).await,
+            ReadBack::Unknown,
+            "an unanswered claim may have brought it"
+        );
+        drop(in_flight);
 
         // The write gave the run up and the same invocation claimed it again, under the same
         // worker id.

@@ -190,8 +190,8 @@ pub struct CallScope {
     /// A landed write of this scope released its own run's lease ([`CallScope::lease_moved`]).
     lease_released: AtomicBool,
     /// Another run a write of this scope gave a lease to, before the request left
-    /// ([`CallScope::lease_sent_to`]).
-    lease_set_on: Mutex<Option<Uuid>>,
+    /// ([`CallScope::lease_sent_to`]), and the holding of it that began then.
+    lease_set_on: Mutex<Option<(Uuid, Option<Holding>)>>,
     /// Model calls of this scope's work dropped before their answer ([`ModelCall`]).
     calls_cut: AtomicU32,
     /// Their estimated input tokens.
@@ -514,18 +514,39 @@ impl CallScope {
             *self
                 .lease_set_on
                 .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(run_id);
+                .unwrap_or_else(std::sync::PoisonError::into_inner) =
+                Some((run_id, self.claims_now()));
         }
     }
 
     /// Whether a call of this scope sent run `run_id` (not its own) a lease
     /// ([`CallScope::setting_lease`]): the run may hold this execution's lease.
     pub fn lease_sent_to(&self, run_id: Uuid) -> bool {
-        *self
-            .lease_set_on
+        self.lease_set_on
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
-            == Some(run_id)
+            .as_ref()
+            .is_some_and(|(id, _)| *id == run_id)
+    }
+
+    /// The holding the calls about `run_id` are made for: of the chain's root this scope sent
+    /// its lease to, the one that began then ([`CallScope::setting_lease`]); of any other run,
+    /// the scope's own.
+    pub fn holding_of(&self, run_id: Uuid) -> Option<Holding> {
+        let set_on = self
+            .lease_set_on
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        match set_on.as_ref() {
+            Some((id, holding)) if *id == run_id => holding.clone(),
+            _ => self.run.as_ref().and_then(|k| k.holding.clone()),
+        }
+    }
+
+    /// The scope's holding as of now ([`Holding::now`]), if its calls are made for one: from
+    /// here, a claim of any run is a later one.
+    pub fn claims_now(&self) -> Option<Holding> {
+        self.run.as_ref()?.holding.as_ref().map(Holding::now)
     }
 
     /// Whether this execution released its own run's lease, which for a sub-workflow child
@@ -586,11 +607,30 @@ impl CallScope {
             .clone()
     }
 
-    /// Resolves once a call stopped the work ([`OnFault::Stop`]); never otherwise.
+    /// Resolves once a call stopped the work ([`OnFault::Stop`]), or, for such a scope, once
+    /// the invocation claimed its run again ([`ScopeStop::ClaimedAgain`]: an execution still
+    /// running a step when an operator paused and resumed its run and the claim loop took it
+    /// again, its lease renewals answered for the later claim's); never otherwise.
     pub async fn stopped(&self) -> ScopeStop {
-        self.stop.cancelled().await;
+        let claimed_again = self
+            .run
+            .as_ref()
+            .filter(|_| self.on_fault == OnFault::Stop)
+            .and_then(|k| k.holding.as_ref().map(|h| h.ended(k.run_id)));
+        tokio::select! {
+            () = self.stop.cancelled() => {}
+            () = cancelled(claimed_again) => self.stop(ScopeStop::ClaimedAgain),
+        }
         self.stop_reason()
             .unwrap_or_else(|| ScopeStop::Fault(ApiFault::timeout("(unknown)", Duration::ZERO)))
+    }
+}
+
+/// Until `token` is cancelled; forever without one.
+async fn cancelled(token: Option<CancellationToken>) {
+    match token {
+        Some(token) => token.cancelled().await,
+        None => std::future::pending().await,
     }
 }
 
@@ -688,6 +728,42 @@ mod tests {
         let outside = CallScope::current();
         assert_eq!(outside.on_fault(), OnFault::Return);
         assert!(outside.end() > Instant::now() + Duration::from_secs(20));
+    }
+
+    #[tokio::test]
+    async fn an_execution_scope_stops_when_the_invocation_claims_its_run_again() {
+        use crate::store::claim_log::ClaimLog;
+
+        let (log, run_id) = (Arc::new(ClaimLog::default()), Uuid::now_v7());
+        log.claimed(run_id);
+        let key = RunKey {
+            run_id,
+            worker_id: "w".into(),
+            claimed_recoveries: None,
+            holding: Some(log.holding()),
+        };
+        let now = Instant::now();
+        let lease = Arc::new(LeaseClock::new(now, Duration::from_secs(30)));
+        let until = later(now, Duration::from_secs(60));
+        let execution = Arc::new(CallScope::execution(
+            key.clone(),
+            until,
+            lease,
+            Arc::default(),
+        ));
+        let returning = CallScope::returning(until, Arc::default()).with_run(key);
+        let stopped = tokio::spawn({
+            let execution = execution.clone();
+            async move { execution.stopped().await }
+        });
+        tokio::task::yield_now().await;
+        assert!(!stopped.is_finished() && !execution.claimed_again());
+
+        log.claimed(run_id);
+        assert_eq!(stopped.await.ok(), Some(ScopeStop::ClaimedAgain));
+        assert!(execution.claimed_again() && returning.claimed_again());
+        let returned = tokio::time::timeout(Duration::from_millis(50), returning.stopped()).await;
+        assert!(returned.is_err(), "a returning scope's work is not stopped");
     }
 
     #[tokio::test]
