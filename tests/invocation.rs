@@ -575,6 +575,99 @@ async fn a_run_paused_and_resumed_while_a_step_runs_is_stopped_not_run_twice(bac
     assert_eq!(executions(&third), 1, "the step after it ran once");
 }
 
+/// The same, with the run claimed again by the same invocation (one worker id): the first
+/// execution's lease renewals would be answered for the later claim, so it is stopped by the
+/// claim itself.
+async fn a_run_paused_resumed_and_claimed_again_by_the_same_invocation_is_stopped_not_run_twice(
+    backend: Backend,
+) {
+    let h = Harness::start_on(backend).await;
+    let (second, third) = (h.path("second"), h.path("third"));
+    let (gate, gated, pids) = (h.path("gate"), h.path("gated"), h.path("pids"));
+    let wait_for = |file: &std::path::Path| {
+        format!("while [ ! -e '{}' ]; do sleep 0.02; done", file.display())
+    };
+    let workflow = ShellWorkflow {
+        name: "resumable-pause",
+        steps: vec![
+            (
+                "second",
+                format!(
+                    "echo $$ >> '{p}'; echo start >> '{s}'; {wait}; echo end >> '{s}'",
+                    p = pids.display(),
+                    s = second.display(),
+                    wait = wait_for(&gate)
+                ),
+            ),
+            ("third", format!("echo x >> '{}'", third.display())),
+        ],
+    };
+    let worker = h
+        .builder()
+        .concurrency(2)
+        .register(workflow)
+        .register(ShellWorkflow::one("gated", &wait_for(&gated)))
+        .register(ShellWorkflow::one("quick", "true"))
+        .build()
+        .unwrap();
+    // The oldest first: once resumed, the run is the one the next claim takes.
+    let id = h.create("resumable-pause", 0).await;
+    h.create("gated", 0).await;
+    h.create("quick", 0).await;
+    let drive = async {
+        wait_until("the step started", LONG, || async {
+            lines_equal(&second, "start") == 1
+        })
+        .await;
+        let first = std::fs::read_to_string(&pids).unwrap();
+        let first = std::path::PathBuf::from(format!("/proc/{}/stat", first.trim()));
+        // Gone, or dead and not reaped yet: `<pid> (<name>) <state> ...`, Z or X.
+        let ended = || match std::fs::read_to_string(&first) {
+            Ok(stat) => stat.rsplit_once(')').is_some_and(|(_, rest)| {
+                matches!(rest.trim_start().chars().next(), Some('Z' | 'X'))
+            }),
+            Err(_) => true,
+        };
+        // Paused and resumed within one refresh interval: the run is Pending again. The gated
+        // run ends, freeing a slot: this invocation's claim loop claims the run again, which
+        // stops the first execution (its step's process ends) before the step's gate opens.
+        h.api.pause_run(id).await.unwrap();
+        h.api.resume_run(id).await.unwrap();
+        std::fs::write(&gated, "").unwrap();
+        wait_until("the first execution's step process ended", LONG, || async {
+            ended()
+        })
+        .await;
+        std::fs::write(&gate, "").unwrap();
+    };
+
+    let (summary, ()) = tokio::join!(h.invoke(&worker, LONG), drive);
+
+    let mut outcomes: Vec<Outcome> = summary
+        .runs
+        .iter()
+        .filter(|r| r.run_id == id)
+        .map(|r| r.outcome)
+        .collect();
+    outcomes.sort();
+    // The first execution ended at the later claim (handed back: "claimed again"), or at its
+    // refresher's sight of the pause if a renewal fell between the pause and the resume.
+    assert!(
+        matches!(
+            outcomes[..],
+            [Outcome::Completed, Outcome::Suspended | Outcome::HandedBack]
+        ),
+        "{summary:?}"
+    );
+    assert_eq!(h.status(id).await, RunStatus::Completed);
+    assert_eq!(
+        lines_equal(&second, "end"),
+        1,
+        "the first execution's step was stopped, not run to its end beside the second's"
+    );
+    assert_eq!(executions(&third), 1, "the step after it ran once");
+}
+
 /// Returns at once: a warm-up run, whose execution is a few API requests, so that a claim's
 /// round trip is a large share of it (claim-ahead's pace, `claim_ahead_percent(1)`).
 struct Noop;
@@ -1175,6 +1268,7 @@ on_both_stores!(
     the_engine_reads_a_held_run_from_what_it_knows_and_its_steps_from_the_api,
     a_pause_is_seen_within_one_refresh_interval_and_stops_the_run_at_a_step,
     a_run_paused_and_resumed_while_a_step_runs_is_stopped_not_run_twice,
+    a_run_paused_resumed_and_claimed_again_by_the_same_invocation_is_stopped_not_run_twice,
     a_run_claimed_ahead_does_not_start_once_a_failure_blocked_its_workflow,
     a_run_claimed_ahead_whose_lease_was_taken_is_not_released,
     handback_mid_step_then_resume_replays_completed_steps,
