@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
-use common::{Backend, Harness, ShellWorkflow, deadline_in, executions, wait_until};
+use common::{Backend, Harness, ShellWorkflow, deadline_in, executions, outcomes_of, wait_until};
 use ironflow_engine::context::WorkflowContext;
 use ironflow_engine::handler::{HandlerFuture, WorkflowHandler};
 use ironflow_lambda::MemoryPoisonTable;
@@ -643,13 +643,7 @@ async fn a_run_paused_resumed_and_claimed_again_by_the_same_invocation_is_stoppe
 
     let (summary, ()) = tokio::join!(h.invoke(&worker, LONG), drive);
 
-    let mut outcomes: Vec<Outcome> = summary
-        .runs
-        .iter()
-        .filter(|r| r.run_id == id)
-        .map(|r| r.outcome)
-        .collect();
-    outcomes.sort();
+    let outcomes = outcomes_of(&summary, id);
     // The first execution ended at the later claim (handed back: "claimed again"), or at its
     // refresher's sight of the pause if a renewal fell between the pause and the resume.
     assert!(

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::fault_proxy::{Fault, FaultProxy, Faults};
-use common::{Harness, ShellWorkflow, executions, wait_until};
+use common::{Harness, ShellWorkflow, executions, outcomes_of, wait_until};
 use ironflow_core::providers::claude::ClaudeCodeProvider;
 use ironflow_engine::context::WorkflowContext;
 use ironflow_engine::handler::{HandlerFuture, WorkflowHandler};
@@ -314,13 +314,7 @@ async fn a_lost_handback_answer_read_back_after_the_same_invocation_claimed_the_
 
     // Each claim has its report, in the order they ended (the handback's read-back may end
     // after the later claim's execution).
-    let mut outcomes: Vec<Outcome> = summary
-        .runs
-        .iter()
-        .filter(|r| r.run_id == id)
-        .map(|r| r.outcome)
-        .collect();
-    outcomes.sort();
+    let outcomes = outcomes_of(&summary, id);
     assert_eq!(
         outcomes,
         [Outcome::Completed, Outcome::HandedBack],

@@ -654,14 +654,9 @@ mod tests {
         use super::super::claim_log::ClaimLog;
         use super::super::scope::RunKey;
 
-        let (log, run_id) = (Arc::new(ClaimLog::default()), uuid::Uuid::now_v7());
-        log.claimed(run_id);
-        let key = RunKey {
-            run_id,
-            worker_id: "w".into(),
-            claimed_recoveries: None,
-            holding: Some(log.holding()),
-        };
+        let log = Arc::new(ClaimLog::default());
+        let key = RunKey::claimed_in(&log);
+        let run_id = key.run_id;
         let sent = AtomicU32::new(0);
         let write = || {
             write(

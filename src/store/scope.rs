@@ -152,6 +152,19 @@ impl RunKey {
         }
     }
 
+    /// The key of a new run claimed once in `log` under worker `w`, for its holding (tests).
+    #[cfg(test)]
+    pub fn claimed_in(log: &Arc<super::claim_log::ClaimLog>) -> Self {
+        let run_id = Uuid::now_v7();
+        log.claimed(run_id);
+        Self {
+            run_id,
+            worker_id: "w".into(),
+            claimed_recoveries: None,
+            holding: Some(log.holding()),
+        }
+    }
+
     /// This key, for the execution of a run claimed with `recoveries` lease recoveries.
     pub fn executing(self, recoveries: u32) -> Self {
         Self {
@@ -734,14 +747,9 @@ mod tests {
     async fn an_execution_scope_stops_when_the_invocation_claims_its_run_again() {
         use crate::store::claim_log::ClaimLog;
 
-        let (log, run_id) = (Arc::new(ClaimLog::default()), Uuid::now_v7());
-        log.claimed(run_id);
-        let key = RunKey {
-            run_id,
-            worker_id: "w".into(),
-            claimed_recoveries: None,
-            holding: Some(log.holding()),
-        };
+        let log = Arc::new(ClaimLog::default());
+        let key = RunKey::claimed_in(&log);
+        let run_id = key.run_id;
         let now = Instant::now();
         let lease = Arc::new(LeaseClock::new(now, Duration::from_secs(30)));
         let until = later(now, Duration::from_secs(60));

@@ -16,8 +16,8 @@ use ironflow_core::providers::claude::ClaudeCodeProvider;
 use ironflow_engine::config::ShellConfig;
 use ironflow_engine::context::WorkflowContext;
 use ironflow_engine::handler::{HandlerFuture, WorkflowHandler};
-use ironflow_lambda::InvocationSummary;
 use ironflow_lambda::orphans;
+use ironflow_lambda::{InvocationSummary, Outcome};
 use ironflow_lambda::{LambdaWorker, LambdaWorkerBuilder};
 pub use ironflow_local_api::Backend;
 use ironflow_local_api::{LocalApi, new_run};
@@ -205,6 +205,19 @@ where
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+}
+
+/// The outcomes of run `id`'s reports in `summary`, one per claim, sorted (a run claimed twice
+/// by one invocation has two, in the order they ended).
+pub fn outcomes_of(summary: &InvocationSummary, id: Uuid) -> Vec<Outcome> {
+    let mut outcomes: Vec<Outcome> = summary
+        .runs
+        .iter()
+        .filter(|r| r.run_id == id)
+        .map(|r| r.outcome)
+        .collect();
+    outcomes.sort();
+    outcomes
 }
 
 /// Lines in a side-effect file (0 if it does not exist): how many times a step really ran.
