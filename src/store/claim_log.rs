@@ -15,9 +15,12 @@
 //! say the run left it (a Pending or Retrying write landed: a claim takes only such a run), so
 //! that only the latest claim's execution writes the run. A claim is counted from before its
 //! request leaves ([`ClaimLog::claiming`]): while one is unanswered, the API may already have
-//! given it a run that a read-back would take for its own, and such a read-back waits.
+//! given it a run that a read-back would take for its own, and such a read-back waits for the
+//! claims unanswered at its first such read ([`AwaitedClaims`]), not for later ones (which
+//! cannot have brought the run it read), so that a busy claim loop never holds it up.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use tokio_util::sync::CancellationToken;
@@ -35,8 +38,10 @@ pub struct ClaimLog {
 struct State {
     /// Claims recorded so far: the number of the latest.
     recorded: u64,
-    /// Claims sent and not answered yet ([`ClaimInFlight`]).
-    in_flight: usize,
+    /// Claims sent so far: the ticket of the latest.
+    issued: u64,
+    /// The tickets of the claims sent and not answered yet ([`ClaimInFlight`]).
+    in_flight: BTreeSet<u64>,
     /// Each claimed (or held) run's latest claim.
     runs: HashMap<Uuid, RunClaims>,
 }
@@ -58,8 +63,14 @@ impl ClaimLog {
     /// A claim about to be sent: counted as unanswered until the returned guard drops, which
     /// the claim's caller drops after [`ClaimLog::claimed`] if it brought a run.
     pub fn claiming(self: &Arc<Self>) -> ClaimInFlight {
-        self.state().in_flight += 1;
-        ClaimInFlight(self.clone())
+        let mut state = self.state();
+        state.issued = state.issued.saturating_add(1);
+        let ticket = state.issued;
+        state.in_flight.insert(ticket);
+        ClaimInFlight {
+            log: self.clone(),
+            ticket,
+        }
     }
 
     /// Record a claim that brought `run_id`: every holding of the run that began before it
@@ -93,13 +104,24 @@ impl ClaimLog {
 
 /// A claim sent and not answered yet ([`ClaimLog::claiming`]); uncounted on drop.
 #[derive(Debug)]
-pub struct ClaimInFlight(Arc<ClaimLog>);
+pub struct ClaimInFlight {
+    log: Arc<ClaimLog>,
+    ticket: u64,
+}
 
 impl Drop for ClaimInFlight {
     fn drop(&mut self) {
-        let mut state = self.0.state();
-        state.in_flight = state.in_flight.saturating_sub(1);
+        self.log.state().in_flight.remove(&self.ticket);
     }
+}
+
+/// The unanswered claims the read-backs of one write wait for: those in flight at the first
+/// read-back that could not tell the run it found from one a claim brought. A claim sent after
+/// that read cannot have brought the run it found. Starts empty ([`Default`]).
+#[derive(Debug, Default)]
+pub struct AwaitedClaims {
+    /// The latest ticket awaited; 0 until a read-back had to wait.
+    through: AtomicU64,
 }
 
 /// One holding of a run by an invocation: the claims recorded when it began. Carried by the
@@ -134,21 +156,24 @@ impl Holding {
         run.ended.clone()
     }
 
-    /// Where this holding of `run_id` stands, read at once (a claim answered between two
-    /// separate reads would be missed by both).
-    pub fn standing(&self, run_id: Uuid) -> Standing {
+    /// Where this holding of `run_id` stands for a read-back that waits for `awaited`, read at
+    /// once (a claim answered between two separate reads would be missed by both). The first
+    /// time claims are unanswered, `awaited` takes them all; from then on only those count.
+    pub fn standing(&self, run_id: Uuid, awaited: &AwaitedClaims) -> Standing {
         let state = self.log.state();
-        if state
-            .runs
-            .get(&run_id)
-            .is_some_and(|r| r.latest > self.since)
-        {
-            Standing::ClaimedAgain
-        } else if state.in_flight > 0 {
-            Standing::ClaimInFlight
-        } else {
-            Standing::Held
+        let run = state.runs.get(&run_id);
+        if run.is_some_and(|r| r.latest > self.since) {
+            return Standing::ClaimedAgain;
         }
+        let through = match awaited.through.load(Ordering::Acquire) {
+            0 => state.issued,
+            through => through,
+        };
+        if state.in_flight.range(..=through).next().is_none() {
+            return Standing::Held;
+        }
+        awaited.through.store(through, Ordering::Release);
+        Standing::ClaimInFlight
     }
 
     /// The same invocation's holding beginning now: the point a write was sent, or a lease
@@ -217,12 +242,23 @@ mod tests {
         let (own, held_root) = (holding.ended(run), holding.ended(root));
         assert!(!own.is_cancelled() && !held_root.is_cancelled());
 
+        let awaited = AwaitedClaims::default();
         let in_flight = log.claiming();
-        assert_eq!(holding.standing(run), Standing::ClaimInFlight);
+        assert_eq!(holding.standing(run, &awaited), Standing::ClaimInFlight);
+        let later = log.claiming();
         log.claimed(run);
-        assert_eq!(holding.standing(run), Standing::ClaimedAgain);
+        assert_eq!(holding.standing(run, &awaited), Standing::ClaimedAgain);
         drop(in_flight);
-        assert_eq!(holding.standing(root), Standing::Held);
+        assert_eq!(
+            holding.standing(root, &awaited),
+            Standing::Held,
+            "a claim sent after the first read that waited is not awaited"
+        );
+        assert_eq!(
+            holding.standing(root, &AwaitedClaims::default()),
+            Standing::ClaimInFlight
+        );
+        drop(later);
         assert!(own.is_cancelled(), "its run claimed again");
         assert!(!held_root.is_cancelled());
         assert!(holding.ended(run).is_cancelled(), "asked after the claim");

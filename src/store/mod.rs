@@ -68,6 +68,7 @@ use ironflow_worker::ApiRunStore;
 use tokio::time::Instant;
 use uuid::Uuid;
 
+use self::claim_log::AwaitedClaims;
 use self::fault::Route;
 use self::scope::CallScope;
 use self::view::{Taken, Views};
@@ -280,12 +281,12 @@ impl GuardedStore {
             CallScope::current().setting_lease(id);
         }
         // A claim of the run by this invocation after this point is a later one.
-        let sent = CallScope::current().claims_now();
+        let (sent, awaited) = (CallScope::current().claims_now(), AwaitedClaims::default());
         guard::write(
             "PUT /runs/{id}",
             self.credentials(),
             || self.put_run(id, update.clone()),
-            || self.run_write_landed(id, target, releases, sent.as_ref()),
+            || self.run_write_landed(id, target, releases, sent.as_ref(), &awaited),
         )
         .await?;
         if let Some(status) = target {
@@ -417,13 +418,13 @@ impl RunStore for GuardedStore {
         Box::pin(async move {
             self.forget(id);
             CallScope::current().writing_status(id, new_status);
-            let sent = CallScope::current().claims_now();
-            let sent = sent.as_ref();
+            let (sent, awaited) = (CallScope::current().claims_now(), AwaitedClaims::default());
+            let (sent, awaited) = (sent.as_ref(), &awaited);
             guard::write(
                 "PUT /runs/{id}/status",
                 self.credentials(),
                 move || self.put_run_status(id, new_status),
-                move || self.run_write_landed(id, Some(new_status), false, sent),
+                move || self.run_write_landed(id, Some(new_status), false, sent, awaited),
             )
             .await?;
             CallScope::current().wrote_due(id, new_status, None);

@@ -15,7 +15,7 @@ use ironflow_store::prelude::*;
 use uuid::Uuid;
 
 use super::GuardedStore;
-use super::claim_log::{Holding, Standing};
+use super::claim_log::{AwaitedClaims, Holding, Standing};
 use super::guard::ReadBack;
 use super::scope::{CallScope, RunKey};
 #[cfg(test)]
@@ -26,13 +26,15 @@ impl GuardedStore {
     /// that changes no status)? A write that releases the scope's own run's lease (`releases`:
     /// ironflow-engine's `resume_chain`, once the chain's root took it) landed if the run,
     /// still Running, has no holder. `sent`: the scope's holding as of the write's first send
-    /// ([`CallScope::claims_now`]), from which a claim of the run is a later one.
+    /// ([`CallScope::claims_now`]), from which a claim of the run is a later one; `awaited`, the
+    /// unanswered claims its read-backs wait for ([`AwaitedClaims`]), one for all of them.
     pub(super) async fn run_write_landed(
         &self,
         id: Uuid,
         target: Option<RunStatus>,
         releases: bool,
         sent: Option<&Holding>,
+        awaited: &AwaitedClaims,
     ) -> ReadBack<()> {
         let run = match self.inner().get_run(id).await {
             Ok(Some(run)) => run,
@@ -40,7 +42,7 @@ impl GuardedStore {
         };
         let status = run.status.state;
         // Read after the run: a claim answered since the read is seen here.
-        let standing = sent.map_or(Standing::Held, |s| s.standing(id));
+        let standing = sent.map_or(Standing::Held, |s| s.standing(id, awaited));
         let scope = CallScope::current();
         let Some(key) = scope.run_key().filter(|k| k.run_id == id) else {
             // Not the scope's own run (a sub-workflow's, the chain's root): the API refuses a
@@ -198,9 +200,9 @@ mod tests {
             let sent = sent.clone();
             let (store, scope) = (&store, scope.clone());
             async move {
-                scope
-                    .run(store.run_write_landed(id, target, false, sent.as_ref()))
-                    .await
+                let awaited = AwaitedClaims::default();
+                let landed = store.run_write_landed(id, target, false, sent.as_ref(), &awaited);
+                scope.run(landed).await
             }
         };
 
