@@ -385,13 +385,11 @@ async fn decide(
     // Its calls are made for the execution's holding of `target` (of the chain's root, the one
     // that began as the lease moved to it): never for a later claim of it by this invocation
     // ([`crate::store::claim_log`]).
-    let holding = scope.holding_of(target);
-    let holding = holding.as_ref();
+    let key = ctx.key_for(target, scope.holding_of(target).as_ref());
     let hand_back = |why| {
         ctx.hand_back(Handback {
             run,
-            target,
-            holding: holding.cloned(),
+            key: key.clone(),
             claimed_at: timing.claimed_at,
             executed: timing.executed,
             why,
@@ -410,7 +408,7 @@ async fn decide(
         _ => false,
     };
     let fate = match stop {
-        Stop::Finished(joined) => finished(ctx, run, ctx.key_for(target, holding), *joined).await,
+        Stop::Finished(joined) => finished(ctx, run, key.clone(), *joined).await,
         Stop::Scope(ScopeStop::Fault(fault)) => {
             warn!(error = %fault, "the API kept failing: handing the run back");
             hand_back(Why::ApiFault(fault)).await
@@ -449,8 +447,8 @@ async fn decide(
         }
         Stop::TimedOut => {
             error!(error = %timing.timeout_msg, "run timed out");
-            let key = ctx.key_for(target, holding);
-            record_failure(ctx, key, Outcome::TimedOut, timing.timeout_msg.clone()).await
+            let msg = timing.timeout_msg.clone();
+            record_failure(ctx, key.clone(), Outcome::TimedOut, msg).await
         }
         Stop::Cutoff => hand_back(Why::Cutoff).await,
     };
@@ -459,13 +457,8 @@ async fn decide(
     // is a wait, not execution, for the run timeout.
     if paused || fate.paused {
         let ours = ctx.engine_store.open_steps(run.id);
-        ctx.mark_the_pause(
-            ctx.key_for(target, holding),
-            timing.claimed_at,
-            until,
-            &ours,
-        )
-        .await;
+        ctx.mark_the_pause(key, timing.claimed_at, until, &ours)
+            .await;
     }
     fate
 }

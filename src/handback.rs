@@ -64,7 +64,6 @@ use crate::attempt_time;
 pub(crate) use crate::context::HandbackPolicy;
 use crate::context::{Invocation, fail_or_leave_to_reaper};
 use crate::report::{Fate, Outcome};
-use crate::store::claim_log::Holding;
 use crate::store::fault::ApiFault;
 use crate::store::fit::Deferral;
 use crate::store::scope::RunKey;
@@ -75,11 +74,10 @@ use crate::store::scope::{CallScope, SLOW_ANSWER};
 pub(crate) struct Handback<'a> {
     /// The run whose execution stopped.
     pub run: &'a Run,
-    /// The run whose lease is held: the run itself, or the root of its sub-workflow chain.
-    pub target: Uuid,
-    /// The execution's holding of the run: the handback's calls are made for it, never for a
+    /// The key of the run whose lease is held (the run itself, or the root of its sub-workflow
+    /// chain), for the execution's holding: the handback's calls are made for it, never for a
     /// later claim of the run by this invocation ([`crate::store::claim_log`]).
-    pub holding: Option<Holding>,
+    pub key: RunKey,
     /// When this invocation took it up.
     pub claimed_at: DateTime<Utc>,
     /// How long it executed here.
@@ -154,7 +152,7 @@ impl Invocation {
     /// Hand a run back (see the module docs), in its numbered steps, each write retried until
     /// `h.until`.
     pub(crate) async fn hand_back(&self, h: Handback<'_>) -> Fate {
-        let (until, key) = (h.until, self.key_for(h.target, h.holding.as_ref()));
+        let (until, key) = (h.until, h.key.clone());
         self.calls
             .within(until, Some(key), self.hand_back_steps(&h))
             .await
@@ -162,7 +160,7 @@ impl Invocation {
 
     async fn hand_back_steps(&self, h: &Handback<'_>) -> Fate {
         // 1. The lease.
-        if let Err(fate) = self.confirm_lease(h.target).await {
+        if let Err(fate) = self.confirm_lease(h.key.run_id).await {
             return not_confirmed(fate, &h.why);
         }
         // 2. The loop guard.
@@ -177,7 +175,7 @@ impl Invocation {
                 "could not mark the running steps interrupted ({e})"
             ));
         }
-        self.mark_the_wait(h.target, h.claimed_at, Utc::now(), h.until, &guarded)
+        self.mark_the_wait(h.key.run_id, h.claimed_at, Utc::now(), h.until, &guarded)
             .await;
         // 4. Pending.
         self.write_pending(h, &guarded.run).await
@@ -186,7 +184,7 @@ impl Invocation {
     /// Step 2: the loop guard, at a counted cutoff. The run whose lease is held and its
     /// steps, or the fate when it was failed instead (or its steps could not be read).
     async fn guard(&self, h: &Handback<'_>) -> Result<Guarded, Fate> {
-        let (store, target) = (&self.calls.store, h.target);
+        let (store, target) = (&self.calls.store, h.key.run_id);
         let run = if target == h.run.id {
             h.run.clone()
         } else {
@@ -236,7 +234,7 @@ impl Invocation {
             duration_ms: Some(run.duration_ms.saturating_add(executed_ms)),
             ..RunUpdate::default()
         };
-        let target = h.target;
+        let target = h.key.run_id;
         match self.calls.store.update_run(target, update).await {
             Ok(()) => {
                 info!(target_run_id = %target, executed_ms, "run handed back: Pending for the next invocation");

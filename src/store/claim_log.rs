@@ -16,7 +16,7 @@
 //! that only the latest claim's execution writes the run. A claim is counted from before its
 //! request leaves ([`ClaimLog::claiming`]): while one is unanswered, the API may already have
 //! given it a run that a read-back would take for its own, and such a read-back waits for the
-//! claims unanswered at its first such read ([`AwaitedClaims`]), not for later ones (which
+//! claims unanswered at its first such read ([`WriteSent`]), not for later ones (which
 //! cannot have brought the run it read), so that a busy claim loop never holds it up.
 
 use std::collections::{BTreeSet, HashMap};
@@ -115,13 +115,40 @@ impl Drop for ClaimInFlight {
     }
 }
 
-/// The unanswered claims the read-backs of one write wait for: those in flight at the first
-/// read-back that could not tell the run it found from one a claim brought. A claim sent after
-/// that read cannot have brought the run it found. Starts empty ([`Default`]).
-#[derive(Debug, Default)]
-pub struct AwaitedClaims {
+/// A write's first send, for its read-backs ([`Holding::write_sent`]): the holding as of then,
+/// from which a claim of the run written is a later one, and the unanswered claims the
+/// read-backs wait for: those in flight at the first read-back that could not tell the run it
+/// found from one a claim brought (a claim sent after that read cannot have brought it).
+#[derive(Debug)]
+pub struct WriteSent {
+    from: Holding,
     /// The latest ticket awaited; 0 until a read-back had to wait.
-    through: AtomicU64,
+    awaited_through: AtomicU64,
+}
+
+impl WriteSent {
+    /// Where the write's run `run_id` stands for its next read-back, read at once (a claim
+    /// answered between two separate reads would be missed by both). The first time claims
+    /// are unanswered, the read-backs take them all to wait for; from then on only those count.
+    pub fn standing(&self, run_id: Uuid) -> Standing {
+        let state = self.from.log.state();
+        if state
+            .runs
+            .get(&run_id)
+            .is_some_and(|r| r.latest > self.from.since)
+        {
+            return Standing::ClaimedAgain;
+        }
+        let through = match self.awaited_through.load(Ordering::Acquire) {
+            0 => state.issued,
+            through => through,
+        };
+        if state.in_flight.range(..=through).next().is_none() {
+            return Standing::Held;
+        }
+        self.awaited_through.store(through, Ordering::Release);
+        Standing::ClaimInFlight
+    }
 }
 
 /// One holding of a run by an invocation: the claims recorded when it began. Carried by the
@@ -156,34 +183,22 @@ impl Holding {
         run.ended.clone()
     }
 
-    /// Where this holding of `run_id` stands for a read-back that waits for `awaited`, read at
-    /// once (a claim answered between two separate reads would be missed by both). The first
-    /// time claims are unanswered, `awaited` takes them all; from then on only those count.
-    pub fn standing(&self, run_id: Uuid, awaited: &AwaitedClaims) -> Standing {
-        let state = self.log.state();
-        let run = state.runs.get(&run_id);
-        if run.is_some_and(|r| r.latest > self.since) {
-            return Standing::ClaimedAgain;
-        }
-        let through = match awaited.through.load(Ordering::Acquire) {
-            0 => state.issued,
-            through => through,
-        };
-        if state.in_flight.range(..=through).next().is_none() {
-            return Standing::Held;
-        }
-        awaited.through.store(through, Ordering::Release);
-        Standing::ClaimInFlight
-    }
-
-    /// The same invocation's holding beginning now: the point a write was sent, or a lease
-    /// moved to another run, from which a claim of that run is a later one.
+    /// The same invocation's holding beginning now: the point a lease moved to another run,
+    /// from which a claim of that run is a later one.
     pub fn now(&self) -> Holding {
         self.log.holding()
     }
+
+    /// A write of this invocation sent now ([`WriteSent`]).
+    pub fn write_sent(&self) -> WriteSent {
+        WriteSent {
+            from: self.now(),
+            awaited_through: AtomicU64::new(0),
+        }
+    }
 }
 
-/// Where a holding of a run stands ([`Holding::standing`]).
+/// Where the run of a write stands for its read-back ([`WriteSent::standing`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Standing {
     /// No later claim of the run, none unanswered.
@@ -242,22 +257,19 @@ mod tests {
         let (own, held_root) = (holding.ended(run), holding.ended(root));
         assert!(!own.is_cancelled() && !held_root.is_cancelled());
 
-        let awaited = AwaitedClaims::default();
+        let sent = holding.write_sent();
         let in_flight = log.claiming();
-        assert_eq!(holding.standing(run, &awaited), Standing::ClaimInFlight);
+        assert_eq!(sent.standing(run), Standing::ClaimInFlight);
         let later = log.claiming();
         log.claimed(run);
-        assert_eq!(holding.standing(run, &awaited), Standing::ClaimedAgain);
+        assert_eq!(sent.standing(run), Standing::ClaimedAgain);
         drop(in_flight);
         assert_eq!(
-            holding.standing(root, &awaited),
+            sent.standing(root),
             Standing::Held,
             "a claim sent after the first read that waited is not awaited"
         );
-        assert_eq!(
-            holding.standing(root, &AwaitedClaims::default()),
-            Standing::ClaimInFlight
-        );
+        assert_eq!(holding.write_sent().standing(root), Standing::ClaimInFlight);
         drop(later);
         assert!(own.is_cancelled(), "its run claimed again");
         assert!(!held_root.is_cancelled());

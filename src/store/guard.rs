@@ -220,6 +220,20 @@ impl<'a> Attempts<'a> {
         }
     }
 
+    /// Whether the call must not be sent: its scope is fenced, or the invocation claimed the
+    /// scope's run again ([`CallScope::claimed_again`]).
+    fn withheld(&self) -> bool {
+        self.scope.is_fenced() || self.scope.claimed_again()
+    }
+
+    /// The answer of a call [withheld](Attempts::withheld).
+    async fn withhold<T>(&self) -> Result<T, StoreError> {
+        match self.scope.is_fenced() {
+            true => self.held_back().await,
+            false => self.claimed_again().await,
+        }
+    }
+
     /// The invocation claimed the scope's run again since the holding the call is made for
     /// began ([`CallScope::claimed_again`]): not sent. Stop, or return `LeaseLost` (held by this
     /// invocation's worker id, for its later claim).
@@ -279,11 +293,8 @@ where
     let attempts = retries.attempts;
     let mut last = None;
     loop {
-        if a.scope.is_fenced() {
-            return a.held_back().await;
-        }
-        if a.scope.claimed_again() {
-            return a.claimed_again().await;
+        if a.withheld() {
+            return a.withhold().await;
         }
         let fault = match a.attempt(call()).await {
             None => return a.give_up(last).await,
@@ -322,11 +333,8 @@ where
     a.leave_for_read_back = true;
     let mut last = None;
     loop {
-        if a.scope.is_fenced() {
-            return a.held_back().await;
-        }
-        if a.scope.claimed_again() {
-            return a.claimed_again().await;
+        if a.withheld() {
+            return a.withhold().await;
         }
         let fault = match a.attempt(call()).await {
             None => return a.give_up(last).await,
@@ -400,11 +408,8 @@ where
     let mut a = Attempts::new(route, credentials);
     let mut last = None;
     loop {
-        if a.scope.is_fenced() {
-            return a.held_back().await;
-        }
-        if a.scope.claimed_again() {
-            return a.claimed_again().await;
+        if a.withheld() {
+            return a.withhold().await;
         }
         let fault = match a.attempt(call()).await {
             None => return a.give_up(last).await,

@@ -68,7 +68,6 @@ use ironflow_worker::ApiRunStore;
 use tokio::time::Instant;
 use uuid::Uuid;
 
-use self::claim_log::AwaitedClaims;
 use self::fault::Route;
 use self::scope::CallScope;
 use self::view::{Taken, Views};
@@ -281,12 +280,12 @@ impl GuardedStore {
             CallScope::current().setting_lease(id);
         }
         // A claim of the run by this invocation after this point is a later one.
-        let (sent, awaited) = (CallScope::current().claims_now(), AwaitedClaims::default());
+        let sent = CallScope::current().write_sent();
         guard::write(
             "PUT /runs/{id}",
             self.credentials(),
             || self.put_run(id, update.clone()),
-            || self.run_write_landed(id, target, releases, sent.as_ref(), &awaited),
+            || self.run_write_landed(id, target, releases, sent.as_ref()),
         )
         .await?;
         if let Some(status) = target {
@@ -418,13 +417,13 @@ impl RunStore for GuardedStore {
         Box::pin(async move {
             self.forget(id);
             CallScope::current().writing_status(id, new_status);
-            let (sent, awaited) = (CallScope::current().claims_now(), AwaitedClaims::default());
-            let (sent, awaited) = (sent.as_ref(), &awaited);
+            let sent = CallScope::current().write_sent();
+            let sent = sent.as_ref();
             guard::write(
                 "PUT /runs/{id}/status",
                 self.credentials(),
                 move || self.put_run_status(id, new_status),
-                move || self.run_write_landed(id, Some(new_status), false, sent, awaited),
+                move || self.run_write_landed(id, Some(new_status), false, sent),
             )
             .await?;
             CallScope::current().wrote_due(id, new_status, None);

@@ -4,9 +4,9 @@
 //! write's fault, before deciding to send it again.
 //!
 //! A write of a holding the invocation has since claimed again
-//! ([`CallScope::claimed_again`]), or about a run the invocation claimed after the write was
-//! sent, is never sent again, whatever the run reads: the run is the later claim's, under the
-//! same worker id. While a claim is unanswered, a run read Running under this worker id may be
+//! ([`CallScope::claimed_again`]: `guard` sends none of its calls), or about a run the
+//! invocation claimed after the write was sent, is never sent again, whatever the run reads:
+//! the run is the later claim's, under the same worker id. While a claim is unanswered, a run read Running under this worker id may be
 //! its: the read-back says [`ReadBack::Unknown`] and is made again.
 //!
 //! [`CallScope::claimed_again`]: super::scope::CallScope::claimed_again
@@ -15,26 +15,22 @@ use ironflow_store::prelude::*;
 use uuid::Uuid;
 
 use super::GuardedStore;
-use super::claim_log::{AwaitedClaims, Holding, Standing};
+use super::claim_log::{Standing, WriteSent};
 use super::guard::ReadBack;
-use super::scope::{CallScope, RunKey};
-#[cfg(test)]
-use ironflow_store::entities::LeaseRequest;
+use super::scope::CallScope;
 
 impl GuardedStore {
     /// Read back a run write whose answer was lost: did it reach `target` (`None`: a write
     /// that changes no status)? A write that releases the scope's own run's lease (`releases`:
     /// ironflow-engine's `resume_chain`, once the chain's root took it) landed if the run,
-    /// still Running, has no holder. `sent`: the scope's holding as of the write's first send
-    /// ([`CallScope::claims_now`]), from which a claim of the run is a later one; `awaited`, the
-    /// unanswered claims its read-backs wait for ([`AwaitedClaims`]), one for all of them.
+    /// still Running, has no holder. `sent`: the write's first send ([`WriteSent`], one for all
+    /// its read-backs), from which a claim of the run is a later one.
     pub(super) async fn run_write_landed(
         &self,
         id: Uuid,
         target: Option<RunStatus>,
         releases: bool,
-        sent: Option<&Holding>,
-        awaited: &AwaitedClaims,
+        sent: Option<&WriteSent>,
     ) -> ReadBack<()> {
         let run = match self.inner().get_run(id).await {
             Ok(Some(run)) => run,
@@ -42,7 +38,7 @@ impl GuardedStore {
         };
         let status = run.status.state;
         // Read after the run: a claim answered since the read is seen here.
-        let standing = sent.map_or(Standing::Held, |s| s.standing(id, awaited));
+        let standing = sent.map_or(Standing::Held, |s| s.standing(id));
         let scope = CallScope::current();
         let Some(key) = scope.run_key().filter(|k| k.run_id == id) else {
             // Not the scope's own run (a sub-workflow's, the chain's root): the API refuses a
@@ -55,7 +51,7 @@ impl GuardedStore {
                 _ => ReadBack::Resend,
             };
         };
-        if standing == Standing::ClaimedAgain || scope.claimed_again() {
+        if scope.claimed_again() {
             // A claim takes a Pending or Retrying run: a write to either landed (or the reaper
             // requeued the run: the later claim has it all the same). Any other write's fate
             // is unknown, and no longer this holding's to write.
@@ -102,9 +98,6 @@ impl GuardedStore {
         let Some(key) = scope.run_key() else {
             return ReadBack::Resend;
         };
-        if scope.claimed_again() {
-            return claimed_again(key);
-        }
         match self.inner().list_steps(key.run_id).await {
             Ok(steps) => match steps.iter().find(|s| s.id == step_id) {
                 Some(step) if target == Some(step.status.state) => ReadBack::Applied(()),
@@ -129,9 +122,6 @@ impl GuardedStore {
     /// position and kind, still Pending, that this execution had not seen before.
     pub(super) async fn step_created(&self, new: &NewStep) -> ReadBack<Step> {
         let scope = CallScope::current();
-        if let Some(key) = scope.run_key().filter(|_| scope.claimed_again()) {
-            return claimed_again(key);
-        }
         match self.inner().list_steps(new.run_id).await {
             Ok(steps) => steps
                 .into_iter()
@@ -150,15 +140,6 @@ impl GuardedStore {
     }
 }
 
-/// The read-back of a step write by a holding the invocation claimed again since: the run is
-/// the later claim's (Running, under the same worker id).
-fn claimed_again<T>(key: &RunKey) -> ReadBack<T> {
-    ReadBack::RunLeft {
-        status: RunStatus::Running,
-        held_by: Some(key.worker_id.clone()),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use std::sync::Arc;
@@ -167,8 +148,11 @@ mod tests {
     use ironflow_store::memory::InMemoryStore;
     use tokio::time::Instant;
 
+    use ironflow_store::entities::LeaseRequest;
+
     use super::*;
     use crate::store::claim_log::ClaimLog;
+    use crate::store::scope::RunKey;
 
     /// A run claimed under worker `w` in a real in-memory store, and a scope of calls for its
     /// holding in `log`.
@@ -195,13 +179,11 @@ mod tests {
     async fn a_run_running_under_this_worker_id_is_this_holding_s_until_claimed_again() {
         let log = Arc::new(ClaimLog::default());
         let (store, id, scope) = claimed(&log).await;
-        let sent = scope.claims_now();
         let landed = |target| {
-            let sent = sent.clone();
             let (store, scope) = (&store, scope.clone());
             async move {
-                let awaited = AwaitedClaims::default();
-                let landed = store.run_write_landed(id, target, false, sent.as_ref(), &awaited);
+                let sent = scope.write_sent();
+                let landed = store.run_write_landed(id, target, false, sent.as_ref());
                 scope.run(landed).await
             }
         };

@@ -25,7 +25,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
-use super::claim_log::Holding;
+use super::claim_log::{Holding, WriteSent};
 use super::fault::{ApiFault, FaultKind, FaultLog};
 use super::fit::{Deferral, StartFit};
 use crate::deadline::LeaseClock;
@@ -559,7 +559,17 @@ impl CallScope {
     /// The scope's holding as of now ([`Holding::now`]), if its calls are made for one: from
     /// here, a claim of any run is a later one.
     pub fn claims_now(&self) -> Option<Holding> {
-        self.run.as_ref()?.holding.as_ref().map(Holding::now)
+        self.holding().map(Holding::now)
+    }
+
+    /// A write of this scope sent now, for its read-backs ([`Holding::write_sent`]), if its
+    /// calls are made for a holding.
+    pub fn write_sent(&self) -> Option<WriteSent> {
+        self.holding().map(Holding::write_sent)
+    }
+
+    fn holding(&self) -> Option<&Holding> {
+        self.run.as_ref()?.holding.as_ref()
     }
 
     /// Whether this execution released its own run's lease, which for a sub-workflow child
