@@ -424,6 +424,11 @@ impl<'w> Batch<'w> {
     /// noted as expected ([`PoisonGate::expect_recovery`]).
     async fn keep_unexecuted(&mut self, report: RunReport) {
         self.poison.expect_recovery(&report).await;
+        self.keep_report(report);
+    }
+
+    /// Keep `report`, after the earlier reports of its run (one per claim).
+    fn keep_report(&mut self, report: RunReport) {
         self.reports
             .entry(report.run_id)
             .or_default()
@@ -442,10 +447,7 @@ impl<'w> Batch<'w> {
         };
         self.worker.pace.record(report.outcome, report.executed);
         self.poison.record(&report).await;
-        self.reports
-            .entry(report.run_id)
-            .or_default()
-            .push_back(report);
+        self.keep_report(report);
     }
 
     /// Phase 4: a run still waiting for a slot when the claim window closed goes back to

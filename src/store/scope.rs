@@ -552,7 +552,7 @@ impl CallScope {
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         match set_on.as_ref() {
             Some((id, holding)) if *id == run_id => holding.clone(),
-            _ => self.run.as_ref().and_then(|k| k.holding.clone()),
+            _ => self.holding().cloned(),
         }
     }
 
