@@ -38,18 +38,18 @@ pub struct Calls {
 impl Calls {
     /// Run `work` (calls to [`Calls::store`] or [`Calls::engine`]) in a returning scope that
     /// gives up at `until`, about `run` when given (its writes are read back against its
-    /// lease).
-    pub async fn within<F: Future>(
+    /// lease). The future returned holds `work` once ([`CallScope::run`]).
+    pub fn within<F: Future>(
         &self,
         until: Instant,
         run: Option<RunKey>,
         work: F,
-    ) -> F::Output {
+    ) -> impl Future<Output = F::Output> {
         let mut scope = CallScope::returning(until, self.faults.clone());
         if let Some(run) = run {
             scope = scope.with_run(run);
         }
-        Arc::new(scope).run(work).await
+        Arc::new(scope).run(work)
     }
 
     /// [`Calls::within`] about `run`, and when the writes that landed left the run due again

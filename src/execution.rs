@@ -386,8 +386,10 @@ async fn decide(
     // that began as the lease moved to it): never for a later claim of it by this invocation
     // ([`crate::store::claim_log`]).
     let key = ctx.key_for(target, scope.holding_of(target).as_ref());
+    // Boxed, as `record_failure` is: a handback is a large future that most executions never
+    // make, and inline it would size every run's future, moved whole at each spawn.
     let hand_back = |why| {
-        ctx.hand_back(Handback {
+        Box::pin(ctx.hand_back(Handback {
             run,
             key: key.clone(),
             claimed_at: timing.claimed_at,
@@ -395,7 +397,7 @@ async fn decide(
             why,
             lost_time: scope.lost_time_to_api(),
             until,
-        })
+        }))
     };
     // An operator paused the run while it executed here (seen by the engine, a write or the
     // lease): the run itself, or the root a sub-workflow child's execution resumed and holds.
@@ -580,9 +582,12 @@ fn abandoned(end: &LeaseEnd) -> Fate {
 /// Record a failure observed from outside the handler (timeout, panic) as retryable, with the
 /// invocation's own calls for `key`, bounded by the last write. A failure that could not be
 /// recorded leaves the run to the reaper.
+///
+/// Its future is boxed: it is large and seldom made, and inline it would size every run's
+/// future, which is moved whole as it is spawned.
 async fn record_failure(ctx: &Invocation, key: RunKey, outcome: Outcome, msg: String) -> Fate {
     let until = ctx.budget.last_write();
-    ctx.record_failure(key, outcome, msg, true, until).await
+    Box::pin(ctx.record_failure(key, outcome, msg, true, until)).await
 }
 
 /// The fate of a run whose execution met a later claim of the run by this invocation: the run

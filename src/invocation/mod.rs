@@ -393,7 +393,9 @@ impl<'w> Batch<'w> {
             let run = next.run.clone();
             next.refresher.stop().await;
             let report = match self.poison.mode() {
-                PoisonMode::Fail => self.ctx.fail_blocked(&run, reason).await,
+                // Boxed: a large future that only a blocked workflow's runs make, which inline
+                // would size every run's start.
+                PoisonMode::Fail => Box::pin(self.ctx.fail_blocked(&run, reason)).await,
                 PoisonMode::Defer => self.ctx.defer_blocked(&run, reason).await,
             };
             self.keep_unexecuted(report).await;

@@ -43,7 +43,9 @@ impl Batch<'_> {
         let answer = match answer {
             Windowed::InTime(answer) => answer,
             Windowed::Late(answer) => {
-                self.release_late(answer).await;
+                // Boxed, as the other rare ends of a claim are: inline, their large futures
+                // would size the future of every claim.
+                Box::pin(self.release_late(answer)).await;
                 return Taken::Stop(StopReason::Cutoff);
             }
             Windowed::Unanswered { claims } => {
@@ -93,7 +95,7 @@ impl Batch<'_> {
         let interval = self.worker.settings.lease_refresh_interval;
         let mut claimed = ctx.start_lease(run, sent, interval);
         if claimed.refresher.clock().granted() <= interval {
-            return self.release_short_lease(claimed).await;
+            return Box::pin(self.release_short_lease(claimed)).await;
         }
         if ahead && chain_root(&claimed.run).is_none() {
             // Its steps, read while it waits: one round trip less once it starts.

@@ -116,12 +116,16 @@ impl<'a> Attempts<'a> {
         }
     }
 
-    /// One attempt of `call`: `Ok(Ok)` its answer, `Ok(Err)` an infrastructure fault (counted),
-    /// `Err` an error that is the caller's (a refusal of the API's own). `None` when the scope
-    /// has no time left for an attempt.
-    async fn attempt<T>(
+    /// One attempt of the call `call` makes: `Ok(Ok)` its answer, `Ok(Err)` an infrastructure
+    /// fault (counted), `Err` an error that is the caller's (a refusal of the API's own). `None`
+    /// when the scope has no time left for an attempt (and `call` is not called).
+    ///
+    /// The call's future is made here, in the timeout that bounds it, so that this future
+    /// holds it once: every store call's future is moved whole into its box, so its size is
+    /// paid at every call.
+    async fn attempt<T, Fut: Future<Output = Result<T, StoreError>>>(
         &mut self,
-        call: impl Future<Output = Result<T, StoreError>>,
+        call: impl FnOnce() -> Fut,
     ) -> Option<Result<Result<T, ApiFault>, StoreError>> {
         let start = Instant::now();
         let end = self.scope.end();
@@ -142,7 +146,7 @@ impl<'a> Attempts<'a> {
             // A write that meets a fault is read back before anything else: keep time for it.
             bound = bound.min(later(start, (end - start).mul_f64(0.75)));
         }
-        let answer = timeout_at(bound, call).await;
+        let answer = timeout_at(bound, call()).await;
         let fault = match answer {
             Ok(Ok(answer)) => {
                 self.scope.answered(start.elapsed());
@@ -166,9 +170,10 @@ impl<'a> Attempts<'a> {
     async fn pause(&mut self, fault: &ApiFault) -> bool {
         if fault.kind == FaultKind::Unauthorized {
             let renewed = match self.credentials {
+                // Boxed: the renewal (a Secrets Manager call) is a large future, and only a
+                // refused token awaits it; inline it would size every store call's future.
                 Some(credentials) => {
-                    credentials
-                        .renew_after_refusal(self.generation, self.scope.end())
+                    Box::pin(credentials.renew_after_refusal(self.generation, self.scope.end()))
                         .await
                 }
                 None => false,
@@ -296,7 +301,7 @@ where
         if a.withheld() {
             return a.withhold().await;
         }
-        let fault = match a.attempt(call()).await {
+        let fault = match a.attempt(&mut call).await {
             None => return a.give_up(last).await,
             Some(Err(refused)) => return Err(refused),
             Some(Ok(Ok(answer))) => return Ok(answer),
@@ -336,7 +341,7 @@ where
         if a.withheld() {
             return a.withhold().await;
         }
-        let fault = match a.attempt(call()).await {
+        let fault = match a.attempt(&mut call).await {
             None => return a.give_up(last).await,
             Some(Err(refused)) => return Err(refused),
             Some(Ok(Ok(answer))) => return Ok(answer),
@@ -411,7 +416,7 @@ where
         if a.withheld() {
             return a.withhold().await;
         }
-        let fault = match a.attempt(call()).await {
+        let fault = match a.attempt(&mut call).await {
             None => return a.give_up(last).await,
             Some(Err(refused)) => return Err(refused),
             Some(Ok(Ok(answer))) => return Ok(answer),

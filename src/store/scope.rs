@@ -261,9 +261,12 @@ impl CallScope {
         self
     }
 
-    /// Poll `work` inside this scope.
-    pub async fn run<F: Future>(self: Arc<Self>, work: F) -> F::Output {
-        SCOPE.scope(self, work).await
+    /// `work`, polled inside this scope. A plain function returning the task-local future, not
+    /// an `async fn` awaiting it, so that `work` is held once, not twice (as the argument and
+    /// inside the awaited future): a run's work is large and its future is moved whole as it
+    /// is spawned.
+    pub fn run<F: Future>(self: Arc<Self>, work: F) -> impl Future<Output = F::Output> {
+        SCOPE.scope(self, work)
     }
 
     /// The scope of the task being polled, or a returning one bounded by [`UNSCOPED_BOUND`]
