@@ -54,6 +54,8 @@ pub struct CellSpec {
     pub rtt: Duration,
     /// The PostgreSQL server (a fresh database per cell); `None`: the in-memory store.
     pub postgres: Option<String>,
+    /// The workers run under callgrind, their counts written there (`fleet --callgrind`).
+    pub callgrind: Option<super::callgrind::Dumps>,
 }
 
 /// What one cell measured over its window.
@@ -96,6 +98,9 @@ pub struct Cell {
     pub measured_rtt: Duration,
     /// The backlog at the feeder's reads over the window.
     pub backlog: BacklogLevel,
+    /// User-space instructions the workers executed over the window (`fleet --callgrind`;
+    /// `None` without it).
+    pub instructions: Option<u64>,
 }
 
 impl Cell {
@@ -390,11 +395,16 @@ async fn run_window(spec: &CellSpec, setup: &Setup) -> Result<Cell, BenchError> 
         max_runs: spec.max_runs,
         api_url: &url,
         token: setup.api.token(),
+        callgrind: spec.callgrind.as_ref(),
     })
     .await?;
     fleet.open();
     wait(&mut fleet, spec.warmup).await?;
 
+    let pids: Vec<u32> = fleet.pids().collect();
+    if spec.callgrind.is_some() {
+        super::callgrind::zero(&pids).await?;
+    }
     let mut threads = ThreadWatch::default();
     let start = setup.ends(&fleet).await?;
     if let Some(p) = &setup.probe {
@@ -405,6 +415,17 @@ async fn run_window(spec: &CellSpec, setup: &Setup) -> Result<Cell, BenchError> 
     window(spec, setup, &mut fleet, &start, &mut threads).await?;
     threads.sample(&fleet, false);
     let backlog = *setup.backlog.lock().unwrap_or_else(PoisonError::into_inner);
+    let instructions = match &spec.callgrind {
+        Some(dumps) => {
+            super::callgrind::dump(&pids).await?;
+            let mut sum = 0_u64;
+            for &pid in &pids {
+                sum = sum.saturating_add(dumps.instructions(pid)?);
+            }
+            Some(sum)
+        }
+        None => None,
+    };
     let end = setup.ends(&fleet).await?;
     let pg = setup.probe.as_ref().map(PgProbe::end).transpose()?;
     let output = fleet.stop().await;
@@ -428,6 +449,7 @@ async fn run_window(spec: &CellSpec, setup: &Setup) -> Result<Cell, BenchError> 
     cell.latencies = latencies;
     cell.measured_rtt = measured_rtt;
     cell.backlog = backlog;
+    cell.instructions = instructions;
     Ok(cell)
 }
 
@@ -505,6 +527,7 @@ fn assemble(spec: &CellSpec, start: &Ends, end: &Ends, threads: &ThreadWatch) ->
         latencies: Vec::new(),
         measured_rtt: Duration::ZERO,
         backlog: BacklogLevel::default(),
+        instructions: None,
     }
 }
 

@@ -19,6 +19,7 @@
 //! then a steady-state window whose requests, CPU times, lock waits and claim latencies are
 //! measured ([`postgres`], [`procfs`]).
 
+mod callgrind;
 mod cell;
 mod postgres;
 mod processes;
@@ -109,6 +110,13 @@ pub struct FleetArgs {
     /// Print the section only; write nothing.
     #[arg(long)]
     pub print_only: bool,
+    /// Diagnostic: run every worker under valgrind's callgrind and report the user-space
+    /// instructions per run over each window, the dumps kept in DIR (created if needed) for
+    /// `callgrind_annotate`. The workers run 20 to 50 times slower: that run's other figures are
+    /// not comparable with a normal run's, and it writes nothing to BENCHMARKS.md
+    /// (`fleet/callgrind.rs`).
+    #[arg(long, value_name = "DIR")]
+    pub callgrind: Option<PathBuf>,
 }
 
 fn secs(s: &str) -> Result<f64, String> {
@@ -146,7 +154,10 @@ pub async fn run(args: FleetArgs, command: Vec<String>) -> Result<(), BenchError
     let fleets = measure(args, command).await?;
     let section = report::section(&fleets, &machine.finish());
     println!("{section}");
-    if fleets.args.print_only || fleets.args.postgres_url.is_none() {
+    if fleets.args.print_only
+        || fleets.args.postgres_url.is_none()
+        || fleets.args.callgrind.is_some()
+    {
         return Ok(());
     }
     let out =
@@ -161,6 +172,9 @@ pub async fn run(args: FleetArgs, command: Vec<String>) -> Result<(), BenchError
 /// Every cell: per workload, per F ascending, both workers, the one first in turn.
 pub async fn measure(args: FleetArgs, command: Vec<String>) -> Result<Fleets, BenchError> {
     let started = Instant::now();
+    if let Some(dir) = &args.callgrind {
+        callgrind::prepare(dir)?;
+    }
     let mut cells = Vec::new();
     for &workload in &args.workloads {
         for (i, &f) in args.fleets.iter().enumerate() {
@@ -198,5 +212,9 @@ fn spec(args: &FleetArgs, workload: FleetWorkload, worker: Worker, f: usize) -> 
         min_runs: args.min_runs,
         rtt: Duration::from_secs_f64(args.rtt_ms / 1000.0),
         postgres: args.postgres_url.clone(),
+        callgrind: args.callgrind.as_ref().map(|dir| callgrind::Dumps {
+            dir: dir.clone(),
+            stem: format!("{}-{}-f{f}", worker.name(), workload.flag()),
+        }),
     }
 }

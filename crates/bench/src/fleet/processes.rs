@@ -83,6 +83,8 @@ pub struct Spec<'a> {
     pub max_runs: usize,
     pub api_url: &'a str,
     pub token: &'a str,
+    /// Run each process under callgrind (`fleet --callgrind`).
+    pub callgrind: Option<&'a super::callgrind::Dumps>,
 }
 
 /// The F processes, and for ours the Runtime API behind them.
@@ -116,6 +118,9 @@ impl Fleet {
                 }
                 None => reference(&exe, spec),
             };
+            if let Some(dumps) = spec.callgrind {
+                cmd = dumps.wrap(&cmd);
+            }
             cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
             let mut child = cmd.spawn().map_err(|e| {
                 BenchError::msg(format!("starting {} as a worker: {e}", exe.display()))
@@ -149,7 +154,7 @@ impl Fleet {
         fleet_alive(&mut self.children)
     }
 
-    fn pids(&self) -> impl Iterator<Item = u32> + '_ {
+    pub fn pids(&self) -> impl Iterator<Item = u32> + '_ {
         self.children.iter().filter_map(Child::id)
     }
 

@@ -56,6 +56,20 @@ pub fn section(r: &Fleets, m: &Machine) -> String {
     }
     ratios(&mut md, r);
     cpu_ratios(&mut md, &r.args.workloads, &r.cells);
+    let counted: Vec<super::callgrind::Row<'_>> = r
+        .cells
+        .iter()
+        .filter_map(|c| {
+            Some(super::callgrind::Row {
+                workload: c.spec.workload.flag(),
+                f: c.spec.f,
+                worker: c.spec.worker,
+                runs: c.runs,
+                instructions: c.instructions?,
+            })
+        })
+        .collect();
+    super::callgrind::table(&mut md, &counted);
     projection(&mut md, r);
     errors(&mut md, r);
     md
@@ -412,6 +426,7 @@ fn ratios(md: &mut String, r: &Fleets) {
     );
     let _ = writeln!(md, "|---|---|---|---|---|---|---|");
     let mut missed = Vec::new();
+    let mut compared = 0_usize;
     for &w in &r.args.workloads {
         let cells: Vec<&Cell> = r.cells.iter().filter(|c| c.spec.workload == w).collect();
         let (ours, reference) = (
@@ -419,6 +434,7 @@ fn ratios(md: &mut String, r: &Fleets) {
             curve(&cells, Worker::Reference),
         );
         for (o, re) in pairs(&cells) {
+            compared += 1;
             let ratio = o.runs_per_s() / re.runs_per_s().max(1e-9);
             let tie = ratio < 1.0 && within_one_run(o, re);
             let _ = writeln!(
@@ -466,7 +482,9 @@ fn ratios(md: &mut String, r: &Fleets) {
     let _ = writeln!(
         md,
         "\n{}\n",
-        if missed.is_empty() {
+        if compared == 0 {
+            NOTHING_COMPARED.to_string()
+        } else if missed.is_empty() {
             "Every goal is met.".to_string()
         } else {
             format!(
@@ -480,6 +498,11 @@ fn ratios(md: &mut String, r: &Fleets) {
         }
     );
 }
+
+/// What a goal's verdict says when no fleet was measured with both workers: nothing was
+/// compared, so nothing is met or missed.
+const NOTHING_COMPARED: &str = "No goal is judged: no fleet size was measured with both \
+     workers (run both, `--workers reference,ours`, to compare them).";
 
 /// Where the CPU of a run goes at two peaks, ours (`o`) against the reference's (`re`), in ms
 /// per run: PostgreSQL (`–` where not measured), the API, the workers with their steps.
@@ -549,7 +572,9 @@ fn cpu_ratios(md: &mut String, workloads: &[FleetWorkload], cells: &[Cell]) {
     let _ = writeln!(
         md,
         "\n{}\n",
-        if missed == 0 {
+        if rows == 0 {
+            NOTHING_COMPARED.to_string()
+        } else if missed == 0 {
             "The CPU goal is met in every row.".to_string()
         } else {
             format!("The CPU goal is missed in {missed} of {rows} rows.")
@@ -635,6 +660,7 @@ mod tests {
                 min_runs: 1,
                 rtt: std::time::Duration::ZERO,
                 postgres: None,
+                callgrind: None,
             },
             window: std::time::Duration::from_millis(window_ms),
             runs,
@@ -656,6 +682,7 @@ mod tests {
             latencies: Vec::new(),
             measured_rtt: Default::default(),
             backlog: Default::default(),
+            instructions: None,
         }
     }
 
@@ -702,6 +729,16 @@ mod tests {
             "{md}"
         );
         assert!(md.contains("missed in 1 of 2 rows"), "{md}");
+    }
+
+    #[test]
+    fn a_fleet_measured_with_one_worker_only_judges_no_goal() {
+        let mut ours = cell(Worker::Ours, 100, 10_000);
+        ours.worker_cpu = std::time::Duration::from_millis(50);
+        let mut md = String::new();
+        cpu_ratios(&mut md, &[FleetWorkload::Sleep], &[ours]);
+        assert!(md.contains(NOTHING_COMPARED), "{md}");
+        assert!(!md.contains("is met"), "{md}");
     }
 
     #[test]
