@@ -31,6 +31,8 @@ impl Dumps {
         let std = cmd.as_std();
         let mut wrapped = Command::new("valgrind");
         wrapped
+            // Without its banner, which would take the slots of the cell's first problems.
+            .arg("-q")
             .arg("--tool=callgrind")
             .arg(format!(
                 "--callgrind-out-file={}",
@@ -48,6 +50,11 @@ impl Dumps {
         }
         if let Some(dir) = std.get_current_dir() {
             wrapped.current_dir(dir);
+        }
+        // `callgrind_control` (run with the bench's environment) finds the process through
+        // valgrind's FIFOs in `$TMPDIR`: both sides must agree on it.
+        if let Some(tmp) = std::env::var_os("TMPDIR") {
+            wrapped.env("TMPDIR", tmp);
         }
         wrapped
     }
@@ -100,22 +107,45 @@ pub async fn dump(pids: &[u32]) -> Result<(), BenchError> {
     control("-d", pids).await
 }
 
+/// The longest one `callgrind_control` may take (it waits for the process to answer).
+const CONTROL_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// `callgrind_control <flag> <pid>` for each pid. It exits with 0 even when it found no such
+/// process or could not reach it, so its answer is read: each pid must say `OK.`.
 async fn control(flag: &str, pids: &[u32]) -> Result<(), BenchError> {
     for pid in pids {
-        let status = Command::new("callgrind_control")
+        let run = Command::new("callgrind_control")
             .arg(flag)
             .arg(pid.to_string())
-            .stdout(Stdio::null())
-            .status()
+            .stdin(Stdio::null())
+            .kill_on_drop(true)
+            .output();
+        let output = tokio::time::timeout(CONTROL_TIMEOUT, run)
             .await
+            .map_err(|_| {
+                BenchError::msg(format!(
+                    "callgrind_control {flag} {pid} did not answer in {} s",
+                    CONTROL_TIMEOUT.as_secs()
+                ))
+            })?
             .map_err(|e| BenchError::msg(format!("running callgrind_control {flag}: {e}")))?;
-        if !status.success() {
+        let said = String::from_utf8_lossy(&output.stdout);
+        if !answered(&said) {
             return Err(BenchError::msg(format!(
-                "callgrind_control {flag} {pid} failed ({status})"
+                "callgrind_control {flag} {pid} did not confirm ({}): {} {}",
+                output.status,
+                said.trim(),
+                String::from_utf8_lossy(&output.stderr).trim()
             )));
         }
     }
     Ok(())
+}
+
+/// Whether `callgrind_control`'s output confirms the command (`  OK.` under the process's
+/// line).
+fn answered(stdout: &str) -> bool {
+    stdout.lines().any(|l| l.trim() == "OK.")
 }
 
 /// The directory given, created if needed.
@@ -164,7 +194,8 @@ pub fn table(md: &mut String, rows: &[Row<'_>]) {
         "| workload | F | worker | runs | instructions per run (millions) | ours / reference |"
     );
     let _ = writeln!(md, "|---|---|---|---|---|---|");
-    let per_run = |r: &Row<'_>| r.instructions as f64 / r.runs.max(1) as f64 / 1e6;
+    // No run ended in the window: no count per run.
+    let per_run = |r: &Row<'_>| (r.runs > 0).then(|| r.instructions as f64 / r.runs as f64 / 1e6);
     for r in rows {
         let ratio = (r.worker == super::Worker::Ours)
             .then(|| {
@@ -173,18 +204,16 @@ pub fn table(md: &mut String, rows: &[Row<'_>]) {
                 })
             })
             .flatten()
-            .map_or_else(
-                || "–".to_string(),
-                |re| format!("{:.3}", per_run(r) / per_run(re).max(1e-12)),
-            );
+            .and_then(|re| Some(per_run(r)? / per_run(re)?))
+            .map_or_else(|| "–".to_string(), |ratio| format!("{ratio:.3}"));
         let _ = writeln!(
             md,
-            "| {} | {} | {} | {} | {:.3} | {ratio} |",
+            "| {} | {} | {} | {} | {} | {ratio} |",
             r.workload,
             r.f,
             r.worker.name(),
             r.runs,
-            per_run(r)
+            per_run(r).map_or_else(|| "–".to_string(), |n| format!("{n:.3}"))
         );
     }
     let _ = writeln!(md);
@@ -230,6 +259,28 @@ mod tests {
         let mut empty = String::new();
         table(&mut empty, &[]);
         assert!(empty.is_empty());
+        let mut none_ended = String::new();
+        table(
+            &mut none_ended,
+            &[
+                row(super::super::Worker::Reference, 731, 2_652_208_328),
+                row(super::super::Worker::Ours, 0, 5_000_000),
+            ],
+        );
+        assert!(
+            none_ended.contains("| shell | 1 | ours | 0 | – | – |"),
+            "{none_ended}"
+        );
+    }
+
+    #[test]
+    fn only_an_ok_from_callgrind_control_confirms_a_command() {
+        assert!(answered("PID 21048: sleep 20\n  OK.\n"));
+        // What it prints, exiting with 0, for a process it cannot find.
+        assert!(!answered(""));
+        assert!(!answered(
+            "Error: Callgrind task with PID/name '999999' not detected.\n"
+        ));
     }
 
     #[test]

@@ -482,7 +482,7 @@ fn ratios(md: &mut String, r: &Fleets) {
     let _ = writeln!(
         md,
         "\n{}\n",
-        if compared == 0 {
+        if compared == 0 && missed.is_empty() {
             NOTHING_COMPARED.to_string()
         } else if missed.is_empty() {
             "Every goal is met.".to_string()
