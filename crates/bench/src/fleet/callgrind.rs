@@ -298,19 +298,27 @@ mod tests {
         assert_eq!(
             args,
             [
+                "-q",
                 "--tool=callgrind",
                 "--callgrind-out-file=/tmp/cg/ours-shell-f2.%p",
                 "/bin/worker",
                 "--x"
             ]
         );
-        let envs: Vec<_> = std.get_envs().collect();
+        // The command's own environment, and the bench's TMPDIR where it has one.
+        let envs: Vec<_> = std.get_envs().filter(|(key, _)| *key != "TMPDIR").collect();
         assert_eq!(
             envs,
             [(
                 std::ffi::OsStr::new("ROLE"),
                 Some(std::ffi::OsStr::new("function"))
             )]
+        );
+        assert_eq!(
+            std.get_envs()
+                .find(|(key, _)| *key == "TMPDIR")
+                .and_then(|(_, v)| v),
+            std::env::var_os("TMPDIR").as_deref()
         );
     }
 }
