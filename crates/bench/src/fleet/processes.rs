@@ -123,7 +123,14 @@ impl Fleet {
             }
             cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
             let mut child = cmd.spawn().map_err(|e| {
-                BenchError::msg(format!("starting {} as a worker: {e}", exe.display()))
+                let under = match spec.callgrind {
+                    Some(_) => " under valgrind (`--callgrind`: is valgrind installed, on PATH?)",
+                    None => "",
+                };
+                BenchError::msg(format!(
+                    "starting {} as a worker{under}: {e}",
+                    exe.display()
+                ))
             })?;
             let (out, err) = (child.stdout.take(), child.stderr.take());
             fleet.output.push(crate::process::read_lines(out, err));
