@@ -6,8 +6,9 @@
 //! A write of a holding the invocation has since claimed again
 //! ([`CallScope::claimed_again`]: `guard` sends none of its calls), or about a run the
 //! invocation claimed after the write was sent, is never sent again, whatever the run reads:
-//! the run is the later claim's, under the same worker id. While a claim is unanswered, a run read Running under this worker id may be
-//! its: the read-back says [`ReadBack::Unknown`] and is made again.
+//! the run is the later claim's, under the same worker id. While a claim is unanswered, a run
+//! read Running under this worker id may be its: the read-back says [`ReadBack::Unknown`] and
+//! is made again.
 //!
 //! [`CallScope::claimed_again`]: super::scope::CallScope::claimed_again
 

@@ -59,12 +59,23 @@ impl Dumps {
         wrapped
     }
 
-    /// The instructions counted in process `pid`'s dump (its first: the window's).
+    /// Dump the counts of processes `pids` (since [`zero`]) and sum them: the instructions
+    /// they executed over the window.
     ///
     /// # Errors
     ///
-    /// The dump is missing or holds no `summary:` line.
-    pub fn instructions(&self, pid: u32) -> Result<u64, BenchError> {
+    /// `callgrind_control` failed, or a dump is missing or holds no `summary:` line.
+    pub async fn count(&self, pids: &[u32]) -> Result<u64, BenchError> {
+        dump(pids).await?;
+        let mut sum = 0_u64;
+        for &pid in pids {
+            sum = sum.saturating_add(self.instructions(pid)?);
+        }
+        Ok(sum)
+    }
+
+    /// The instructions counted in process `pid`'s dump (its first: the window's).
+    fn instructions(&self, pid: u32) -> Result<u64, BenchError> {
         let path = self.dir.join(format!("{}.{pid}.1", self.stem));
         let text = std::fs::read_to_string(&path).map_err(|e| {
             BenchError::msg(format!(
@@ -103,7 +114,7 @@ pub async fn zero(pids: &[u32]) -> Result<(), BenchError> {
 /// # Errors
 ///
 /// `callgrind_control` could not run or failed.
-pub async fn dump(pids: &[u32]) -> Result<(), BenchError> {
+async fn dump(pids: &[u32]) -> Result<(), BenchError> {
     control("-d", pids).await
 }
 
@@ -240,14 +251,19 @@ mod tests {
             runs,
             instructions,
         };
-        let mut md = String::new();
-        table(
-            &mut md,
-            &[
-                row(super::super::Worker::Reference, 731, 2_652_208_328),
-                row(super::super::Worker::Ours, 670, 2_345_713_872),
-            ],
-        );
+        // The reference's row beside ours (`runs` and `instructions` ours).
+        let beside_the_reference = |runs, instructions| {
+            let mut md = String::new();
+            table(
+                &mut md,
+                &[
+                    row(super::super::Worker::Reference, 731, 2_652_208_328),
+                    row(super::super::Worker::Ours, runs, instructions),
+                ],
+            );
+            md
+        };
+        let md = beside_the_reference(670, 2_345_713_872);
         assert!(
             md.contains("| shell | 1 | reference | 731 | 3.628 | – |"),
             "{md}"
@@ -259,14 +275,7 @@ mod tests {
         let mut empty = String::new();
         table(&mut empty, &[]);
         assert!(empty.is_empty());
-        let mut none_ended = String::new();
-        table(
-            &mut none_ended,
-            &[
-                row(super::super::Worker::Reference, 731, 2_652_208_328),
-                row(super::super::Worker::Ours, 0, 5_000_000),
-            ],
-        );
+        let none_ended = beside_the_reference(0, 5_000_000);
         assert!(
             none_ended.contains("| shell | 1 | ours | 0 | – | – |"),
             "{none_ended}"

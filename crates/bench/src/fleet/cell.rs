@@ -416,14 +416,7 @@ async fn run_window(spec: &CellSpec, setup: &Setup) -> Result<Cell, BenchError> 
     threads.sample(&fleet, false);
     let backlog = *setup.backlog.lock().unwrap_or_else(PoisonError::into_inner);
     let instructions = match &spec.callgrind {
-        Some(dumps) => {
-            super::callgrind::dump(&pids).await?;
-            let mut sum = 0_u64;
-            for &pid in &pids {
-                sum = sum.saturating_add(dumps.instructions(pid)?);
-            }
-            Some(sum)
-        }
+        Some(dumps) => Some(dumps.count(&pids).await?),
         None => None,
     };
     let end = setup.ends(&fleet).await?;

@@ -147,8 +147,8 @@ pub struct Fleets {
 }
 
 /// Measure every cell, then print the section and (unless `--print-only`, `--callgrind`, or
-/// without PostgreSQL) write it into `BENCHMARKS.md` in place of the old one. `command` is the command
-/// line given (`fleet` and its options), for the section's header.
+/// without PostgreSQL) write it into `BENCHMARKS.md` in place of the old one. `command` is the
+/// command line given (`fleet` and its options), for the section's header.
 pub async fn run(args: FleetArgs, command: Vec<String>) -> Result<(), BenchError> {
     let machine = crate::machine::Machine::read();
     let fleets = measure(args, command).await?;

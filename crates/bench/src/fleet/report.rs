@@ -56,8 +56,15 @@ pub fn section(r: &Fleets, m: &Machine) -> String {
     }
     ratios(&mut md, r);
     cpu_ratios(&mut md, &r.args.workloads, &r.cells);
-    let counted: Vec<super::callgrind::Row<'_>> = r
-        .cells
+    instructions(&mut md, &r.cells);
+    projection(&mut md, r);
+    errors(&mut md, r);
+    md
+}
+
+/// The cells counted under callgrind (`fleet --callgrind`), in its table; nothing without.
+fn instructions(md: &mut String, cells: &[Cell]) {
+    let counted: Vec<super::callgrind::Row<'_>> = cells
         .iter()
         .filter_map(|c| {
             Some(super::callgrind::Row {
@@ -69,10 +76,7 @@ pub fn section(r: &Fleets, m: &Machine) -> String {
             })
         })
         .collect();
-    super::callgrind::table(&mut md, &counted);
-    projection(&mut md, r);
-    errors(&mut md, r);
-    md
+    super::callgrind::table(md, &counted);
 }
 
 /// The cells with errors, and their first ones.
