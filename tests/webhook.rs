@@ -18,8 +18,9 @@ use ironflow_store::entities::RunStatus;
 use ironflow_store::store::RunStore;
 use serde_json::{Value, json};
 
+use common::fault_proxy::FaultProxy;
 use common::moto::{new_queue, queued, sqs_client, sqs_event, take_visible};
-use common::webhook::{by_token, created, lambda_event, post, request, signed};
+use common::webhook::{by_token, created, lambda_event, post, post_within, request, signed};
 use common::{create_run, state_of};
 
 const TOKEN: &str = "webhook-test-token";
@@ -323,4 +324,57 @@ async fn a_run_created_while_idle_is_claimed_through_the_push_path() {
     assert_eq!(summary.runs[0].run_id, run);
     let state = state_of(&s.api, run).await;
     assert_eq!(state, RunStatus::Completed);
+}
+
+/// A push whose request leaves no time to send its wake-up is answered 503 with nothing sent,
+/// and the body is not taken: the API's webhook sends it again, and that one wakes.
+#[tokio::test]
+async fn a_push_with_no_time_left_to_send_is_answered_503_and_wakes_when_sent_again() {
+    let s = setup(LocalApi::start(TOKEN).await.unwrap(), 8).await;
+    create_run(&s.api, "quick-shell").await;
+    let body = created("quick-shell");
+    // 50 ms to the deadline: less than the reserve kept for the answer, so no time for calls.
+    let (status, answer) =
+        post_within(&s.worker, signed(SECRET, &body), Duration::from_millis(50)).await;
+    assert_eq!(status, 503, "nothing surely reached the queue: {answer}");
+    assert_eq!(answer["woke"], false, "{answer}");
+    assert_eq!(answer["wake_ups"]["sent"], 0, "{answer}");
+    let errors = answer["wake_ups"]["errors"].to_string();
+    assert!(errors.contains("none sent"), "{answer}");
+    assert_eq!(queued(&s.sqs, &s.queue).await, 0, "no send was started");
+    // The API's re-send of the same body is not a duplicate: it wakes.
+    let (status, answer) = post(&s.worker, signed(SECRET, &body)).await;
+    assert_eq!((status, &answer["woke"]), (202, &json!(true)), "{answer}");
+    assert_eq!(queued(&s.sqs, &s.queue).await, 1);
+}
+
+/// A backlog read that never answers ends before the request's time does: the send keeps its
+/// share of the time and the wake-up is sent.
+#[tokio::test]
+async fn a_backlog_read_that_never_answers_leaves_the_send_its_time() {
+    let api = LocalApi::start(TOKEN).await.unwrap();
+    create_run(&api, "quick-shell").await;
+    let proxy = FaultProxy::start(&api.url(), 1).await;
+    proxy.black_hole("GET /runs/pending-count");
+    let sqs = sqs_client();
+    let queue = new_queue(&sqs).await;
+    let mut wake = WakeSettings::new(&queue);
+    wake.max_per_invocation = 3;
+    let worker = LambdaWorkerBuilder::new(&proxy.url(), TOKEN)
+        .provider(Arc::new(ClaudeCodeProvider::new()))
+        .register(samples::QuickShell)
+        .webhook_secret(SECRET)
+        .wake_ups(Waker::new(sqs.clone(), wake))
+        .build()
+        .unwrap();
+    let (status, answer) = post(&worker, signed(SECRET, &created("quick-shell"))).await;
+    assert_eq!(proxy.stats().total("black_hole"), 1, "the read was held");
+    let errors = answer["wake_ups"]["errors"].to_string();
+    assert!(
+        errors.contains("pending count ran into the deadline"),
+        "{answer}"
+    );
+    assert_eq!((status, &answer["woke"]), (202, &json!(true)), "{answer}");
+    assert_eq!(answer["wake_ups"]["sent"], 1, "{answer}");
+    assert_eq!(queued(&sqs, &queue).await, 1);
 }

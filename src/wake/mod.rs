@@ -44,6 +44,7 @@ use crate::settings::WakeSettings;
 
 use self::fleet::{FleetMark, Share};
 pub use self::local::LocalWakeQueue;
+pub(crate) use self::send::reads_end;
 use self::send::{Sender, book_timers, fail, left, send_wake_ups};
 use self::share::{cover_tail, fleet_share, give_back};
 pub use self::sqs::SqsWakeQueue;
@@ -229,7 +230,9 @@ async fn wake_for(
 ) -> Delivery {
     let trigger = need.trigger;
     let mut delivery = Delivery::default();
-    if !measure_backlog(waker, api, need.capabilities, until, report).await {
+    // The reads leave the send its time: a slow read must not leave a needed send unstarted.
+    let reads_until = reads_end(until);
+    if !measure_backlog(waker, api, need.capabilities, reads_until, report).await {
         info!(
             trigger = trigger.as_str(),
             "no pending run left: no wake-up needed"
@@ -252,7 +255,7 @@ async fn wake_for(
         return delivery;
     }
     let share = match need.fleet {
-        Some(fleet) => fleet_share(fleet, count, until, report)
+        Some(fleet) => fleet_share(fleet, count, reads_until, report)
             .await
             .map(|share| (fleet, share)),
         None => None,
@@ -266,7 +269,8 @@ async fn wake_for(
                 "wake-ups sent by another environment cover the backlog"
             );
             let window = (fleet, until_ms);
-            match cover_tail(waker, window, trigger, sender, until, report).await {
+            let bounds = (reads_until, until);
+            match cover_tail(waker, window, trigger, sender, bounds, report).await {
                 Some(delivery) => return delivery,
                 None => count,
             }

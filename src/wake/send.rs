@@ -2,8 +2,12 @@
 //! wake-ups booked for the runs left due later ([`book_timers`]), and what is left of the
 //! invocation's one cap (`IRONFLOW_MAX_WAKEUPS_PER_INVOCATION`, [`left`]).
 //!
-//! Invariant: every send is bounded by the phase's `until`; one that runs into it is recorded
-//! in the report (what SQS took is then unknown), never a failed batch.
+//! Invariants: every send is bounded by the phase's `until`; one that runs into it is recorded
+//! in the report (what SQS took is then unknown), never a failed batch. The reads that decide a
+//! send end [`SEND_RESERVE`] before it ([`reads_end`]), and a send is not started with less
+//! than [`MIN_SEND_TIME`] left: what was not sent is then known, not unknown.
+
+use std::time::Duration;
 
 use tokio::time::{Instant, timeout_at};
 use tracing::{info, warn};
@@ -11,6 +15,26 @@ use uuid::Uuid;
 
 use super::{Waker, timers};
 use crate::report::{Due, TimerWake, WakeReport, WakeTrigger};
+
+/// The time a send keeps for itself before `until`: the reads that decide it (the backlog, the
+/// queue's depth, the fleet's wake-up mark) end this long before, or halfway to `until` when
+/// less than twice this is left ([`reads_end`]). An SQS send takes tens of milliseconds.
+pub(super) const SEND_RESERVE: Duration = Duration::from_secs(1);
+
+/// A send is not started with less than this left before `until`: its request could leave and
+/// its answer not come back, and a pushed event would be answered as perhaps delivered (202)
+/// when it may not have been. Not started, it surely was not: the webhook answers 503 and the
+/// API sends the event again.
+pub(super) const MIN_SEND_TIME: Duration = Duration::from_millis(100);
+
+/// When the reads that decide a send must end, for a send bounded by `until`: [`SEND_RESERVE`]
+/// before it, or halfway there when less than twice that is left (never before now).
+pub(crate) fn reads_end(until: Instant) -> Instant {
+    let left = until.saturating_duration_since(Instant::now());
+    until
+        .checked_sub(SEND_RESERVE.min(left / 2))
+        .unwrap_or(until)
+}
 
 /// Wake-ups the invocation may still send under `IRONFLOW_MAX_WAKEUPS_PER_INVOCATION`, after
 /// the backlog's and the timers (looks included) in `report`.
@@ -110,7 +134,8 @@ pub(super) struct Sender<'a> {
 }
 
 /// Send `count` wake-ups for `trigger` before `until`, with the report's delay; `false` when
-/// the deadline came first (what SQS took is unknown).
+/// the deadline came first (what SQS took is unknown). With less than [`MIN_SEND_TIME`] left
+/// nothing is sent (`true`, `report.sent` 0, the error recorded).
 pub(super) async fn send_wake_ups(
     waker: &Waker,
     count: usize,
@@ -119,6 +144,16 @@ pub(super) async fn send_wake_ups(
     until: Instant,
     report: &mut WakeReport,
 ) -> bool {
+    if until.saturating_duration_since(Instant::now()) < MIN_SEND_TIME {
+        fail::<()>(
+            report,
+            format!(
+                "no time left to send wake-ups (less than {} ms before the deadline): none sent",
+                MIN_SEND_TIME.as_millis()
+            ),
+        );
+        return true;
+    }
     let body = serde_json::json!({
         "reason": trigger,
         "pending_runs": report.pending_runs,

@@ -50,18 +50,18 @@ pub(super) fn fleet_failed(fleet: &FleetMark, error: String, report: &mut WakeRe
 /// since the Unix epoch): book a tail wake-up unless one not yet due is booked
 /// ([`FleetMark::book_tail`]) and, when this decision booked it, send it delayed to the
 /// window's end, so that a run those wake-ups' invocations miss (created after they claimed)
-/// is claimed then, not at the next schedule tick. A tail SQS refused is given back. `None`
-/// when the table failed or did not answer before `until` (recorded): the decision falls back
-/// to this process's own.
+/// is claimed then, not at the next schedule tick. A tail SQS refused is given back. The
+/// booking ends by `reads_until`, the send and the give-back by `until`. `None` when the table
+/// failed or did not answer in time (recorded): the decision falls back to this process's own.
 pub(super) async fn cover_tail(
     waker: &Waker,
     (fleet, window_end_ms): (&FleetMark, u64),
     trigger: WakeTrigger,
     sender: Sender<'_>,
-    until: Instant,
+    (reads_until, until): (Instant, Instant),
     report: &mut WakeReport,
 ) -> Option<Delivery> {
-    let booking = timeout_at(until, fleet.book_tail(window_end_ms, now_ms())).await;
+    let booking = timeout_at(reads_until, fleet.book_tail(window_end_ms, now_ms())).await;
     let tail = match booking {
         Ok(Ok(Some(tail))) => tail,
         Ok(Ok(None)) => {

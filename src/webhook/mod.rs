@@ -291,16 +291,18 @@ async fn wake_fleet(
     let Some(waker) = worker.wake else {
         return Answer::refused(503, "no wake queue (IRONFLOW_WAKE_QUEUE_URL)");
     };
+    // The turn and the reads before the send end early enough to leave the send its time.
+    let reads_until = wake::reads_end(invocation.until);
     // One wake-up decision at a time in this process: events arriving together (the API's
     // publisher posts each in a task of its own) each see what the one before queued. One that
     // waits past its time is answered at once: the decision under way counts its run too (the
     // API published the event after the run was created).
-    let Ok(_turn) = timeout_at(invocation.until, worker.push_turn.lock()).await else {
+    let Ok(_turn) = timeout_at(reads_until, worker.push_turn.lock()).await else {
         info!(event = %notice.kind, workflow, "webhook event: coalesced with the wake-ups being decided");
         return Answer::new(202, json!({ "woke": false, "coalesced": true }));
     };
     // Under the turn: a replay arriving with its original waits for the original's record.
-    if worker.receiver.already_taken(taken, invocation.until).await {
+    if worker.receiver.already_taken(taken, reads_until).await {
         info!(event = %notice.kind, workflow, "webhook event already taken (a replay, or a re-send of an answered one): ignored");
         return Answer::new(202, json!({ "woke": false, "duplicate": true }));
     }
@@ -310,7 +312,7 @@ async fn wake_fleet(
         worker.poison_table.clone(),
         worker.settings.poison,
         worker.poison_mode,
-        invocation.until,
+        reads_until,
         invocation.request_id,
     )
     .sharing(worker.poison_seen.clone());

@@ -18,9 +18,19 @@ pub fn lambda_event(payload: Value) -> LambdaEvent<Value> {
 
 /// An invocation of `payload` with 30 s to its deadline and `trace` as its X-Ray trace header.
 pub fn lambda_event_traced(payload: Value, trace: Option<&str>) -> LambdaEvent<Value> {
+    lambda_event_within(payload, trace, Duration::from_secs(30))
+}
+
+/// An invocation of `payload` with `left` to its deadline and `trace` as its X-Ray trace
+/// header.
+pub fn lambda_event_within(
+    payload: Value,
+    trace: Option<&str>,
+    left: Duration,
+) -> LambdaEvent<Value> {
     let mut context = Context::default();
     context.request_id = Uuid::new_v4().to_string();
-    context.deadline = deadline_in(Duration::from_secs(30));
+    context.deadline = deadline_in(left);
     context.xray_trace_id = trace.map(str::to_string);
     LambdaEvent::new(payload, context)
 }
@@ -81,7 +91,17 @@ pub async fn post(worker: &LambdaWorker, event: Value) -> (u16, Value) {
 
 /// [`post`], in an invocation with `trace` as its X-Ray trace header.
 pub async fn post_traced(worker: &LambdaWorker, event: Value, trace: Option<&str>) -> (u16, Value) {
-    let response = ironflow_lambda::handle_response(worker, lambda_event_traced(event, trace))
+    answer_to(worker, lambda_event_traced(event, trace)).await
+}
+
+/// [`post`], in an invocation with `left` to its deadline.
+pub async fn post_within(worker: &LambdaWorker, event: Value, left: Duration) -> (u16, Value) {
+    answer_to(worker, lambda_event_within(event, None, left)).await
+}
+
+/// The receiver's answer to the invocation `event`.
+async fn answer_to(worker: &LambdaWorker, event: LambdaEvent<Value>) -> (u16, Value) {
+    let response = ironflow_lambda::handle_response(worker, event)
         .await
         .unwrap();
     let Response::Webhook(answer) = &response else {
