@@ -606,6 +606,39 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn an_api_url_with_a_query_or_a_fragment_is_refused() {
+        for url in [
+            "http://127.0.0.1:3711/?x=1",
+            "https://api.example.com/?",
+            "https://api.example.com#top",
+            "https://api.example.com/base?token=abc#x",
+        ] {
+            let err = Settings::from_lookup(lookup(&[
+                ("IRONFLOW_API_URL", url),
+                ("IRONFLOW_WORKER_TOKEN", "t"),
+            ]))
+            .unwrap_err();
+            let text = err.to_string();
+            assert!(
+                matches!(
+                    err,
+                    ConfigError::Invalid {
+                        variable: "IRONFLOW_API_URL",
+                        ..
+                    }
+                ),
+                "{url}: {text}"
+            );
+            assert!(text.contains("without a query"), "{url}: {text}");
+        }
+        let base = [
+            ("IRONFLOW_API_URL", "https://api.example.com/ironflow/"),
+            ("IRONFLOW_WORKER_TOKEN", "t"),
+        ];
+        assert!(Settings::from_lookup(lookup(&base)).is_ok());
+    }
+
+    #[test]
     fn an_api_url_without_a_host_is_refused() {
         for url in ["http://", "http://:8080"] {
             let err = Settings::from_lookup(lookup(&[
@@ -817,6 +850,14 @@ pub(crate) mod tests {
                 "{err}"
             );
         }
+        let with_credentials = "https://user:s3cret@sqs.eu-west-1.amazonaws.com/123456789012/q";
+        let err = with(&[("IRONFLOW_WAKE_QUEUE_URL", with_credentials)]).unwrap_err();
+        assert!(
+            err.contains("IRONFLOW_WAKE_QUEUE_URL") && err.contains("without credentials"),
+            "{err}"
+        );
+        assert!(!err.contains("s3cret"), "{err}");
+        assert!(err.contains("***@sqs.eu-west-1"), "{err}");
         let fifo = "https://sqs.eu-west-1.amazonaws.com/123456789012/wake.fifo";
         let err = with(&[("IRONFLOW_WAKE_QUEUE_URL", fifo)]).unwrap_err();
         assert!(

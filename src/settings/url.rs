@@ -54,6 +54,13 @@ pub fn api_url_problem(url: &str, allow_insecure_http: bool) -> Option<&'static 
              token in IRONFLOW_WORKER_TOKEN",
         );
     }
+    // `Url::query(u)`, not the method form: see `queue_url`.
+    if Url::query(&parsed).is_some() || parsed.fragment().is_some() {
+        return Some(
+            "the API's base URL without a query (?...) or a fragment (#...), e.g. \
+             https://ironflow.example.com: the worker appends /api/v1/internal/... to it",
+        );
+    }
     if insecure(&parsed, allow_insecure_http) {
         return Some(
             "an https:// URL: plain http:// would send the worker token in clear text; it is \
@@ -95,13 +102,20 @@ const QUEUE_URL: &str = "an SQS queue URL, https://sqs.REGION.amazonaws.com/ACCO
 /// `DelaySeconds`, which the wake-ups after a handback need.
 pub(super) fn queue_url(url: &Option<String>, _: &Settings) -> Checked {
     let Some(url) = url else { return Ok(()) };
-    // `Url::query(u)`, not the method form: tests/template.rs reads that form in src/ as a
-    // DynamoDB call (Query) the role must allow.
-    let parsed = http_url(url)
-        .filter(|u| u.username().is_empty() && u.password().is_none() && Url::query(u).is_none());
-    let Some(parsed) = parsed else {
+    let Some(parsed) = http_url(url) else {
         return Err(QUEUE_URL.into());
     };
+    if !parsed.username().is_empty() || parsed.password().is_some() {
+        return Err(Cow::Borrowed(
+            "a queue URL without credentials (user:password@): SQS authenticates the function \
+             by its execution role",
+        ));
+    }
+    // `Url::query(u)`, not the method form: tests/template.rs reads that form in src/ as a
+    // DynamoDB call (Query) the role must allow.
+    if Url::query(&parsed).is_some() {
+        return Err(QUEUE_URL.into());
+    }
     let segments: Vec<&str> = parsed.path().trim_start_matches('/').split('/').collect();
     let [account, name] = segments.as_slice() else {
         return Err(QUEUE_URL.into());

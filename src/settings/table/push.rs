@@ -53,7 +53,7 @@ pub const WAKE_QUEUE_URL: Setting<Option<String>> = Setting {
     min: None,
     max: None,
     rule: Some(url::queue_url),
-    shown: Shown::Raw,
+    shown: Shown::Masked(url::without_userinfo),
     access: field!(wake_queue_url),
 };
 
