@@ -283,6 +283,52 @@ async fn throttling_and_5xx_are_retried_then_the_answer_is_returned() {
     assert_eq!(server.calls().model(NOVA), 5);
 }
 
+/// Errors the SDK does not model are judged by their HTTP status: a proxy's 502 page, a 429
+/// without an error type, AWS's `InternalFailure` and a success whose body is garbled are
+/// retried like throttling, not taken for a refusal; a 4xx the SDK does not model is refused
+/// with its own status.
+#[tokio::test]
+async fn unmodelled_errors_are_judged_by_their_http_status() {
+    let (server, provider) = provider(Script::new().on(
+        Match::model(NOVA),
+        [
+            Reply::raw(
+                502,
+                "text/html",
+                "<html><body>502 Bad Gateway</body></html>",
+            ),
+            Reply::raw(429, "application/json", "{}"),
+            Reply::raw(
+                500,
+                "application/json",
+                r#"{"__type":"InternalFailure","message":"internal"}"#,
+            ),
+            Reply::raw(200, "application/json", r#"{"output": {"mess"#),
+            Reply::text("through"),
+        ],
+    ))
+    .await;
+    let out = provider.invoke(&step("hi", NOVA)).await.unwrap();
+    assert_eq!(out.value, json!("through"));
+    assert_eq!(server.calls().model(NOVA), 5);
+
+    server.push_always(
+        Match::model(NOVA),
+        Reply::raw(
+            418,
+            "application/json",
+            r#"{"__type":"TeapotException","message":"short and stout"}"#,
+        ),
+    );
+    let err = provider.invoke(&step("hi", NOVA)).await.unwrap_err();
+    let AgentError::Api { status, code, .. } = &err else {
+        panic!("expected a refusal, got {err}");
+    };
+    assert_eq!(*status, Some(418), "{err}");
+    assert_eq!(code.as_deref(), Some("TeapotException"), "{err}");
+    assert_eq!(server.calls().model(NOVA), 6, "a refusal is not retried");
+}
+
 #[tokio::test]
 async fn a_call_longer_than_the_per_call_limit_is_dropped_as_a_timeout() {
     let (server, provider) = provider(Script::new().on(
@@ -712,6 +758,53 @@ async fn anthropic_throttling_is_retried_then_a_capacity_wait_until_its_retry_af
         server.calls().route(Route::Messages),
         4,
         "a retry-after beyond the window is not waited for in the invocation"
+    );
+}
+
+/// Anthropic: a cut connection and a garbled answer are retried within the window like
+/// throttling; a `retry-after` of 0 still backs off; one of centuries is a capacity wait of at
+/// most a day, not a panic.
+#[tokio::test]
+async fn anthropic_cut_connections_and_extreme_retry_after_values_are_retried_and_bounded() {
+    let messages = || Match::any().on(Route::Messages);
+    let server = ModelServer::start(Script::new().on(
+        messages(),
+        [
+            Reply::cut(),
+            Reply::raw(200, "application/json", r#"{"content": [{"ty"#),
+            Reply::throttle_retry_after(Duration::ZERO),
+            Reply::throttle_retry_after(Duration::ZERO),
+            Reply::text("after"),
+        ],
+    ))
+    .await
+    .unwrap();
+    let provider = anthropic(&server).await;
+    let config = AgentConfig::new("hi").model("claude-sonnet-4-5");
+    let started = std::time::Instant::now();
+    assert_eq!(
+        provider.invoke(&config).await.unwrap().value,
+        json!("after")
+    );
+    assert_eq!(server.calls().route(Route::Messages), 5);
+    // Four backoffs of at least 0.1, 0.2, 0.4 and 0.8 s (half of 0.2 s doubling).
+    assert!(
+        started.elapsed() >= Duration::from_millis(1500),
+        "a retry-after of 0 backs off: {:?}",
+        started.elapsed()
+    );
+
+    server.push_always(
+        messages(),
+        Reply::throttle_retry_after(Duration::from_secs(u64::MAX / 2)),
+    );
+    let err = provider.invoke(&config).await.unwrap_err();
+    let AgentError::CapacityWait { wake_at, .. } = err else {
+        panic!("expected a capacity wait, got {err}");
+    };
+    assert!(
+        wake_at <= Utc::now() + chrono::TimeDelta::hours(30),
+        "{wake_at}"
     );
 }
 

@@ -55,8 +55,10 @@ struct KeyState {
 /// Each call is cut at the invocation's cutoff (`AgentError::Timeout`); within it, ironflow's
 /// provider bounds each request (120 s unless [`configure`](Self::configure) sets another
 /// timeout). Throttling (429), overload (529) and 5xx are retried within
-/// [`with_retry_window`](Self::with_retry_window) and the time left (the API's `retry-after`
-/// when it sends one, else jittered backoff); after that the step returns
+/// [`with_retry_window`](Self::with_retry_window) and the time left (after the API's
+/// `retry-after` when it sends one, but never sooner than the jittered backoff); so are a
+/// failed or cut connection and an answer that cannot be read, which then fail the step
+/// (status 0) as on Bedrock. After that the step returns
 /// `AgentError::CapacityWait` (kind `anthropic`): the run sleeps until the `retry-after` (else
 /// [`with_capacity_pause`](Self::with_capacity_pause)), within the step's capacity-wait budget,
 /// as [`crate::BedrockProvider`]'s do.
@@ -233,18 +235,29 @@ impl AnthropicSecretProvider {
         let mut attempt: u32 = 0;
         loop {
             let result = self.once(config, sink.clone()).await;
-            let Some(retry_after) = transient(&result) else {
+            let Some(transient) = transient(&result) else {
                 return result;
             };
-            let why = result.err().map(|e| e.to_string()).unwrap_or_default();
-            let delay = retry_after.unwrap_or_else(|| backoff(attempt));
+            let retry_after = match transient {
+                Transient::Capacity(retry_after) => retry_after,
+                Transient::Network => None,
+            };
+            // A `retry-after` shorter than the backoff (0 included) still backs off.
+            let delay = retry_after.map_or_else(|| backoff(attempt), |r| r.max(backoff(attempt)));
             let next = later(Instant::now(), delay);
             if next < window_end && cutoff.is_none_or(|c| next < c) {
+                let why = result.err().map(|e| e.to_string()).unwrap_or_default();
                 info!(attempt = attempt + 1, delay_ms = delay.as_millis() as u64, error = %why, "Anthropic call throttled or failed, retrying");
                 sleep(delay).await;
                 attempt = attempt.saturating_add(1);
                 continue;
             }
+            // A connection that keeps failing through the window fails the step, as on
+            // Bedrock (`calls`, step 3): an unreachable endpoint is a configuration fault.
+            if transient == Transient::Network {
+                return result;
+            }
+            let why = result.err().map(|e| e.to_string()).unwrap_or_default();
             let wait = Sleep {
                 kind: KIND,
                 pause: retry_after.unwrap_or(self.capacity_pause),
@@ -280,14 +293,28 @@ impl AnthropicSecretProvider {
     }
 }
 
-/// When `result` is a throttling (429: `Some` of its `retry-after`) or an overload or 5xx answer
-/// (`Some(None)`): what may pass by waiting. `None` otherwise (connection failures included).
-fn transient(result: &Result<AgentOutput, AgentError>) -> Option<Option<Duration>> {
+/// A failed call that may pass by trying again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Transient {
+    /// Throttled (429, with its `retry-after` if any), overloaded or a 5xx answer.
+    Capacity(Option<Duration>),
+    /// The connection failed or was cut, or the answer could not be read (ironflow's provider
+    /// reports these with status 0).
+    Network,
+}
+
+/// What `result` is when it may pass by trying again; `None` otherwise (a refusal, a success).
+fn transient(result: &Result<AgentOutput, AgentError>) -> Option<Transient> {
     match result {
         Err(AgentError::RateLimited {
             retry_after_secs, ..
-        }) => Some(retry_after_secs.map(Duration::from_secs)),
-        Err(AgentError::HttpProvider { status_code, .. }) if *status_code >= 500 => Some(None),
+        }) => Some(Transient::Capacity(
+            retry_after_secs.map(Duration::from_secs),
+        )),
+        Err(AgentError::HttpProvider { status_code, .. }) if *status_code >= 500 => {
+            Some(Transient::Capacity(None))
+        }
+        Err(AgentError::HttpProvider { status_code: 0, .. }) => Some(Transient::Network),
         _ => None,
     }
 }

@@ -9,7 +9,10 @@
 //!    (0.2 s doubling to 5 s) while the next attempt starts within the retry window and before
 //!    the cutoff. After that the step asks for a capacity wait ([`capacity_wait`]): the run sleeps
 //!    and a timer wakes it; it is no failure and nothing counts it.
-//! 3. A connection that fails or is cut is retried the same way, then fails the step with
+//!    An error the SDK does not model is judged by the answer's HTTP status: a 429 or a 5xx
+//!    (a proxy's 502 page, AWS's `InternalFailure`) is capacity as well.
+//! 3. A connection that fails or is cut, and an answer with a success status that cannot be
+//!    read, are retried the same way, then fail the step with
 //!    [`AgentError::HttpProvider`] (status 0): an unreachable endpoint (no NAT or VPC endpoint)
 //!    is a configuration fault, not a lack of capacity.
 //! 4. Anything else Bedrock refuses (an unknown model id, a permission the role lacks, a request
@@ -18,10 +21,11 @@
 
 use std::time::Duration;
 
+use aws_sdk_bedrockruntime::config::http::HttpResponse;
 use aws_sdk_bedrockruntime::error::{DisplayErrorContext, ProvideErrorMetadata, SdkError};
 use aws_sdk_bedrockruntime::operation::converse::builders::ConverseFluentBuilder;
 use aws_sdk_bedrockruntime::operation::converse::{ConverseError, ConverseOutput};
-use chrono::{TimeDelta, Utc};
+use chrono::{DateTime, TimeDelta, Utc};
 use ironflow_core::error::AgentError;
 use ironflow_core::provider::AgentConfig;
 use tokio::time::{Instant, sleep, timeout_at};
@@ -142,26 +146,32 @@ pub(crate) async fn converse(
     }
 }
 
-/// What the failure `err` of a call to `model` was.
-fn classify<R>(err: &SdkError<ConverseError, R>, model: &str) -> Failure
-where
-    R: std::fmt::Debug,
-{
+/// What the failure `err` of a call to `model` was. The answer's HTTP status decides what the
+/// SDK does not model: a 429 or a 5xx from anything on the way (a proxy's 502 page, a 429
+/// without an error type, AWS's `InternalFailure`) is capacity, and a success status whose body
+/// could not be read is a network fault; both are retried, never a refusal.
+fn classify(err: &SdkError<ConverseError, HttpResponse>, model: &str) -> Failure {
     match err {
         SdkError::ServiceError(service) => {
             let e = service.err();
             let code = e.code().unwrap_or("UnknownError");
             let message = e.message().unwrap_or("no message");
-            let status = status_of(e);
+            let http = service.raw().status().as_u16();
+            let status = status_of(e).unwrap_or(http);
             let transient = e.is_throttling_exception()
                 || e.is_service_unavailable_exception()
                 || e.is_internal_server_exception()
                 || e.is_model_not_ready_exception()
                 || e.is_model_timeout_exception()
-                || status == 429
-                || status >= 500;
+                || http == 429
+                || http >= 500;
             if transient {
-                Failure::Capacity(format!("{code}: {message}"))
+                Failure::Capacity(format!("HTTP {http}, {code}: {message}"))
+            } else if http < 400 {
+                Failure::Network(format!(
+                    "Bedrock's answer (HTTP {http}) could not be read: {}",
+                    DisplayErrorContext(err)
+                ))
             } else {
                 Failure::Refused(refused(
                     status,
@@ -184,9 +194,10 @@ where
     }
 }
 
-/// The HTTP status a Bedrock error stands for (its modelled one; 400 when unknown).
-fn status_of(e: &ConverseError) -> u16 {
-    if e.is_access_denied_exception() {
+/// The HTTP status a modelled Bedrock error stands for; `None` for one the SDK does not model
+/// (the answer's own status then stands).
+fn status_of(e: &ConverseError) -> Option<u16> {
+    Some(if e.is_access_denied_exception() {
         403
     } else if e.is_resource_not_found_exception() {
         404
@@ -200,9 +211,11 @@ fn status_of(e: &ConverseError) -> u16 {
         500
     } else if e.is_service_unavailable_exception() {
         503
-    } else {
+    } else if e.is_validation_exception() {
         400
-    }
+    } else {
+        return None;
+    })
 }
 
 /// The backoff before attempt `attempt + 1`: 0.2 s doubling up to 5 s, each drawn between half
@@ -214,6 +227,10 @@ pub(crate) fn backoff(attempt: u32) -> Duration {
     let ms = u64::try_from(full.as_millis()).unwrap_or(u64::MAX);
     Duration::from_millis(rand::random_range(ms / 2..=ms))
 }
+
+/// The longest one capacity pause lasts, whatever asks for more (a `retry-after` of years, a
+/// provider's pause): the run wakes then, within its budget, and the step is tried again.
+pub(crate) const MAX_PAUSE: Duration = Duration::from_secs(24 * 3600);
 
 /// What a capacity wait is about: the provider `kind` (the run's `capacity_wait_kind`), how long
 /// the run sleeps (`pause`, plus up to a quarter of jitter), the budget of a step that sets none,
@@ -248,10 +265,16 @@ pub(crate) fn capacity_wait(config: &AgentConfig, sleep: &Sleep<'_>, why: &str) 
         return no_capacity;
     }
     let since = config.capacity_wait_since.unwrap_or(now);
-    let last = since + TimeDelta::from_std(budget).unwrap_or(TimeDelta::MAX);
-    let pause_ms = u64::try_from(sleep.pause.as_millis()).unwrap_or(u64::MAX);
+    // Saturating: a budget of centuries ends at the calendar's end, not in a panic.
+    let last = TimeDelta::from_std(budget)
+        .ok()
+        .and_then(|budget| since.checked_add_signed(budget))
+        .unwrap_or(DateTime::<Utc>::MAX_UTC);
+    let pause_ms = u64::try_from(sleep.pause.min(MAX_PAUSE).as_millis()).unwrap_or(u64::MAX);
     let jittered = pause_ms.saturating_add(rand::random_range(0..=pause_ms / 4));
-    let wake_at = now + TimeDelta::milliseconds(i64::try_from(jittered).unwrap_or(i64::MAX));
+    let wake_at = TimeDelta::try_milliseconds(i64::try_from(jittered).unwrap_or(i64::MAX))
+        .and_then(|pause| now.checked_add_signed(pause))
+        .unwrap_or(DateTime::<Utc>::MAX_UTC);
     let wake_at = if wake_at <= last {
         wake_at
     } else if last > now {
@@ -316,6 +339,32 @@ mod tests {
             capacity_wait(&AgentConfig::new("p"), &limits(60, 0), "x"),
             AgentError::NoCapacity { .. }
         ));
+    }
+
+    #[test]
+    fn a_capacity_wait_of_any_length_saturates_instead_of_overflowing() {
+        let huge = Sleep {
+            kind: KIND,
+            pause: Duration::from_secs(u64::MAX),
+            default_budget: Duration::from_secs(u64::MAX),
+            model: "m",
+        };
+        let before = Utc::now();
+        for config in [
+            AgentConfig::new("p"),
+            AgentConfig::new("p").max_capacity_wait(Duration::from_secs(u64::MAX)),
+            AgentConfig::new("p")
+                .max_capacity_wait(Duration::MAX)
+                .capacity_wait_since(DateTime::<Utc>::MAX_UTC - TimeDelta::seconds(1)),
+        ] {
+            let AgentError::CapacityWait { wake_at, .. } = capacity_wait(&config, &huge, "x")
+            else {
+                panic!("expected a capacity wait");
+            };
+            let longest = TimeDelta::from_std(MAX_PAUSE + MAX_PAUSE / 4).unwrap();
+            assert!(wake_at <= Utc::now() + longest, "{wake_at}");
+            assert!(wake_at >= before + TimeDelta::from_std(MAX_PAUSE).unwrap());
+        }
     }
 
     #[test]

@@ -244,6 +244,11 @@ pub(crate) fn reply(
             );
         }
         ReplyKind::Cut => return Answer::Cut,
+        ReplyKind::Raw {
+            status,
+            content_type,
+            body,
+        } => return Answer::raw(*status, content_type, body.clone()),
     };
     Answer::json(
         200,

@@ -248,6 +248,11 @@ pub(crate) fn reply(
             );
         }
         ReplyKind::Cut => return Answer::Cut,
+        ReplyKind::Raw {
+            status,
+            content_type,
+            body,
+        } => return Answer::raw(*status, content_type, body.clone()),
     };
     let model = body.get("model").cloned().unwrap_or(Value::Null);
     let message = json!({

@@ -35,6 +35,8 @@ pub enum Outcome {
     AccessDenied,
     /// Closed without an answer.
     Cut,
+    /// A raw answer (fault injection), with its status.
+    Raw(u16),
     /// Messages 401: no key, or a refused one.
     Unauthorized,
     /// The model id is declared unknown.

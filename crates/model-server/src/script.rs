@@ -136,6 +136,18 @@ pub enum ReplyKind {
     AccessDenied,
     /// The connection is closed without an answer (after the reply's delay).
     Cut,
+    /// FAULT INJECTION, not a model's answer: this status, content type and body as they are,
+    /// on either API. What a proxy or a load balancer answers on the way (a 502 HTML page), an
+    /// error the service's SDK does not model (a 429 without an error type), or a success
+    /// whose body is garbled.
+    Raw {
+        /// The HTTP status.
+        status: u16,
+        /// The `content-type`.
+        content_type: &'static str,
+        /// The body, verbatim.
+        body: String,
+    },
 }
 
 /// One scripted answer: what it is, how long it waits before answering and, optionally,
@@ -226,6 +238,16 @@ impl Reply {
     /// The connection closed without an answer.
     pub fn cut() -> Self {
         Self::of(ReplyKind::Cut)
+    }
+
+    /// FAULT INJECTION: `status` with `body` of `content_type`, verbatim
+    /// ([`ReplyKind::Raw`]).
+    pub fn raw(status: u16, content_type: &'static str, body: impl Into<String>) -> Self {
+        Self::of(ReplyKind::Raw {
+            status,
+            content_type,
+            body: body.into(),
+        })
     }
 
     /// This answer waits `delay` more before it is given (a slow model).

@@ -326,6 +326,7 @@ fn outcome_of(kind: &ReplyKind) -> Outcome {
         ReplyKind::Unavailable => Outcome::Unavailable,
         ReplyKind::AccessDenied => Outcome::AccessDenied,
         ReplyKind::Cut => Outcome::Cut,
+        ReplyKind::Raw { status, .. } => Outcome::Raw(*status),
     }
 }
 

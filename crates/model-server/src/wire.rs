@@ -20,6 +20,16 @@ pub(crate) enum Answer {
 }
 
 impl Answer {
+    /// `status` with `body` of `content_type`, verbatim.
+    pub(crate) fn raw(status: u16, content_type: &'static str, body: String) -> Self {
+        Self::Body {
+            status,
+            headers: Vec::new(),
+            content_type,
+            body,
+        }
+    }
+
     pub(crate) fn json(status: u16, body: Value) -> Self {
         Self::Body {
             status,
