@@ -1239,6 +1239,32 @@ async fn a_past_or_zero_deadline_claims_nothing(backend: Backend) {
     assert_eq!(h.status(id).await, RunStatus::Pending);
 }
 
+/// A failure whose message is larger than the API takes (a shell step failing with 3 MiB of
+/// stderr, which ironflow keeps up to 10 MB) is recorded, its text cut: the run is Failed in
+/// this invocation, not left Running for the reaper to run again.
+async fn a_failure_with_a_huge_message_is_recorded_with_its_text_cut(backend: Backend) {
+    let h = Harness::start_on(backend).await;
+    let cmd = "head -c 3145728 /dev/zero | tr '\\0' x >&2; exit 3";
+    let worker = h
+        .builder()
+        .register(ShellWorkflow::one("loud", cmd))
+        .build()
+        .unwrap();
+    let id = h.create("loud", 0).await;
+
+    let summary = h.invoke(&worker, Duration::from_secs(30)).await;
+
+    assert_eq!(outcomes_of(&summary, id), vec![Outcome::Failed]);
+    let run = h.run(id).await;
+    assert_eq!(run.status.state, RunStatus::Failed);
+    let error = run.error.unwrap_or_default();
+    assert!(error.len() <= 64 * 1024, "{}", error.len());
+    assert!(error.contains("more bytes cut]"), "{}", &error[..200]);
+    let steps = h.steps(id).await;
+    assert_eq!(steps[0].status.state, StepStatus::Failed);
+    assert!(steps[0].error.as_ref().unwrap().len() <= 64 * 1024);
+}
+
 async fn an_absurdly_far_deadline_is_clamped_and_works(backend: Backend) {
     let h = Harness::start_on(backend).await;
     let worker = h.builder().register(quick(&h)).build().unwrap();
@@ -1275,5 +1301,6 @@ on_both_stores!(
     nothing_is_sent_to_the_api_after_the_handler_returned,
     a_past_or_zero_deadline_claims_nothing,
     an_absurdly_far_deadline_is_clamped_and_works,
+    a_failure_with_a_huge_message_is_recorded_with_its_text_cut,
     a_run_s_processes_end_with_it_and_another_run_s_go_on,
 );

@@ -15,6 +15,10 @@ use super::calls::refused;
 /// How much of a refused answer an error carries (bytes).
 const RAW_ANSWER_MAX: usize = 4000;
 
+/// How much of one mismatch an error carries (bytes): the validator's message quotes the value
+/// it refused, which can be the model's whole answer.
+const PROBLEM_MAX: usize = 500;
+
 /// The step's schema and its validator.
 pub(crate) struct AnswerSchema {
     /// What is sent to the model: ironflow's transformation for constrained decoding
@@ -77,7 +81,12 @@ impl AnswerSchema {
             .take(5)
             .map(|e| {
                 let at = e.instance_path.to_string();
-                format!("{}: {e}", if at.is_empty() { "/" } else { &at })
+                let mut problem = format!("{}: {e}", if at.is_empty() { "/" } else { &at });
+                if problem.len() > PROBLEM_MAX {
+                    problem.truncate(problem.floor_char_boundary(PROBLEM_MAX));
+                    problem.push_str(" [...]");
+                }
+                problem
             })
             .collect();
         if problems.is_empty() {
@@ -135,6 +144,22 @@ mod tests {
             matches!(&err, AgentError::SchemaValidation { got, .. } if got.contains("/n")),
             "{err}"
         );
+        // A huge answer of the wrong type: the validator quotes it, the error does not.
+        let huge = "x".repeat(3 << 20);
+        let err = s
+            .check("m.x", json!({ "n": huge }), PartialUsage::default())
+            .unwrap_err();
+        let AgentError::SchemaValidation {
+            got, raw_response, ..
+        } = &err
+        else {
+            panic!("{err}");
+        };
+        assert!(
+            got.len() <= PROBLEM_MAX + 10 && got.starts_with("/n"),
+            "{got}"
+        );
+        assert!(raw_response.as_ref().unwrap().len() <= RAW_ANSWER_MAX);
         let err = AnswerSchema::parse("m.x", r#"{"type": 12}"#).unwrap_err();
         assert!(err.to_string().contains("'m.x'"), "{err}");
         assert!(!ironflow_core::retry::is_retryable(&err.into()));

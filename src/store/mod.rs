@@ -18,6 +18,8 @@
 //! (it treats a store error as non-retryable): the execution's scope stops, and the run's
 //! supervisor ([`crate::execution`]) hands the run back to Pending, to be resumed by replay. The
 //! engine only ever sees the API's own refusals (a bad request, an output over the size limit).
+//! A write's error texts and a step's trace are cut to sizes the API takes (`store/bounded.rs`),
+//! so that a failure is never refused for its message's length.
 //!
 //! **A run this execution holds is read from what it knows** ([`GuardedStore::prime`]).
 //! `Engine::execute_handler_run(id)` starts with `get_run(id)`, right after the claim returned that
@@ -43,6 +45,7 @@
 //!
 //! The module map: [docs/structure.md](https://github.com/ironflow-lambda/ironflow-lambda/blob/main/docs/structure.md).
 
+mod bounded;
 pub mod claim_log;
 pub mod fault;
 pub mod fit;
@@ -268,7 +271,7 @@ impl GuardedStore {
     /// write is in flight (reads go to the API) and returned once the write landed, for the
     /// caller to put back or build the read-back from (see `store/view.rs`).
     async fn write_run(&self, id: Uuid, update: RunUpdate) -> Result<Option<Taken>, StoreError> {
-        let update = self.spread.apply(id, update, Utc::now());
+        let update = bounded::run_update(self.spread.apply(id, update, Utc::now()));
         let taken = self.views.take(id);
         let target = update.status;
         let scheduled_at = update.scheduled_at;
@@ -526,7 +529,7 @@ impl RunStore for GuardedStore {
 
     fn update_step(&self, id: Uuid, update: StepUpdate) -> StoreFuture<'_, ()> {
         let scope = CallScope::current();
-        let update = holder::mark_start(update, &scope);
+        let update = bounded::step_update(holder::mark_start(update, &scope));
         let target = update.status;
         Box::pin(async move {
             guard::write(
