@@ -26,9 +26,10 @@
 //!    [`WebhookSecret`](crate::settings::WebhookSecret) registers itself when it is made, and a worker's
 //!    `IRONFLOW_HEARTBEAT_URL` when it is built), as it is, as JSON
 //!    and `Debug` escape it and percent-encoded; the digest of any `sha256=<hex>` (a webhook
-//!    signature); what follows `Bearer ` (an `Authorization` header); and the value of a
-//!    `token=` parameter; each of these only when it is at least [`MIN_REDACTED_LEN`] characters
-//!    long (a shorter run is a word of prose, not a credential). A line stays JSON
+//!    signature); what follows `Bearer ` (an `Authorization` header); the value of a
+//!    `token=` parameter; and an AWS access key id (`AKIA…`, `ASIA…`); each of these only
+//!    when it is at least [`MIN_REDACTED_LEN`] characters long (a shorter run is a word of
+//!    prose, not a credential). A line stays JSON
 //!    ([`redacted_json`]): a secret found outside a string (a digit-only one logged as an
 //!    integer field) turns that whole value into the string `"[redacted]"`, a string is
 //!    redacted in its decoded text, and a line in which a secret spans the JSON structure is
@@ -263,14 +264,25 @@ fn push_value(out: &mut String, value: &str) {
 type ValuePattern = (&'static str, fn(char) -> bool);
 
 /// The values redacted whoever logs them (rule 2): a signature's digest, a bearer token, a
-/// `token` parameter. A value is a run of at least [`MIN_REDACTED_LEN`] of its characters, so
-/// that prose ("sent as a bearer token)") keeps its words.
+/// `token` parameter, and an AWS access key id (`AKIA…` long-term, `ASIA…` temporary, as a
+/// Lambda role's: the AWS SDK's DEBUG lines print the credentials' `Debug`, whose secret key
+/// and session token it hides, not the key id). A value is a run of at least
+/// [`MIN_REDACTED_LEN`] of its characters, so that prose ("sent as a bearer token)") keeps
+/// its words.
 const VALUE_PATTERNS: &[ValuePattern] = &[
     ("sha256=", |c| c.is_ascii_hexdigit()),
     ("Bearer ", is_b64token_char),
     ("bearer ", is_b64token_char),
     ("token=", is_token_char),
+    ("AKIA", is_key_id_char),
+    ("ASIA", is_key_id_char),
 ];
+
+/// A character of an AWS access key id after its four-letter prefix (`A-Z 2-7` in practice;
+/// any upper-case letter or digit here).
+fn is_key_id_char(c: char) -> bool {
+    c.is_ascii_uppercase() || c.is_ascii_digit()
+}
 
 /// A character of an RFC 6750 `b64token` (`A-Z a-z 0-9 - . _ ~ + / =`), what a bearer
 /// credential is made of.
@@ -531,6 +543,17 @@ mod tests {
             let out = redacted(&line);
             assert!(!out.contains(hidden) && out.contains(REDACTED), "{out}");
         }
+        // The AWS SDK's endpoint-resolution DEBUG line prints the credentials' Debug.
+        for key_id in ["AKIAH2PROBEKEYID0001", "ASIAY34FZKBOKMUTVV7A"] {
+            let line = format!(
+                "resolving endpoint endpoint_params=Credentials {{ provider_name: \"Environment\", \
+                 access_key_id: \"{key_id}\", secret_access_key: \"** redacted **\" }}"
+            );
+            let out = redacted(&line);
+            assert!(!out.contains(key_id) && out.contains(REDACTED), "{out}");
+        }
+        let prose = "the ASIAN market, AKIAB";
+        assert_eq!(redacted(prose), prose);
         assert_eq!(redacted("token=&sha256= plain"), "token=&sha256= plain");
         // A line with a token parameter stays that line, the token redacted.
         let out = redacted_json("{\"rawQueryString\":\"token=s3cr3t-v4lue&x=1\"}");
