@@ -263,6 +263,84 @@ async fn max_turns_reached_with_tool_calls_pending_fails_the_step() {
     assert!(err.to_string().contains(NOVA), "{err}");
     assert_eq!(server.calls().model(NOVA), 3);
     assert_eq!(runs.load(Ordering::SeqCst), 3);
+
+    // A structured step too: not a schema mismatch, which ironflow would ask again (and run
+    // every tool again) twice.
+    let err = provider
+        .invoke(&with_schema(step("loop", NOVA), &count_schema()).max_turns(3))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, AgentError::Api { code: Some(c), .. } if c == "error_max_turns"),
+        "{err}"
+    );
+    assert_eq!(server.calls().model(NOVA), 6);
+    assert_eq!(runs.load(Ordering::SeqCst), 6);
+}
+
+/// A budget that cannot be kept fails the step before any call: zero, negative, not finite,
+/// or on a model without a price.
+#[tokio::test]
+async fn a_budget_that_cannot_be_kept_fails_before_any_call() {
+    let (server, provider) = provider(Script::new()).await;
+    for (model, budget) in [
+        (NOVA, 0.0),
+        (NOVA, -1.0),
+        (NOVA, f64::NAN),
+        (NOVA, f64::INFINITY),
+        ("acme.unpriced-v1:0", 0.01),
+    ] {
+        let err = provider
+            .invoke(&step("hi", model).max_budget_usd(budget))
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(&err, AgentError::Api { code: Some(c), .. } if c == "InvalidBudget"),
+            "{budget}: {err}"
+        );
+        assert!(err.to_string().contains("max_budget_usd"), "{err}");
+    }
+    assert_eq!(server.requests().len(), 0, "no call was made");
+    // A priced model with a budget above zero is called.
+    provider
+        .invoke(&step("hi", NOVA).max_budget_usd(1.0))
+        .await
+        .unwrap();
+    assert_eq!(server.calls().model(NOVA), 1);
+}
+
+/// An answer Bedrock withheld (empty, for a guardrail, a filter, the context window, the
+/// output limit) fails the step naming the stop reason; it is not an empty success.
+#[tokio::test]
+async fn an_answer_withheld_by_a_guardrail_or_a_filter_fails_naming_the_stop_reason() {
+    let withheld = |stop: &str| {
+        Reply::raw(
+            200,
+            "application/json",
+            json!({
+                "output": {"message": {"role": "assistant", "content": []}},
+                "stopReason": stop,
+                "usage": {"inputTokens": 10, "outputTokens": 0, "totalTokens": 10},
+                "metrics": {"latencyMs": 5}
+            })
+            .to_string(),
+        )
+    };
+    let stops = [
+        "guardrail_intervened",
+        "content_filtered",
+        "model_context_window_exceeded",
+        "max_tokens",
+    ];
+    let (_server, provider) =
+        provider(Script::new().on(Match::model(NOVA), stops.iter().map(|s| withheld(s)))).await;
+    for stop in stops {
+        let err = provider.invoke(&step("hi", NOVA)).await.unwrap_err();
+        assert!(
+            matches!(&err, AgentError::Api { code: Some(c), .. } if c == stop),
+            "{stop}: {err}"
+        );
+    }
 }
 
 #[tokio::test]

@@ -8,6 +8,7 @@ use aws_config::SdkConfig;
 use aws_sdk_bedrockruntime::Client;
 use aws_sdk_bedrockruntime::config::StalledStreamProtectionConfig;
 use aws_sdk_bedrockruntime::config::retry::RetryConfig;
+use aws_sdk_bedrockruntime::types::StopReason;
 use ironflow_core::error::{AgentError, PartialUsage};
 use ironflow_core::operations::agent::Model;
 use ironflow_core::pricing::ModelPricing;
@@ -15,7 +16,7 @@ use ironflow_core::provider::{AgentConfig, AgentOutput, AgentProvider, InvokeFut
 use ironflow_core::providers::http::tools::ToolRegistry;
 use serde_json::Value;
 use tokio::sync::OnceCell;
-use tracing::info;
+use tracing::{info, warn};
 
 use super::calls::{self, Limits};
 use super::converse::{self, Answer, Request, Turn, has_native_structured_output};
@@ -50,9 +51,13 @@ const DEFAULT_MAX_TURNS: u32 = 25;
 /// - tools: the [`ToolRegistry`] of [`with_tools`](Self::with_tools) (or of the profile the step
 ///   selects, [`with_tool_profile`](Self::with_tool_profile)), run by this provider between
 ///   model calls, up to `max_turns` calls (default 25; reached with tool calls still pending,
-///   the step fails with `AgentError::Api`, code `error_max_turns`, which ironflow may retry).
-/// - `max_budget_usd`: past it (for a priced model) no further turn is made
-///   (`AgentError::BudgetExceeded`).
+///   the step fails with `AgentError::Api`, code `error_max_turns`, a structured step too).
+/// - `max_budget_usd`: past it no further turn is made (`AgentError::BudgetExceeded`). A
+///   budget of zero or less, not finite, or on a model without a price fails the step before
+///   any call (code `InvalidBudget`).
+/// - an answer without text that Bedrock stopped for a guardrail, a content filter, the
+///   context window or the output limit fails the step with the stop reason as its code; a
+///   text cut at the output limit is returned, with a warning.
 /// - `max_capacity_wait`: the budget of the capacity waits below.
 ///
 /// Each call is bounded by the per-call limit ([`with_call_limit`](Self::with_call_limit)) and by
@@ -241,6 +246,7 @@ impl BedrockProvider {
                 }
             }
         };
+        check_budget(config, model, &self.prices)?;
         let mut request = Request::new(config, model, registry, &answer)?;
         let client = self.client().await;
         let max_turns = config.max_turns.unwrap_or(DEFAULT_MAX_TURNS).max(1);
@@ -290,23 +296,69 @@ impl BedrockProvider {
             trace.results(&results);
             request.push_turn(message, results)?;
         }
+        // Not a schema mismatch, even for a structured step: ironflow asks a mismatch again
+        // (twice by default), which would run every tool and call the model max_turns times
+        // more each time.
         let reached = format!(
             "Bedrock model '{model}' still called tools after max_turns ({max_turns}) turns"
         );
-        if answer.schema().is_some() {
-            return Err(mismatch(
-                model,
-                format!("no answer: {reached}"),
-                None,
-                spent.partial(started),
-            ));
-        }
         Err(AgentError::Api {
             status: None,
             code: Some("error_max_turns".to_string()),
             message: reached,
         })
     }
+}
+
+/// A step's `max_budget_usd` that can be kept: a finite amount above zero, on a model with a
+/// price (the table's, or [`BedrockProvider::with_price`]'s). Checked before any call: a
+/// budget of zero or less would still pay for one call, and a model without a price would
+/// never meet it.
+///
+/// # Errors
+///
+/// A non-retryable [`AgentError::Api`] (code `InvalidBudget`) naming the step's budget and the
+/// model.
+fn check_budget(
+    config: &AgentConfig,
+    model: &str,
+    prices: &[(String, ModelPricing)],
+) -> Result<(), AgentError> {
+    let Some(limit) = config.max_budget_usd else {
+        return Ok(());
+    };
+    let why = if !(limit.is_finite() && limit > 0.0) {
+        format!("max_budget_usd must be a finite amount above 0 USD, found {limit}")
+    } else if pricing::cost(model, Usage::default(), prices).is_none() {
+        format!(
+            "max_budget_usd is {limit} USD, but Bedrock model '{model}' has no price to keep \
+             it with: add one with BedrockProvider::with_price, or drop the budget"
+        )
+    } else {
+        return Ok(());
+    };
+    Err(calls::refused(400, "InvalidBudget", why))
+}
+
+/// An answer Bedrock stopped without text for a reason other than the model's own end (a
+/// guardrail, a content filter, a conversation over the context window, the output limit):
+/// the error naming the reason. `None` for any other turn.
+fn withheld(turn: &Turn, model: &str) -> Option<AgentError> {
+    let why = match turn.stop {
+        StopReason::GuardrailIntervened => "a guardrail intervened",
+        StopReason::ContentFiltered => "the content was filtered",
+        StopReason::ModelContextWindowExceeded => "the conversation exceeds its context window",
+        StopReason::MaxTokens => "the output token limit was reached before any text",
+        _ => return None,
+    };
+    if !turn.text.trim().is_empty() {
+        return None;
+    }
+    Some(AgentError::Api {
+        status: None,
+        code: Some(turn.stop.as_str().to_string()),
+        message: format!("Bedrock model '{model}' gave no answer: {why}"),
+    })
 }
 
 /// What a step's calls cost so far.
@@ -382,8 +434,19 @@ fn final_answer(
     if has_tools && !turn.calls.is_empty() && turn.message.is_some() {
         return Ok(None);
     }
+    if let Some(err) = withheld(turn, model) {
+        return Err(err);
+    }
     match answer {
-        Answer::Text => Ok(Some(Value::String(turn.text.clone()))),
+        Answer::Text => {
+            if turn.stop == StopReason::MaxTokens {
+                warn!(
+                    model,
+                    "the answer was cut at the output token limit (stop reason max_tokens)"
+                );
+            }
+            Ok(Some(Value::String(turn.text.clone())))
+        }
         Answer::Native(schema) => match serde_json::from_str::<Value>(turn.text.trim()) {
             Ok(value) => schema.check(model, value, partial()).map(Some),
             Err(e) => Err(mismatch(

@@ -57,16 +57,6 @@ pub(crate) enum Answer {
     Tool(AnswerSchema),
 }
 
-impl Answer {
-    /// The schema, when the step has one.
-    pub fn schema(&self) -> Option<&AnswerSchema> {
-        match self {
-            Self::Text => None,
-            Self::Native(s) | Self::Tool(s) => Some(s),
-        }
-    }
-}
-
 /// A step's Converse request, growing by a turn at a time.
 #[derive(Debug)]
 pub(crate) struct Request {
