@@ -278,6 +278,54 @@ async fn max_turns_reached_with_tool_calls_pending_fails_the_step() {
     assert_eq!(runs.load(Ordering::SeqCst), 6);
 }
 
+/// The credential chain that finds nothing, as on a machine without a role or keys.
+#[derive(Debug)]
+struct NoCredentials;
+
+impl aws_credential_types::provider::ProvideCredentials for NoCredentials {
+    fn provide_credentials<'a>(
+        &'a self,
+    ) -> aws_credential_types::provider::future::ProvideCredentials<'a>
+    where
+        Self: 'a,
+    {
+        aws_credential_types::provider::future::ProvideCredentials::ready(Err(
+            aws_credential_types::provider::error::CredentialsError::not_loaded(
+                "no providers in chain provided credentials",
+            ),
+        ))
+    }
+}
+
+/// A call that cannot be signed (no credentials) fails the step at once, naming them: no
+/// retries for the window, as a network fault would get.
+#[tokio::test]
+async fn a_call_without_aws_credentials_fails_at_once_naming_them() {
+    let server = ModelServer::start(Script::new()).await.unwrap();
+    let aws = SdkConfig::builder()
+        .behavior_version(BehaviorVersion::latest())
+        .region(Region::new("us-east-1"))
+        .credentials_provider(
+            aws_sdk_secretsmanager::config::SharedCredentialsProvider::new(NoCredentials),
+        )
+        .endpoint_url(server.url())
+        .build();
+    let provider = BedrockProvider::new(&aws).with_retry_window(Duration::from_secs(60));
+    let started = std::time::Instant::now();
+    let err = provider.invoke(&step("hi", NOVA)).await.unwrap_err();
+    assert!(
+        matches!(&err, AgentError::Api { code: Some(c), .. } if c == "NoCredentials"),
+        "{err}"
+    );
+    assert!(err.to_string().contains("AWS_ACCESS_KEY_ID"), "{err}");
+    assert!(
+        started.elapsed() < Duration::from_secs(30),
+        "not retried for the window: {:?}",
+        started.elapsed()
+    );
+    assert_eq!(server.requests().len(), 0);
+}
+
 /// A budget that cannot be kept fails the step before any call: zero, negative, not finite,
 /// or on a model without a price.
 #[tokio::test]

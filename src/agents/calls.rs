@@ -15,12 +15,15 @@
 //!    read, are retried the same way, then fail the step with
 //!    [`AgentError::HttpProvider`] (status 0): an unreachable endpoint (no NAT or VPC endpoint)
 //!    is a configuration fault, not a lack of capacity.
+//!    A call that could not be signed (no credentials) fails the step at once
+//!    ([`AgentError::Api`], code `NoCredentials`).
 //! 4. Anything else Bedrock refuses (an unknown model id, a permission the role lacks, a request
 //!    or schema it finds invalid) fails the step at once with [`AgentError::Api`] naming the
 //!    model, Bedrock's error code and message: retrying it cannot succeed.
 
 use std::time::Duration;
 
+use aws_credential_types::provider::error::CredentialsError;
 use aws_sdk_bedrockruntime::config::http::HttpResponse;
 use aws_sdk_bedrockruntime::error::{DisplayErrorContext, ProvideErrorMetadata, SdkError};
 use aws_sdk_bedrockruntime::operation::converse::builders::ConverseFluentBuilder;
@@ -180,6 +183,15 @@ fn classify(err: &SdkError<ConverseError, HttpResponse>, model: &str) -> Failure
                 ))
             }
         }
+        SdkError::DispatchFailure(_) if no_credentials(err) => Failure::Refused(AgentError::Api {
+            status: None,
+            code: Some("NoCredentials".to_string()),
+            message: format!(
+                "no AWS credentials to sign the call to Bedrock model '{model}' (the function's \
+                 role, or AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY): {}",
+                DisplayErrorContext(err)
+            ),
+        }),
         SdkError::TimeoutError(_) | SdkError::DispatchFailure(_) | SdkError::ResponseError(_) => {
             Failure::Network(DisplayErrorContext(err).to_string())
         }
@@ -192,6 +204,19 @@ fn classify(err: &SdkError<ConverseError, HttpResponse>, model: &str) -> Failure
             ),
         )),
     }
+}
+
+/// Whether `err` is the credential chain finding no credentials (or failing to load them):
+/// a call never sent, which no retry within the window can fix.
+fn no_credentials(err: &(dyn std::error::Error + 'static)) -> bool {
+    let mut cause = Some(err);
+    while let Some(e) = cause {
+        if e.downcast_ref::<CredentialsError>().is_some() {
+            return true;
+        }
+        cause = e.source();
+    }
+    false
 }
 
 /// The HTTP status a modelled Bedrock error stands for; `None` for one the SDK does not model
