@@ -116,6 +116,32 @@ async fn ironflow_s_default_model_becomes_the_provider_s_default() {
     assert_eq!(server.requests()[0].model, "eu.amazon.nova-lite-v1:0");
 }
 
+/// ironflow's `opus` and `haiku` become Bedrock's Claude models, whitespace around an id is
+/// dropped, and a name that is no Bedrock id fails the step before any call, naming it.
+#[tokio::test]
+async fn model_aliases_and_names_that_are_no_bedrock_id() {
+    let (server, provider) = provider(Script::new()).await;
+    for (asked, sent) in [
+        ("opus", "global.anthropic.claude-opus-4-5-20251101-v1:0"),
+        ("haiku", "global.anthropic.claude-haiku-4-5-20251001-v1:0"),
+        (" us.amazon.nova-pro-v1:0\n", NOVA),
+    ] {
+        provider.invoke(&step("hi", asked)).await.unwrap();
+        assert_eq!(server.requests().last().unwrap().model, sent, "{asked:?}");
+    }
+    let calls = server.requests().len();
+    let err = provider
+        .invoke(&step("hi", "claude-opus-4-6"))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, AgentError::Api { code: Some(c), .. } if c == "InvalidModel"),
+        "{err}"
+    );
+    assert!(err.to_string().contains("'claude-opus-4-6'"), "{err}");
+    assert_eq!(server.requests().len(), calls, "no call was made");
+}
+
 #[tokio::test]
 async fn structured_output_uses_the_output_format_where_the_model_has_it_else_a_forced_tool() {
     let answer = json!({"count": 3, "label": "three"});

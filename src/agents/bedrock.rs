@@ -30,6 +30,14 @@ use super::trace::Trace;
 /// Bedrock's global cross-region inference profile.
 pub const DEFAULT_BEDROCK_MODEL: &str = "global.anthropic.claude-sonnet-4-5-20250929-v1:0";
 
+/// The model of a step that names ironflow's alias `opus`: Claude Opus 4.5 through Bedrock's
+/// global cross-region inference profile.
+pub const BEDROCK_OPUS: &str = "global.anthropic.claude-opus-4-5-20251101-v1:0";
+
+/// The model of a step that names ironflow's alias `haiku`: Claude Haiku 4.5 through Bedrock's
+/// global cross-region inference profile.
+pub const BEDROCK_HAIKU: &str = "global.anthropic.claude-haiku-4-5-20251001-v1:0";
+
 /// Turns (model calls) of a step that sets no `max_turns`: 25, as ironflow's HTTP providers.
 const DEFAULT_MAX_TURNS: u32 = 25;
 
@@ -42,8 +50,11 @@ const DEFAULT_MAX_TURNS: u32 = 25;
 ///
 /// - `model`: a foundation model id (`amazon.nova-pro-v1:0`), an inference profile id
 ///   (`us.…`, `global.…`) or an ARN; ironflow's default `sonnet` (a step that names no model)
-///   becomes [`with_default_model`](Self::with_default_model)'s. An id Bedrock does not know, or
-///   the role may not call, fails the step with an error naming the model (not retried).
+///   becomes [`with_default_model`](Self::with_default_model)'s, `opus` and `haiku`
+///   [`BEDROCK_OPUS`] and [`BEDROCK_HAIKU`]; whitespace around it is dropped, and a name that
+///   is no Bedrock id (no `.`, not an ARN) fails the step before any call. An id Bedrock does
+///   not know, or the role may not call, fails the step with an error naming the model (not
+///   retried).
 /// - `system_prompt` and `append_system_prompt` (after a blank line): the system prompt.
 /// - `json_schema`: Converse's structured output format where the model has it, else a tool the
 ///   model must answer through; the answer is checked against the schema, and a mismatch is
@@ -220,20 +231,40 @@ impl BedrockProvider {
             .await
     }
 
-    /// The model the step `config` calls.
-    fn model_for<'a>(&'a self, config: &'a AgentConfig) -> &'a str {
-        if config.model == Model::SONNET || config.model.trim().is_empty() {
-            &self.default_model
-        } else {
-            &config.model
-        }
+    /// The model the step `config` calls: its `model` without surrounding whitespace;
+    /// ironflow's aliases `sonnet` (and no model) as the default model, `opus` and `haiku` as
+    /// [`BEDROCK_OPUS`] and [`BEDROCK_HAIKU`].
+    ///
+    /// # Errors
+    ///
+    /// A non-retryable [`AgentError::Api`] (code `InvalidModel`) for a name that is no Bedrock
+    /// model id (one without a `.`, not an ARN: a Claude CLI name such as `claude-opus-4-6`).
+    fn model_for<'a>(&'a self, config: &'a AgentConfig) -> Result<&'a str, AgentError> {
+        let model = config.model.trim();
+        Ok(match model {
+            "" | Model::SONNET => &self.default_model,
+            Model::OPUS => BEDROCK_OPUS,
+            Model::HAIKU => BEDROCK_HAIKU,
+            id if id.contains('.') || id.starts_with("arn:") => id,
+            other => {
+                return Err(calls::refused(
+                    400,
+                    "InvalidModel",
+                    format!(
+                        "model '{other}' is not a Bedrock model id: name a foundation model, an \
+                         inference profile or an ARN (e.g. {DEFAULT_BEDROCK_MODEL}), or one of \
+                         ironflow's aliases sonnet, opus, haiku"
+                    ),
+                ));
+            }
+        })
     }
 
     /// The step `config`, turn by turn.
     async fn run(&self, config: &AgentConfig) -> Result<AgentOutput, AgentError> {
         session::no_session_to_resume(config, "Bedrock")?;
         let started = Instant::now();
-        let model = self.model_for(config);
+        let model = self.model_for(config)?;
         let registry = self.tools.select(config.tool_profile.as_ref())?;
         let answer = match &config.json_schema {
             None => Answer::Text,

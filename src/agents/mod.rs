@@ -19,4 +19,4 @@ mod tools;
 mod trace;
 
 pub use anthropic::{AnthropicSecretProvider, REREAD_AT_MOST_EVERY};
-pub use bedrock::{BedrockProvider, DEFAULT_BEDROCK_MODEL};
+pub use bedrock::{BEDROCK_HAIKU, BEDROCK_OPUS, BedrockProvider, DEFAULT_BEDROCK_MODEL};
