@@ -352,6 +352,47 @@ async fn a_call_without_aws_credentials_fails_at_once_naming_them() {
     assert_eq!(server.requests().len(), 0);
 }
 
+/// ironflow asks a structured step again after a mismatch and records only the last attempt:
+/// the provider carries each mismatched attempt's usage to the step's next attempt (by the
+/// session id the engine gives each agent step), so the answer, or the last mismatch, counts
+/// every paid call. Another step's session starts from zero.
+#[tokio::test]
+async fn the_usage_of_mismatched_attempts_is_carried_to_the_step_s_answer() {
+    let bad = json!({"count": "three", "label": "x"});
+    let good = json!({"count": 3, "label": "three"});
+    let (_server, provider) = provider(Script::new().on(
+        Match::model(NOVA),
+        [
+            Reply::structured(bad.clone()).with_usage(1_000_000, 0),
+            Reply::structured(bad.clone()).with_usage(1_000_000, 0),
+            Reply::structured(good.clone()).with_usage(1_000_000, 0),
+            Reply::structured(good).with_usage(1_000_000, 0),
+        ],
+    ))
+    .await;
+    let mut config = with_schema(step("count", NOVA), &count_schema());
+    config.session_id = Some("step-1".into());
+    for attempt in 1..=2u64 {
+        let err = provider.invoke(&config).await.unwrap_err();
+        let AgentError::SchemaValidation { partial_usage, .. } = err else {
+            panic!("expected a mismatch, got {err}");
+        };
+        assert_eq!(partial_usage.input_tokens, Some(attempt * 1_000_000));
+        assert!(partial_usage.duration_ms.is_some());
+    }
+    let out = provider.invoke(&config).await.unwrap();
+    assert_eq!(out.input_tokens, Some(3_000_000), "three paid calls");
+    assert!(
+        (out.cost_usd.unwrap() - 2.4).abs() < 1e-9,
+        "{:?}",
+        out.cost_usd
+    );
+    // The step's carry was taken: its next execution (a new session) starts from zero.
+    config.session_id = Some("step-2".into());
+    let out = provider.invoke(&config).await.unwrap();
+    assert_eq!(out.input_tokens, Some(1_000_000));
+}
+
 /// A budget that cannot be kept fails the step before any call: zero, negative, not finite,
 /// or on a model without a price.
 #[tokio::test]

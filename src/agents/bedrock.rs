@@ -18,6 +18,7 @@ use serde_json::Value;
 use tokio::sync::OnceCell;
 use tracing::{info, warn};
 
+use super::attempts::Unrecorded;
 use super::calls::{self, Limits};
 use super::converse::{self, Answer, Request, Turn, has_native_structured_output};
 use super::pricing::{self, Usage};
@@ -105,6 +106,8 @@ pub struct BedrockProvider {
     limits: Limits,
     tools: ToolProfiles,
     prices: Vec<(String, ModelPricing)>,
+    /// The usage of mismatched structured answers, for their step's next attempt.
+    unrecorded: Unrecorded,
 }
 
 impl fmt::Debug for BedrockProvider {
@@ -158,6 +161,7 @@ impl BedrockProvider {
             },
             tools: ToolProfiles::default(),
             prices: Vec::new(),
+            unrecorded: Unrecorded::default(),
         }
     }
 
@@ -260,8 +264,20 @@ impl BedrockProvider {
         })
     }
 
-    /// The step `config`, turn by turn.
+    /// The step `config`: [`Self::turns`], its usage counting that of the step's earlier
+    /// attempts that ended in a schema mismatch ([`Unrecorded`]), and kept for the next one
+    /// when this one ends in a mismatch too.
     async fn run(&self, config: &AgentConfig) -> Result<AgentOutput, AgentError> {
+        let earlier = self.unrecorded.take(config);
+        let result = self.turns(config, earlier).await;
+        if let Err(AgentError::SchemaValidation { partial_usage, .. }) = &result {
+            self.unrecorded.keep(config, Usage::of(partial_usage));
+        }
+        result
+    }
+
+    /// The step `config`, turn by turn, its usage starting at `earlier`.
+    async fn turns(&self, config: &AgentConfig, earlier: Usage) -> Result<AgentOutput, AgentError> {
         session::no_session_to_resume(config, "Bedrock")?;
         let started = Instant::now();
         let model = self.model_for(config)?;
@@ -282,6 +298,7 @@ impl BedrockProvider {
         let client = self.client().await;
         let max_turns = config.max_turns.unwrap_or(DEFAULT_MAX_TURNS).max(1);
         let mut spent = Spent::new(model, &self.prices);
+        spent.add(earlier);
         let mut trace = Trace::new(config.verbose);
         for turn_no in 1..=max_turns {
             let output = calls::converse(
@@ -295,7 +312,9 @@ impl BedrockProvider {
             let turn = converse::read(output);
             spent.add(turn.usage);
             trace.answer(&turn);
-            if let Some(value) = final_answer(&turn, &answer, registry.is_some(), model, &spent)? {
+            if let Some(value) =
+                final_answer(&turn, &answer, registry.is_some(), model, (&spent, started))?
+            {
                 info!(
                     model,
                     turns = turn_no,
@@ -451,14 +470,11 @@ fn final_answer(
     answer: &Answer,
     has_tools: bool,
     model: &str,
-    spent: &Spent<'_>,
+    (spent, started): (&Spent<'_>, Instant),
 ) -> Result<Option<Value>, AgentError> {
-    let partial = || PartialUsage {
-        cost_usd: spent.cost,
-        input_tokens: Some(spent.usage.input),
-        output_tokens: Some(spent.usage.output),
-        ..PartialUsage::default()
-    };
+    // With its duration: the engine keeps a failed step's usage only when it has a cost or a
+    // duration, and an unpriced model's has no cost.
+    let partial = || spent.partial(started);
     if let (Answer::Tool(schema), Some(value)) = (answer, &turn.answered) {
         return schema.check(model, value.clone(), partial()).map(Some);
     }

@@ -7,6 +7,7 @@
 //! [docs/structure.md](https://github.com/ironflow-lambda/ironflow-lambda/blob/main/docs/structure.md).
 
 mod anthropic;
+mod attempts;
 mod bedrock;
 pub(crate) mod budget;
 mod calls;

@@ -10,6 +10,7 @@
 //! priority tiers, and a price AWS changed since: add or override a row with
 //! [`BedrockProvider::with_price`](crate::BedrockProvider::with_price).
 
+use ironflow_core::error::PartialUsage;
 use ironflow_core::pricing::{CostBreakdown, ModelPricing, PricingSource};
 
 /// One row of [`BEDROCK_PRICES`]: a model and its rates.
@@ -148,6 +149,16 @@ pub(crate) struct Usage {
 }
 
 impl Usage {
+    /// The tokens `partial` reports (zero where it reports none).
+    pub fn of(partial: &PartialUsage) -> Self {
+        Self {
+            input: partial.input_tokens.unwrap_or(0),
+            output: partial.output_tokens.unwrap_or(0),
+            cache_read: partial.cache_read_input_tokens.unwrap_or(0),
+            cache_write: partial.cache_creation_input_tokens.unwrap_or(0),
+        }
+    }
+
     /// This usage plus `other`'s (saturating).
     pub fn add(&mut self, other: Usage) {
         self.input = self.input.saturating_add(other.input);
