@@ -24,6 +24,7 @@ use aws_config::SdkConfig;
 use aws_sdk_secretsmanager::config::timeout::TimeoutConfig;
 use aws_sdk_secretsmanager::error::{DisplayErrorContext, ProvideErrorMetadata, SdkError};
 use aws_sdk_secretsmanager::operation::get_secret_value::GetSecretValueError;
+use tracing::warn;
 
 use crate::settings::{
     ANTHROPIC_API_KEY_SECRET_ARN_VAR, SECRET_ARN_EXPECTED, WEBHOOK_SECRET_ARN_VAR,
@@ -415,6 +416,14 @@ fn arn_to_read(
             .filter(|v| !v.is_empty())
     };
     if get(value_var).is_some() {
+        if get(arn_var).is_some() {
+            warn!(
+                variable = value_var,
+                ignored = arn_var,
+                "both are set: the value is used, and the secret (and its rotations) ignored; \
+                 unset one of them"
+            );
+        }
         return Ok(None);
     }
     match get(arn_var) {

@@ -383,10 +383,29 @@ pub(crate) mod tests {
             err,
             ConfigError::Invalid {
                 variable: "IRONFLOW_CLAIM_AHEAD_PERCENT",
-                expected: "a smaller whole number (it is out of range)".into(),
+                expected: "a whole number: this value is too large to be read".into(),
                 found: "99999999999".into()
             }
         );
+        // Any number of digits is too large, not malformed; the row's bounds are named.
+        for (variable, raw, bounds) in [
+            ("IRONFLOW_CONCURRENCY", "9".repeat(41), "greater than 0"),
+            (
+                "IRONFLOW_RUN_TIMEOUT_SECS",
+                "18446744073709551616".to_string(),
+                "at most 3153600000",
+            ),
+        ] {
+            let mut vars = BASE.to_vec();
+            vars.push((variable, raw.as_str()));
+            let err = Settings::from_lookup(lookup(&vars))
+                .unwrap_err()
+                .to_string();
+            assert!(
+                err.contains(variable) && err.contains(bounds) && err.contains("too large"),
+                "{err}"
+            );
+        }
         for (raw, percent) in [("0", 0), ("25", 25)] {
             let mut vars = BASE.to_vec();
             vars.push(("IRONFLOW_CLAIM_AHEAD_PERCENT", raw));

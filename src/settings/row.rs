@@ -201,7 +201,9 @@ impl<T: Value> Entry for Setting<T> {
                 Ok(())
             }
             Err(Unparsed::Form) => Err(self.accepted()),
-            Err(Unparsed::Expected(expected)) => Err(expected.into()),
+            Err(Unparsed::TooLarge) => {
+                Err(format!("{}: this value is too large to be read", self.accepted()).into())
+            }
         }
     }
     fn check(&self, s: &Settings) -> Result<(), Cow<'static, str>> {

@@ -1,9 +1,12 @@
 //! [`Settings::validate`]: every row's check ([`super::row::Entry::check`]: bounds and rule), then
 //! what no single value shows, one concern per check, each naming its row.
 
+use std::time::Duration;
+
 use super::table::{
-    CONCURRENCY, CONCURRENT_INVOCATIONS, DEADLINE_MARGIN, EMULATED_INVOCATION,
-    LEASE_REFRESH_INTERVAL, MIN_CLAIM_BUDGET, VARIABLES, Variable, WAKE_QUEUE_URL, WEBHOOK_SECRET,
+    CAPACITY_SPREAD, CAPACITY_SPREAD_MAX, CONCURRENCY, CONCURRENT_INVOCATIONS, DEADLINE_MARGIN,
+    EMULATED_INVOCATION, FUNCTION_TIMEOUT, LEASE_REFRESH_INTERVAL, LEASE_TTL, MIN_CLAIM_BUDGET,
+    VARIABLES, Variable, WAKE_QUEUE_URL, WEBHOOK_SECRET,
 };
 use super::{
     DEFAULT_MAX_WAKEUPS_PER_INVOCATION, DEFAULT_WAKE_DELAY, FunctionRole, MAX_DURATION,
@@ -43,6 +46,7 @@ pub(super) fn problems(s: &Settings) -> Vec<Problem> {
     counts(s, &mut p);
     deadline(s, &mut p);
     lease(s, &mut p);
+    spread(s, &mut p);
     wake(s, &mut p);
     receiver(s, &mut p);
     p.0.sort_by_key(|problem| position(problem.variable));
@@ -71,20 +75,34 @@ fn counts(s: &Settings, p: &mut Problems) {
     }
 }
 
-/// The margin, the minimum claim budget and an emulated invocation against the timeout.
+/// `d` as an operator writes it: whole seconds as `30 s`, anything finer in milliseconds.
+fn shown(d: Duration) -> String {
+    if d.subsec_nanos() == 0 {
+        format!("{} s", d.as_secs())
+    } else {
+        format!("{} ms", d.as_millis())
+    }
+}
+
+/// The margin, the minimum claim budget and an emulated invocation against the timeout. Each
+/// check is made only when the values it compares have no problem of their own: one bad value
+/// is reported once, against its own variable.
 fn deadline(s: &Settings, p: &mut Problems) {
     let (margin, timeout) = (s.deadline_margin, s.function_timeout);
-    if !p.has(&DEADLINE_MARGIN) && margin >= timeout {
+    let timeout_ok = !p.has(&FUNCTION_TIMEOUT);
+    if timeout_ok && !p.has(&DEADLINE_MARGIN) && margin >= timeout {
         p.add(
             &DEADLINE_MARGIN,
             format!(
-                "{margin:?} is not below the function timeout {timeout:?}: no invocation would \
-                 have time to run"
+                "{} is not below the function timeout {}: no invocation would have time to run",
+                shown(margin),
+                shown(timeout)
             ),
         );
     }
     let budget = s.min_claim_budget;
-    if !p.has(&MIN_CLAIM_BUDGET)
+    if timeout_ok
+        && !p.has(&MIN_CLAIM_BUDGET)
         && !p.has(&DEADLINE_MARGIN)
         && budget
             .checked_add(margin)
@@ -93,20 +111,27 @@ fn deadline(s: &Settings, p: &mut Problems) {
         p.add(
             &MIN_CLAIM_BUDGET,
             format!(
-                "{budget:?} plus the margin {margin:?} is not below the function timeout \
-                 {timeout:?}: no run would ever be claimed"
+                "{} plus the margin {} is not below the function timeout {}: no run would ever \
+                 be claimed",
+                shown(budget),
+                shown(margin),
+                shown(timeout)
             ),
         );
     }
     if let Some(length) = s.emulated_invocation
+        && !p.has(&EMULATED_INVOCATION)
+        && !p.has(&DEADLINE_MARGIN)
         && length <= margin
         && length <= MAX_DURATION
     {
         p.add(
             &EMULATED_INVOCATION,
             format!(
-                "{length:?} is not above the deadline margin {margin:?}: no emulated invocation \
-                 would have time to run"
+                "{} is not above the deadline margin {}: no emulated invocation would have time \
+                 to run",
+                shown(length),
+                shown(margin)
             ),
         );
     }
@@ -115,12 +140,30 @@ fn deadline(s: &Settings, p: &mut Problems) {
 /// The lease must be refreshed before it expires.
 fn lease(s: &Settings, p: &mut Problems) {
     let (ttl, interval) = (s.lease_ttl, s.lease_refresh_interval);
-    if !p.has(&LEASE_REFRESH_INTERVAL) && interval >= ttl {
+    if !p.has(&LEASE_REFRESH_INTERVAL) && !p.has(&LEASE_TTL) && interval >= ttl {
         p.add(
             &LEASE_REFRESH_INTERVAL,
             format!(
-                "{interval:?} is not below the lease TTL {ttl:?}: the lease would expire \
-                 between refreshes"
+                "{} is not below the lease TTL {}: the lease would expire between refreshes",
+                shown(interval),
+                shown(ttl)
+            ),
+        );
+    }
+}
+
+/// The most a capacity wake-up is spread over cannot be below the least: the most would be
+/// ignored.
+fn spread(s: &Settings, p: &mut Problems) {
+    let (least, most) = (s.capacity_spread, s.capacity_spread_max);
+    if !p.has(&CAPACITY_SPREAD) && !p.has(&CAPACITY_SPREAD_MAX) && most < least {
+        p.add(
+            &CAPACITY_SPREAD_MAX,
+            format!(
+                "{} is below IRONFLOW_CAPACITY_SPREAD_SECS {}: the most a wake-up is spread \
+                 over cannot be below the least; raise it, or lower the other",
+                shown(most),
+                shown(least)
             ),
         );
     }
@@ -171,6 +214,58 @@ mod tests {
         ];
         vars.extend_from_slice(extra);
         Settings::from_lookup(lookup(&vars)).map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn one_bad_value_is_reported_once_against_its_own_variable() {
+        for (variable, others) in [
+            (
+                "IRONFLOW_LEASE_TTL_SECS",
+                ["IRONFLOW_LEASE_REFRESH_INTERVAL_SECS", ""],
+            ),
+            (
+                "IRONFLOW_FUNCTION_TIMEOUT_SECS",
+                [
+                    "IRONFLOW_DEADLINE_MARGIN_MS",
+                    "IRONFLOW_MIN_CLAIM_BUDGET_MS",
+                ],
+            ),
+        ] {
+            let err = from(&[(variable, "0")]).unwrap_err();
+            assert!(err.contains(variable), "{err}");
+            for other in others.iter().filter(|o| !o.is_empty()) {
+                assert!(!err.contains(other), "{other} blamed for {variable}: {err}");
+            }
+        }
+        // A real conflict names the values in their variables' units.
+        let err = from(&[
+            ("IRONFLOW_LEASE_TTL_SECS", "10"),
+            ("IRONFLOW_LEASE_REFRESH_INTERVAL_SECS", "30"),
+        ])
+        .unwrap_err();
+        assert!(
+            err.contains("30 s is not below the lease TTL 10 s"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn a_capacity_spread_whose_most_is_below_its_least_is_refused_naming_both() {
+        let err = from(&[
+            ("IRONFLOW_CAPACITY_SPREAD_SECS", "300"),
+            ("IRONFLOW_CAPACITY_SPREAD_MAX_SECS", "30"),
+        ])
+        .unwrap_err();
+        assert!(
+            err.contains("IRONFLOW_CAPACITY_SPREAD_MAX_SECS")
+                && err.contains("IRONFLOW_CAPACITY_SPREAD_SECS 300 s"),
+            "{err}"
+        );
+        from(&[
+            ("IRONFLOW_CAPACITY_SPREAD_SECS", "30"),
+            ("IRONFLOW_CAPACITY_SPREAD_MAX_SECS", "30"),
+        ])
+        .unwrap();
     }
 
     #[test]

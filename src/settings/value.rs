@@ -38,8 +38,9 @@ impl Unit {
 pub enum Unparsed {
     /// It is not of the value's form: the row says what it accepts (form and bounds).
     Form,
-    /// Something more precise was expected.
-    Expected(&'static str),
+    /// A whole number larger than its type holds: the row says what it accepts, and that the
+    /// value is too large.
+    TooLarge,
 }
 
 /// A type a setting holds.
@@ -84,15 +85,20 @@ pub trait Value: Clone + Send + Sync + 'static {
     }
 }
 
-/// A whole number, and "out of range" for one its type cannot hold.
+/// A whole number, and [`Unparsed::TooLarge`] for one its type cannot hold (any number of
+/// digits).
 fn whole<T: FromStr>(raw: &str) -> Result<T, Unparsed> {
     match raw.parse::<T>() {
         Ok(v) => Ok(v),
-        Err(_) if raw.parse::<u128>().is_ok() => Err(Unparsed::Expected(
-            "a smaller whole number (it is out of range)",
-        )),
+        Err(_) if is_whole_number(raw) => Err(Unparsed::TooLarge),
         Err(_) => Err(Unparsed::Form),
     }
+}
+
+/// Whether `raw` is a whole number as `str::parse` reads one: digits, after an optional `+`.
+fn is_whole_number(raw: &str) -> bool {
+    let digits = raw.strip_prefix('+').unwrap_or(raw);
+    !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit())
 }
 
 macro_rules! whole_number {

@@ -50,7 +50,8 @@ pub enum Stale {
     },
 }
 
-/// When an event stamped `at` stops being fresh (`at + window`, epoch ms), if it is fresh now.
+/// When an event stamped `at` stops being fresh (`at + window + 1 ms`, epoch ms: at
+/// `at + window` it is still fresh, and must still be remembered), if it is fresh now.
 ///
 /// # Errors
 ///
@@ -69,7 +70,10 @@ pub fn fresh_until(
             window_secs: window.as_secs(),
         });
     }
-    Ok(at.timestamp_millis().saturating_add(window_ms))
+    Ok(at
+        .timestamp_millis()
+        .saturating_add(window_ms)
+        .saturating_add(1))
 }
 
 /// The bodies this process took, each until its expiry (epoch ms).
@@ -149,10 +153,13 @@ mod tests {
     fn an_event_is_fresh_within_the_window_either_way() {
         let window = Duration::from_secs(300);
         let now = at(1_000_000);
-        assert_eq!(
-            fresh_until(Some(at(1_000_000 - 300)), now, window),
-            Ok(1_000_000_000)
-        );
+        // Fresh at its window's last millisecond, and remembered through it.
+        let until = fresh_until(Some(at(1_000_000 - 300)), now, window);
+        assert_eq!(until, Ok(1_000_000_001));
+        let seen = Seen::default();
+        let d = digest(b"edge");
+        seen.record(d, until.unwrap(), 1_000_000_000);
+        assert!(seen.contains(&d, 1_000_000_000));
         assert!(fresh_until(Some(at(1_000_000 + 300)), now, window).is_ok());
         assert!(matches!(
             fresh_until(Some(at(1_000_000 - 301)), now, window),
