@@ -410,7 +410,9 @@ async fn decide(
         _ => false,
     };
     let fate = match stop {
-        Stop::Finished(joined) => finished(ctx, run, key.clone(), *joined).await,
+        Stop::Finished(joined) => {
+            finished(ctx, run, key.clone(), *joined, scope.status_refused()).await
+        }
         Stop::Scope(ScopeStop::Fault(fault)) => {
             warn!(error = %fault, "the API kept failing: handing the run back");
             hand_back(Why::ApiFault(fault)).await
@@ -472,6 +474,7 @@ async fn finished(
     run: &Run,
     key: RunKey,
     joined: Result<Result<WorkflowResult, EngineError>, JoinError>,
+    status_refused: bool,
 ) -> Fate {
     let target = key.run_id;
     match joined {
@@ -501,8 +504,17 @@ async fn finished(
         Ok(Err(e)) => {
             // The engine routed this failure through fail_or_schedule_retry already: writing
             // Failed again would cancel an armed retry. An API fault never gets here (the
-            // store stops the execution instead): this is the workflow's own failure.
+            // store stops the execution instead): this is the workflow's own failure. The API
+            // may have refused that write (the engine logs it and goes on): the run is then
+            // still Running under this lease, and the reaper takes it back once it expires.
             let e = e.to_string();
+            if status_refused {
+                error!(error = %e, "run failed, and the API refused the write of its failure: left to the API's reaper");
+                return Fate::left_to_reaper(
+                    Outcome::Failed,
+                    format!("{e} (the API refused its failure's write; left to the API's reaper)"),
+                );
+            }
             error!(error = %e, "run failed");
             Fate::new(Outcome::Failed, Some(e))
         }

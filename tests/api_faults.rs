@@ -392,7 +392,38 @@ async fn a_step_whose_start_was_never_written_does_not_count_the_wait_after_it(b
     assert_eq!(h.status(id).await, RunStatus::Completed);
 }
 
+/// The API refuses the write of a workflow's failure (an answer, not a fault): the run is still
+/// Running under the invocation's lease, and the invocation says so (left to the reaper), not
+/// that it failed.
+async fn a_failure_whose_write_the_api_refused_is_reported_left_to_the_reaper(backend: Backend) {
+    let h = Harness::start_on(backend).await;
+    let proxy = FaultProxy::start(&h.api.url(), 13).await;
+    let worker = through(&h, &proxy)
+        .register(ShellWorkflow::one("bad", "exit 3"))
+        .build()
+        .unwrap();
+    let id = h.create("bad", 0).await;
+    // The second write of the run is its failure's (the first sets no status).
+    proxy.next("PUT /runs/{id}", Fault::Delay(Duration::ZERO));
+    proxy.next("PUT /runs/{id}", Fault::Refused);
+
+    let summary = h.invoke(&worker, Duration::from_secs(8)).await;
+
+    assert_eq!(proxy.stats().total("refused"), 1, "{:?}", proxy.stats());
+    let report = &summary.runs[0];
+    assert_eq!(report.outcome, Outcome::Failed, "{report:?}");
+    assert!(report.left_to_reaper, "{report:?}");
+    let error = report.error.as_deref().unwrap_or_default();
+    assert!(error.contains("refused its failure's write"), "{error}");
+    assert_eq!(
+        h.status(id).await,
+        RunStatus::Running,
+        "nothing was written"
+    );
+}
+
 on_both_stores!(
+    a_failure_whose_write_the_api_refused_is_reported_left_to_the_reaper,
     a_step_whose_start_was_never_written_does_not_count_the_wait_after_it,
     a_fault_on_the_mark_of_a_wait_is_read_back_and_the_mark_sent_again,
     a_claim_whose_lease_the_api_dated_back_is_released_not_executed,

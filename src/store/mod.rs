@@ -284,16 +284,20 @@ impl GuardedStore {
         }
         // A claim of the run by this invocation after this point is a later one.
         let sent = CallScope::current().write_sent();
-        guard::write(
+        let written = guard::write(
             "PUT /runs/{id}",
             self.credentials(),
             || self.put_run(id, update.clone()),
             || self.run_write_landed(id, target, releases, sent.as_ref()),
         )
-        .await?;
+        .await;
         if let Some(status) = target {
-            CallScope::current().wrote_due(id, status, scheduled_at);
+            match &written {
+                Ok(()) => CallScope::current().wrote_due(id, status, scheduled_at),
+                Err(_) => CallScope::current().refused_status(id),
+            }
         }
+        written?;
         Ok(taken)
     }
 
@@ -422,15 +426,18 @@ impl RunStore for GuardedStore {
             CallScope::current().writing_status(id, new_status);
             let sent = CallScope::current().write_sent();
             let sent = sent.as_ref();
-            guard::write(
+            let written = guard::write(
                 "PUT /runs/{id}/status",
                 self.credentials(),
                 move || self.put_run_status(id, new_status),
                 move || self.run_write_landed(id, Some(new_status), false, sent),
             )
-            .await?;
-            CallScope::current().wrote_due(id, new_status, None);
-            Ok(())
+            .await;
+            match &written {
+                Ok(()) => CallScope::current().wrote_due(id, new_status, None),
+                Err(_) => CallScope::current().refused_status(id),
+            }
+            written
         })
     }
 

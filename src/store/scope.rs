@@ -202,6 +202,9 @@ pub struct CallScope {
     due: Mutex<Option<Due>>,
     /// A landed write of this scope released its own run's lease ([`CallScope::lease_moved`]).
     lease_released: AtomicBool,
+    /// The API refused this scope's last status write to its own run
+    /// ([`CallScope::status_refused`]).
+    status_refused: AtomicBool,
     /// Another run a write of this scope gave a lease to, before the request left
     /// ([`CallScope::lease_sent_to`]), and the holding of it that began then.
     lease_set_on: Mutex<Option<(Uuid, Option<Holding>)>>,
@@ -232,6 +235,7 @@ impl CallScope {
             statuses_written: Mutex::new(Vec::new()),
             due: Mutex::new(None),
             lease_released: AtomicBool::new(false),
+            status_refused: AtomicBool::new(false),
             lease_set_on: Mutex::new(None),
             calls_cut: AtomicU32::new(0),
             estimated_input_tokens: AtomicU64::new(0),
@@ -493,6 +497,7 @@ impl CallScope {
         scheduled_at: Option<chrono::DateTime<chrono::Utc>>,
     ) {
         if self.run.as_ref().is_some_and(|k| k.run_id == run_id) {
+            self.status_refused.store(false, Ordering::SeqCst);
             let due = match (status, scheduled_at) {
                 (RunStatus::Retrying | RunStatus::Sleeping, Some(at)) => Some(Due { status, at }),
                 _ => None,
@@ -502,6 +507,21 @@ impl CallScope {
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner) = due;
         }
+    }
+
+    /// The API refused (answered, not failed) a write of a status to run `run_id`:
+    /// remembered if that is the scope's own run, until a later status write of it lands.
+    pub fn refused_status(&self, run_id: Uuid) {
+        if self.run.as_ref().is_some_and(|k| k.run_id == run_id) {
+            self.status_refused.store(true, Ordering::SeqCst);
+        }
+    }
+
+    /// Whether the API refused this scope's last status write to its own run: the run kept
+    /// the status it had (Running, under this execution's lease), whatever the engine
+    /// reported.
+    pub fn status_refused(&self) -> bool {
+        self.status_refused.load(Ordering::SeqCst)
     }
 
     /// When the scope's run becomes claimable again, if its last landed status write left it

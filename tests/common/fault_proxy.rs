@@ -44,6 +44,9 @@ pub enum Fault {
     Delay(Duration),
     /// Never answered (the connection stays open until the client drops it).
     BlackHole,
+    /// Answered 422 with the API's validation error envelope, not forwarded: a write the API
+    /// refuses (an answer, not a fault).
+    Refused,
     /// Forwarded and answered, every lease end in the answer (`lease_expires_at`,
     /// `expires_at`) dated back by this much: what a PostgreSQL store answers from a pooled
     /// connection left inside an older transaction (its `NOW()` is that transaction's start).
@@ -60,6 +63,7 @@ impl Fault {
             Self::Delay(_) => "delay",
             Self::BlackHole => "black_hole",
             Self::DatedBack(_) => "dated_back",
+            Self::Refused => "refused",
         }
     }
 }
@@ -416,6 +420,14 @@ async fn serve(
             return Ok(Response::builder()
                 .status(status)
                 .body(Full::new(Bytes::from(body)))
+                .expect("response"));
+        }
+        Some(Fault::Refused) => {
+            return Ok(Response::builder()
+                .status(StatusCode::UNPROCESSABLE_ENTITY)
+                .body(Full::new(Bytes::from(
+                    r#"{"error":{"code":"VALIDATION_ERROR","message":"refused by fault injection"}}"#,
+                )))
                 .expect("response"));
         }
         Some(Fault::Reset) => return reset(&kill),
