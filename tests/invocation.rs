@@ -1265,6 +1265,41 @@ async fn a_failure_with_a_huge_message_is_recorded_with_its_text_cut(backend: Ba
     assert!(steps[0].error.as_ref().unwrap().len() <= 64 * 1024);
 }
 
+/// A step whose output is larger than the API takes (3 MiB of stdout) fails, saying so: the
+/// step is written Failed (not left Running), and the run fails with the step's error.
+async fn a_step_output_too_large_for_the_api_fails_the_step_saying_so(backend: Backend) {
+    let h = Harness::start_on(backend).await;
+    let cmd = "head -c 3145728 /dev/zero | tr '\\0' x";
+    let worker = h
+        .builder()
+        .register(ShellWorkflow::one("verbose", cmd))
+        .build()
+        .unwrap();
+    let id = h.create("verbose", 0).await;
+
+    let summary = h.invoke(&worker, Duration::from_secs(30)).await;
+
+    assert_eq!(outcomes_of(&summary, id), vec![Outcome::Failed]);
+    let run = h.run(id).await;
+    assert_eq!(run.status.state, RunStatus::Failed);
+    let error = run.error.unwrap_or_default();
+    assert!(
+        error.contains("the step's output cannot be stored"),
+        "{error}"
+    );
+    let steps = h.steps(id).await;
+    assert_eq!(steps[0].status.state, StepStatus::Failed);
+    assert!(steps[0].output.is_none());
+    assert!(
+        steps[0]
+            .error
+            .as_deref()
+            .is_some_and(|e| e.contains("bytes") && e.contains("limit")),
+        "{:?}",
+        steps[0].error
+    );
+}
+
 async fn an_absurdly_far_deadline_is_clamped_and_works(backend: Backend) {
     let h = Harness::start_on(backend).await;
     let worker = h.builder().register(quick(&h)).build().unwrap();
@@ -1302,5 +1337,6 @@ on_both_stores!(
     a_past_or_zero_deadline_claims_nothing,
     an_absurdly_far_deadline_is_clamped_and_works,
     a_failure_with_a_huge_message_is_recorded_with_its_text_cut,
+    a_step_output_too_large_for_the_api_fails_the_step_saying_so,
     a_run_s_processes_end_with_it_and_another_run_s_go_on,
 );

@@ -7,10 +7,11 @@
 //!
 //! Invariant: a run's or step's `error` is at most [`MAX_ERROR_BYTES`] and a step's
 //! `debug_messages` at most [`MAX_TRACE_BYTES`] as JSON; what is cut says how much was. A
-//! step's `output` is never changed: the engine replays it, so an output over the limit is
-//! refused and fails the run, naming the size and the limit.
+//! step's `output` is never changed: the engine replays it. A completion the API refuses for
+//! its size is written as the step's failure instead ([`output_refused`]: its usage kept, the
+//! error naming the size and the limit), and the run fails with that error.
 
-use ironflow_store::entities::{RunUpdate, StepUpdate};
+use ironflow_store::entities::{RunUpdate, StepStatus, StepUpdate};
 use serde_json::Value;
 
 /// The longest `error` text written, in bytes (64 KiB): far more than a diagnosis needs, far
@@ -40,6 +41,27 @@ pub(crate) fn step_update(mut update: StepUpdate) -> StepUpdate {
         }
     }
     update
+}
+
+/// Whether `why`, a write's error, is the API's body limit (`store/put.rs` words it so, as
+/// `ApiRunStore` does).
+pub(crate) fn too_large(why: &str) -> bool {
+    why.starts_with("payload too large")
+}
+
+/// The failure of a step whose completion `update` the API refused for its size (`why`): its
+/// usage, duration and end kept, its output and trace dropped, and an error that says so.
+pub(crate) fn output_refused(update: StepUpdate, why: &str) -> StepUpdate {
+    StepUpdate {
+        status: Some(StepStatus::Failed),
+        output: None,
+        debug_messages: None,
+        error: Some(format!(
+            "payload too large: the step's output cannot be stored ({why}); make the step return \
+             less (write large results elsewhere and return a reference)"
+        )),
+        ..update
+    }
 }
 
 /// Cut `error` to at most [`MAX_ERROR_BYTES`], at a character boundary, ending with how many

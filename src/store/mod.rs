@@ -539,13 +539,34 @@ impl RunStore for GuardedStore {
         let update = bounded::step_update(holder::mark_start(update, &scope));
         let target = update.status;
         Box::pin(async move {
-            guard::write(
+            let written = guard::write(
                 "PUT /steps/{id}",
                 self.credentials(),
                 || self.put_step(id, update.clone()),
                 || self.step_write_landed(id, target),
             )
-            .await?;
+            .await;
+            let update = match written {
+                Ok(()) => update,
+                // A completion too large for the API (its output): the step is written Failed
+                // with its usage and a clear error instead, and the engine gets the refusal.
+                Err(StoreError::Database(why))
+                    if bounded::too_large(&why) && target == Some(StepStatus::Completed) =>
+                {
+                    let failed = bounded::output_refused(update, &why);
+                    guard::write(
+                        "PUT /steps/{id}",
+                        self.credentials(),
+                        || self.put_step(id, failed.clone()),
+                        || self.step_write_landed(id, failed.status),
+                    )
+                    .await?;
+                    self.spends
+                        .landed(id, &failed, scope.run_key().map(|k| k.run_id));
+                    return Err(StoreError::Database(failed.error.unwrap_or(why)));
+                }
+                Err(e) => return Err(e),
+            };
             if let Some(fit) = scope.fit() {
                 fit.updated(id, &update);
             }
