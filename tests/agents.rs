@@ -88,16 +88,16 @@ fn rows() -> Vec<(&'static str, &'static str, Option<&'static str>, Reply)> {
             tool("weather", "Paris"),
         ),
         (
-            "candidate:m-main",
+            "candidate:test.m-main",
             "Answer this question",
-            Some("m-main"),
-            Reply::text("answer of m-main"),
+            Some("test.m-main"),
+            Reply::text("answer of test.m-main"),
         ),
         (
-            "candidate:m-second",
+            "candidate:test.m-second",
             "Answer this question",
-            Some("m-second"),
-            Reply::text("answer of m-second"),
+            Some("test.m-second"),
+            Reply::text("answer of test.m-second"),
         ),
         (
             "judge",
@@ -477,8 +477,7 @@ async fn agent_with_tools_answers_after_two_tools(backend: Backend) {
 /// `llm-as-judge`: two candidates from two models in one wave, then the judge.
 async fn llm_as_judge_picks_a_candidate(backend: Backend) {
     let s = setup(backend, Duration::from_secs(60)).await;
-    let input =
-        json!({"question": "Why durable steps?", "model": "m-main", "second_model": "m-second"});
+    let input = json!({"question": "Why durable steps?", "model": "test.m-main", "second_model": "test.m-second"});
     let run = create(&s.harness, "llm-as-judge", input).await;
     let (state, handbacks) = drive(&s, run, Duration::from_millis(1100)).await;
     let stored = s.harness.run(run).await;
@@ -486,12 +485,12 @@ async fn llm_as_judge_picks_a_candidate(backend: Backend) {
     let output = stored.output.expect("an output");
     assert_eq!(
         output["answers"],
-        json!(["answer of m-main", "answer of m-second"])
+        json!(["answer of test.m-main", "answer of test.m-second"])
     );
-    assert_eq!(output["model"], "m-second");
+    assert_eq!(output["model"], "test.m-second");
     let steps = [
-        ("candidate:m-main", "candidate-main"),
-        ("candidate:m-second", "candidate-second"),
+        ("candidate:test.m-main", "candidate-main"),
+        ("candidate:test.m-second", "candidate-second"),
         ("judge", "judge"),
     ];
     assert_calls_per_attempt(&s, run, &steps, handbacks).await;

@@ -300,6 +300,12 @@ async fn max_turns_reached_with_tool_calls_pending_fails_the_step() {
         matches!(&err, AgentError::Api { code: Some(c), .. } if c == "error_max_turns"),
         "{err}"
     );
+    assert!(
+        err.to_string().contains("not in the step's record"),
+        "its usage is said: {err}"
+    );
+    // ironflow would ask a retryable error again, tools and all.
+    assert!(!ironflow_core::retry::is_retryable(&err.into()));
     assert_eq!(server.calls().model(NOVA), 6);
     assert_eq!(runs.load(Ordering::SeqCst), 6);
 }
@@ -350,6 +356,7 @@ async fn a_call_without_aws_credentials_fails_at_once_naming_them() {
         started.elapsed()
     );
     assert_eq!(server.requests().len(), 0);
+    assert!(!ironflow_core::retry::is_retryable(&err.into()));
 }
 
 /// ironflow asks a structured step again after a mismatch and records only the last attempt:
@@ -455,6 +462,7 @@ async fn an_answer_withheld_by_a_guardrail_or_a_filter_fails_naming_the_stop_rea
             matches!(&err, AgentError::Api { code: Some(c), .. } if c == stop),
             "{stop}: {err}"
         );
+        assert!(!ironflow_core::retry::is_retryable(&err.into()), "{stop}");
     }
 }
 
@@ -954,9 +962,9 @@ async fn anthropic_throttling_is_retried_then_a_capacity_wait_until_its_retry_af
     );
 }
 
-/// Anthropic: a cut connection and a garbled answer are retried within the window like
-/// throttling; a `retry-after` of 0 still backs off; one of centuries is a capacity wait of at
-/// most a day, not a panic.
+/// Anthropic: a cut connection is retried within the window like throttling (a garbled answer,
+/// billed, is not); a `retry-after` of 0 still backs off; one of centuries is a capacity wait of
+/// at most a day, not a panic.
 #[tokio::test]
 async fn anthropic_cut_connections_and_extreme_retry_after_values_are_retried_and_bounded() {
     let messages = || Match::any().on(Route::Messages);
@@ -964,7 +972,7 @@ async fn anthropic_cut_connections_and_extreme_retry_after_values_are_retried_an
         messages(),
         [
             Reply::cut(),
-            Reply::raw(200, "application/json", r#"{"content": [{"ty"#),
+            Reply::cut(),
             Reply::throttle_retry_after(Duration::ZERO),
             Reply::throttle_retry_after(Duration::ZERO),
             Reply::text("after"),
@@ -999,6 +1007,19 @@ async fn anthropic_cut_connections_and_extreme_retry_after_values_are_retried_an
         wake_at <= Utc::now() + chrono::TimeDelta::hours(30),
         "{wake_at}"
     );
+
+    // A 200 whose body cannot be read was billed: not asked again.
+    server.push(
+        messages(),
+        [Reply::raw(200, "application/json", r#"{"content": [{"ty"#)],
+    );
+    let before = server.calls().route(Route::Messages);
+    let err = provider.invoke(&config).await.unwrap_err();
+    assert!(
+        matches!(&err, AgentError::HttpProvider { status_code: 0, .. }),
+        "{err}"
+    );
+    assert_eq!(server.calls().route(Route::Messages), before + 1);
 }
 
 /// An Anthropic key secret that cannot serve stops the cold start, naming the variable and the

@@ -56,9 +56,10 @@ struct KeyState {
 /// provider bounds each request (120 s unless [`configure`](Self::configure) sets another
 /// timeout). Throttling (429), overload (529) and 5xx are retried within
 /// [`with_retry_window`](Self::with_retry_window) and the time left (after the API's
-/// `retry-after` when it sends one, but never sooner than the jittered backoff); so are a
-/// failed or cut connection and an answer that cannot be read, which then fail the step
-/// (status 0) as on Bedrock. After that the step returns
+/// `retry-after` when it sends one, but never sooner than the jittered backoff); so is a
+/// request that got no answer (the connection failed or was cut), which then fails the step
+/// (status 0) as on Bedrock. Each retry calls ironflow's provider again, its whole tool loop
+/// included. After that the step returns
 /// `AgentError::CapacityWait` (kind `anthropic`): the run sleeps until the `retry-after` (else
 /// [`with_capacity_pause`](Self::with_capacity_pause)), within the step's capacity-wait budget,
 /// as [`crate::BedrockProvider`]'s do.
@@ -298,8 +299,10 @@ impl AnthropicSecretProvider {
 enum Transient {
     /// Throttled (429, with its `retry-after` if any), overloaded or a 5xx answer.
     Capacity(Option<Duration>),
-    /// The connection failed or was cut, or the answer could not be read (ironflow's provider
-    /// reports these with status 0).
+    /// The request got no answer: the connection failed or was cut before the API answered
+    /// (ironflow's provider: status 0, `connection failed`). Not an answer that could not be
+    /// read (a 200 that was billed) nor a stream cut midway: asked again, those would be paid
+    /// twice.
     Network,
 }
 
@@ -314,7 +317,11 @@ fn transient(result: &Result<AgentOutput, AgentError>) -> Option<Transient> {
         Err(AgentError::HttpProvider { status_code, .. }) if *status_code >= 500 => {
             Some(Transient::Capacity(None))
         }
-        Err(AgentError::HttpProvider { status_code: 0, .. }) => Some(Transient::Network),
+        Err(AgentError::HttpProvider {
+            status_code: 0,
+            message,
+            ..
+        }) if message.starts_with("connection failed") => Some(Transient::Network),
         _ => None,
     }
 }

@@ -18,7 +18,7 @@ use serde_json::Value;
 use tokio::sync::OnceCell;
 use tracing::{info, warn};
 
-use super::attempts::Unrecorded;
+use super::attempts::{self, Unrecorded};
 use super::calls::{self, Limits};
 use super::converse::{self, Answer, Request, Turn, has_native_structured_output};
 use super::pricing::{self, Usage};
@@ -63,12 +63,15 @@ const DEFAULT_MAX_TURNS: u32 = 25;
 /// - tools: the [`ToolRegistry`] of [`with_tools`](Self::with_tools) (or of the profile the step
 ///   selects, [`with_tool_profile`](Self::with_tool_profile)), run by this provider between
 ///   model calls, up to `max_turns` calls (default 25; reached with tool calls still pending,
-///   the step fails with `AgentError::Api`, code `error_max_turns`, a structured step too).
+///   the step fails with `AgentError::Api`, code `error_max_turns`, status 422: not retried,
+///   a structured step's neither; its usage, which ironflow does not record for this error,
+///   is in the message and a WARN line).
 /// - `max_budget_usd`: past it no further turn is made (`AgentError::BudgetExceeded`). A
 ///   budget of zero or less, not finite, or on a model without a price fails the step before
 ///   any call (code `InvalidBudget`).
 /// - an answer without text that Bedrock stopped for a guardrail, a content filter, the
-///   context window or the output limit fails the step with the stop reason as its code; a
+///   context window or the output limit fails the step with the stop reason as its code
+///   (status 422, not retried, its usage in the message); a
 ///   text cut at the output limit is returned, with a warning.
 /// - `max_capacity_wait`: the budget of the capacity waits below.
 ///
@@ -268,10 +271,16 @@ impl BedrockProvider {
     /// attempts that ended in a schema mismatch ([`Unrecorded`]), and kept for the next one
     /// when this one ends in a mismatch too.
     async fn run(&self, config: &AgentConfig) -> Result<AgentOutput, AgentError> {
-        let earlier = self.unrecorded.take(config);
+        let key = attempts::key(config);
+        let earlier = self.unrecorded.take(key);
         let result = self.turns(config, earlier).await;
-        if let Err(AgentError::SchemaValidation { partial_usage, .. }) = &result {
-            self.unrecorded.keep(config, Usage::of(partial_usage));
+        match &result {
+            Err(AgentError::SchemaValidation { partial_usage, .. }) => {
+                self.unrecorded.keep(key, Usage::of(partial_usage));
+            }
+            // Another error: a next attempt may come (its usage, if any, is not counted).
+            Err(_) => self.unrecorded.keep(key, earlier),
+            Ok(_) => {}
         }
         result
     }
@@ -299,6 +308,8 @@ impl BedrockProvider {
         let max_turns = config.max_turns.unwrap_or(DEFAULT_MAX_TURNS).max(1);
         let mut spent = Spent::new(model, &self.prices);
         spent.add(earlier);
+        // The earlier attempts may have spent the budget already.
+        budget_left(config, &spent, started)?;
         let mut trace = Trace::new(config.verbose);
         for turn_no in 1..=max_turns {
             let output = calls::converse(
@@ -327,16 +338,7 @@ impl BedrockProvider {
                 output.debug_messages = trace.messages();
                 return Ok(output);
             }
-            if let (Some(limit), Some(cost)) = (config.max_budget_usd, spent.cost)
-                && cost >= limit
-            {
-                return Err(AgentError::BudgetExceeded {
-                    spent_usd: cost,
-                    limit_usd: limit,
-                    debug_messages: Vec::new(),
-                    partial_usage: Box::new(spent.partial(started)),
-                });
-            }
+            budget_left(config, &spent, started)?;
             let (Some(registry), Some(message)) = (registry, turn.message) else {
                 // `final_answer` answers every turn without tool calls or registry.
                 break;
@@ -346,17 +348,16 @@ impl BedrockProvider {
             trace.results(&results);
             request.push_turn(message, results)?;
         }
-        // Not a schema mismatch, even for a structured step: ironflow asks a mismatch again
-        // (twice by default), which would run every tool and call the model max_turns times
-        // more each time.
-        let reached = format!(
-            "Bedrock model '{model}' still called tools after max_turns ({max_turns}) turns"
-        );
-        Err(AgentError::Api {
-            status: None,
-            code: Some("error_max_turns".to_string()),
-            message: reached,
-        })
+        // Not a schema mismatch, even for a structured step, and not retryable: ironflow asks
+        // those again (a mismatch twice by default), which would run every tool and call the
+        // model max_turns times more each time.
+        Err(unrecorded(
+            "error_max_turns",
+            format!(
+                "Bedrock model '{model}' still called tools after max_turns ({max_turns}) turns"
+            ),
+            &spent,
+        ))
     }
 }
 
@@ -390,10 +391,31 @@ fn check_budget(
     Err(calls::refused(400, "InvalidBudget", why))
 }
 
+/// `Ok` while the step's spend is below its `max_budget_usd` (or it has none, or no price).
+///
+/// # Errors
+///
+/// [`AgentError::BudgetExceeded`] with the spend so far.
+fn budget_left(
+    config: &AgentConfig,
+    spent: &Spent<'_>,
+    started: Instant,
+) -> Result<(), AgentError> {
+    match (config.max_budget_usd, spent.cost) {
+        (Some(limit), Some(cost)) if cost >= limit => Err(AgentError::BudgetExceeded {
+            spent_usd: cost,
+            limit_usd: limit,
+            debug_messages: Vec::new(),
+            partial_usage: Box::new(spent.partial(started)),
+        }),
+        _ => Ok(()),
+    }
+}
+
 /// An answer Bedrock stopped without text for a reason other than the model's own end (a
 /// guardrail, a content filter, a conversation over the context window, the output limit):
 /// the error naming the reason. `None` for any other turn.
-fn withheld(turn: &Turn, model: &str) -> Option<AgentError> {
+fn withheld(turn: &Turn, model: &str, spent: &Spent<'_>) -> Option<AgentError> {
     let why = match turn.stop {
         StopReason::GuardrailIntervened => "a guardrail intervened",
         StopReason::ContentFiltered => "the content was filtered",
@@ -404,11 +426,39 @@ fn withheld(turn: &Turn, model: &str) -> Option<AgentError> {
     if !turn.text.trim().is_empty() {
         return None;
     }
-    Some(AgentError::Api {
-        status: None,
-        code: Some(turn.stop.as_str().to_string()),
-        message: format!("Bedrock model '{model}' gave no answer: {why}"),
-    })
+    Some(unrecorded(
+        turn.stop.as_str(),
+        format!("Bedrock model '{model}' gave no answer: {why}"),
+        spent,
+    ))
+}
+
+/// A step's failure that no attempt again can fix (ironflow retries an `Api` error only with a
+/// status of 429, 5xx or none: this one has 422), `what` happened, with the usage `spent` so far
+/// in its message and in a WARN line: ironflow records a failed step's usage only from a schema
+/// mismatch, so these paid calls are not in the step's record.
+fn unrecorded(code: &str, what: String, spent: &Spent<'_>) -> AgentError {
+    let usage = format!(
+        "{} input and {} output tokens, {} USD, not in the step's record",
+        spent.usage.input,
+        spent.usage.output,
+        spent
+            .cost
+            .map_or_else(|| "an unknown cost in".to_string(), |c| format!("{c:.6}"))
+    );
+    warn!(
+        model = spent.model,
+        code,
+        input_tokens = spent.usage.input,
+        output_tokens = spent.usage.output,
+        cost_usd = spent.cost,
+        "the step failed after paid calls ironflow does not record"
+    );
+    AgentError::Api {
+        status: Some(422),
+        code: Some(code.to_string()),
+        message: format!("{what} ({usage})"),
+    }
 }
 
 /// What a step's calls cost so far.
@@ -481,7 +531,7 @@ fn final_answer(
     if has_tools && !turn.calls.is_empty() && turn.message.is_some() {
         return Ok(None);
     }
-    if let Some(err) = withheld(turn, model) {
+    if let Some(err) = withheld(turn, model, spent) {
         return Err(err);
     }
     match answer {

@@ -16,7 +16,8 @@
 //!    [`AgentError::HttpProvider`] (status 0): an unreachable endpoint (no NAT or VPC endpoint)
 //!    is a configuration fault, not a lack of capacity.
 //!    A call that could not be signed (no credentials) fails the step at once
-//!    ([`AgentError::Api`], code `NoCredentials`).
+//!    ([`AgentError::Api`], code `NoCredentials`, status 401: not retried); a credential
+//!    provider that timed out or failed is a network fault.
 //! 4. Anything else Bedrock refuses (an unknown model id, a permission the role lacks, a request
 //!    or schema it finds invalid) fails the step at once with [`AgentError::Api`] naming the
 //!    model, Bedrock's error code and message: retrying it cannot succeed.
@@ -183,8 +184,9 @@ fn classify(err: &SdkError<ConverseError, HttpResponse>, model: &str) -> Failure
                 ))
             }
         }
+        // 401: not retried, by ironflow either (a status of None would be).
         SdkError::DispatchFailure(_) if no_credentials(err) => Failure::Refused(AgentError::Api {
-            status: None,
+            status: Some(401),
             code: Some("NoCredentials".to_string()),
             message: format!(
                 "no AWS credentials to sign the call to Bedrock model '{model}' (the function's \
@@ -206,13 +208,19 @@ fn classify(err: &SdkError<ConverseError, HttpResponse>, model: &str) -> Failure
     }
 }
 
-/// Whether `err` is the credential chain finding no credentials (or failing to load them):
-/// a call never sent, which no retry within the window can fix.
+/// Whether `err` is the credential chain finding no credentials, or configured so that it
+/// cannot: a call never sent, which no retry can fix. A credential provider that timed out or
+/// failed (the instance metadata service, STS) is not: that passes, and is retried as a
+/// network fault.
 fn no_credentials(err: &(dyn std::error::Error + 'static)) -> bool {
     let mut cause = Some(err);
     while let Some(e) = cause {
-        if e.downcast_ref::<CredentialsError>().is_some() {
-            return true;
+        if let Some(credentials) = e.downcast_ref::<CredentialsError>() {
+            return matches!(
+                credentials,
+                CredentialsError::CredentialsNotLoaded(_)
+                    | CredentialsError::InvalidConfiguration(_)
+            );
         }
         cause = e.source();
     }
