@@ -152,11 +152,12 @@ fn lease(s: &Settings, p: &mut Problems) {
     }
 }
 
-/// The most a capacity wake-up is spread over cannot be below the least: the most would be
-/// ignored.
+/// The most a capacity wake-up is spread over, when set, cannot be below the least: it would be
+/// ignored. Left at its default, it rises to the least (`store/spread.rs`), as it always has.
 fn spread(s: &Settings, p: &mut Problems) {
     let (least, most) = (s.capacity_spread, s.capacity_spread_max);
-    if !p.has(&CAPACITY_SPREAD) && !p.has(&CAPACITY_SPREAD_MAX) && most < least {
+    let most_set = most != CAPACITY_SPREAD_MAX.default;
+    if most_set && !p.has(&CAPACITY_SPREAD) && !p.has(&CAPACITY_SPREAD_MAX) && most < least {
         p.add(
             &CAPACITY_SPREAD_MAX,
             format!(
@@ -266,6 +267,8 @@ mod tests {
             ("IRONFLOW_CAPACITY_SPREAD_MAX_SECS", "30"),
         ])
         .unwrap();
+        // The most left at its default (300 s) rises to a larger least, as before.
+        from(&[("IRONFLOW_CAPACITY_SPREAD_SECS", "600")]).unwrap();
     }
 
     #[test]

@@ -49,6 +49,20 @@ pub(crate) fn too_large(why: &str) -> bool {
     why.starts_with("payload too large")
 }
 
+/// `update` with its trace replaced by a note of its removal, when it has one: a completion the
+/// API refused for its size is sent again so before its output is given up.
+pub(crate) fn without_trace(update: &StepUpdate) -> Option<StepUpdate> {
+    update.debug_messages.as_ref()?;
+    Some(StepUpdate {
+        debug_messages: Some(Value::String(
+            "[the step's trace was not recorded: with it, the step's record was over the API's \
+             body limit]"
+                .to_string(),
+        )),
+        ..update.clone()
+    })
+}
+
 /// The failure of a step whose completion `update` the API refused for its size (`why`): its
 /// usage, duration and end kept, its output and trace dropped, and an error that says so.
 pub(crate) fn output_refused(update: StepUpdate, why: &str) -> StepUpdate {
@@ -119,6 +133,30 @@ mod tests {
         assert_eq!(update.error.as_deref(), Some("short"));
         assert_eq!(update.output, Some(output));
         assert_eq!(update.debug_messages, Some(Value::String("small".into())));
+    }
+
+    #[test]
+    fn a_refused_completion_is_sent_again_without_its_trace_then_failed_with_its_usage() {
+        let completion = StepUpdate {
+            status: Some(StepStatus::Completed),
+            output: Some(Value::String("big".into())),
+            debug_messages: Some(Value::String("trace".into())),
+            input_tokens: Some(7),
+            ..StepUpdate::default()
+        };
+        let lean = without_trace(&completion).expect("it has a trace");
+        assert_eq!(lean.output, completion.output);
+        assert!(
+            matches!(&lean.debug_messages, Some(Value::String(n)) if n.contains("not recorded"))
+        );
+        assert!(without_trace(&StepUpdate::default()).is_none());
+        let why = "payload too large: PUT /steps/1 is 3 bytes";
+        assert!(too_large(why));
+        let failed = output_refused(completion, why);
+        assert_eq!(failed.status, Some(StepStatus::Failed));
+        assert_eq!((failed.output, failed.debug_messages), (None, None));
+        assert_eq!(failed.input_tokens, Some(7), "its usage is kept");
+        assert!(failed.error.unwrap().contains(why));
     }
 
     #[test]

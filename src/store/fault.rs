@@ -106,6 +106,17 @@ pub fn classify(route: Route, error: &StoreError) -> Option<ApiFault> {
     }
 }
 
+/// Whether `error` is the API's own refusal of a call to `route` (it answered: a bad request,
+/// a body over its limit), not a fault, a lost lease, a conflict the engine reads, or a call
+/// this worker withheld.
+pub fn is_refusal(route: Route, error: &StoreError) -> bool {
+    let StoreError::Database(message) = error else {
+        return false;
+    };
+    (message.starts_with("payload too large") || message.starts_with("worker API error: "))
+        && classify(route, error).is_none()
+}
+
 /// `connect` when the error chain shows no connection was made, `timeout` for the HTTP
 /// client's own timeout, else `transport`.
 fn transport_kind(chain: &str) -> FaultKind {

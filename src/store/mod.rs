@@ -294,7 +294,10 @@ impl GuardedStore {
         if let Some(status) = target {
             match &written {
                 Ok(()) => CallScope::current().wrote_due(id, status, scheduled_at),
-                Err(_) => CallScope::current().refused_status(id),
+                Err(e) if fault::is_refusal("PUT /runs/{id}", e) => {
+                    CallScope::current().refused_status(id);
+                }
+                Err(_) => {}
             }
         }
         written?;
@@ -435,7 +438,10 @@ impl RunStore for GuardedStore {
             .await;
             match &written {
                 Ok(()) => CallScope::current().wrote_due(id, new_status, None),
-                Err(_) => CallScope::current().refused_status(id),
+                Err(e) if fault::is_refusal("PUT /runs/{id}/status", e) => {
+                    CallScope::current().refused_status(id);
+                }
+                Err(_) => {}
             }
             written
         })
@@ -548,11 +554,34 @@ impl RunStore for GuardedStore {
             .await;
             let update = match written {
                 Ok(()) => update,
-                // A completion too large for the API (its output): the step is written Failed
-                // with its usage and a clear error instead, and the engine gets the refusal.
+                // A completion too large for the API: sent again without its trace if it has
+                // one; if that is still too large (its output), the step is written Failed with
+                // its usage and a clear error instead, and the engine gets the refusal.
                 Err(StoreError::Database(why))
                     if bounded::too_large(&why) && target == Some(StepStatus::Completed) =>
                 {
+                    let why = match bounded::without_trace(&update) {
+                        Some(lean) => match guard::write(
+                            "PUT /steps/{id}",
+                            self.credentials(),
+                            || self.put_step(id, lean.clone()),
+                            || self.step_write_landed(id, target),
+                        )
+                        .await
+                        {
+                            Ok(()) => {
+                                self.spends
+                                    .landed(id, &lean, scope.run_key().map(|k| k.run_id));
+                                if let Some(fit) = scope.fit() {
+                                    fit.updated(id, &lean);
+                                }
+                                return Ok(());
+                            }
+                            Err(StoreError::Database(again)) if bounded::too_large(&again) => again,
+                            Err(e) => return Err(e),
+                        },
+                        None => why,
+                    };
                     let failed = bounded::output_refused(update, &why);
                     guard::write(
                         "PUT /steps/{id}",

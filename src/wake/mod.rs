@@ -45,7 +45,7 @@ use crate::settings::WakeSettings;
 use self::fleet::{FleetMark, Share};
 pub use self::local::LocalWakeQueue;
 pub(crate) use self::send::reads_end;
-use self::send::{Sender, book_timers, fail, left, send_wake_ups};
+use self::send::{Sender, book_timers, can_send, fail, left, send_wake_ups};
 use self::share::{cover_tail, fleet_share, give_back};
 pub use self::sqs::SqsWakeQueue;
 
@@ -194,7 +194,15 @@ pub(crate) async fn after_batch(
             runs_per_invocation,
             fleet: None,
         };
-        wake_for(waker, api, need, sender, until, &mut report).await;
+        wake_for(
+            waker,
+            api,
+            need,
+            sender,
+            (reads_end(until), until),
+            &mut report,
+        )
+        .await;
     }
     // 3. The next looks at the runs still asleep: they and then the timers get what the
     // backlog's wake-ups left under the one cap of the invocation (`left`).
@@ -218,20 +226,19 @@ pub(crate) struct Need<'a> {
     pub fleet: Option<&'a FleetMark>,
 }
 
-/// Send what the backlog needs beyond what is queued ([`wake_ups_needed`]), before `until`,
-/// into `report`.
+/// Send what the backlog needs beyond what is queued ([`wake_ups_needed`]), into `report`: the
+/// reads that decide it by `reads_until` ([`reads_end`]: a slow read must not leave a needed
+/// send unstarted), the send by `until`.
 async fn wake_for(
     waker: &Waker,
     api: &ApiClient,
     need: Need<'_>,
     sender: Sender<'_>,
-    until: Instant,
+    (reads_until, until): (Instant, Instant),
     report: &mut WakeReport,
 ) -> Delivery {
     let trigger = need.trigger;
     let mut delivery = Delivery::default();
-    // The reads leave the send its time: a slow read must not leave a needed send unstarted.
-    let reads_until = reads_end(until);
     if !measure_backlog(waker, api, need.capabilities, reads_until, report).await {
         info!(
             trigger = trigger.as_str(),
@@ -254,7 +261,9 @@ async fn wake_for(
         );
         return delivery;
     }
-    let share = match need.fleet {
+    // Without time to send, the fleet's mark is not raised for wake-ups that will not leave
+    // (the send records that none was sent).
+    let share = match need.fleet.filter(|_| can_send(until)) {
         Some(fleet) => fleet_share(fleet, count, reads_until, report)
             .await
             .map(|share| (fleet, share)),
@@ -319,7 +328,7 @@ pub(crate) async fn for_push(
     need: Need<'_>,
     request_id: &str,
     trace_id: Option<&str>,
-    until: Instant,
+    (reads_until, until): (Instant, Instant),
 ) -> (WakeReport, Delivery) {
     let mut report = WakeReport {
         trigger: Some(need.trigger),
@@ -329,7 +338,8 @@ pub(crate) async fn for_push(
         request_id,
         trace_id,
     };
-    let delivery = wake_for(waker, api, need, sender, until, &mut report).await;
+    let bounds = (reads_until, until);
+    let delivery = wake_for(waker, api, need, sender, bounds, &mut report).await;
     (report, delivery)
 }
 

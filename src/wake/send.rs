@@ -27,6 +27,11 @@ pub(super) const SEND_RESERVE: Duration = Duration::from_secs(1);
 /// API sends the event again.
 pub(super) const MIN_SEND_TIME: Duration = Duration::from_millis(100);
 
+/// Whether a send bounded by `until` may start now ([`MIN_SEND_TIME`] left).
+pub(super) fn can_send(until: Instant) -> bool {
+    until.saturating_duration_since(Instant::now()) >= MIN_SEND_TIME
+}
+
 /// When the reads that decide a send must end, for a send bounded by `until`: [`SEND_RESERVE`]
 /// before it, or halfway there when less than twice that is left (never before now).
 pub(crate) fn reads_end(until: Instant) -> Instant {
@@ -144,7 +149,7 @@ pub(super) async fn send_wake_ups(
     until: Instant,
     report: &mut WakeReport,
 ) -> bool {
-    if until.saturating_duration_since(Instant::now()) < MIN_SEND_TIME {
+    if !can_send(until) {
         fail::<()>(
             report,
             format!(

@@ -329,7 +329,7 @@ async fn wake_fleet(
         need,
         invocation.request_id,
         invocation.trace_id,
-        invocation.until,
+        (reads_until, invocation.until),
     )
     .await;
     info!(event = %notice.kind, workflow, sent = report.sent, pending_runs = report.pending_runs,

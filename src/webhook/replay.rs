@@ -6,7 +6,8 @@
 //! is fresh while `|now − at| ≤ window` (`IRONFLOW_WEBHOOK_REPLAY_WINDOW_SECS`; the allowance
 //! ahead of now is for the API's clock running ahead of Lambda's). Run events have no id, so a
 //! body is known by its SHA-256: it is recorded once its wake-ups reached the queue (or none was
-//! needed), until `at + window`, when the window refuses it anyway. A body whose wake-ups did
+//! needed), through `at + window` (its last fresh millisecond), after which the window refuses
+//! it anyway. A body whose wake-ups did
 //! not reach the queue (answered 503) is not recorded, so the API's own re-send is served.
 //!
 //! The record is this process's ([`Seen`]): at most [`MAX_REMEMBERED`] bodies, each forgotten
