@@ -69,6 +69,14 @@ fn count_schema() -> Value {
     })
 }
 
+/// The code of an `AgentError::Api`, `None` for any other error.
+fn code_of(err: &AgentError) -> Option<&str> {
+    match err {
+        AgentError::Api { code, .. } => code.as_deref(),
+        _ => None,
+    }
+}
+
 /// `err` is a capacity wait of `kind` waking 120 to 150 s after `before` (a 120 s pause and its
 /// jitter).
 fn assert_waits_120_to_150_s(err: AgentError, kind: &str, before: chrono::DateTime<Utc>) {
@@ -134,10 +142,7 @@ async fn model_aliases_and_names_that_are_no_bedrock_id() {
         .invoke(&step("hi", "claude-opus-4-6"))
         .await
         .unwrap_err();
-    assert!(
-        matches!(&err, AgentError::Api { code: Some(c), .. } if c == "InvalidModel"),
-        "{err}"
-    );
+    assert_eq!(code_of(&err), Some("InvalidModel"), "{err}");
     assert!(err.to_string().contains("'claude-opus-4-6'"), "{err}");
     assert_eq!(server.requests().len(), calls, "no call was made");
 }
@@ -282,10 +287,7 @@ async fn max_turns_reached_with_tool_calls_pending_fails_the_step() {
         .invoke(&step("loop", NOVA).max_turns(3))
         .await
         .unwrap_err();
-    assert!(
-        matches!(&err, AgentError::Api { code: Some(c), .. } if c == "error_max_turns"),
-        "{err}"
-    );
+    assert_eq!(code_of(&err), Some("error_max_turns"), "{err}");
     assert!(err.to_string().contains(NOVA), "{err}");
     assert_eq!(server.calls().model(NOVA), 3);
     assert_eq!(runs.load(Ordering::SeqCst), 3);
@@ -296,10 +298,7 @@ async fn max_turns_reached_with_tool_calls_pending_fails_the_step() {
         .invoke(&with_schema(step("loop", NOVA), &count_schema()).max_turns(3))
         .await
         .unwrap_err();
-    assert!(
-        matches!(&err, AgentError::Api { code: Some(c), .. } if c == "error_max_turns"),
-        "{err}"
-    );
+    assert_eq!(code_of(&err), Some("error_max_turns"), "{err}");
     assert!(
         err.to_string().contains("not in the step's record"),
         "its usage is said: {err}"
@@ -345,10 +344,7 @@ async fn a_call_without_aws_credentials_fails_at_once_naming_them() {
     let provider = BedrockProvider::new(&aws).with_retry_window(Duration::from_secs(60));
     let started = std::time::Instant::now();
     let err = provider.invoke(&step("hi", NOVA)).await.unwrap_err();
-    assert!(
-        matches!(&err, AgentError::Api { code: Some(c), .. } if c == "NoCredentials"),
-        "{err}"
-    );
+    assert_eq!(code_of(&err), Some("NoCredentials"), "{err}");
     assert!(err.to_string().contains("AWS_ACCESS_KEY_ID"), "{err}");
     assert!(
         started.elapsed() < Duration::from_secs(30),
@@ -416,10 +412,7 @@ async fn a_budget_that_cannot_be_kept_fails_before_any_call() {
             .invoke(&step("hi", model).max_budget_usd(budget))
             .await
             .unwrap_err();
-        assert!(
-            matches!(&err, AgentError::Api { code: Some(c), .. } if c == "InvalidBudget"),
-            "{budget}: {err}"
-        );
+        assert_eq!(code_of(&err), Some("InvalidBudget"), "{budget}: {err}");
         assert!(err.to_string().contains("max_budget_usd"), "{err}");
     }
     assert_eq!(server.requests().len(), 0, "no call was made");
@@ -458,10 +451,7 @@ async fn an_answer_withheld_by_a_guardrail_or_a_filter_fails_naming_the_stop_rea
         provider(Script::new().on(Match::model(NOVA), stops.iter().map(|s| withheld(s)))).await;
     for stop in stops {
         let err = provider.invoke(&step("hi", NOVA)).await.unwrap_err();
-        assert!(
-            matches!(&err, AgentError::Api { code: Some(c), .. } if c == stop),
-            "{stop}: {err}"
-        );
+        assert_eq!(code_of(&err), Some(stop), "{stop}: {err}");
         assert!(!ironflow_core::retry::is_retryable(&err.into()), "{stop}");
     }
 }

@@ -17,7 +17,7 @@ use ironflow_lambda::Outcome;
 use ironflow_lambda::orphans;
 use ironflow_lambda::poison::{PoisonPolicy, PoisonTable};
 use ironflow_lambda::report::StopReason;
-use ironflow_store::entities::{LeaseUpdate, RunStatus, RunUpdate, StepStatus};
+use ironflow_store::entities::{LeaseUpdate, Run, RunStatus, RunUpdate, Step, StepStatus};
 use ironflow_store::store::STEP_INTERRUPTED_ERROR;
 use serde_json::json;
 
@@ -1239,28 +1239,32 @@ async fn a_past_or_zero_deadline_claims_nothing(backend: Backend) {
     assert_eq!(h.status(id).await, RunStatus::Pending);
 }
 
+/// A run of one shell step running `cmd`, claimed and ended by one invocation: failed, in the
+/// invocation's report and in the API; the run and its steps as the API has them.
+async fn failed_in_one_invocation(backend: Backend, cmd: &str) -> (Run, Vec<Step>) {
+    let h = Harness::start_on(backend).await;
+    let worker = h
+        .builder()
+        .register(ShellWorkflow::one("one-step", cmd))
+        .build()
+        .unwrap();
+    let id = h.create("one-step", 0).await;
+    let summary = h.invoke(&worker, Duration::from_secs(30)).await;
+    assert_eq!(outcomes_of(&summary, id), vec![Outcome::Failed]);
+    let run = h.run(id).await;
+    assert_eq!(run.status.state, RunStatus::Failed);
+    (run, h.steps(id).await)
+}
+
 /// A failure whose message is larger than the API takes (a shell step failing with 3 MiB of
 /// stderr, which ironflow keeps up to 10 MB) is recorded, its text cut: the run is Failed in
 /// this invocation, not left Running for the reaper to run again.
 async fn a_failure_with_a_huge_message_is_recorded_with_its_text_cut(backend: Backend) {
-    let h = Harness::start_on(backend).await;
     let cmd = "head -c 3145728 /dev/zero | tr '\\0' x >&2; exit 3";
-    let worker = h
-        .builder()
-        .register(ShellWorkflow::one("loud", cmd))
-        .build()
-        .unwrap();
-    let id = h.create("loud", 0).await;
-
-    let summary = h.invoke(&worker, Duration::from_secs(30)).await;
-
-    assert_eq!(outcomes_of(&summary, id), vec![Outcome::Failed]);
-    let run = h.run(id).await;
-    assert_eq!(run.status.state, RunStatus::Failed);
+    let (run, steps) = failed_in_one_invocation(backend, cmd).await;
     let error = run.error.unwrap_or_default();
     assert!(error.len() <= 64 * 1024, "{}", error.len());
     assert!(error.contains("more bytes cut]"), "{}", &error[..200]);
-    let steps = h.steps(id).await;
     assert_eq!(steps[0].status.state, StepStatus::Failed);
     assert!(steps[0].error.as_ref().unwrap().len() <= 64 * 1024);
 }
@@ -1268,26 +1272,13 @@ async fn a_failure_with_a_huge_message_is_recorded_with_its_text_cut(backend: Ba
 /// A step whose output is larger than the API takes (3 MiB of stdout) fails, saying so: the
 /// step is written Failed (not left Running), and the run fails with the step's error.
 async fn a_step_output_too_large_for_the_api_fails_the_step_saying_so(backend: Backend) {
-    let h = Harness::start_on(backend).await;
     let cmd = "head -c 3145728 /dev/zero | tr '\\0' x";
-    let worker = h
-        .builder()
-        .register(ShellWorkflow::one("verbose", cmd))
-        .build()
-        .unwrap();
-    let id = h.create("verbose", 0).await;
-
-    let summary = h.invoke(&worker, Duration::from_secs(30)).await;
-
-    assert_eq!(outcomes_of(&summary, id), vec![Outcome::Failed]);
-    let run = h.run(id).await;
-    assert_eq!(run.status.state, RunStatus::Failed);
+    let (run, steps) = failed_in_one_invocation(backend, cmd).await;
     let error = run.error.unwrap_or_default();
     assert!(
         error.contains("the step's output cannot be stored"),
         "{error}"
     );
-    let steps = h.steps(id).await;
     assert_eq!(steps[0].status.state, StepStatus::Failed);
     assert!(steps[0].output.is_none());
     assert!(

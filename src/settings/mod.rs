@@ -558,6 +558,27 @@ pub(crate) mod tests {
         assert!(Settings::from_lookup(lookup(&BASE)).is_ok());
     }
 
+    /// The error of `IRONFLOW_API_URL=url` (checked to be that variable's alone), as text.
+    fn refused_api_url(url: &str) -> String {
+        let err = Settings::from_lookup(lookup(&[
+            ("IRONFLOW_API_URL", url),
+            ("IRONFLOW_WORKER_TOKEN", "t"),
+        ]))
+        .unwrap_err();
+        let text = err.to_string();
+        assert!(
+            matches!(
+                err,
+                ConfigError::Invalid {
+                    variable: "IRONFLOW_API_URL",
+                    ..
+                }
+            ),
+            "{url}: {text}"
+        );
+        text
+    }
+
     #[test]
     fn an_api_url_with_credentials_is_refused_and_they_are_not_shown() {
         for url in [
@@ -569,22 +590,7 @@ pub(crate) mod tests {
             "https//worker:s3cret@api.example.com",
             "https:/worker:s3cret@api.example.com",
         ] {
-            let err = Settings::from_lookup(lookup(&[
-                ("IRONFLOW_API_URL", url),
-                ("IRONFLOW_WORKER_TOKEN", "t"),
-            ]))
-            .unwrap_err();
-            let text = err.to_string();
-            assert!(
-                matches!(
-                    err,
-                    ConfigError::Invalid {
-                        variable: "IRONFLOW_API_URL",
-                        ..
-                    }
-                ),
-                "{url}: {text}"
-            );
+            let text = refused_api_url(url);
             assert!(!text.contains("s3cret"), "{text}");
             assert!(text.contains("***@api.example.com"), "{text}");
         }
@@ -632,22 +638,7 @@ pub(crate) mod tests {
             "https://api.example.com#top",
             "https://api.example.com/base?token=abc#x",
         ] {
-            let err = Settings::from_lookup(lookup(&[
-                ("IRONFLOW_API_URL", url),
-                ("IRONFLOW_WORKER_TOKEN", "t"),
-            ]))
-            .unwrap_err();
-            let text = err.to_string();
-            assert!(
-                matches!(
-                    err,
-                    ConfigError::Invalid {
-                        variable: "IRONFLOW_API_URL",
-                        ..
-                    }
-                ),
-                "{url}: {text}"
-            );
+            let text = refused_api_url(url);
             assert!(text.contains("without a query"), "{url}: {text}");
         }
         let base = [
@@ -660,21 +651,7 @@ pub(crate) mod tests {
     #[test]
     fn an_api_url_without_a_host_is_refused() {
         for url in ["http://", "http://:8080"] {
-            let err = Settings::from_lookup(lookup(&[
-                ("IRONFLOW_API_URL", url),
-                ("IRONFLOW_WORKER_TOKEN", "t"),
-            ]))
-            .unwrap_err();
-            assert!(
-                matches!(
-                    err,
-                    ConfigError::Invalid {
-                        variable: "IRONFLOW_API_URL",
-                        ..
-                    }
-                ),
-                "{url}: {err:?}"
-            );
+            refused_api_url(url);
         }
     }
 
