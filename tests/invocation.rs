@@ -1291,6 +1291,21 @@ async fn a_step_output_too_large_for_the_api_fails_the_step_saying_so(backend: B
     );
 }
 
+/// A step whose own record is larger than the API takes (a 3 MiB command, as a prompt built
+/// from a large document would be) cannot be created: the API's refusal fails the run in this
+/// invocation, not a fault handed back by every invocation after it.
+async fn a_step_too_large_to_create_fails_the_run_instead_of_looping(backend: Backend) {
+    let cmd = format!("true {}", "x".repeat(3 << 20));
+    let (run, steps) = failed_in_one_invocation(backend, &cmd).await;
+    let error = run.error.unwrap_or_default();
+    assert!(
+        error.contains("length limit exceeded"),
+        "{}",
+        &error[..200.min(error.len())]
+    );
+    assert!(steps.is_empty(), "no step was created");
+}
+
 async fn an_absurdly_far_deadline_is_clamped_and_works(backend: Backend) {
     let h = Harness::start_on(backend).await;
     let worker = h.builder().register(quick(&h)).build().unwrap();
@@ -1329,5 +1344,6 @@ on_both_stores!(
     an_absurdly_far_deadline_is_clamped_and_works,
     a_failure_with_a_huge_message_is_recorded_with_its_text_cut,
     a_step_output_too_large_for_the_api_fails_the_step_saying_so,
+    a_step_too_large_to_create_fails_the_run_instead_of_looping,
     a_run_s_processes_end_with_it_and_another_run_s_go_on,
 );

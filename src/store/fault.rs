@@ -87,6 +87,10 @@ pub fn classify(route: Route, error: &StoreError) -> Option<ApiFault> {
     }
     let body = message.strip_prefix("worker API error: ")?;
     match error_code(body).as_deref() {
+        // A body over a size limit, as the API's framework (axum: `length limit exceeded`) or
+        // a proxy (`413 Request Entity Too Large`) words it: refused for what it is, and
+        // refused again, so no fault (a handback would only loop on it).
+        None if too_large(body) => None,
         // A proxy's page, an empty body: not the API speaking.
         None => fault(FaultKind::Server),
         Some("INVALID_WORKER_TOKEN" | "UNAUTHORIZED" | "INVALID_CREDENTIALS" | "FORBIDDEN") => {
@@ -138,6 +142,19 @@ fn server_kind(status_line: &str) -> FaultKind {
     }
 }
 
+/// Whether `body`, an answer without the API's error envelope, says the request was over a
+/// size limit.
+fn too_large(body: &str) -> bool {
+    let body = body.to_ascii_lowercase();
+    [
+        "length limit exceeded",
+        "entity too large",
+        "payload too large",
+    ]
+    .iter()
+    .any(|said| body.contains(said))
+}
+
 /// The `error.code` of the API's error envelope, if `body` is one.
 fn error_code(body: &str) -> Option<String> {
     let value: serde_json::Value = serde_json::from_str(body).ok()?;
@@ -187,6 +204,24 @@ mod tests {
 
     fn kind(message: &str) -> Option<FaultKind> {
         classify("GET /runs/{id}", &db(message)).map(|f| f.kind)
+    }
+
+    #[test]
+    fn a_body_over_a_size_limit_is_a_refusal_not_a_fault() {
+        for body in [
+            "length limit exceeded",
+            "<html><head><title>413 Request Entity Too Large</title></head></html>",
+            "Payload Too Large",
+        ] {
+            let error = db(&format!("worker API error: {body}"));
+            assert_eq!(classify("POST /steps", &error), None, "{body}");
+            assert!(is_refusal("POST /steps", &error), "{body}");
+        }
+        // Any other page is a proxy's fault.
+        assert_eq!(
+            kind("worker API error: <html>502 Bad Gateway</html>"),
+            Some(FaultKind::Server)
+        );
     }
 
     #[test]
