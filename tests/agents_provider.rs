@@ -1012,6 +1012,28 @@ async fn anthropic_cut_connections_and_extreme_retry_after_values_are_retried_an
     assert_eq!(server.calls().route(Route::Messages), before + 1);
 }
 
+/// A `retry-after` of 0 says nothing of when capacity returns: past the window, the run sleeps
+/// the capacity pause, not zero (it would wake at once, to be throttled again).
+#[tokio::test]
+async fn anthropic_throttling_with_a_zero_retry_after_sleeps_the_capacity_pause() {
+    let server = ModelServer::start(Script::new().always(
+        Match::any().on(Route::Messages),
+        Reply::throttle_retry_after(Duration::ZERO),
+    ))
+    .await
+    .unwrap();
+    let provider = anthropic(&server)
+        .await
+        .with_retry_window(Duration::ZERO)
+        .with_capacity_pause(Duration::from_secs(120));
+    let before = Utc::now();
+    let err = provider
+        .invoke(&AgentConfig::new("hi").model("claude-sonnet-4-5"))
+        .await
+        .unwrap_err();
+    assert_waits_120_to_150_s(err, "anthropic", before);
+}
+
 /// An Anthropic key secret that cannot serve stops the cold start, naming the variable and the
 /// ARN, never the value (a value with a space in it would break every request's header).
 #[tokio::test]

@@ -261,7 +261,10 @@ impl AnthropicSecretProvider {
             let why = result.err().map(|e| e.to_string()).unwrap_or_default();
             let wait = Sleep {
                 kind: KIND,
-                pause: retry_after.unwrap_or(self.capacity_pause),
+                // A `retry-after` of 0 says nothing of when capacity returns.
+                pause: retry_after
+                    .filter(|after| !after.is_zero())
+                    .unwrap_or(self.capacity_pause),
                 default_budget: ironflow_engine::accounts::DEFAULT_MAX_CAPACITY_WAIT,
                 model: &config.model,
             };
