@@ -351,7 +351,7 @@ impl BedrockProvider {
         // Not a schema mismatch, even for a structured step, and not retryable: ironflow asks
         // those again (a mismatch twice by default), which would run every tool and call the
         // model max_turns times more each time.
-        Err(unrecorded(
+        Err(unrecorded_failure(
             "error_max_turns",
             format!(
                 "Bedrock model '{model}' still called tools after max_turns ({max_turns}) turns"
@@ -426,7 +426,7 @@ fn withheld(turn: &Turn, model: &str, spent: &Spent<'_>) -> Option<AgentError> {
     if !turn.text.trim().is_empty() {
         return None;
     }
-    Some(unrecorded(
+    Some(unrecorded_failure(
         turn.stop.as_str(),
         format!("Bedrock model '{model}' gave no answer: {why}"),
         spent,
@@ -437,7 +437,7 @@ fn withheld(turn: &Turn, model: &str, spent: &Spent<'_>) -> Option<AgentError> {
 /// status of 429, 5xx or none: this one has 422), `what` happened, with the usage `spent` so far
 /// in its message and in a WARN line: ironflow records a failed step's usage only from a schema
 /// mismatch, so these paid calls are not in the step's record.
-fn unrecorded(code: &str, what: String, spent: &Spent<'_>) -> AgentError {
+fn unrecorded_failure(code: &str, what: String, spent: &Spent<'_>) -> AgentError {
     let usage = format!(
         "{} input and {} output tokens, {} USD, not in the step's record",
         spent.usage.input,

@@ -292,13 +292,7 @@ impl GuardedStore {
         )
         .await;
         if let Some(status) = target {
-            match &written {
-                Ok(()) => CallScope::current().wrote_due(id, status, scheduled_at),
-                Err(e) if fault::is_refusal("PUT /runs/{id}", e) => {
-                    CallScope::current().refused_status(id);
-                }
-                Err(_) => {}
-            }
+            Self::note_status_write("PUT /runs/{id}", id, (status, scheduled_at), &written);
         }
         written?;
         Ok(taken)
@@ -331,6 +325,58 @@ impl GuardedStore {
             Source::Api(api) => put::put_once(&api.writes, &format!("/steps/{id}"), &update).await,
             #[cfg(test)]
             Source::Fixed(store) => store.update_step(id, update).await,
+        }
+    }
+
+    /// Write `update` to step `id` ([`guard::write`]: a lost answer read back before any
+    /// resend).
+    async fn write_step(&self, id: Uuid, update: &StepUpdate) -> Result<(), StoreError> {
+        guard::write(
+            "PUT /steps/{id}",
+            self.credentials(),
+            || self.put_step(id, update.clone()),
+            || self.step_write_landed(id, update.status),
+        )
+        .await
+    }
+
+    /// A completion `update` of step `id` the API refused for its size (`why`): sent again
+    /// without its trace, if it has one; if that is too large still (its output), the step's
+    /// failure, its usage kept, instead ([`bounded::output_refused`]). What landed, and the
+    /// refusal the engine gets when the completion did not.
+    async fn too_large_completion(
+        &self,
+        id: Uuid,
+        update: StepUpdate,
+        why: String,
+    ) -> Result<(StepUpdate, Option<StoreError>), StoreError> {
+        let why = match bounded::without_trace(&update) {
+            Some(lean) => match self.write_step(id, &lean).await {
+                Ok(()) => return Ok((lean, None)),
+                Err(StoreError::Database(again)) if bounded::too_large(&again) => again,
+                Err(e) => return Err(e),
+            },
+            None => why,
+        };
+        let failed = bounded::output_refused(update, &why);
+        self.write_step(id, &failed).await?;
+        let refusal = StoreError::Database(failed.error.clone().unwrap_or(why));
+        Ok((failed, Some(refusal)))
+    }
+
+    /// Tell the scope what became of a write of `status` to run `id` through `route`: landed
+    /// ([`CallScope::wrote_due`]), or refused by the API ([`CallScope::refused_status`]); a
+    /// fault, a lost lease or a withheld call tells it nothing.
+    fn note_status_write(
+        route: Route,
+        id: Uuid,
+        (status, scheduled_at): (RunStatus, Option<DateTime<Utc>>),
+        written: &Result<(), StoreError>,
+    ) {
+        match written {
+            Ok(()) => CallScope::current().wrote_due(id, status, scheduled_at),
+            Err(e) if fault::is_refusal(route, e) => CallScope::current().refused_status(id),
+            Err(_) => {}
         }
     }
 
@@ -436,13 +482,8 @@ impl RunStore for GuardedStore {
                 move || self.run_write_landed(id, Some(new_status), false, sent),
             )
             .await;
-            match &written {
-                Ok(()) => CallScope::current().wrote_due(id, new_status, None),
-                Err(e) if fault::is_refusal("PUT /runs/{id}/status", e) => {
-                    CallScope::current().refused_status(id);
-                }
-                Err(_) => {}
-            }
+            let route = "PUT /runs/{id}/status";
+            Self::note_status_write(route, id, (new_status, None), &written);
             written
         })
     }
@@ -543,65 +584,23 @@ impl RunStore for GuardedStore {
     fn update_step(&self, id: Uuid, update: StepUpdate) -> StoreFuture<'_, ()> {
         let scope = CallScope::current();
         let update = bounded::step_update(holder::mark_start(update, &scope));
-        let target = update.status;
         Box::pin(async move {
-            let written = guard::write(
-                "PUT /steps/{id}",
-                self.credentials(),
-                || self.put_step(id, update.clone()),
-                || self.step_write_landed(id, target),
-            )
-            .await;
-            let update = match written {
-                Ok(()) => update,
-                // A completion too large for the API: sent again without its trace if it has
-                // one; if that is still too large (its output), the step is written Failed with
-                // its usage and a clear error instead, and the engine gets the refusal.
+            let (landed, refusal) = match self.write_step(id, &update).await {
+                Ok(()) => (update, None),
                 Err(StoreError::Database(why))
-                    if bounded::too_large(&why) && target == Some(StepStatus::Completed) =>
+                    if bounded::too_large(&why) && update.status == Some(StepStatus::Completed) =>
                 {
-                    let why = match bounded::without_trace(&update) {
-                        Some(lean) => match guard::write(
-                            "PUT /steps/{id}",
-                            self.credentials(),
-                            || self.put_step(id, lean.clone()),
-                            || self.step_write_landed(id, target),
-                        )
-                        .await
-                        {
-                            Ok(()) => {
-                                self.spends
-                                    .landed(id, &lean, scope.run_key().map(|k| k.run_id));
-                                if let Some(fit) = scope.fit() {
-                                    fit.updated(id, &lean);
-                                }
-                                return Ok(());
-                            }
-                            Err(StoreError::Database(again)) if bounded::too_large(&again) => again,
-                            Err(e) => return Err(e),
-                        },
-                        None => why,
-                    };
-                    let failed = bounded::output_refused(update, &why);
-                    guard::write(
-                        "PUT /steps/{id}",
-                        self.credentials(),
-                        || self.put_step(id, failed.clone()),
-                        || self.step_write_landed(id, failed.status),
-                    )
-                    .await?;
-                    self.spends
-                        .landed(id, &failed, scope.run_key().map(|k| k.run_id));
-                    return Err(StoreError::Database(failed.error.unwrap_or(why)));
+                    // Rare, and a large future: boxed, off the common path's size.
+                    Box::pin(self.too_large_completion(id, update, why)).await?
                 }
                 Err(e) => return Err(e),
             };
             if let Some(fit) = scope.fit() {
-                fit.updated(id, &update);
+                fit.updated(id, &landed);
             }
             self.spends
-                .landed(id, &update, scope.run_key().map(|k| k.run_id));
-            Ok(())
+                .landed(id, &landed, scope.run_key().map(|k| k.run_id));
+            refusal.map_or(Ok(()), Err)
         })
     }
 

@@ -19,13 +19,13 @@ use crate::report::{Due, TimerWake, WakeReport, WakeTrigger};
 /// The time a send keeps for itself before `until`: the reads that decide it (the backlog, the
 /// queue's depth, the fleet's wake-up mark) end this long before, or halfway to `until` when
 /// less than twice this is left ([`reads_end`]). An SQS send takes tens of milliseconds.
-pub(super) const SEND_RESERVE: Duration = Duration::from_secs(1);
+const SEND_RESERVE: Duration = Duration::from_secs(1);
 
 /// A send is not started with less than this left before `until`: its request could leave and
 /// its answer not come back, and a pushed event would be answered as perhaps delivered (202)
 /// when it may not have been. Not started, it surely was not: the webhook answers 503 and the
 /// API sends the event again.
-pub(super) const MIN_SEND_TIME: Duration = Duration::from_millis(100);
+const MIN_SEND_TIME: Duration = Duration::from_millis(100);
 
 /// Whether a send bounded by `until` may start now ([`MIN_SEND_TIME`] left).
 pub(super) fn can_send(until: Instant) -> bool {
