@@ -125,7 +125,8 @@ async fn ironflow_s_default_model_becomes_the_provider_s_default() {
 }
 
 /// ironflow's `opus` and `haiku` become Bedrock's Claude models, whitespace around an id is
-/// dropped, and a name that is no Bedrock id fails the step before any call, naming it.
+/// dropped, and a name that is no Bedrock id (a Claude CLI name, an id with junk inside) fails
+/// the step before any call, naming it.
 #[tokio::test]
 async fn model_aliases_and_names_that_are_no_bedrock_id() {
     let (server, provider) = provider(Script::new()).await;
@@ -138,12 +139,15 @@ async fn model_aliases_and_names_that_are_no_bedrock_id() {
         assert_eq!(server.requests().last().unwrap().model, sent, "{asked:?}");
     }
     let calls = server.requests().len();
-    let err = provider
-        .invoke(&step("hi", "claude-opus-4-6"))
-        .await
-        .unwrap_err();
-    assert_eq!(code_of(&err), Some("InvalidModel"), "{err}");
-    assert!(err.to_string().contains("'claude-opus-4-6'"), "{err}");
+    for name in [
+        "claude-opus-4-6",
+        "us.amazon.nova-pro-v1:0 # the fast one",
+        "us.amazon.nova-pro\tv1:0",
+    ] {
+        let err = provider.invoke(&step("hi", name)).await.unwrap_err();
+        assert_eq!(code_of(&err), Some("InvalidModel"), "{err}");
+        assert!(err.to_string().contains(&format!("'{name}'")), "{err}");
+    }
     assert_eq!(server.requests().len(), calls, "no call was made");
 }
 

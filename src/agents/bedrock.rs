@@ -245,14 +245,20 @@ impl BedrockProvider {
     /// # Errors
     ///
     /// A non-retryable [`AgentError::Api`] (code `InvalidModel`) for a name that is no Bedrock
-    /// model id (one without a `.`, not an ARN: a Claude CLI name such as `claude-opus-4-6`).
+    /// model id: one without a `.` and not an ARN (a Claude CLI name such as
+    /// `claude-opus-4-6`), or one with whitespace or a control character inside (no Bedrock id
+    /// or ARN has any).
     fn model_for<'a>(&'a self, config: &'a AgentConfig) -> Result<&'a str, AgentError> {
         let model = config.model.trim();
         Ok(match model {
             "" | Model::SONNET => &self.default_model,
             Model::OPUS => BEDROCK_OPUS,
             Model::HAIKU => BEDROCK_HAIKU,
-            id if id.contains('.') || id.starts_with("arn:") => id,
+            id if (id.contains('.') || id.starts_with("arn:"))
+                && !id.chars().any(|c| c.is_whitespace() || c.is_control()) =>
+            {
+                id
+            }
             other => {
                 return Err(calls::refused(
                     400,
