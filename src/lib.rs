@@ -67,6 +67,7 @@ mod admission;
 pub mod agents;
 mod api;
 mod attempt_time;
+mod aws_faults;
 mod build_error;
 mod builder;
 mod calls;

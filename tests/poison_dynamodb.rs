@@ -590,6 +590,87 @@ async fn the_table_is_connected_with_the_configuration_the_cold_start_loaded() {
     assert_eq!(worker.poison_mode(), PoisonMode::Fail);
 }
 
+/// A stand-in for DynamoDB that answers every request with `status` and the error `code` in
+/// DynamoDB's JSON error shape (fault injection: the real SDK client talks to it), counting the
+/// requests. Returns its endpoint and the count.
+async fn failing_dynamodb(status: u16, code: &'static str) -> (String, Arc<Mutex<usize>>) {
+    let seen = Arc::new(Mutex::new(0));
+    let counted = Arc::clone(&seen);
+    let app = axum::Router::new().fallback(move || {
+        let counted = Arc::clone(&counted);
+        async move {
+            *counted.lock().unwrap() += 1;
+            (
+                axum::http::StatusCode::from_u16(status).unwrap(),
+                [("content-type", "application/x-amz-json-1.0")],
+                format!(
+                    r#"{{"__type":"com.amazonaws.dynamodb.v20120810#{code}","message":"injected"}}"#
+                ),
+            )
+        }
+    });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let endpoint = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    (endpoint, seen)
+}
+
+/// A passing fault at cold start (throttled, a 5xx) does not stop the worker: it starts with the
+/// table unchecked, each call failing open while the fault lasts. A refusal (access denied)
+/// still fails the cold start, naming the table.
+#[tokio::test]
+async fn a_passing_fault_of_describe_table_starts_the_worker_unchecked_and_a_refusal_does_not() {
+    for (status, code, starts) in [
+        (500, "InternalServerError", true),
+        (400, "ThrottlingException", true),
+        (503, "ServiceUnavailable", true),
+        (400, "AccessDeniedException", false),
+    ] {
+        let (endpoint, seen) = failing_dynamodb(status, code).await;
+        let aws = aws_config::defaults(aws_config::BehaviorVersion::latest())
+            .endpoint_url(&endpoint)
+            .region(Region::new("us-east-1"))
+            .credentials_provider(Credentials::new("testing", "testing", None, None, "tests"))
+            .load()
+            .await;
+        let vars = |name: &str| match name {
+            "IRONFLOW_API_URL" => Some("http://127.0.0.1:1".to_string()),
+            "IRONFLOW_WORKER_TOKEN" => Some("t".to_string()),
+            "IRONFLOW_POISON_TABLE" => Some("poison".to_string()),
+            _ => None,
+        };
+        let connected = LambdaWorkerBuilder::from_lookup_and_secrets(vars, &aws)
+            .await
+            .unwrap()
+            .provider(Arc::new(ClaudeCodeProvider::new()))
+            .register(samples::QuickShell)
+            .connect_poison_table()
+            .await;
+        assert!(*seen.lock().unwrap() >= 1, "{code}: DescribeTable was sent");
+        match connected {
+            Ok(builder) => {
+                assert!(starts, "{code}: a refusal must fail the cold start");
+                assert_eq!(builder.build().unwrap().poison_mode(), PoisonMode::Fail);
+            }
+            Err(err) => {
+                assert!(
+                    !starts,
+                    "{code}: a passing fault stopped the cold start: {err}"
+                );
+                assert!(
+                    matches!(
+                        err,
+                        BuildError::PoisonTable(DynamoSetupError::Describe { .. })
+                    ),
+                    "{err}"
+                );
+                assert!(err.to_string().contains("poison"), "{err}");
+                assert!(err.to_string().contains(code), "{err}");
+            }
+        }
+    }
+}
+
 #[tokio::test]
 async fn the_local_table_script_creates_the_schema_the_code_expects() {
     let ep = moto_endpoint();

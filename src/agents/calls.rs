@@ -24,7 +24,6 @@
 
 use std::time::Duration;
 
-use aws_credential_types::provider::error::CredentialsError;
 use aws_sdk_bedrockruntime::config::http::HttpResponse;
 use aws_sdk_bedrockruntime::error::{DisplayErrorContext, ProvideErrorMetadata, SdkError};
 use aws_sdk_bedrockruntime::operation::converse::builders::ConverseFluentBuilder;
@@ -35,6 +34,7 @@ use ironflow_core::provider::AgentConfig;
 use tokio::time::{Instant, sleep, timeout_at};
 use tracing::{info, warn};
 
+use crate::aws_faults::no_credentials;
 use crate::deadline::later;
 use crate::store::scope::{CallScope, ModelCall};
 
@@ -206,25 +206,6 @@ fn classify(err: &SdkError<ConverseError, HttpResponse>, model: &str) -> Failure
             ),
         )),
     }
-}
-
-/// Whether `err` is the credential chain finding no credentials, or configured so that it
-/// cannot: a call never sent, which no retry can fix. A credential provider that timed out or
-/// failed (the instance metadata service, STS) is not: that passes, and is retried as a
-/// network fault.
-fn no_credentials(err: &(dyn std::error::Error + 'static)) -> bool {
-    let mut cause = Some(err);
-    while let Some(e) = cause {
-        if let Some(credentials) = e.downcast_ref::<CredentialsError>() {
-            return matches!(
-                credentials,
-                CredentialsError::CredentialsNotLoaded(_)
-                    | CredentialsError::InvalidConfiguration(_)
-            );
-        }
-        cause = e.source();
-    }
-    false
 }
 
 /// The HTTP status a modelled Bedrock error stands for; `None` for one the SDK does not model

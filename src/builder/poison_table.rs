@@ -6,10 +6,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use aws_config::SdkConfig;
+use tracing::warn;
 
 use super::LambdaWorkerBuilder;
 use crate::build_error::BuildError;
-use crate::poison::{DynamoPoisonTable, PoisonTable};
+use crate::poison::{DynamoPoisonTable, DynamoSetupError, PoisonTable};
 use crate::wake::fleet::FleetMark;
 use crate::webhook::replay_table::ReplayTable;
 
@@ -69,7 +70,9 @@ impl LambdaWorkerBuilder {
     /// # Errors
     ///
     /// [`BuildError::PoisonTable`] naming the table when it does not exist, has another key
-    /// schema, or cannot be described.
+    /// schema, or `DescribeTable` is refused (no credentials, access denied). A passing fault
+    /// (throttled, a 5xx, no answer within the table's timeouts) is logged as a warning and the
+    /// table used unchecked: each of its calls then fails open while the fault lasts.
     pub async fn connect_poison_table(self) -> Result<Self, BuildError> {
         let Some(name) = self.unconnected_table() else {
             return Ok(self);
@@ -84,7 +87,15 @@ impl LambdaWorkerBuilder {
             }
         };
         let table = self.dynamo_table(&name, config);
-        table.check_table().await?;
+        match table.check_table().await {
+            Ok(()) => {}
+            // A passing fault (throttled, a 5xx, no answer in time) must not stop the worker:
+            // each later call fails open while it lasts, as at run time.
+            Err(unreachable @ DynamoSetupError::Unreachable { .. }) => {
+                warn!(error = %unreachable, "the poison-pill table could not be checked");
+            }
+            Err(refused) => return Err(refused.into()),
+        }
         Ok(self.with_dynamo_parts(table))
     }
 

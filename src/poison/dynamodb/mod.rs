@@ -146,7 +146,8 @@ pub enum DynamoSetupError {
         /// The key schema found, rendered.
         found: String,
     },
-    /// `DescribeTable` failed otherwise (no credentials, access denied, unreachable endpoint).
+    /// `DescribeTable` was refused (no credentials, access denied, an invalid request): a
+    /// configuration that every later call would meet too.
     #[error("poison-pill table {table} (IRONFLOW_POISON_TABLE): DescribeTable failed: {cause}")]
     Describe {
         /// The table name.
@@ -154,7 +155,30 @@ pub enum DynamoSetupError {
         /// The SDK error with its source chain.
         cause: String,
     },
+    /// `DescribeTable` met a passing fault: throttled, a 5xx, no answer in time, the
+    /// connection failed. [`LambdaWorkerBuilder::connect_poison_table`](crate::LambdaWorkerBuilder::connect_poison_table)
+    /// starts with the table unchecked on it: each later call fails open, as a run-time fault
+    /// does.
+    #[error(
+        "poison-pill table {table} (IRONFLOW_POISON_TABLE): DescribeTable met a passing fault \
+         (the table is used unchecked; each call fails open while the fault lasts): {cause}"
+    )]
+    Unreachable {
+        /// The table name.
+        table: String,
+        /// The SDK error with its source chain.
+        cause: String,
+    },
 }
+
+/// DynamoDB's throttling codes (sent with a 400).
+const THROTTLED: &[&str] = &[
+    "ThrottlingException",
+    "ProvisionedThroughputExceededException",
+    "RequestLimitExceeded",
+    "LimitExceededException",
+];
+
 /// A [`PoisonTable`] in DynamoDB: one item per workflow (its failure streak), per run
 /// recovered from a lost lease, and per function for the webhook receivers' wake-up mark,
 /// partition key `pk`, TTL on `expires_at` (the SAM template's `PoisonTable` creates it). The
@@ -290,9 +314,12 @@ impl DynamoPoisonTable {
                         table: self.table.clone(),
                     });
                 }
-                return Err(DynamoSetupError::Describe {
-                    table: self.table.clone(),
-                    cause: DisplayErrorContext(&e).to_string(),
+                let table = self.table.clone();
+                let cause = DisplayErrorContext(&e).to_string();
+                return Err(if crate::aws_faults::is_passing_fault(&e, THROTTLED) {
+                    DynamoSetupError::Unreachable { table, cause }
+                } else {
+                    DynamoSetupError::Describe { table, cause }
                 });
             }
         };
