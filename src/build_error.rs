@@ -24,6 +24,16 @@ pub enum BuildError {
     /// The engine refused a handler (e.g. two handlers with one name).
     #[error("could not register workflow handler: {0}")]
     Register(#[source] EngineError),
+    /// A registered workflow's name could not be claimed by its name alone: claims send the
+    /// names as one comma-separated list, which the API splits and trims
+    /// ([`LambdaWorkerBuilder::register`](crate::LambdaWorkerBuilder::register)).
+    #[error("invalid workflow name {name}: {reason}")]
+    InvalidWorkflowName {
+        /// The name, quoted and escaped (cut after 80 characters).
+        name: String,
+        /// What is wrong and what is expected.
+        reason: &'static str,
+    },
     /// A setting that cannot work ([`Settings::validate`](crate::Settings::validate)).
     #[error("invalid setting {setter} ({variable}): {reason}")]
     InvalidSetting {

@@ -88,6 +88,39 @@ pub(crate) struct Invocation {
     pub stuck: Arc<StuckExecutions>,
     /// Processes the invocation's runs left and that were killed at each run's end.
     pub processes_killed: Arc<AtomicUsize>,
+    /// Workflows this invocation claims no more runs of ([`LeftOut`]).
+    pub left_out: LeftOut,
+}
+
+/// Workflows an invocation claims no more runs of, whatever their counters: one whose run it
+/// deferred (a step of it would not fit before the cutoff, and the time left only shrinks).
+/// Without it, the deferred run, back to Pending and the oldest there, would be claimed again
+/// at once and deferred again, until the batch's N runs were spent on it.
+#[derive(Debug, Default)]
+pub(crate) struct LeftOut(std::sync::Mutex<std::collections::BTreeSet<String>>);
+
+impl LeftOut {
+    fn set(&self) -> std::sync::MutexGuard<'_, std::collections::BTreeSet<String>> {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Claim no more runs of `workflow` in this invocation.
+    pub fn leave_out(&self, workflow: &str) {
+        self.set().insert(workflow.to_string());
+    }
+
+    /// `workflows` without the ones left out; `None` when that leaves none of a non-empty
+    /// list (the claims are over).
+    pub fn claimable(&self, workflows: Vec<String>) -> Option<Vec<String>> {
+        let set = self.set();
+        if set.is_empty() || workflows.is_empty() {
+            return Some(workflows);
+        }
+        let kept: Vec<String> = workflows.into_iter().filter(|w| !set.contains(w)).collect();
+        (!kept.is_empty()).then_some(kept)
+    }
 }
 
 impl Invocation {

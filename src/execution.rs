@@ -425,6 +425,8 @@ async fn decide(
                 "the next step would not fit before the cutoff: handing the run back to start it \
                  in the next invocation"
             );
+            // Claimed again now, it would only be deferred again: the time left shrinks.
+            ctx.left_out.leave_out(&run.workflow_name);
             hand_back(Why::Deferred(deferral)).await
         }
         Stop::Scope(ScopeStop::ClaimedAgain) => claimed_again(),

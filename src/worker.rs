@@ -13,7 +13,6 @@ use ironflow_engine::engine::Engine;
 use ironflow_engine::handler::WorkflowHandler;
 use ironflow_store::entities::{WorkerCapabilities, normalize_worker_tags};
 use ironflow_store::store::Store;
-use tracing::warn;
 
 use crate::admission::Admission;
 use crate::agents::budget::WorkerBudget;
@@ -147,7 +146,8 @@ impl LambdaWorker {
                 .register_boxed(handler)
                 .map_err(BuildError::Register)?;
         }
-        let capabilities = WorkerCapabilities::new(registered_workflows(&engine), tags.clone());
+        let capabilities =
+            WorkerCapabilities::new(Some(registered_workflows(&engine)), tags.clone());
         engine.set_worker_tags(tags);
 
         // Step logs and artifacts travel through the API: the worker holds no storage
@@ -166,16 +166,7 @@ impl LambdaWorker {
         let calls_store = Arc::new(GuardedStore::api(&s.api_url, credentials, calls_writes));
         let calls_engine = Engine::new(calls_store.clone(), provider);
 
-        let poison_mode = if s.poison_mode == PoisonMode::Defer && capabilities.workflows.is_none()
-        {
-            warn!(
-                "IRONFLOW_POISON_MODE=defer needs the registered workflow list on claims, and a \
-                 workflow name contains a comma: falling back to fail mode"
-            );
-            PoisonMode::Fail
-        } else {
-            s.poison_mode
-        };
+        let poison_mode = s.poison_mode;
 
         Ok(Self {
             engine: Arc::new(engine),
@@ -206,14 +197,21 @@ impl LambdaWorker {
         })
     }
 
-    /// What each claim asks the API for: the registered workflows (sorted, or `None` when a
-    /// name contains a comma) and the normalised tags.
+    /// What each claim asks the API for: the registered workflows (sorted) and the normalised
+    /// tags.
     pub fn capabilities(&self) -> &WorkerCapabilities {
         &self.capabilities
     }
 
-    /// The poison-pill mode invocations apply: the configured one, except `Defer` falls back
-    /// to `Fail` when claims cannot filter by workflow (a comma in a workflow name).
+    /// Whether a handler of `workflow` is registered (the claims' list, sorted).
+    pub(crate) fn registered(&self, workflow: &str) -> bool {
+        self.capabilities
+            .workflows
+            .as_ref()
+            .is_some_and(|names| names.binary_search_by(|n| n.as_str().cmp(workflow)).is_ok())
+    }
+
+    /// The poison-pill mode invocations apply (`IRONFLOW_POISON_MODE`).
     pub fn poison_mode(&self) -> PoisonMode {
         self.poison_mode
     }
@@ -267,19 +265,16 @@ pub(crate) fn memory_table(settings: &Settings) -> Arc<dyn PoisonTable> {
     Arc::new(MemoryPoisonTable::new(settings.poison))
 }
 
-/// Sorted names of the registered workflows, sent with each claim so the API only hands out
-/// runs this worker can execute. The names travel as one comma-separated query parameter: if
-/// a name contains a comma, `None` (any workflow) is sent and tags alone route the runs.
-fn registered_workflows(engine: &Engine) -> Option<Vec<String>> {
+/// Sorted names of the registered workflows, sent with each claim (as one comma-separated
+/// query parameter) so the API only hands out runs this worker can execute. The builder
+/// refuses a name the API would split, trim or drop (`check_workflow_name`), so the list is
+/// always sent.
+fn registered_workflows(engine: &Engine) -> Vec<String> {
     let mut names: Vec<String> = engine
         .handler_names()
         .into_iter()
         .map(str::to_string)
         .collect();
-    if let Some(name) = names.iter().find(|n| n.contains(',')) {
-        warn!(workflow = %name, "workflow name contains a comma: claims will not filter by workflow");
-        return None;
-    }
     names.sort();
-    Some(names)
+    names
 }

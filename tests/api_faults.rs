@@ -11,6 +11,7 @@ use std::time::Duration;
 use common::fault_proxy::{Fault, FaultProxy};
 use common::{Backend, Harness, ShellWorkflow, start_step, wait_until};
 use ironflow_core::providers::claude::ClaudeCodeProvider;
+use ironflow_lambda::report::StopReason;
 use ironflow_lambda::{LambdaWorkerBuilder, Outcome};
 use ironflow_store::entities::{LeaseRequest, LeaseUpdate, RunStatus, RunUpdate, StepStatus};
 use ironflow_store::store::RunStore;
@@ -422,7 +423,51 @@ async fn a_failure_whose_write_the_api_refused_is_reported_left_to_the_reaper(ba
     );
 }
 
+/// A claim answered with a run of a workflow this worker has no handler for (an API that let
+/// it through the workflow filter): the run goes back to Pending untouched, as no failure of
+/// its workflow and not left to the reaper; the claims stop and the errors name it. The
+/// worker's own runs are claimed once the API filters again.
+async fn a_claimed_run_of_a_workflow_not_registered_here_is_released_untouched(backend: Backend) {
+    let h = Harness::start_on(backend).await;
+    let proxy = FaultProxy::start(&h.api.url(), 17).await;
+    let worker = through(&h, &proxy)
+        .register(ShellWorkflow::one("ours", "true"))
+        .build()
+        .unwrap();
+    let foreign = h.create("someone-elses", 0).await;
+    let ours = h.create("ours", 0).await;
+    for _ in 0..4 {
+        proxy.next("GET /runs/next", Fault::Unfiltered);
+    }
+
+    let summary = h.invoke(&worker, Duration::from_secs(8)).await;
+
+    assert_eq!(proxy.stats().total("unfiltered"), 1, "{:?}", proxy.stats());
+    assert_eq!(summary.stop_reason, StopReason::NoPendingRun, "{summary:?}");
+    assert_eq!(summary.runs.len(), 1, "{summary:?}");
+    let report = &summary.runs[0];
+    assert_eq!(report.run_id, foreign);
+    assert_eq!(report.outcome, Outcome::Released, "{report:?}");
+    assert!(!report.left_to_reaper, "{report:?}");
+    assert!(
+        summary.errors.iter().any(|e| e.contains("someone-elses")),
+        "{:?}",
+        summary.errors
+    );
+    let run = h.run(foreign).await;
+    assert_eq!(run.status.state, RunStatus::Pending, "{run:?}");
+    assert_eq!(run.error, None, "{run:?}");
+
+    proxy.restore();
+    let summary = h.invoke(&worker, Duration::from_secs(8)).await;
+    assert_eq!(summary.runs.len(), 1, "{summary:?}");
+    assert_eq!(summary.runs[0].run_id, ours);
+    assert_eq!(summary.runs[0].outcome, Outcome::Completed);
+    assert_eq!(h.status(foreign).await, RunStatus::Pending);
+}
+
 on_both_stores!(
+    a_claimed_run_of_a_workflow_not_registered_here_is_released_untouched,
     a_failure_whose_write_the_api_refused_is_reported_left_to_the_reaper,
     a_step_whose_start_was_never_written_does_not_count_the_wait_after_it,
     a_fault_on_the_mark_of_a_wait_is_read_back_and_the_mark_sent_again,

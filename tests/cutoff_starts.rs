@@ -206,7 +206,53 @@ async fn the_pending_time_after_a_deferral_does_not_count_toward_the_run_timeout
     assert_eq!(h.status(id).await, RunStatus::Completed);
 }
 
+/// A deferred run is not claimed again by the invocation that deferred it (the time left only
+/// shrinks): its workflow is left out of the claims, and the runs of other workflows that fit
+/// are claimed and run instead of the batch's N runs being spent on the one deferral.
+async fn a_deferred_run_is_not_claimed_again_by_the_same_invocation(backend: Backend) {
+    let h = Harness::start_on(backend).await;
+    let quick = ShellWorkflow::one("quick", "true");
+    let worker = h
+        .builder()
+        .register(pre(3))
+        .register(long(&h, 5))
+        .register(quick)
+        .concurrency(1)
+        .max_runs_per_invocation(8)
+        .claim_ahead_percent(0)
+        .default_step_duration(Duration::from_secs(5))
+        .build()
+        .unwrap();
+    // The process learns `quick`'s step: milliseconds.
+    let learn = h.create("quick", 0).await;
+    h.invoke(&worker, INVOCATION).await;
+    assert_eq!(h.status(learn).await, RunStatus::Completed);
+
+    let id = pre_then_fit(&h).await;
+    let after = h.create("quick", 0).await;
+    let first = h.invoke(&worker, INVOCATION).await;
+
+    let claims_of_fit = first.runs.iter().filter(|r| r.run_id == id).count();
+    assert_eq!(claims_of_fit, 1, "claimed once: {first:?}");
+    let fit = first.runs.iter().find(|r| r.run_id == id).expect("claimed");
+    assert!(
+        fit.error
+            .as_deref()
+            .unwrap_or_default()
+            .contains("deferred"),
+        "{fit:?}"
+    );
+    assert_eq!(h.status(id).await, RunStatus::Pending);
+    assert_eq!(h.status(after).await, RunStatus::Completed, "{first:?}");
+    assert_eq!(first.count(Outcome::Completed), 2, "{first:?}");
+
+    let second = h.invoke(&worker, INVOCATION).await;
+    assert_eq!(second.count(Outcome::Completed), 1, "{second:?}");
+    assert_eq!(h.status(id).await, RunStatus::Completed);
+}
+
 on_both_stores!(
+    a_deferred_run_is_not_claimed_again_by_the_same_invocation,
     the_pending_time_after_a_deferral_does_not_count_toward_the_run_timeout,
     a_step_that_would_not_fit_is_not_started_and_runs_next_with_a_full_budget,
     a_step_that_never_fits_still_fails_with_the_loop_guard_s_message,

@@ -222,7 +222,10 @@ impl LambdaWorkerBuilder {
         self
     }
 
-    /// Register a workflow handler. Claims ask only for the workflows registered here.
+    /// Register a workflow handler. Claims ask only for the workflows registered here, by name:
+    /// [`Self::build`] refuses a name that is blank, has whitespace around it, holds a comma or
+    /// a control character, or is longer than 256 bytes (claims send the names as one
+    /// comma-separated list, which the API splits and trims).
     ///
     /// ```no_run
     /// # use ironflow_engine::context::WorkflowContext;
@@ -254,7 +257,8 @@ impl LambdaWorkerBuilder {
     /// # Errors
     ///
     /// [`BuildError::MissingProvider`] without a provider, [`BuildError::InvalidTag`] for a
-    /// malformed tag, [`BuildError::InvalidSetting`] for the first setting that cannot work
+    /// malformed tag, [`BuildError::InvalidWorkflowName`] for a registered name claims could not
+    /// filter by ([`Self::register`]), [`BuildError::InvalidSetting`] for the first setting that cannot work
     /// ([`Settings::validate`]), [`BuildError::Register`] when the engine refuses a handler,
     /// [`BuildError::PoisonTableNotConnected`] and [`BuildError::WakeQueueNotConnected`] when
     /// the table or queue of the settings has no connection, [`BuildError::Runtime`] when the
@@ -263,6 +267,9 @@ impl LambdaWorkerBuilder {
         let s = self.settings;
         let provider = self.provider.ok_or(BuildError::MissingProvider)?;
         validate_worker_tags(&s.tags)?;
+        for handler in &self.handlers {
+            check_workflow_name(handler.name())?;
+        }
         if let Some(p) = s.validate().into_iter().next() {
             return Err(BuildError::InvalidSetting {
                 setter: p.setter,
@@ -317,6 +324,36 @@ impl LambdaWorkerBuilder {
     }
 }
 
+/// The longest workflow name a claim sends, in bytes: each claim carries every registered
+/// name in its URL.
+const MAX_WORKFLOW_NAME: usize = 256;
+
+/// `name` can be claimed by its name alone: claims send the registered names as one
+/// comma-separated list, which the API splits and trims (`parse_worker_capabilities`). A
+/// name with a comma would turn the filter off (the worker would take other teams' runs), one
+/// with whitespace around it would claim the trimmed name's runs, and a blank one none.
+fn check_workflow_name(name: &str) -> Result<(), BuildError> {
+    let reason = if name.trim().is_empty() {
+        "expected a name with at least one visible character"
+    } else if name.trim() != name {
+        "expected no whitespace around it: the API trims the names claims send, so the worker \
+         would claim the runs of the trimmed name"
+    } else if name.contains(',') {
+        "expected no comma: claims send the registered names as one comma-separated list"
+    } else if name.chars().any(char::is_control) {
+        "expected no control character"
+    } else if name.len() > MAX_WORKFLOW_NAME {
+        "expected at most 256 bytes: every claim carries every registered name in its URL"
+    } else {
+        return Ok(());
+    };
+    let shown: String = format!("{name:?}").chars().take(80).collect();
+    Err(BuildError::InvalidWorkflowName {
+        name: shown,
+        reason,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use ironflow_core::providers::claude::ClaudeCodeProvider;
@@ -324,12 +361,11 @@ mod tests {
     use ironflow_engine::handler::HandlerFuture;
 
     use super::*;
-    use crate::poison::PoisonMode;
 
-    struct Named(&'static str);
+    struct Named(String);
     impl WorkflowHandler for Named {
         fn name(&self) -> &str {
-            self.0
+            &self.0
         }
         fn execute<'a>(&'a self, _ctx: &'a mut WorkflowContext) -> HandlerFuture<'a> {
             Box::pin(async { Ok(()) })
@@ -389,39 +425,34 @@ mod tests {
         );
     }
 
+    /// A name the API would split, trim or drop from the claims' workflow list is refused,
+    /// naming it; the list is sorted.
     #[test]
-    fn comma_in_a_workflow_name_disables_the_workflow_filter() {
+    fn a_workflow_name_claims_could_not_filter_by_is_refused() {
+        let long = "w".repeat(257);
+        for name in ["b,c", "", "   ", "greet ", " greet", "a\tb", long.as_str()] {
+            let err = builder()
+                .register(Named("a".into()))
+                .register(Named(name.into()))
+                .build()
+                .err()
+                .unwrap();
+            assert!(
+                matches!(err, BuildError::InvalidWorkflowName { .. }),
+                "{name:?}: {err}"
+            );
+            assert!(err.to_string().contains("expected"), "{err}");
+        }
         let w = builder()
-            .register(Named("a"))
-            .register(Named("b,c"))
-            .build()
-            .unwrap();
-        assert_eq!(w.capabilities().workflows, None);
-        let w = builder()
-            .register(Named("b"))
-            .register(Named("a"))
+            .register(Named("b".into()))
+            .register(Named("a".into()))
+            .register(Named("w".repeat(256)))
             .build()
             .unwrap();
         assert_eq!(
             w.capabilities().workflows,
-            Some(vec!["a".into(), "b".into()])
+            Some(vec!["a".into(), "b".into(), "w".repeat(256)])
         );
-    }
-
-    #[test]
-    fn defer_mode_falls_back_to_fail_without_a_workflow_list() {
-        let w = builder()
-            .register(Named("a,b"))
-            .poison_mode(PoisonMode::Defer)
-            .build()
-            .unwrap();
-        assert_eq!(w.poison_mode(), PoisonMode::Fail);
-        let w = builder()
-            .register(Named("a"))
-            .poison_mode(PoisonMode::Defer)
-            .build()
-            .unwrap();
-        assert_eq!(w.poison_mode(), PoisonMode::Defer);
     }
 
     #[test]

@@ -223,9 +223,8 @@ impl LambdaWorkerBuilder {
     }
 
     /// What happens to the runs of a blocked workflow: `Fail` fails a claimed run; `Defer` leaves
-    /// blocked workflows out of the claim so their runs stay Pending until the cooldown ends. Defer
-    /// needs the registered workflow list on claims: with a comma in a workflow name it falls back
-    /// to `Fail` (with a warning at build time). Variable `IRONFLOW_POISON_MODE`; default `fail`.
+    /// blocked workflows out of the claim so their runs stay Pending until the cooldown ends.
+    /// Variable `IRONFLOW_POISON_MODE`; default `fail`.
     ///
     /// ```no_run
     /// use ironflow_lambda::poison::PoisonMode;

@@ -126,7 +126,7 @@ impl Batch<'_> {
         let waker = w.wake.as_ref()?;
         // The backlog is counted with what the next claim would ask for (defer mode leaves
         // out the workflows the poison-pill table blocks: their runs wake nobody).
-        let capabilities = self.claim_capabilities().await;
+        let capabilities = self.unblocked_capabilities().await;
         let end = BatchEnd {
             request_id: self.invoked.request_id,
             trace_id: self.invoked.trace_id,

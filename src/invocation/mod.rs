@@ -42,7 +42,7 @@ use self::slots::{Next, SlotState};
 use self::taken::Taken;
 use crate::api::logs::LogRoutes;
 use crate::claimed::Claimed;
-use crate::context::{HandbackPolicy, Invocation};
+use crate::context::{HandbackPolicy, Invocation, LeftOut};
 use crate::deadline::Budget;
 use crate::execution;
 use crate::orphans::InvocationGuard;
@@ -87,6 +87,7 @@ impl Invocation {
             default_step: s.default_step_duration,
             stuck: worker.stuck.clone(),
             processes_killed: Arc::default(),
+            left_out: LeftOut::default(),
         }
     }
 }
@@ -242,8 +243,21 @@ impl<'w> Batch<'w> {
 
     /// What the next claim asks for: the registered capabilities, less the workflows the
     /// poison-pill gate blocks in defer mode (read once per invocation, then from its cache;
-    /// a workflow blocked by a run that ended meanwhile is left out from then on).
-    async fn claim_capabilities(&mut self) -> WorkerCapabilities {
+    /// a workflow blocked by a run that ended meanwhile is left out from then on) and those
+    /// this invocation left out ([`LeftOut`]); `None` when these leave none (the claims are
+    /// over).
+    async fn claim_capabilities(&mut self) -> Option<WorkerCapabilities> {
+        let mut capabilities = self.unblocked_capabilities().await;
+        if let Some(workflows) = capabilities.workflows.take() {
+            capabilities.workflows = Some(self.ctx.left_out.claimable(workflows)?);
+        }
+        Some(capabilities)
+    }
+
+    /// The registered capabilities less the workflows the poison-pill gate blocks in defer
+    /// mode: what the API is asked about the backlog (a run this invocation left out is
+    /// still the next invocation's to take).
+    async fn unblocked_capabilities(&mut self) -> WorkerCapabilities {
         self.poison
             .capabilities_for_claim(&self.worker.capabilities)
             .await
@@ -280,7 +294,10 @@ impl<'w> Batch<'w> {
         let Some(window_end) = self.open_window().filter(|_| together > 1) else {
             return;
         };
-        let capabilities = self.claim_capabilities().await;
+        let Some(capabilities) = self.claim_capabilities().await else {
+            self.first_stop = Some(StopReason::Cutoff);
+            return;
+        };
         let sent = Instant::now();
         let requests = (0..together).map(|_| self.ctx.claim(&capabilities));
         let cutoff = self.ctx.budget.cutoff();
@@ -369,8 +386,11 @@ impl<'w> Batch<'w> {
 
     /// One claim in the loop (`ahead`: while every slot is busy).
     async fn claim_one(&mut self, window_end: Instant, ahead: bool) -> Taken {
-        // Defer mode: blocked workflows are left out (read once, then from the cache).
-        let capabilities = self.claim_capabilities().await;
+        // Defer mode: blocked workflows are left out (read once, then from the cache); so are
+        // the workflows whose runs this invocation deferred.
+        let Some(capabilities) = self.claim_capabilities().await else {
+            return Taken::Stop(StopReason::Cutoff);
+        };
         let sent = Instant::now();
         let request = self.ctx.claim(&capabilities);
         let cutoff = self.ctx.budget.cutoff();
@@ -474,7 +494,7 @@ impl<'w> Batch<'w> {
 
     /// After a refused claim, the API's status and the setting it points to, in its error.
     async fn explain_refused_claim(&mut self) {
-        let capabilities = self.claim_capabilities().await;
+        let capabilities = self.unblocked_capabilities().await;
         let until = self.ctx.budget.last_write();
         claims::explain_refusal(&self.worker.api, &capabilities, &mut self.errors, until).await;
     }

@@ -74,6 +74,9 @@ impl Batch<'_> {
     /// unexecuted when it cannot execute here, else kept under its lease, its refresher
     /// started and its recovery counted.
     async fn keep(&mut self, run: Run, sent: Instant, ahead: bool) -> Taken {
+        if !self.worker.registered(&run.workflow_name) {
+            return Box::pin(self.release_foreign(&run)).await;
+        }
         if self.worker.stuck.holds(run.id) {
             // Its earlier execution still holds it in this process: executed here it would only
             // wait. Back to Pending for another process; this one retires.
@@ -148,6 +151,27 @@ impl Batch<'_> {
         let left = self.ctx.budget.cutoff().saturating_duration_since(now);
         let gain = now.saturating_duration_since(self.ctx.budget.start());
         fit::deferral(&step, expected, left, gain)
+    }
+
+    /// Write `run`, claimed, back to Pending untouched: no handler of its workflow is registered
+    /// here (an API whose claim filter let it through). It is no failure of the workflow, and
+    /// its lease is not left to the reaper, which would fail it once its `max_retries` were
+    /// spent. The claims stop (the next one could take it again), and the errors name it.
+    async fn release_foreign(&mut self, run: &Run) -> Taken {
+        let why = format!(
+            "run released: no handler of its workflow '{}' is registered in this worker (the \
+             API's claim did not filter it out)",
+            run.workflow_name
+        );
+        warn!(run_id = %run.id, workflow = %run.workflow_name, "{why}");
+        let mut report = self.ctx.release(run, &why).await;
+        if report.outcome == Outcome::Released {
+            report.error = Some(why.clone());
+        }
+        self.errors.push(format!("run {}: {why}", run.id));
+        self.order.push(run.id);
+        self.keep_unexecuted(report).await;
+        Taken::Stop(StopReason::NoPendingRun)
     }
 
     /// Write `run`, claimed, back to Pending unexecuted: its first step would not fit

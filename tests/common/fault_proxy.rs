@@ -51,6 +51,10 @@ pub enum Fault {
     /// `expires_at`) dated back by this much: what a PostgreSQL store answers from a pooled
     /// connection left inside an older transaction (its `NOW()` is that transaction's start).
     DatedBack(Duration),
+    /// Forwarded without its `workflows` query parameter: an API whose claim ignores the
+    /// worker's workflow list (an older release, a misconfigured gateway), handing out a run
+    /// of any workflow.
+    Unfiltered,
 }
 
 impl Fault {
@@ -64,6 +68,7 @@ impl Fault {
             Self::BlackHole => "black_hole",
             Self::DatedBack(_) => "dated_back",
             Self::Refused => "refused",
+            Self::Unfiltered => "unfiltered",
         }
     }
 }
@@ -437,8 +442,12 @@ async fn serve(
             return reset(&kill);
         }
         Some(Fault::Delay(d)) => tokio::time::sleep(d).await,
-        Some(Fault::LostAnswer | Fault::DatedBack(_)) | None => {}
+        Some(Fault::LostAnswer | Fault::DatedBack(_) | Fault::Unfiltered) | None => {}
     }
+    let req = match fault {
+        Some(Fault::Unfiltered) => without_workflow_filter(req),
+        _ => req,
+    };
     let answer = forward(req, &client, &upstream).await;
     if fault == Some(Fault::LostAnswer) {
         return reset(&kill);
@@ -448,6 +457,21 @@ async fn serve(
         (Ok(response), _) => Ok(response),
         (Err(_), _) => reset(&kill),
     }
+}
+
+/// `req` without its `workflows` query parameter ([`Fault::Unfiltered`]).
+fn without_workflow_filter(req: Request<Incoming>) -> Request<Incoming> {
+    let (mut parts, body) = req.into_parts();
+    let query: Vec<&str> = parts
+        .uri
+        .query()
+        .unwrap_or("")
+        .split('&')
+        .filter(|p| !p.is_empty() && !p.starts_with("workflows="))
+        .collect();
+    let uri = format!("{}?{}", parts.uri.path(), query.join("&"));
+    parts.uri = uri.parse().expect("a path and query");
+    Request::from_parts(parts, body)
 }
 
 async fn forward(req: Request<Incoming>, client: &reqwest::Client, upstream: &str) -> Reply {
