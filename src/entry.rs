@@ -27,7 +27,7 @@ use lambda_runtime::layers::TracingLayer;
 use lambda_runtime::tower::ServiceBuilder;
 use lambda_runtime::{LambdaEvent, Runtime, service_fn};
 use serde_json::Value;
-use tracing::error;
+use tracing::{error, warn};
 
 use crate::build_error::BuildError;
 use crate::builder::LambdaWorkerBuilder;
@@ -95,6 +95,17 @@ where
         return ExitCode::SUCCESS;
     }
     logging::init(logging::filter(), std::io::stdout);
+    logging::log_panics();
+    if let Some(problem) = logging::filter_problem() {
+        warn!("{problem}");
+    }
+    if cfg!(panic = "abort") {
+        warn!(
+            "built with panic = \"abort\": a panicking step ends the process, and the runs of its \
+             invocation are left to the API's reaper; set panic = \"unwind\" in \
+             [profile.release] (README, \"Run your own workflows\")"
+        );
+    }
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

@@ -497,3 +497,49 @@ async fn the_heartbeat_is_pinged_once_per_completed_batch_and_a_failed_ping_is_h
         "the batch is unaffected"
     );
 }
+
+/// A panic is written as one redacted JSON line of the log (the hook `run` installs), not as
+/// Rust's default text on stderr, which Lambda sends to the same log group unredacted: a secret
+/// in a panic's message (a `configure` closure's, a step's) is withheld, and where it was raised
+/// is kept.
+#[test]
+fn a_panic_is_one_redacted_json_line() {
+    let capture = CaptureWriter::default();
+    assert!(logging::init(
+        tracing_subscriber::EnvFilter::new("info"),
+        capture.clone()
+    ));
+    let secret = "panic-test-worker-token-9c2e4a";
+    logging::redact(secret);
+    logging::log_panics();
+    let panicked = std::thread::Builder::new()
+        .name("configure".into())
+        .spawn(move || panic!("bad token={secret} in the configuration"))
+        .unwrap()
+        .join();
+    assert!(panicked.is_err());
+
+    let written = capture.contents();
+    assert!(!written.contains(secret), "{written}");
+    let line: serde_json::Value = written
+        .lines()
+        .find(|l| l.contains("a thread panicked"))
+        .map(|l| serde_json::from_str(l).unwrap())
+        .unwrap_or_else(|| panic!("no panic line in {written}"));
+    assert_eq!(line["level"], "ERROR");
+    assert_eq!(line["thread"], "configure");
+    assert!(
+        line["panic"]
+            .as_str()
+            .unwrap()
+            .starts_with("bad token=[redacted]"),
+        "{line}"
+    );
+    assert!(
+        line["location"]
+            .as_str()
+            .unwrap()
+            .contains("observability.rs"),
+        "{line}"
+    );
+}

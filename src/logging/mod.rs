@@ -4,7 +4,10 @@
 //! `workflow` (the run's span), each once, at the same place on every line.
 //!
 //! Level: `RUST_LOG` (e.g. `info,ironflow_lambda=debug`), else Lambda's advanced logging
-//! control `AWS_LAMBDA_LOG_LEVEL` (`TRACE`…`FATAL`), else `info`.
+//! control `AWS_LAMBDA_LOG_LEVEL` (`TRACE`…`FATAL`), else `info`. A `RUST_LOG` that would leave
+//! every line of this crate out (a mistyped level such as `infoo`) is set aside with a warning
+//! ([`filter_problem`]). A panic is one of these lines too ([`log_panics`]), not Rust's default
+//! text on stderr.
 //!
 //! A sample line (docs/operations.md, "Logs", shows how to query them):
 //! ```text
@@ -327,9 +330,14 @@ fn below_trace_or_own(metadata: &Metadata<'_>) -> bool {
     *metadata.level() < Level::TRACE || metadata.target().starts_with("ironflow_lambda")
 }
 
-/// The filter from `RUST_LOG`, else `AWS_LAMBDA_LOG_LEVEL`, else `info`.
+/// The filter from `RUST_LOG`, else `AWS_LAMBDA_LOG_LEVEL`, else `info`. A `RUST_LOG` that
+/// parses but leaves this crate's lines out ([`silences_this_crate`]: a mistyped level such as
+/// `infoo` is a target directive, which turns every other target off) is set aside, as one that
+/// does not parse: [`filter_problem`] says why, for a line once logging is up.
 pub fn filter() -> EnvFilter {
-    if let Ok(filter) = EnvFilter::try_from_default_env() {
+    if filter_problem().is_none()
+        && let Ok(filter) = EnvFilter::try_from_default_env()
+    {
         return filter;
     }
     let level = match std::env::var("AWS_LAMBDA_LOG_LEVEL")
@@ -344,6 +352,71 @@ pub fn filter() -> EnvFilter {
         _ => "info",
     };
     EnvFilter::new(level)
+}
+
+/// Write a panic as one line of this module (JSON, redacted: rule 2) instead of Rust's default
+/// text on stderr, which Lambda also sends to the log group, unredacted: the panic's message
+/// (a step's, a `configure` closure's, ours), where it was raised and the thread. Without a
+/// backtrace (a panic in a run is also in its failure's error and the run's report).
+pub fn log_panics() {
+    std::panic::set_hook(Box::new(|info| {
+        let payload = info.payload();
+        let message = payload
+            .downcast_ref::<&str>()
+            .copied()
+            .or_else(|| payload.downcast_ref::<String>().map(String::as_str))
+            .unwrap_or("a panic with no message");
+        let location = info
+            .location()
+            .map(|l| format!("{}:{}", l.file(), l.line()))
+            .unwrap_or_default();
+        let thread = std::thread::current();
+        tracing::error!(
+            panic = message,
+            location,
+            thread = thread.name().unwrap_or("unnamed"),
+            "a thread panicked"
+        );
+    }));
+}
+
+/// Why [`filter`] set `RUST_LOG` aside, if it did because the value would leave this crate's
+/// lines out (cold-start errors and invocation summaries included).
+pub fn filter_problem() -> Option<String> {
+    let rust_log = std::env::var("RUST_LOG").ok()?;
+    silences_this_crate(&rust_log).then(|| {
+        format!(
+            "RUST_LOG={rust_log:?} leaves every line of this worker out: a word that is no level \
+             (trace, debug, info, warn, error, off) is read as a target; using \
+             AWS_LAMBDA_LOG_LEVEL or info instead"
+        )
+    })
+}
+
+/// Whether the `RUST_LOG` directives `directives` (comma-separated `[target][[span]][=level]`)
+/// leave every line of this crate out: none is a bare level or names a target this crate's
+/// start with (tracing matches a target by its prefix). A blank value is no filter.
+fn silences_this_crate(directives: &str) -> bool {
+    const LEVELS: [&str; 6] = ["trace", "debug", "info", "warn", "error", "off"];
+    let mut any = false;
+    for directive in directives
+        .split(',')
+        .map(str::trim)
+        .filter(|d| !d.is_empty())
+    {
+        any = true;
+        let target = directive
+            .split(['=', '['])
+            .next()
+            .unwrap_or_default()
+            .trim();
+        let bare_level =
+            !directive.contains('=') && LEVELS.iter().any(|l| l.eq_ignore_ascii_case(target));
+        if target.is_empty() || bare_level || "ironflow_lambda".starts_with(target) {
+            return false;
+        }
+    }
+    any
 }
 
 /// Install the line layer ([`JsonLines`]) writing to `writer` (stdout on Lambda), under `filter`,
@@ -411,6 +484,32 @@ impl<'a> MakeWriter<'a> for CaptureWriter {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn a_rust_log_that_leaves_this_crate_out_is_told_apart() {
+        for silencing in [
+            "infoo",
+            "warnn,aws_config=debug",
+            "hyper=debug",
+            "Info=warn",
+        ] {
+            assert!(silences_this_crate(silencing), "{silencing}");
+        }
+        for kept in [
+            "",
+            "info",
+            "INFO",
+            "off",
+            "warn,aws_config=debug",
+            "hyper=debug,ironflow_lambda=info",
+            "ironflow=debug",
+            "[run]=debug",
+            "=warn",
+        ] {
+            assert!(!silences_this_crate(kept), "{kept}");
+        }
+    }
+
     use super::*;
 
     /// What `f` logs under [`subscriber`] with `filter`, a line each.
