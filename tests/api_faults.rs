@@ -88,6 +88,12 @@ async fn a_lost_claim_recovered_by_the_reaper_is_not_a_death(backend: Backend) {
 
     let lost = h.invoke(&worker, Duration::from_secs(4)).await;
     assert!(lost.runs.is_empty(), "{lost:?}");
+    // It cannot find the run again, and says so: the worker id the run may be leased to.
+    let said = lost.errors.join("\n");
+    assert!(
+        said.contains("lost their answer") && said.contains(&lost.worker_id),
+        "{lost:?}"
+    );
     wait_until("the API reaps the run", Duration::from_secs(20), || async {
         h.api.reap().await;
         let run = h.run(id).await;

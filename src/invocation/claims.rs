@@ -16,6 +16,7 @@ use tracing::error;
 
 use crate::api::ApiClient;
 use crate::context::Invocation;
+use crate::report::FaultKind;
 
 /// What a claim answers: a run under this invocation's lease, none pending, or an error.
 pub(super) type Answer = Result<Option<Run>, StoreError>;
@@ -24,9 +25,10 @@ impl Invocation {
     /// Claim the next run this worker can take (`capabilities`), under the invocation's lease,
     /// with its own calls: a fault is retried (at most [`crate::store::CLAIM_ATTEMPTS`]
     /// attempts, none past the last write; the caller gives up on a claim still unanswered at
-    /// the cutoff, [`in_window`]). A lost claim answer is safe to retry: the run it may have
-    /// claimed sits under a lease nobody refreshes, and the API's reaper requeues it after the
-    /// lease TTL.
+    /// the cutoff, [`in_window`]). A lost claim answer is retried although the API may have
+    /// leased a run for it: the internal API has no way to find that run again (no route lists
+    /// a worker's runs, and a claim is not idempotent), so it sits Running under a lease nobody
+    /// refreshes until the reaper takes it back ([`lost_answers`] says so in the summary).
     pub(super) async fn claim(&self, capabilities: &WorkerCapabilities) -> Answer {
         let pick = self
             .calls
@@ -78,16 +80,54 @@ pub(super) async fn in_window<F: Future>(
     }
 }
 
+/// What becomes of a run the API leased for a claim whose answer never came: the reaper's
+/// part, for the errors.
+fn stranded(worker_id: &str, lease_ttl: Duration) -> String {
+    format!(
+        "a run the API leased to worker id {worker_id} for it stays Running until its lease \
+         expires ({} s), then the API's reaper requeues it, using up one of its lease \
+         recoveries, or fails it once they exceed its max_retries (docs/faults.md, \"Lost claim \
+         answers\")",
+        lease_ttl.as_secs()
+    )
+}
+
 /// The error kept for `claims` still unanswered at the cutoff.
-pub(super) fn unanswered(claims: usize, lease_ttl: Duration) -> String {
+pub(super) fn unanswered(claims: usize, worker_id: &str, lease_ttl: Duration) -> String {
     let e = format!(
         "{claims} claim(s) still unanswered at the cutoff, given up: the API accepted the \
-         connection but did not answer; a run the API gave one of them goes back to Pending \
-         when its lease expires ({} s)",
-        lease_ttl.as_secs()
+         connection but did not answer; {}",
+        stranded(worker_id, lease_ttl)
     );
     error!("{e}");
     e
+}
+
+/// The error kept when claim attempts lost their answer after the request went out (the
+/// connection failed, or no answer came within the attempt's bound; `faults`, the invocation's
+/// fault counts): the API may have leased a run for each, which this invocation never received.
+/// `None` when none did.
+pub(super) fn lost_answers(
+    faults: &[crate::report::ApiErrorCount],
+    worker_id: &str,
+    lease_ttl: Duration,
+) -> Option<String> {
+    let lost: u32 = faults
+        .iter()
+        .filter(|f| {
+            f.route == crate::store::fault::CLAIM_ROUTE
+                && matches!(f.kind, FaultKind::Transport | FaultKind::Timeout)
+        })
+        .map(|f| f.count)
+        .sum();
+    (lost > 0).then(|| {
+        let e = format!(
+            "{lost} claim attempt(s) lost their answer after the request went out (retried): {}",
+            stranded(worker_id, lease_ttl)
+        );
+        error!("{e}");
+        e
+    })
 }
 
 /// After a claim the API refused (`worker API error: <body>`: ApiRunStore keeps no status, and

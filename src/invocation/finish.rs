@@ -12,7 +12,7 @@ use tokio::time::Instant;
 use tokio_util::sync::{CancellationToken, DropGuard};
 use tracing::info;
 
-use super::Batch;
+use super::{Batch, claims};
 use crate::api::logs::LogInbox;
 use crate::orphans::InvocationGuard;
 use crate::report::{
@@ -79,6 +79,11 @@ impl Batch<'_> {
         for r in &runs {
             spend += r.spend;
         }
+        let api_errors = self.ctx.calls.faults.snapshot();
+        let (worker_id, ttl) = (&self.ctx.lease.worker_id, self.ctx.lease.ttl);
+        if let Some(lost) = claims::lost_answers(&api_errors, worker_id, ttl) {
+            self.errors.push(lost);
+        }
         let summary = InvocationSummary {
             request_id: self.invoked.request_id.to_string(),
             worker_id: self.ctx.lease.worker_id.clone(),
@@ -88,7 +93,7 @@ impl Batch<'_> {
             stop_reason,
             errors: self.errors,
             spend,
-            api_errors: self.ctx.calls.faults.snapshot(),
+            api_errors,
             lease_recoveries: self.poison.lease_recoveries(),
             time_left_ms: u64::try_from(self.ctx.budget.until_deadline().as_millis())
                 .unwrap_or(u64::MAX),

@@ -50,7 +50,8 @@ impl Batch<'_> {
             }
             Windowed::Unanswered { claims } => {
                 let ttl = self.worker.settings.lease_ttl;
-                self.errors.push(claims::unanswered(claims, ttl));
+                let worker_id = &self.ctx.lease.worker_id;
+                self.errors.push(claims::unanswered(claims, worker_id, ttl));
                 return Taken::Stop(StopReason::Cutoff);
             }
         };

@@ -22,6 +22,9 @@ use ironflow_store::error::StoreError;
 
 pub use crate::report::{ApiErrorCount, FaultKind, Route};
 
+/// The claim's route (`GET /api/v1/internal/runs/next`), as faults count it.
+pub const CLAIM_ROUTE: Route = "GET /runs/next";
+
 /// One infrastructure fault: which route, what kind, and what the API or the transport said.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{route}: {} ({detail})", kind_sentence(*.kind))]

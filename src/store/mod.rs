@@ -536,7 +536,7 @@ impl RunStore for GuardedStore {
         capabilities: Option<WorkerCapabilities>,
     ) -> StoreFuture<'_, Option<Run>> {
         Box::pin(guard::read(
-            "GET /runs/next",
+            fault::CLAIM_ROUTE,
             self.credentials(),
             CLAIM_RETRIES,
             move || {
