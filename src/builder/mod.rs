@@ -19,6 +19,7 @@ use ironflow_core::decision::DecisionProvider;
 use ironflow_core::provider::AgentProvider;
 use ironflow_engine::handler::WorkflowHandler;
 use ironflow_store::entities::validate_worker_tags;
+use tracing::warn;
 
 use crate::agents::AnthropicSecretProvider;
 use crate::build_error::BuildError;
@@ -270,6 +271,9 @@ impl LambdaWorkerBuilder {
         for handler in &self.handlers {
             check_workflow_name(handler.name())?;
         }
+        if self.handlers.is_empty() && s.function_role == crate::settings::FunctionRole::Worker {
+            warn!("no workflow is registered: the claims of this worker take no run");
+        }
         if let Some(p) = s.validate().into_iter().next() {
             return Err(BuildError::InvalidSetting {
                 setter: p.setter,
@@ -423,6 +427,38 @@ mod tests {
             w.capabilities().tags,
             vec!["gpu".to_string(), "region:eu".to_string()]
         );
+    }
+
+    /// Values only the variables' parsing bounded before: an empty token, a worker id prefix
+    /// over 128 bytes, a lease refresh interval under 50 ms (a flood of renewals).
+    #[test]
+    fn values_that_would_fail_every_claim_or_flood_the_api_are_refused_at_build() {
+        let empty = LambdaWorkerBuilder::new("http://127.0.0.1:1", "")
+            .provider(Arc::new(ClaudeCodeProvider::new()))
+            .build()
+            .err()
+            .unwrap();
+        assert!(
+            empty.to_string().contains("IRONFLOW_WORKER_TOKEN"),
+            "{empty}"
+        );
+        let prefix = builder()
+            .worker_id_prefix(&"p".repeat(129))
+            .build()
+            .err()
+            .unwrap();
+        assert!(prefix.to_string().contains("128 bytes"), "{prefix}");
+        let storm = builder()
+            .lease_refresh_interval(Duration::from_nanos(1))
+            .build()
+            .err()
+            .unwrap();
+        assert!(storm.to_string().contains("50 ms"), "{storm}");
+        builder()
+            .worker_id_prefix(&"p".repeat(128))
+            .lease_refresh_interval(Duration::from_millis(50))
+            .build()
+            .unwrap();
     }
 
     /// A name the API would split, trim or drop from the claims' workflow list is refused,

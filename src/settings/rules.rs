@@ -34,18 +34,20 @@ pub(super) fn whole_seconds(d: &Duration, _: &Settings) -> Checked {
     )
 }
 
-/// Visible ASCII only: the token travels in an `Authorization` header, and anything else would
-/// fail every request later with an error that does not point here.
+/// Visible ASCII only, and not empty: the token travels in an `Authorization` header, and
+/// anything else would fail every request later with an error that does not point here.
 pub(super) fn token(t: &WorkerToken, _: &Settings) -> Checked {
     require(
         is_token(t.expose()),
-        "visible ASCII without spaces or line breaks (it is sent as a bearer token)",
+        "a non-empty token of visible ASCII without spaces or line breaks (it is sent as a \
+         bearer token)",
     )
 }
 
-/// Whether `value` can serve as the worker token: visible ASCII without spaces or line breaks.
+/// Whether `value` can serve as the worker token: non-empty visible ASCII without spaces or
+/// line breaks.
 pub fn is_token(value: &str) -> bool {
-    value.bytes().all(|b| b.is_ascii_graphic())
+    !value.is_empty() && value.bytes().all(|b| b.is_ascii_graphic())
 }
 
 /// `arn:<partition>:secretsmanager:<region>:<account>:secret:<name>`.
@@ -83,8 +85,24 @@ pub(super) fn tags(tags: &Vec<String>, _: &Settings) -> Checked {
 /// lease look held by another worker.
 pub(super) fn worker_id_prefix(p: &String, _: &Settings) -> Checked {
     require(
-        !p.starts_with(char::is_whitespace) && !p.chars().any(char::is_control),
-        "a prefix without leading spaces or control characters (the API trims worker ids)",
+        !p.starts_with(char::is_whitespace)
+            && !p.chars().any(char::is_control)
+            && p.len() <= MAX_WORKER_ID_PREFIX,
+        "a prefix of at most 128 bytes without leading spaces or control characters (the API \
+         trims worker ids, and every claim and lease renewal carries it)",
+    )
+}
+
+/// The longest worker id prefix, in bytes: the worker id (`<prefix>-<request id>-<8 hex>`)
+/// travels in every claim's URL.
+const MAX_WORKER_ID_PREFIX: usize = 128;
+
+/// The shortest lease refresh interval the builder takes (50 ms; the variable counts whole
+/// seconds): shorter, a run's refresher would flood the API with renewals.
+pub(super) fn refresh_interval(d: &Duration, _: &Settings) -> Checked {
+    require(
+        *d >= Duration::from_millis(50),
+        "at least 50 ms (1 s from the variable): each refresh is a request to the API",
     )
 }
 

@@ -280,7 +280,7 @@ pub const LEASE_REFRESH_INTERVAL: Setting<Duration> = Setting {
     default_doc: None,
     min: None,
     max: Some(MAX_DURATION),
-    rule: Some(above_zero),
+    rule: Some(rules::refresh_interval),
     shown: Shown::Raw,
     access: field!(lease_refresh_interval),
 };
