@@ -178,7 +178,7 @@ pub enum TriggerError {
     /// An SQS record without a message id cannot be reported in a partial batch response:
     /// the whole invocation fails so that SQS retries the batch.
     #[error(
-        "SQS record {index} has no messageId: it cannot be reported in batchItemFailures, so the whole invocation fails and SQS retries the batch"
+        "SQS record {index} has no messageId that is a non-empty string: it cannot be reported in batchItemFailures, so the whole invocation fails and SQS retries the batch"
     )]
     SqsRecordWithoutMessageId {
         /// The record's position in `Records`, from 0.
@@ -255,8 +255,8 @@ fn parse_schedule(event: &Value, detail_type: &Value) -> Result<ScheduleTick, Tr
             ),
         });
     }
-    let parsed: CloudWatchEvent = serde_json::from_value(event.clone())
-        .map_err(|e| TriggerError::InvalidSchedule(truncate(&e.to_string())))?;
+    let parsed: CloudWatchEvent = serde_path_to_error::deserialize(event.clone())
+        .map_err(|e| TriggerError::InvalidSchedule(truncate_to(&field_error(event, &e), 300)))?;
     Ok(ScheduleTick {
         time: parsed.time,
         rule: parsed.resources.into_iter().next(),
@@ -327,6 +327,21 @@ fn parse_sqs(records: &Value, max_runs_per_invocation: usize) -> Result<SqsWakeU
         }
     }
     Ok(wake_ups)
+}
+
+/// A field of `event` that did not parse (`error`): its path, what was wrong, and for the
+/// schedule's `time` what is expected and what was found.
+fn field_error(event: &Value, error: &serde_path_to_error::Error<serde_json::Error>) -> String {
+    let path = error.path().to_string();
+    let mut text = format!("field `{path}`: {}", error.inner());
+    if path == "time" {
+        let found = event.get("time").map_or("nothing".into(), Value::to_string);
+        text.push_str(&format!(
+            " (expected an RFC 3339 time such as 2026-12-05T03:00:00Z, found {})",
+            truncate(&found)
+        ));
+    }
+    text
 }
 
 /// The record's `messageId`, if it is a non-empty string.
@@ -594,6 +609,22 @@ mod tests {
         assert!(err.to_string().contains("aws.ec2"), "{err}");
         let err = parse_event(&json!({"detail-type": "Scheduled Event"}), 8).unwrap_err();
         assert!(matches!(err, TriggerError::InvalidSchedule(_)), "{err}");
+        // The field that did not parse is named, and for the time what is expected.
+        let schedule = |field: &str, value: Value| {
+            let mut e = json!({"detail-type": "Scheduled Event", "source": "aws.events",
+                "time": "2026-11-30T00:00:00Z", "resources": []});
+            e[field] = value;
+            parse_event(&e, 8).unwrap_err().to_string()
+        };
+        let time = schedule("time", json!("yesterday"));
+        assert!(
+            time.contains("field `time`")
+                && time.contains("RFC 3339")
+                && time.contains("yesterday"),
+            "{time}"
+        );
+        let resources = schedule("resources", json!([5]));
+        assert!(resources.contains("field `resources[0]`"), "{resources}");
     }
 
     #[test]
