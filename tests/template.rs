@@ -240,8 +240,11 @@ fn the_deadline_margin_is_below_every_allowed_function_timeout() {
         .map(|v| v.as_i64().unwrap())
         .min()
         .unwrap();
+    // The worker needs the margin plus its minimum claim budget (2 s, not a parameter) below the
+    // timeout: the largest margin works with the shortest timeout.
     let margin = &t["Parameters"]["DeadlineMarginMs"];
-    assert!(margin["MaxValue"].as_i64().unwrap() < shortest * 1000);
+    let budget = ironflow_lambda::settings::DEFAULT_MIN_CLAIM_BUDGET.as_millis() as i64;
+    assert!(margin["MaxValue"].as_i64().unwrap() + budget < shortest * 1000);
     assert_eq!(
         param_default(&t, "DeadlineMarginMs") as u128,
         ironflow_lambda::settings::DEFAULT_DEADLINE_MARGIN.as_millis(),
@@ -2375,4 +2378,479 @@ async fn the_local_stack_creates_what_the_template_declares() {
         redrive["maxReceiveCount"].as_i64(),
         Some(param_default(&t, "WakeMaxReceiveCount"))
     );
+}
+
+// --- the parameters' constraints against the worker's own checks ------------------------------
+
+/// Whether template.yaml's constraints on parameter `name` allow `value`, as CloudFormation
+/// checks them before it creates anything: `AllowedValues`, `MinValue` and `MaxValue`, and
+/// `AllowedPattern` (matched against the whole value; against each item of a list).
+fn template_allows(t: &Value, name: &str, value: &str) -> bool {
+    let p = &t["Parameters"][name];
+    assert!(p.is_object(), "template.yaml has no parameter {name}");
+    if let Some(allowed) = p["AllowedValues"].as_array()
+        && !allowed.iter().any(|a| text(a) == value)
+    {
+        return false;
+    }
+    if p["Type"] == "Number" {
+        let Ok(n) = value.parse::<f64>() else {
+            return false;
+        };
+        let below = p["MinValue"].as_f64().is_some_and(|min| n < min);
+        let above = p["MaxValue"].as_f64().is_some_and(|max| n > max);
+        if below || above {
+            return false;
+        }
+    }
+    let Some(pattern) = p["AllowedPattern"].as_str() else {
+        return true;
+    };
+    let schema = json!({"type": "string", "pattern": format!("^(?:{pattern})$")});
+    let items: Vec<&str> = if p["Type"] == "CommaDelimitedList" {
+        value.split(',').collect()
+    } else {
+        vec![value]
+    };
+    items
+        .iter()
+        .all(|item| jsonschema::is_valid(&schema, &json!(item)))
+}
+
+/// What the API URL parameter is in every check below: the worker needs one.
+const API_URL: (&str, &str) = ("IronflowApiUrl", "https://ironflow.example.com");
+
+/// The parameters every stack is given (no default).
+const GIVEN: &[(&str, &str)] = &[
+    API_URL,
+    (
+        "WorkerTokenSecretArn",
+        "arn:aws:secretsmanager:us-east-1:123456789012:secret:ironflow/worker-token-AbC123",
+    ),
+];
+
+/// The functions that read the settings at cold start, each with the parameters that make it
+/// exist.
+fn settings_readers() -> Vec<(&'static str, Vec<(&'static str, &'static str)>)> {
+    vec![
+        ("WorkerFunction", GIVEN.to_vec()),
+        (
+            "ManagedWorkerFunction",
+            MANAGED.iter().chain(GIVEN).copied().collect(),
+        ),
+        (RECEIVER, with_webhook(GIVEN)),
+    ]
+}
+
+/// `base` with these parameters set, in place of any value `base` gives them.
+fn setting<'a>(base: &[(&'a str, &'a str)], set: &[(&'a str, &'a str)]) -> Vec<(&'a str, &'a str)> {
+    base.iter()
+        .filter(|(name, _)| !set.iter().any(|(n, _)| n == name))
+        .chain(set)
+        .copied()
+        .collect()
+}
+
+/// The environment template.yaml gives `function` for these parameters (the others at their
+/// defaults): each `Ref` to a parameter its value, the stack's resources values of the form AWS
+/// gives them, and on managed instances `AWS_LAMBDA_MAX_CONCURRENCY` as Lambda sets it.
+fn environment(t: &Value, function: &str, overrides: &[(&str, &str)]) -> BTreeMap<String, String> {
+    let values = parameter_values(t, overrides);
+    let v = variant(t, overrides);
+    let properties = &resource(&v, function)["Properties"];
+    let mut env: BTreeMap<String, String> = properties["Environment"]["Variables"]
+        .as_object()
+        .unwrap()
+        .iter()
+        .map(|(name, value)| {
+            let value = match value.get("Ref").and_then(Value::as_str) {
+                None => value.as_str().unwrap_or_else(|| panic!("{name}: {value}")).into(),
+                Some("PoisonTable") => "ironflow-lambda-PoisonTable-1A2B3C4D5E6F".into(),
+                Some("WakeQueue") => {
+                    "https://sqs.us-east-1.amazonaws.com/123456789012/ironflow-lambda-WakeQueue-1A2B3C"
+                        .into()
+                }
+                Some("AWS::StackName") => "ironflow-lambda".into(),
+                Some(parameter) => text(&values[parameter]),
+            };
+            (name.clone(), value)
+        })
+        .collect();
+    if let Some(m) =
+        properties["CapacityProviderConfig"]["PerExecutionEnvironmentMaxConcurrency"]["Ref"]
+            .as_str()
+    {
+        env.insert("AWS_LAMBDA_MAX_CONCURRENCY".into(), text(&values[m]));
+    }
+    env.insert(
+        "AWS_LAMBDA_FUNCTION_NAME".into(),
+        "ironflow-lambda-WorkerFunction-1A2B3C4D5E6F".into(),
+    );
+    env
+}
+
+/// The worker's cold-start check of `env` (`Settings::from_lookup`), the token as the secret in
+/// `IRONFLOW_WORKER_TOKEN_SECRET_ARN` gives it.
+fn worker_accepts(env: &BTreeMap<String, String>) -> Result<(), String> {
+    ironflow_lambda::settings::Settings::from_lookup_with_token(
+        |name| env.get(name).cloned(),
+        Some(ironflow_lambda::settings::WorkerToken::new(
+            "a-worker-token",
+        )),
+    )
+    .map(drop)
+    .map_err(|e| e.to_string())
+}
+
+/// What the parameters' descriptions say the worker requires of two values together, which a
+/// rule cannot check (rules do not compare numbers): `Err` names the broken requirement.
+fn documented_pairs(env: &BTreeMap<String, String>) -> Result<(), &'static str> {
+    let number =
+        |name: &str, unset: u64| -> u64 { env.get(name).map_or(unset, |v| v.parse().unwrap()) };
+    // Unset, the worker's defaults (the receiver sets neither lease nor concurrency).
+    let ttl = number("IRONFLOW_LEASE_TTL_SECS", 90);
+    let interval = number("IRONFLOW_LEASE_REFRESH_INTERVAL_SECS", 30);
+    if interval >= ttl {
+        return Err("LeaseRefreshIntervalSecs below LeaseTtlSecs");
+    }
+    let (m, c) = (
+        number("AWS_LAMBDA_MAX_CONCURRENCY", 1),
+        number("IRONFLOW_CONCURRENCY", 2),
+    );
+    if m * c > 4096 {
+        return Err("ManagedMaxConcurrency x RunConcurrency at most 4096");
+    }
+    let budget = ironflow_lambda::settings::DEFAULT_MIN_CLAIM_BUDGET.as_millis() as u64;
+    let margin = number("IRONFLOW_DEADLINE_MARGIN_MS", 10_000);
+    if margin + budget >= number("IRONFLOW_FUNCTION_TIMEOUT_SECS", 900) * 1000 {
+        return Err("DeadlineMarginMs plus 2 s below FunctionTimeout");
+    }
+    Ok(())
+}
+
+/// The pairs of [`documented_pairs`], and what each one's descriptions must name.
+const PAIRS: &[(&str, &str, &str)] = &[
+    (
+        "LeaseTtlSecs",
+        "LeaseRefreshIntervalSecs",
+        "LeaseRefreshIntervalSecs",
+    ),
+    ("LeaseRefreshIntervalSecs", "LeaseTtlSecs", "LeaseTtlSecs"),
+    ("RunConcurrency", "ManagedMaxConcurrency", "4096"),
+    ("ManagedMaxConcurrency", "RunConcurrency", "4096"),
+    ("DeadlineMarginMs", "FunctionTimeout", "2 s"),
+    ("FunctionTimeout", "DeadlineMarginMs", "margin"),
+];
+
+/// A parameter's bounds: its `MinValue`, `MaxValue`, default and `AllowedValues`.
+fn bounds(t: &Value, name: &str) -> Vec<String> {
+    let p = &t["Parameters"][name];
+    let mut values: Vec<String> = ["MinValue", "MaxValue", "Default"]
+        .iter()
+        .filter_map(|key| p.get(*key).map(text))
+        .chain(
+            p["AllowedValues"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(text),
+        )
+        .collect();
+    values.sort();
+    values.dedup();
+    values
+}
+
+/// The parameters a function's settings come from (its environment's and, on managed
+/// instances, M).
+fn parameters_read(t: &Value, function: &str, overrides: &[(&str, &str)]) -> BTreeSet<String> {
+    let v = variant(t, overrides);
+    let properties = &resource(&v, function)["Properties"];
+    let mut names: BTreeSet<String> = properties["Environment"]["Variables"]
+        .as_object()
+        .unwrap()
+        .values()
+        .chain([&properties["CapacityProviderConfig"]["PerExecutionEnvironmentMaxConcurrency"]])
+        .filter_map(|v| v.get("Ref").and_then(Value::as_str))
+        .filter(|name| t["Parameters"].get(*name).is_some())
+        .map(String::from)
+        .collect();
+    // The URL of the API in use, whichever of the two it is.
+    names.remove("InsecureIronflowApiUrl");
+    names
+}
+
+/// Review H2: every parameter's bounds (its MinValue, MaxValue, default and allowed values),
+/// through the worker's own cold-start check in each function that reads it. Each is accepted
+/// with the other parameters at their defaults, or, for the pairs a rule cannot compare, with
+/// its partner at one of its own bounds; and the worker refuses exactly the pairs the
+/// descriptions say it refuses.
+#[test]
+fn every_parameter_bound_is_a_value_the_worker_accepts() {
+    let t = template();
+    let mut checked = 0;
+    for (function, base) in settings_readers() {
+        for name in parameters_read(&t, function, &base) {
+            // The parameters that make the variant are its, not bounds to try.
+            if base.iter().any(|(n, _)| *n == name) {
+                continue;
+            }
+            let partner = PAIRS
+                .iter()
+                .find(|(p, _, _)| *p == name)
+                .map(|(_, q, _)| *q);
+            for value in bounds(&t, &name) {
+                assert!(template_allows(&t, &name, &value), "{name}={value}");
+                let partner_values = match partner {
+                    Some(q) => bounds(&t, q).into_iter().map(|v| Some((q, v))).collect(),
+                    None => vec![None],
+                };
+                let mut accepted_once = false;
+                for other in partner_values {
+                    let mut set = vec![(name.as_str(), value.as_str())];
+                    if let Some((q, v)) = &other {
+                        set.push((q, v.as_str()));
+                    }
+                    let overrides = setting(&base, &set);
+                    let env = environment(&t, function, &overrides);
+                    let worker = worker_accepts(&env);
+                    let documented = documented_pairs(&env);
+                    assert_eq!(
+                        worker.is_ok(),
+                        documented.is_ok(),
+                        "{function}, {name}={value} {other:?}: the worker says {worker:?}, the \
+                         descriptions {documented:?}"
+                    );
+                    accepted_once |= worker.is_ok();
+                    checked += 1;
+                }
+                assert!(
+                    accepted_once,
+                    "{function}: {name}={value} is never accepted"
+                );
+            }
+        }
+    }
+    assert!(checked > 100, "{checked}");
+    // Each pair's requirement is in both parameters' descriptions, where an operator reads it.
+    for (name, partner, needed) in PAIRS {
+        let description = t["Parameters"][*name]["Description"].as_str().unwrap();
+        assert!(
+            description.contains(needed),
+            "{name}'s description does not state its requirement with {partner}: {description}"
+        );
+    }
+}
+
+/// A row of [`CODE_BOUNDS`].
+type CodeBound = (
+    &'static str,
+    i64,
+    Option<i64>,
+    Option<(&'static str, &'static str)>,
+    bool,
+);
+
+/// The code's bounds, in each parameter's unit, at the partner's value that allows the most
+/// (src/settings/table/ and src/settings/validate.rs): (parameter, least, most, the partner's
+/// value, managed instances). The checks below pin each to the code.
+const CODE_BOUNDS: &[CodeBound] = &[
+    // 500 ms at least; margin + 2 s below the function timeout, the shortest 30 s.
+    (
+        "DeadlineMarginMs",
+        500,
+        Some(27_999),
+        Some(("FunctionTimeout", "30")),
+        false,
+    ),
+    ("MaxRunsPerInvocation", 1, None, None, false),
+    // M x C at most 4096: on demand M is 1.
+    ("RunConcurrency", 1, Some(4096), None, false),
+    ("ClaimAheadPercent", 0, Some(u32::MAX as i64), None, false),
+    // 100 years at most (every deadline the worker computes stays representable).
+    ("RunTimeoutSecs", 1, Some(3_153_600_000), None, false),
+    // The API's 1 to 3600 s, above the interval (1 s at least).
+    (
+        "LeaseTtlSecs",
+        2,
+        Some(3600),
+        Some(("LeaseRefreshIntervalSecs", "1")),
+        false,
+    ),
+    (
+        "LeaseRefreshIntervalSecs",
+        1,
+        Some(3599),
+        Some(("LeaseTtlSecs", "3600")),
+        false,
+    ),
+    ("PoisonThreshold", 1, Some(u32::MAX as i64), None, false),
+    ("PoisonCooldownSecs", 0, Some(3_153_600_000), None, false),
+    ("MaxWakeupsPerInvocation", 1, Some(10), None, false),
+    // M x C at most 4096, with C at its least.
+    (
+        "ManagedMaxConcurrency",
+        1,
+        Some(4096),
+        Some(("RunConcurrency", "1")),
+        true,
+    ),
+];
+
+/// Review H2: a value just outside each of the code's bounds is refused by the template's
+/// constraints, before anything is deployed; the bound itself is accepted by the worker, and
+/// the value outside refused (so the bounds above are the code's).
+#[test]
+fn a_value_just_outside_the_codes_bounds_is_refused_by_the_template() {
+    let t = template();
+    for (name, least, most, partner, managed) in CODE_BOUNDS {
+        let (function, base) = settings_readers()
+            .into_iter()
+            .nth(usize::from(*managed))
+            .unwrap();
+        let base = setting(&base, partner.as_slice());
+        let worker = |value: i64| {
+            let value = value.to_string();
+            let overrides = setting(&base, &[(*name, value.as_str())]);
+            worker_accepts(&environment(&t, function, &overrides))
+        };
+        let mut edges = vec![(*least, least - 1)];
+        edges.extend(most.map(|most| (most, most + 1)));
+        for (bound, outside) in edges {
+            assert!(worker(bound).is_ok(), "{name}={bound}: {:?}", worker(bound));
+            assert!(
+                worker(outside).is_err(),
+                "{name}={outside} is accepted by the worker"
+            );
+            assert!(
+                !template_allows(&t, name, &outside.to_string()),
+                "template.yaml allows {name}={outside}, which the worker refuses"
+            );
+        }
+    }
+}
+
+/// Review H2: the text parameters' patterns. Each value a pattern allows is accepted by the
+/// worker, and each value the worker refuses is refused by the pattern.
+#[test]
+fn the_text_parameters_patterns_allow_only_what_the_worker_accepts() {
+    let t = template();
+    let many = |n: usize, item: &str| vec![item; n].join(",");
+    let long = |n: usize, c: &str| c.repeat(n);
+    // (parameter, function, values allowed, values the worker refuses)
+    let cases: Vec<(&str, usize, Vec<String>, Vec<String>)> = vec![
+        (
+            "IronflowApiUrl",
+            0,
+            vec![
+                "https://ironflow.example.com".into(),
+                "https://api.example.com:8443/ironflow/".into(),
+                "https://10.0.0.5".into(),
+                "https://h:65535".into(),
+            ],
+            vec![
+                "https://api.example.com?x=1".into(),
+                "https://api.example.com#f".into(),
+                "https://:443".into(),
+                "https://u:p@api.example.com".into(),
+                "https://api.example.com:0".into(),
+                "https://api.example.com:65536".into(),
+                "https://exa mple.com".into(),
+                "http://api.example.com".into(),
+                "https://".into(),
+            ],
+        ),
+        (
+            "InsecureIronflowApiUrl",
+            1,
+            vec![
+                "http://10.0.0.5:3000".into(),
+                "http://ironflow.internal/api/".into(),
+            ],
+            vec![
+                "http://10.0.0.5:3000?x=1".into(),
+                "http://10.0.0.5#f".into(),
+                "http://:80".into(),
+                "http://u:p@10.0.0.5".into(),
+                "http://10.0.0.5:0".into(),
+            ],
+        ),
+        (
+            "WorkerTags",
+            0,
+            vec![
+                "".into(),
+                "gpu".into(),
+                "gpu,arm64,region=eu-west-1,a.b:c/d_e-f".into(),
+                long(64, "t"),
+                many(32, "t"),
+            ],
+            vec![
+                "bad tag".into(),
+                "a,,b".into(),
+                "a,".into(),
+                long(65, "t"),
+                many(33, "t"),
+                "é".into(),
+            ],
+        ),
+        (
+            "PoisonNamespace",
+            0,
+            vec!["".into(), "team-a".into(), "a b~!$%".into(), long(200, "a")],
+            vec![long(201, "a"), long(200, "é"), "a\tb".into(), "a#b".into()],
+        ),
+        (
+            "MetricsNamespace",
+            0,
+            vec![
+                "ironflow-lambda".into(),
+                "Team/ironflow_1.0#a:b".into(),
+                long(255, "a"),
+            ],
+            vec![":x".into(), "AWS/x".into(), long(256, "a"), "a+b".into()],
+        ),
+        (
+            "HeartbeatUrl",
+            0,
+            vec![
+                "".into(),
+                "https://hc-ping.com/6f1c2a9e-0123-4567-89ab-cdef01234567".into(),
+                "https://hc.example.com:8443/p?x=1".into(),
+            ],
+            vec![
+                // With an https:// API, the worker refuses plain http:// (the URL embeds a secret).
+                "http://hc.example.com/p".into(),
+                "https://:443".into(),
+                "https://hc.example.com:0/p".into(),
+                "https://hc example.com".into(),
+                "ftp://hc.example.com".into(),
+            ],
+        ),
+    ];
+    let readers = settings_readers();
+    for (name, reader, allowed, refused) in cases {
+        let (function, base) = &readers[reader];
+        let run = |value: &str| {
+            let mut set = vec![(name, value)];
+            if name == "InsecureIronflowApiUrl" {
+                set.push(("IronflowApiUrl", ""));
+            }
+            worker_accepts(&environment(&t, function, &setting(base, &set)))
+        };
+        for value in &allowed {
+            assert!(template_allows(&t, name, value), "{name}={value:?}");
+            assert!(run(value).is_ok(), "{name}={value:?}: {:?}", run(value));
+        }
+        for value in &refused {
+            assert!(
+                run(value).is_err(),
+                "{name}={value:?} is accepted by the worker"
+            );
+            assert!(
+                !template_allows(&t, name, value),
+                "template.yaml allows {name}={value:?}, which the worker refuses"
+            );
+        }
+    }
 }
