@@ -2854,3 +2854,64 @@ fn the_text_parameters_patterns_allow_only_what_the_worker_accepts() {
         }
     }
 }
+
+/// Whether the filter `directives` (RUST_LOG) lets the worker's error lines through, as
+/// `tracing_subscriber::EnvFilter` parses it (src/logging/).
+fn lets_the_workers_errors_through(directives: &str) -> Option<bool> {
+    use tracing_subscriber::layer::SubscriberExt;
+    let filter = tracing_subscriber::EnvFilter::try_new(directives).ok()?;
+    let subscriber = tracing_subscriber::registry().with(filter);
+    Some(tracing::subscriber::with_default(
+        subscriber,
+        || tracing::enabled!(target: "ironflow_lambda", tracing::Level::ERROR),
+    ))
+}
+
+/// Review H5: `LogLevel` (RUST_LOG) takes a level then `target=level` directives. A typo such as
+/// `infoo` parses as a target of its own and silences every line the worker writes, the cold
+/// start's errors included: the pattern refuses it, and every value it allows lets the worker's
+/// errors through.
+#[test]
+fn the_log_level_pattern_refuses_what_would_silence_the_worker() {
+    let t = template();
+    let env = &function(&t)["Environment"]["Variables"];
+    assert_eq!(env["RUST_LOG"], json!({"Ref": "LogLevel"}));
+    // Why: a bare word parses, and turns the worker's lines off.
+    assert_eq!(lets_the_workers_errors_through("infoo"), Some(false));
+    for allowed in [
+        "info",
+        "INFO",
+        "error",
+        "trace",
+        "warn,ironflow_lambda=debug",
+        "info,aws_config=warn,ironflow_lambda::handler=trace",
+        "debug,hyper_util=info,h2=error",
+    ] {
+        assert!(template_allows(&t, "LogLevel", allowed), "{allowed}");
+        assert_eq!(
+            lets_the_workers_errors_through(allowed),
+            Some(true),
+            "{allowed}"
+        );
+    }
+    assert!(template_allows(
+        &t,
+        "LogLevel",
+        &text(&t["Parameters"]["LogLevel"]["Default"])
+    ));
+    for refused in [
+        "infoo",
+        "ironflow_lambda",
+        "ironflow_lambda=debug",
+        "info,ironflow_lambda",
+        "info,ironflow_lambda=verbose",
+        "info,ironflow_lambda=off",
+        "off",
+        "",
+        "info,",
+        " info",
+        "info ,x=debug",
+    ] {
+        assert!(!template_allows(&t, "LogLevel", refused), "{refused:?}");
+    }
+}
