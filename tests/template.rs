@@ -450,12 +450,17 @@ fn the_api_url_is_https_unless_the_plain_http_one_is_named() {
             false,
         ),
     ] {
-        let params = BTreeMap::from([
-            ("WakeBatchSize", "10"),
-            ("WakeBatchingWindowSecs", "5"),
-            ("IronflowApiUrl", secure),
-            ("InsecureIronflowApiUrl", insecure),
-        ]);
+        // Managed instances: the only variant where plain http:// is allowed (the next test).
+        let params: BTreeMap<&str, &str> = MANAGED
+            .iter()
+            .copied()
+            .chain([
+                ("WakeBatchSize", "10"),
+                ("WakeBatchingWindowSecs", "5"),
+                ("IronflowApiUrl", secure),
+                ("InsecureIronflowApiUrl", insecure),
+            ])
+            .collect();
         assert_eq!(
             rules_accept(&t, &params),
             accepted,
@@ -475,6 +480,84 @@ fn the_api_url_is_https_unless_the_plain_http_one_is_named() {
         t["Conditions"]["HasInsecureApiUrl"],
         json!({"Fn::Not": [{"Fn::Equals": [{"Ref": "InsecureIronflowApiUrl"}, ""]}]})
     );
+}
+
+/// The worker token crosses the network in clear text to a plain-http:// API: only from a
+/// function inside the VPC of `ManagedSubnetIds`, i.e. the managed worker, and never with the
+/// webhook receiver, which runs on demand outside any VPC (review H4).
+#[test]
+fn the_plain_http_api_url_is_only_for_functions_inside_the_vpc() {
+    let t = template();
+    let insecure = [
+        ("IronflowApiUrl", ""),
+        ("InsecureIronflowApiUrl", "http://10.0.0.5:3000"),
+    ];
+    let secure = [
+        ("IronflowApiUrl", "https://ironflow.example.com"),
+        ("InsecureIronflowApiUrl", ""),
+    ];
+    let webhook = [
+        ("WebhookReceiver", "enabled"),
+        ("WebhookSecretArn", WEBHOOK_SECRET_ARN),
+    ];
+    let with = |parts: &[&[(&'static str, &'static str)]]| -> BTreeMap<&str, &str> {
+        parts.iter().flat_map(|p| p.iter().copied()).collect()
+    };
+    for (label, params, accepted) in [
+        ("on demand, https", with(&[&secure]), true),
+        ("on demand, http", with(&[&insecure]), false),
+        (
+            "on demand, http, receiver",
+            with(&[&insecure, &webhook]),
+            false,
+        ),
+        ("managed, https", with(&[&secure, MANAGED]), true),
+        ("managed, http", with(&[&insecure, MANAGED]), true),
+        (
+            "managed, http, receiver",
+            with(&[&insecure, MANAGED, &webhook]),
+            false,
+        ),
+        (
+            "managed, https, receiver",
+            with(&[&secure, MANAGED, &webhook]),
+            true,
+        ),
+    ] {
+        assert_eq!(rules_accept(&t, &params), accepted, "{label}");
+    }
+    // Where http:// is allowed, every function that gets it runs in the subnets.
+    let overrides: Vec<(&str, &str)> = with(&[&insecure, MANAGED]).into_iter().collect();
+    let managed = variant(&t, &overrides);
+    let functions = of_type(&managed, "AWS::Serverless::Function");
+    assert_eq!(
+        functions,
+        BTreeSet::from(["ManagedWorkerFunction".to_string()])
+    );
+    let f = &resource(&managed, "ManagedWorkerFunction")["Properties"];
+    assert_eq!(
+        f["Environment"]["Variables"]["IRONFLOW_API_URL"],
+        json!({"Ref": "InsecureIronflowApiUrl"})
+    );
+    let provider = &resource(&managed, "WorkerCapacityProvider")["Properties"];
+    assert_eq!(
+        provider["VpcConfig"]["SubnetIds"],
+        json!({"Ref": "ManagedSubnetIds"})
+    );
+    // The descriptions say so, where an operator reads them.
+    let described = t["Parameters"]["InsecureIronflowApiUrl"]["Description"]
+        .as_str()
+        .unwrap();
+    for needed in ["ManagedInstances=enabled", "WebhookReceiver=disabled"] {
+        assert!(described.contains(needed), "{needed}: {described}");
+    }
+    let deploy = std::fs::read_to_string(root().join("docs/deploy.md")).unwrap();
+    let row = deploy
+        .lines()
+        .find(|l| l.starts_with("| `InsecureIronflowApiUrl`"))
+        .unwrap();
+    assert!(row.contains("`ManagedInstances=enabled`"), "{row}");
+    assert!(!deploy.contains("the function runs outside any VPC)"));
 }
 
 #[test]
