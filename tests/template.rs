@@ -345,16 +345,22 @@ fn rules_accept(t: &Value, params: &BTreeMap<&str, &str>) -> bool {
 
 /// Every parameter's value as CloudFormation hands it to rules and conditions: the override, else
 /// the default, as a string (numbers too), and a `CommaDelimitedList` as a list of strings (its
-/// default `""` is the one-item list `[""]`). Parameters without either are left out.
+/// default `""` is the one-item list `[""]`). Parameters without either are left out. The
+/// pseudo parameter `AWS::Partition` is `aws` unless overridden.
 fn parameter_values(t: &Value, overrides: &[(&str, &str)]) -> BTreeMap<String, Value> {
     let parameters = t["Parameters"].as_object().unwrap();
     for (name, _) in overrides {
         assert!(
-            parameters.contains_key(*name),
+            parameters.contains_key(*name) || *name == "AWS::Partition",
             "template.yaml has no parameter {name}"
         );
     }
     let mut values = BTreeMap::new();
+    let partition = overrides
+        .iter()
+        .find(|(n, _)| *n == "AWS::Partition")
+        .map_or("aws", |(_, v)| *v);
+    values.insert("AWS::Partition".to_string(), json!(partition));
     for (name, p) in parameters {
         let given = overrides
             .iter()
@@ -382,8 +388,8 @@ fn text(v: &Value) -> String {
 }
 
 /// A rule or condition expression, with the functions the template uses in them: `Ref`,
-/// `Condition`, `Fn::Equals`, `Fn::Contains`, `Fn::Not`, `Fn::And`, `Fn::Or`, `Fn::Join`; panics
-/// on others.
+/// `Condition`, `Fn::Equals`, `Fn::Contains`, `Fn::EachMemberEquals`, `Fn::Not`, `Fn::And`,
+/// `Fn::Or`, `Fn::Join`; panics on others.
 fn evaluate(v: &Value, t: &Value, values: &BTreeMap<String, Value>) -> Value {
     let Some((f, args)) = v
         .as_object()
@@ -407,6 +413,10 @@ fn evaluate(v: &Value, t: &Value, values: &BTreeMap<String, Value>) -> Value {
         "Fn::Contains" => {
             let needle = text(&arg(1));
             json!(arg(0).as_array().unwrap().iter().any(|v| text(v) == needle))
+        }
+        "Fn::EachMemberEquals" => {
+            let value = text(&arg(1));
+            json!(arg(0).as_array().unwrap().iter().all(|v| text(v) == value))
         }
         "Fn::Not" => json!(!arg(0).as_bool().unwrap()),
         "Fn::And" => json!((0..count()).all(|i| arg(i) == json!(true))),
@@ -774,7 +784,7 @@ fn iam_allows_only_named_actions_on_this_stacks_resources() {
                     "{name} must be constrained to an ARN"
                 );
             } else if let Some((prefix, name)) = bedrock_arns(&r) {
-                assert!(prefix.starts_with("arn:aws:bedrock:"), "{r}");
+                assert!(prefix.starts_with("arn:${AWS::Partition}:bedrock:"), "{r}");
                 assert!(
                     parameters.contains(name.as_str()) && name.starts_with("Bedrock"),
                     "{r}"
@@ -936,7 +946,18 @@ fn agent_steps_may_invoke_the_given_bedrock_models_and_nothing_else() {
 
 /// A list of ARNs made from a list parameter, one per id: `!Split [",", !Sub [<prefix>${Ids},
 /// {Ids: !Join [",<prefix>", !Ref <name>]}]]`, as (prefix, name); `None` for any other form.
+/// One per partition, `!If [InPartitionX, <the list in X>, <the list in aws>]` (a `!Join`'s
+/// delimiter takes no `${AWS::Partition}`), is the prefix with `${AWS::Partition}` in place of
+/// the partition; [`bedrock_arns_are_in_the_stacks_partition`] checks each branch's partition.
 fn bedrock_arns(r: &Value) -> Option<(String, String)> {
+    if let Some(branches) = r.get("Fn::If") {
+        let forms: Vec<(String, String)> = branches.as_array()?[1..]
+            .iter()
+            .map(|b| bedrock_arns(b).map(|(prefix, name)| (any_partition(&prefix), name)))
+            .collect::<Option<_>>()?;
+        assert_eq!(forms[0], forms[1], "{r}");
+        return Some(forms[0].clone());
+    }
     let split = r.get("Fn::Split")?;
     assert_eq!(split[0], ",", "{r}");
     let sub = split[1].get("Fn::Sub")?;
@@ -947,6 +968,15 @@ fn bedrock_arns(r: &Value) -> Option<(String, String)> {
     let name = join[1].get("Ref")?.as_str()?;
     assert_eq!(sub[1].as_object().map(|o| o.len()), Some(1), "{r}");
     Some((prefix.to_string(), name.to_string()))
+}
+
+/// `arn:<partition>:rest` as `arn:${AWS::Partition}:rest`.
+fn any_partition(arn: &str) -> String {
+    let rest = arn
+        .strip_prefix("arn:")
+        .unwrap_or_else(|| panic!("{arn} is no ARN"));
+    let (_, rest) = rest.split_once(':').unwrap();
+    format!("arn:${{AWS::Partition}}:{rest}")
 }
 
 /// The ARNs a [`bedrock_arns`] list resolves to, for these parameter values.
@@ -1075,10 +1105,11 @@ fn as_placeholders(v: &Value) -> Value {
                 )),
                 "Ref" => json!(format!("${{{}}}", arg.as_str().unwrap())),
                 "Fn::Sub" => json!(arg.as_str().unwrap().replace("${AWS::", "${")),
-                // One ARN per id of a list parameter: the ARN with the parameter in place of the id.
-                "Fn::Split" => {
+                // One ARN per id of a list parameter: the ARN with the parameter in place of the id
+                // (one list per partition: `${Partition}` in place of the partition).
+                "Fn::Split" | "Fn::If" if bedrock_arns(v).is_some() => {
                     let (prefix, name) = bedrock_arns(v).expect("a list of Bedrock ARNs");
-                    json!(format!("{prefix}${{{name}}}"))
+                    json!(format!("{}${{{name}}}", prefix.replace("${AWS::", "${")))
                 }
                 _ => Value::Object(
                     map.iter()
@@ -2996,5 +3027,55 @@ fn the_log_level_pattern_refuses_what_would_silence_the_worker() {
         "info ,x=debug",
     ] {
         assert!(!template_allows(&t, "LogLevel", refused), "{refused:?}");
+    }
+}
+
+/// Review H9: the role's Bedrock ARNs are in the stack's partition (aws, or GovCloud's
+/// aws-us-gov), as every other ARN of the template; in another partition the rule
+/// `BedrockInAKnownPartition` refuses the stack unless it grants no Bedrock model.
+#[test]
+fn bedrock_arns_are_in_the_stacks_partition() {
+    let t = template();
+    for partition in ["aws", "aws-us-gov"] {
+        let overrides = [("AWS::Partition", partition)];
+        let values = parameter_values(&t, &overrides);
+        let arns: Vec<String> = role_statements(&variant(&t, &overrides))
+            .iter()
+            .filter(|s| {
+                strings(&s["Action"])
+                    .iter()
+                    .any(|a| a.starts_with("bedrock:"))
+            })
+            .flat_map(|s| bedrock_arn_list(&s["Resource"], &values))
+            .collect();
+        assert_eq!(arns.len(), 5, "{arns:?}");
+        for arn in arns {
+            assert!(
+                arn.starts_with(&format!("arn:{partition}:bedrock:")),
+                "{arn}"
+            );
+        }
+        let params = BTreeMap::from([API_URL, ("AWS::Partition", partition)]);
+        assert!(rules_accept(&t, &params), "{partition}");
+    }
+    let elsewhere = BTreeMap::from([API_URL, ("AWS::Partition", "aws-iso")]);
+    assert!(!rules_accept(&t, &elsewhere));
+    let mut without_bedrock = elsewhere.clone();
+    without_bedrock.insert("BedrockInferenceProfileIds", "");
+    without_bedrock.insert("BedrockFoundationModelIds", "");
+    assert!(rules_accept(&t, &without_bedrock));
+    // No other ARN of the resources names a partition: they take ${AWS::Partition}.
+    fn texts(v: &Value, out: &mut Vec<String>) {
+        match v {
+            Value::String(s) => out.push(s.clone()),
+            Value::Array(items) => items.iter().for_each(|i| texts(i, out)),
+            Value::Object(map) => map.values().for_each(|i| texts(i, out)),
+            _ => {}
+        }
+    }
+    let mut all = Vec::new();
+    texts(&t["Resources"], &mut all);
+    for s in all.iter().filter(|s| s.contains("arn:aws")) {
+        assert!(s.contains(":bedrock:"), "a partition written out: {s}");
     }
 }
