@@ -6,7 +6,7 @@
 //! Level: `RUST_LOG` (e.g. `info,ironflow_lambda=debug`), else Lambda's advanced logging
 //! control `AWS_LAMBDA_LOG_LEVEL` (`TRACE`…`FATAL`), else `info`. A `RUST_LOG` that would leave
 //! every line of this crate out (a mistyped level such as `infoo`) is set aside with a warning
-//! ([`filter_problem`]). A panic is one of these lines too ([`log_panics`]), not Rust's default
+//! (`filter_problem`). A panic is one of these lines too ([`log_panics`]), not Rust's default
 //! text on stderr.
 //!
 //! A sample line (docs/operations.md, "Logs", shows how to query them):
@@ -331,9 +331,9 @@ fn below_trace_or_own(metadata: &Metadata<'_>) -> bool {
 }
 
 /// The filter from `RUST_LOG`, else `AWS_LAMBDA_LOG_LEVEL`, else `info`. A `RUST_LOG` that
-/// parses but leaves this crate's lines out ([`silences_this_crate`]: a mistyped level such as
+/// parses but leaves this crate's lines out (a mistyped level such as
 /// `infoo` is a target directive, which turns every other target off) is set aside, as one that
-/// does not parse: [`filter_problem`] says why, for a line once logging is up.
+/// does not parse, and a warning says why once logging is up.
 pub fn filter() -> EnvFilter {
     if filter_problem().is_none()
         && let Ok(filter) = EnvFilter::try_from_default_env()
@@ -382,7 +382,7 @@ pub fn log_panics() {
 
 /// Why [`filter`] set `RUST_LOG` aside, if it did because the value would leave this crate's
 /// lines out (cold-start errors and invocation summaries included).
-pub fn filter_problem() -> Option<String> {
+pub(crate) fn filter_problem() -> Option<String> {
     let rust_log = std::env::var("RUST_LOG").ok()?;
     silences_this_crate(&rust_log).then(|| {
         format!(
