@@ -301,6 +301,40 @@ async fn a_retried_failure_write_never_counts_twice() {
     assert_eq!(c.consecutive_failures, 3);
 }
 
+/// A streak at u32::MAX (a stored count the code never reaches, but accepts) stays a working
+/// counter: the next failures' writes are read back saturated, not as a malformed item.
+#[tokio::test]
+async fn a_counter_at_u32_max_saturates_instead_of_turning_malformed() {
+    let ep = moto_endpoint();
+    let name = create_table(&ep).await;
+    let p = policy(3, Duration::from_secs(60));
+    let t = connect(&ep, &name, "ns", p).await;
+    let now = now_ms();
+    let key = workflow_key("ns", "wf");
+    Client::from_conf(dynamodb_config(&ep))
+        .put_item()
+        .table_name(&name)
+        .item(PARTITION_KEY, AttributeValue::S(key.clone()))
+        .item(
+            CONSECUTIVE_FAILURES,
+            AttributeValue::N(u32::MAX.to_string()),
+        )
+        .item(LAST_FAILURE_MS, AttributeValue::N(now.to_string()))
+        .item(FAILURE_IDS, AttributeValue::Ss(vec!["old/0".into()]))
+        .send()
+        .await
+        .unwrap();
+    for id in ["a/0", "b/0"] {
+        let c = t.record_failure("wf", id, now + 1).await.unwrap();
+        assert_eq!(c.consecutive_failures, u32::MAX, "{id}");
+    }
+    let c = t.counter("wf", now + 2).await.unwrap().unwrap();
+    assert_eq!(c.consecutive_failures, u32::MAX);
+    assert!(p.is_blocked(&c, now + 2), "still blocks its workflow");
+    let item = raw_item(&ep, &name, &key).await.unwrap();
+    assert_eq!(num(&item, CONSECUTIVE_FAILURES), u64::from(u32::MAX) + 2);
+}
+
 #[tokio::test]
 async fn reset_on_success_deletes_the_item() {
     let ep = moto_endpoint();

@@ -111,7 +111,10 @@ pub(super) struct StoredCounter {
 
 impl StoredCounter {
     pub(super) fn parse(item: &HashMap<String, AttributeValue>) -> Result<Self, String> {
-        let consecutive_failures = number(item, CONSECUTIVE_FAILURES)?;
+        // Saturating: a streak counted to u32::MAX and incremented once more by the write
+        // (DynamoDB's numbers are wider) still reads as a count, the largest one.
+        let consecutive_failures: u128 = number(item, CONSECUTIVE_FAILURES)?;
+        let consecutive_failures = u32::try_from(consecutive_failures).unwrap_or(u32::MAX);
         let last_failure_ms = number(item, LAST_FAILURE_MS)?;
         let failure_ids = match item.get(FAILURE_IDS) {
             None => Vec::new(),
@@ -391,8 +394,16 @@ mod tests {
                 .unwrap_err()
                 .contains("consecutive_failures")
         );
-        let mut bad = item;
+        let mut bad = item.clone();
         bad.remove(LAST_FAILURE_MS);
         assert!(StoredCounter::parse(&bad).unwrap_err().contains("missing"));
+
+        // A count past u32::MAX (the write's increment of a saturated streak) saturates.
+        let mut big = item;
+        big.insert(CONSECUTIVE_FAILURES.into(), n(u64::from(u32::MAX) + 1));
+        let s = StoredCounter::parse(&big).unwrap();
+        assert_eq!(s.counter.consecutive_failures, u32::MAX);
+        big.insert(CONSECUTIVE_FAILURES.into(), n("1e3"));
+        assert!(StoredCounter::parse(&big).is_err(), "not a whole number");
     }
 }

@@ -45,6 +45,8 @@
 //!   counter is returned unchanged; an expired item is overwritten by a second conditional
 //!   write that restarts the streak at 1, guarded by "still expired" so that of two instances
 //!   restarting at once one restarts and the other increments.
+//! - **Counts** saturate: a stored `consecutive_failures` above `u32::MAX` (the increment of a
+//!   streak at `u32::MAX`) reads as `u32::MAX`.
 //! - **Success** ([`PoisonTable::reset`]): `DeleteItem`; the gate calls it only when a counter
 //!   exists, so the happy path writes nothing.
 //! - **Lease recoveries** ([`PoisonTable::observe_lease_recoveries`]): one conditional
