@@ -25,7 +25,9 @@ use ironflow_lambda::poison::dynamodb::{
     LAST_FAILURE_MS, LEASE_RECOVERIES_SEEN, PARTITION_KEY, TTL_ATTRIBUTE, TTL_SLACK, run_key,
     workflow_key,
 };
-use ironflow_lambda::poison::{PoisonMode, PoisonPolicy, PoisonTable, now_ms};
+use ironflow_lambda::poison::{
+    CLOCK_SKEW_ALLOWANCE, PoisonMode, PoisonPolicy, PoisonTable, now_ms,
+};
 use ironflow_lambda::samples;
 use ironflow_lambda::settings::Settings;
 use ironflow_lambda::{BuildError, LambdaWorker, LambdaWorkerBuilder};
@@ -333,6 +335,85 @@ async fn a_counter_at_u32_max_saturates_instead_of_turning_malformed() {
     assert!(p.is_blocked(&c, now + 2), "still blocks its workflow");
     let item = raw_item(&ep, &name, &key).await.unwrap();
     assert_eq!(num(&item, CONSECUTIVE_FAILURES), u64::from(u32::MAX) + 2);
+}
+
+/// Put a workflow item as another writer (a skewed host, a bad write) would leave it.
+async fn put_counter(ep: &str, table: &str, key: &str, failures: u32, last_failure_ms: u64) {
+    Client::from_conf(dynamodb_config(ep))
+        .put_item()
+        .table_name(table)
+        .item(PARTITION_KEY, AttributeValue::S(key.to_string()))
+        .item(
+            CONSECUTIVE_FAILURES,
+            AttributeValue::N(failures.to_string()),
+        )
+        .item(
+            LAST_FAILURE_MS,
+            AttributeValue::N(last_failure_ms.to_string()),
+        )
+        .item(FAILURE_IDS, AttributeValue::Ss(vec!["old/0".into()]))
+        .send()
+        .await
+        .unwrap();
+}
+
+/// A counter dated beyond the clock-skew allowance (a day ahead) counts as absent for reads and
+/// batch reads, with one warning naming the item, and the next failure restarts it at 1, dated
+/// by the writer's clock; one within the allowance counts, and blocks no longer than the
+/// cooldown plus the allowance.
+#[tokio::test]
+async fn a_counter_dated_in_the_future_never_blocks_longer_than_the_cooldown_plus_the_allowance() {
+    let logs = Captured::default();
+    let writer = logs.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_env_filter("ironflow_lambda=warn")
+        .with_ansi(false)
+        .with_writer(move || writer.clone())
+        .finish();
+    // This (current-thread) test's own subscriber: the table is polled on this thread only.
+    let _guard = tracing::subscriber::set_default(subscriber);
+
+    let ep = moto_endpoint();
+    let name = create_table(&ep).await;
+    let p = policy(3, Duration::from_secs(300));
+    let t = connect(&ep, &name, "ns", p).await;
+    let key = workflow_key("ns", "wf");
+    let now = now_ms();
+    put_counter(&ep, &name, &key, 3, now + 86_400_000).await;
+    assert_eq!(t.counter("wf", now).await.unwrap(), None);
+    assert!(t.counters(&["wf".into()], now).await.unwrap().is_empty());
+    let warnings: Vec<String> = logs
+        .text()
+        .lines()
+        .filter(|l| l.contains("dated in the future"))
+        .map(str::to_string)
+        .collect();
+    assert_eq!(warnings.len(), 1, "logged once: {warnings:?}");
+    assert!(
+        warnings[0].contains(&key) && warnings[0].contains(&name),
+        "{warnings:?}"
+    );
+
+    let c = t.record_failure("wf", "a/0", now).await.unwrap();
+    assert_eq!(
+        (c.consecutive_failures, c.last_failure_ms),
+        (1, now),
+        "restarted"
+    );
+    let item = raw_item(&ep, &name, &key).await.unwrap();
+    assert_eq!(item[FAILURE_IDS].as_ss().unwrap(), &vec!["a/0".to_string()]);
+    let c = t.record_failure("wf", "b/0", now).await.unwrap();
+    assert_eq!(c.consecutive_failures, 2, "then counts on");
+
+    // Within the allowance: a live counter, blocking until its date + the cooldown.
+    let ahead = now + CLOCK_SKEW_ALLOWANCE.as_millis() as u64;
+    put_counter(&ep, &name, &key, 3, ahead).await;
+    let c = t.counter("wf", now).await.unwrap().unwrap();
+    assert!(p.is_blocked(&c, now));
+    let end = ahead + 300_000;
+    assert!(t.counter("wf", end).await.unwrap().is_none());
+    let c = t.record_failure("wf", "c/0", now).await.unwrap();
+    assert_eq!(c.consecutive_failures, 4, "a live streak goes on");
 }
 
 #[tokio::test]
@@ -806,6 +887,32 @@ async fn fail_mode_blocks_across_cold_starts_and_counts_calls() {
         None,
         "blocked runs are not counted: {calls:?}"
     );
+}
+
+/// The hostile review h4's D3: a healthy workflow's counter dated a day ahead, at the
+/// threshold, with a 300 s cooldown blocked it for a day (fail mode failed its run). Now its
+/// runs execute in both modes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_healthy_workflow_s_counter_dated_a_day_ahead_blocks_none_of_its_runs() {
+    let ep = moto_endpoint();
+    let name = create_table(&ep).await;
+    let api = LocalApi::start(&Uuid::new_v4().to_string()).await.unwrap();
+    let p = policy(3, Duration::from_secs(300));
+    let t = Arc::new(connect(&ep, &name, "fn", p).await);
+    for (n, mode) in [(1, PoisonMode::Fail), (2, PoisonMode::Defer)] {
+        let key = workflow_key("fn", "quick-shell");
+        put_counter(&ep, &name, &key, 3, now_ms() + 86_400_000).await;
+        let w = worker(&api, t.clone(), p, mode);
+        let ids = create_runs(&api, "quick-shell", 1, 0).await;
+        let s = invoke(&w, n).await;
+        assert_eq!(
+            outcomes_of(&s, "quick-shell"),
+            vec![Outcome::Completed],
+            "{mode:?}: {s:?}"
+        );
+        assert_eq!(state(&api, ids[0]).await, RunStatus::Completed, "{mode:?}");
+        assert_eq!(s.poison_table_errors, 0, "{mode:?}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

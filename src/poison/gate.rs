@@ -350,7 +350,11 @@ impl PoisonGate {
         let ends_ms = counter
             .last_failure_ms
             .saturating_add(super::duration_ms(self.policy.cooldown));
-        let due_ms = u64::try_from(at.timestamp_millis()).unwrap_or(0);
+        // Judged no earlier than now: a counter dated ahead of a due time already past is no
+        // future-dated item (that is judged against the clock, CLOCK_SKEW_ALLOWANCE).
+        let due_ms = u64::try_from(at.timestamp_millis())
+            .unwrap_or(0)
+            .max(now_ms());
         if !self.policy.is_blocked(&counter, due_ms) {
             return at;
         }

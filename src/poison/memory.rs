@@ -8,7 +8,10 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Mutex;
 use uuid::Uuid;
 
-use super::{FailureCounter, PoisonError, PoisonPolicy, PoisonTable, RUN_RETENTION, duration_ms};
+use super::{
+    FailureCounter, FutureDatedLog, PoisonError, PoisonPolicy, PoisonTable, RUN_RETENTION,
+    duration_ms,
+};
 
 #[derive(Debug)]
 struct Entry {
@@ -45,6 +48,7 @@ struct State {
 pub struct MemoryPoisonTable {
     policy: PoisonPolicy,
     state: Mutex<State>,
+    future_dated: FutureDatedLog,
 }
 
 impl MemoryPoisonTable {
@@ -53,6 +57,7 @@ impl MemoryPoisonTable {
         Self {
             policy,
             state: Mutex::new(State::default()),
+            future_dated: FutureDatedLog::default(),
         }
     }
 
@@ -76,12 +81,11 @@ impl PoisonTable for MemoryPoisonTable {
         workflow: &str,
         now_ms: u64,
     ) -> Result<Option<FailureCounter>, PoisonError> {
-        Ok(self
-            .state()
-            .workflows
-            .get(workflow)
-            .map(|e| e.counter)
-            .filter(|c| !self.policy.is_expired(c, now_ms)))
+        let counter = self.state().workflows.get(workflow).map(|e| e.counter);
+        Ok(counter.filter(|c| {
+            !self.future_dated.check(self.name(), workflow, c, now_ms)
+                && !self.policy.is_expired(c, now_ms)
+        }))
     }
 
     async fn record_failure(
@@ -104,7 +108,10 @@ impl PoisonTable for MemoryPoisonTable {
         if entry.failure_ids.contains(failure_id) {
             return Ok(entry.counter);
         }
-        if self.policy.is_expired(&entry.counter, now_ms) {
+        let future_dated = self
+            .future_dated
+            .check("memory", workflow, &entry.counter, now_ms);
+        if future_dated || self.policy.is_expired(&entry.counter, now_ms) {
             entry.counter.consecutive_failures = 0;
             entry.failure_ids.clear();
         }
@@ -184,6 +191,25 @@ mod tests {
         assert_eq!(t.counter("wf", 61_000).await.unwrap(), None);
         let c = t.record_failure("wf", "c", 61_000).await.unwrap();
         assert_eq!(c.consecutive_failures, 1);
+    }
+
+    #[tokio::test]
+    async fn a_counter_dated_beyond_the_clock_skew_allowance_counts_as_absent_and_restarts() {
+        let t = table();
+        let now = 1_700_000_000_000;
+        // Written by a caller whose clock is a day fast.
+        for id in ["a", "b", "c"] {
+            t.record_failure("wf", id, now + 86_400_000).await.unwrap();
+        }
+        assert_eq!(t.counter("wf", now).await.unwrap(), None);
+        let c = t.record_failure("wf", "d", now).await.unwrap();
+        assert_eq!(c.consecutive_failures, 1, "a new streak");
+        assert_eq!(c.last_failure_ms, now, "dated by this clock");
+        // Within the allowance it counts (and blocks at most the cooldown past its date).
+        let ahead = now + duration_ms(super::super::CLOCK_SKEW_ALLOWANCE);
+        t.record_failure("wf", "e", ahead).await.unwrap();
+        let c = t.counter("wf", now).await.unwrap().unwrap();
+        assert_eq!((c.consecutive_failures, c.last_failure_ms), (2, ahead));
     }
 
     #[tokio::test]

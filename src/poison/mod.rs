@@ -3,7 +3,9 @@
 //! A workflow whose runs failed (Failed, TimedOut or Panicked outcome) `threshold` times in a
 //! row is *blocked* until `cooldown` has passed since its last failure. A Completed run resets
 //! the counter; LeaseLost, HandedBack and Released outcomes do not count either way. A counter whose
-//! cooldown has passed counts as absent, and the next failure starts counting afresh.
+//! cooldown has passed counts as absent, and the next failure starts counting afresh. So does a
+//! counter dated more than [`CLOCK_SKEW_ALLOWANCE`] ahead of the reader's clock (a skewed host, a
+//! bad write): no block outlasts the cooldown plus that allowance.
 //!
 //! New in the serverless form: a run claimed with a `lease_recoveries` above what this function
 //! last saw for it, whose steps show that its holder had started one, means the invocation that
@@ -28,12 +30,14 @@ pub(crate) mod seen;
 pub use dynamodb::{CallCounter, DynamoPoisonTable, DynamoSetupError};
 pub use memory::MemoryPoisonTable;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::str::FromStr;
+use std::sync::Mutex;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use tracing::warn;
 use uuid::Uuid;
 
 /// Default number of consecutive failures that blocks a workflow (`IRONFLOW_POISON_THRESHOLD`).
@@ -41,6 +45,15 @@ pub(crate) const DEFAULT_THRESHOLD: u32 = 3;
 /// Default time a blocked workflow stays blocked after its last failure
 /// (`IRONFLOW_POISON_COOLDOWN_SECS`).
 pub(crate) const DEFAULT_COOLDOWN: Duration = Duration::from_secs(5 * 60);
+
+/// How far a counter's `last_failure_ms` may be ahead of the reader's clock and still count:
+/// 30 s. Lambda hosts keep their clocks within milliseconds of each other (Amazon Time Sync), so
+/// this only absorbs a host whose clock is off by a few seconds. A counter dated further ahead
+/// (a host clock minutes or days fast, a hand-written or corrupted item) counts as absent, as an
+/// expired one does (logged once per item and process), and the next failure overwrites it with
+/// a streak of 1 dated by the writer's clock: a block lasts at most the cooldown plus this
+/// allowance past the reader's now, never longer.
+pub const CLOCK_SKEW_ALLOWANCE: Duration = Duration::from_secs(30);
 
 /// How long a table remembers the `lease_recoveries` it saw for a run: 7 days after the last
 /// increase (in DynamoDB, the run item's `expires_at`). A run claimed again after that with the
@@ -76,14 +89,73 @@ impl Default for PoisonPolicy {
 }
 
 impl PoisonPolicy {
-    /// Whether `counter` has outlived the cooldown and must count as absent at `now_ms`.
+    /// Whether `counter` must count as absent at `now_ms` (ms since the Unix epoch): it has
+    /// outlived the cooldown, or it is dated more than [`CLOCK_SKEW_ALLOWANCE`] ahead of
+    /// `now_ms` ([`is_future_dated`]).
     pub fn is_expired(&self, counter: &FailureCounter, now_ms: u64) -> bool {
-        now_ms.saturating_sub(counter.last_failure_ms) >= duration_ms(self.cooldown)
+        is_future_dated(counter, now_ms)
+            || now_ms.saturating_sub(counter.last_failure_ms) >= duration_ms(self.cooldown)
     }
 
     /// Whether `counter` blocks its workflow at `now_ms`.
     pub fn is_blocked(&self, counter: &FailureCounter, now_ms: u64) -> bool {
         counter.consecutive_failures >= self.threshold && !self.is_expired(counter, now_ms)
+    }
+}
+
+/// Whether `counter`'s last failure is more than [`CLOCK_SKEW_ALLOWANCE`] ahead of `now_ms`
+/// (ms since the Unix epoch): a date no clock within the allowance wrote, which counts as
+/// absent ([`PoisonPolicy::is_expired`]).
+pub fn is_future_dated(counter: &FailureCounter, now_ms: u64) -> bool {
+    counter.last_failure_ms > now_ms.saturating_add(duration_ms(CLOCK_SKEW_ALLOWANCE))
+}
+
+/// The future-dated counters a table has logged: each item is logged once per process (a
+/// warning naming the table and the item), not at every read.
+#[derive(Debug, Default)]
+pub(crate) struct FutureDatedLog(Mutex<HashSet<String>>);
+
+/// Items remembered by a [`FutureDatedLog`]; past it, the set starts over (an item may then
+/// be logged again).
+const FUTURE_DATED_LOGGED_MAX: usize = 1024;
+
+impl FutureDatedLog {
+    /// Whether `counter`, read from `item` of `table` at `now_ms`, is future-dated
+    /// ([`is_future_dated`]); logs a warning the first time for `item`.
+    pub(crate) fn check(
+        &self,
+        table: &str,
+        item: &str,
+        counter: &FailureCounter,
+        now_ms: u64,
+    ) -> bool {
+        if !is_future_dated(counter, now_ms) {
+            return false;
+        }
+        let first = {
+            let mut logged = self
+                .0
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            if logged.len() >= FUTURE_DATED_LOGGED_MAX {
+                logged.clear();
+            }
+            logged.insert(item.to_string())
+        };
+        if first {
+            warn!(
+                table,
+                item,
+                last_failure_ms = counter.last_failure_ms,
+                now_ms,
+                ahead_ms = counter.last_failure_ms.saturating_sub(now_ms),
+                allowance_ms = duration_ms(CLOCK_SKEW_ALLOWANCE),
+                "poison-pill counter dated in the future beyond the clock-skew allowance (a \
+                 skewed host clock or a bad write): counted as absent, the next failure \
+                 restarts it"
+            );
+        }
+        true
     }
 }
 
@@ -253,6 +325,72 @@ mod tests {
         assert!(policy.is_blocked(&two, 10_999));
         assert!(!policy.is_blocked(&two, 11_000));
         assert!(policy.is_expired(&two, 11_000));
+    }
+
+    #[test]
+    fn no_block_outlasts_the_cooldown_plus_the_clock_skew_allowance() {
+        let cooldown = Duration::from_secs(300);
+        let policy = PoisonPolicy {
+            threshold: 1,
+            cooldown,
+        };
+        let now = 1_700_000_000_000u64;
+        let allowance = duration_ms(CLOCK_SKEW_ALLOWANCE);
+        let longest = duration_ms(cooldown) + allowance;
+        for ahead in [
+            0,
+            1,
+            allowance,
+            allowance + 1,
+            3_600_000,
+            86_400_000,
+            u64::MAX - now,
+        ] {
+            let c = FailureCounter {
+                consecutive_failures: 5,
+                last_failure_ms: now + ahead,
+            };
+            let within = ahead <= allowance;
+            assert_eq!(policy.is_blocked(&c, now), within, "{ahead} ms ahead");
+            assert_eq!(is_future_dated(&c, now), !within, "{ahead} ms ahead");
+            // Whenever a reader finds it blocking, it has stopped blocking by the cooldown
+            // plus the allowance later.
+            for read_at in [
+                now,
+                now + 1,
+                now + 3_000_000,
+                now + 86_000_000,
+                now + 86_400_000,
+            ] {
+                if policy.is_blocked(&c, read_at) {
+                    let end = read_at + longest;
+                    assert!(
+                        !policy.is_blocked(&c, end),
+                        "{ahead} ahead, read at {read_at}"
+                    );
+                    assert!(!policy.is_blocked(&c, end + 86_400_000));
+                }
+            }
+        }
+        let bound = now + longest;
+        let at_edge = FailureCounter {
+            consecutive_failures: 5,
+            last_failure_ms: now + allowance,
+        };
+        assert!(policy.is_blocked(&at_edge, bound - 1));
+        assert!(!policy.is_blocked(&at_edge, bound));
+
+        let log = FutureDatedLog::default();
+        let far = FailureCounter {
+            consecutive_failures: 5,
+            last_failure_ms: now + 86_400_000,
+        };
+        assert!(log.check("t", "ns#workflow#wf", &far, now));
+        assert!(
+            log.check("t", "ns#workflow#wf", &far, now),
+            "still absent, logged once"
+        );
+        assert!(!log.check("t", "ns#workflow#wf", &at_edge, now));
     }
 
     #[test]

@@ -46,11 +46,12 @@ impl DynamoPoisonTable {
             .expression_attribute_values(":fids", AttributeValue::Ss(vec![failure_id.to_string()]))
             .expression_attribute_values(":exp", n(self.workflow_expires_at(now_ms)))
             .expression_attribute_values(":stale", n(self.stale_before(now_ms)))
+            .expression_attribute_values(":ahead", n(Self::dated_at_most(now_ms)))
             .return_values(ReturnValue::AllNew)
             .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld);
         req = if restart {
             req.update_expression("SET #c = :one, #l = :now, #id = :fid, #ids = :fids, #exp = :exp")
-                .condition_expression("attribute_not_exists(#pk) OR #l <= :stale")
+                .condition_expression("attribute_not_exists(#pk) OR #l <= :stale OR #l > :ahead")
         } else {
             req.update_expression(
                 "SET #c = if_not_exists(#c, :zero) + :one, #l = :now, #id = :fid, #exp = :exp \
@@ -58,7 +59,8 @@ impl DynamoPoisonTable {
             )
             .expression_attribute_values(":zero", n(0))
             .condition_expression(
-                "attribute_not_exists(#pk) OR (#l > :stale AND NOT contains(#ids, :fid))",
+                "attribute_not_exists(#pk) OR (#l > :stale AND #l <= :ahead AND NOT \
+                 contains(#ids, :fid))",
             )
         };
         match req.send().await {
@@ -81,6 +83,13 @@ impl DynamoPoisonTable {
                 _ => Err(self.error(op, &e)),
             },
         }
+    }
+
+    /// Whether the counter of item `key` counts as absent at `now_ms`: expired, or dated
+    /// beyond the clock-skew allowance (logged once per item).
+    fn expired(&self, key: &str, counter: &FailureCounter, now_ms: u64) -> bool {
+        self.future_dated.check(&self.table, key, counter, now_ms)
+            || self.policy.is_expired(counter, now_ms)
     }
 
     /// The item under `key`, strongly consistent (when the condition-failure response did not
@@ -178,7 +187,8 @@ impl PoisonTable for DynamoPoisonTable {
             return Ok(None);
         };
         let stored = StoredCounter::parse(item).map_err(|w| self.malformed("read", w))?;
-        Ok(Some(stored.counter).filter(|c| !self.policy.is_expired(c, now_ms)))
+        let key = workflow_key(&self.namespace, workflow);
+        Ok(Some(stored.counter).filter(|c| !self.expired(&key, c, now_ms)))
     }
 
     async fn counters(
@@ -234,7 +244,7 @@ impl PoisonTable for DynamoPoisonTable {
                         continue;
                     };
                     let stored = StoredCounter::parse(item).map_err(|w| self.malformed(op, w))?;
-                    if !self.policy.is_expired(&stored.counter, now_ms) {
+                    if !self.expired(pk, &stored.counter, now_ms) {
                         found.insert((*workflow).clone(), stored.counter);
                     }
                 }
@@ -292,7 +302,7 @@ impl PoisonTable for DynamoPoisonTable {
             }
             // Expired: restart the streak. Live (another instance restarted it meanwhile):
             // increment.
-            restart = self.policy.is_expired(&old.counter, now_ms);
+            restart = self.expired(&key, &old.counter, now_ms);
         }
         Err(PoisonError {
             table: self.table.clone(),

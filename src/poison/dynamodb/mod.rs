@@ -34,7 +34,9 @@
 //!
 //! - **Read** ([`PoisonTable::counter`], [`PoisonTable::counters`]): strongly consistent
 //!   `GetItem` / `BatchGetItem`. An item whose cooldown has passed counts as absent, whether
-//!   or not DynamoDB's TTL has deleted it yet (TTL deletion lags by up to days).
+//!   or not DynamoDB's TTL has deleted it yet (TTL deletion lags by up to days); so does an item
+//!   whose `last_failure_ms` is more than [`CLOCK_SKEW_ALLOWANCE`] ahead of the reader's clock
+//!   (logged once per item and process).
 //! - **Failure** ([`PoisonTable::record_failure`]): one conditional `UpdateItem`,
 //!   `SET consecutive_failures = if_not_exists(consecutive_failures, 0) + 1, … ADD failure_ids
 //!   :id` if the item is absent, or live and its streak does not contain the failure id. It
@@ -42,9 +44,10 @@
 //!   (DynamoDB serialises writes to one item). When the condition fails, the item is returned
 //!   with the error (`ReturnValuesOnConditionCheckFailure = ALL_OLD`): a streak already holding
 //!   the id means the failure was counted (a write retried after a lost response) and its
-//!   counter is returned unchanged; an expired item is overwritten by a second conditional
-//!   write that restarts the streak at 1, guarded by "still expired" so that of two instances
-//!   restarting at once one restarts and the other increments.
+//!   counter is returned unchanged; an expired item (or one dated beyond the clock-skew
+//!   allowance) is overwritten by a second conditional write that restarts the streak at 1,
+//!   guarded by "still expired" so that of two instances restarting at once one restarts and
+//!   the other increments.
 //! - **Counts** saturate: a stored `consecutive_failures` above `u32::MAX` (the increment of a
 //!   streak at `u32::MAX`) reads as `u32::MAX`.
 //! - **Success** ([`PoisonTable::reset`]): `DeleteItem`; the gate calls it only when a counter
@@ -72,7 +75,10 @@ use aws_sdk_dynamodb::operation::describe_table::DescribeTableError;
 use aws_sdk_dynamodb::types::{KeyType, ScalarAttributeType};
 use uuid::Uuid;
 
-use super::{FailureCounter, PoisonError, PoisonPolicy, PoisonTable, RUN_RETENTION, duration_ms};
+use super::{
+    CLOCK_SKEW_ALLOWANCE, FailureCounter, FutureDatedLog, PoisonError, PoisonPolicy, PoisonTable,
+    RUN_RETENTION, duration_ms,
+};
 pub use calls::CallCounter;
 
 /// The table's partition key (type S), its only key.
@@ -207,6 +213,8 @@ pub struct DynamoPoisonTable {
     namespace: String,
     policy: PoisonPolicy,
     calls: CallCounter,
+    /// Future-dated items already logged (shared by the clones).
+    future_dated: std::sync::Arc<FutureDatedLog>,
 }
 
 impl DynamoPoisonTable {
@@ -274,6 +282,7 @@ impl DynamoPoisonTable {
             namespace: namespace.to_string(),
             policy,
             calls,
+            future_dated: std::sync::Arc::default(),
         }
     }
 
@@ -382,6 +391,12 @@ impl DynamoPoisonTable {
         i128::from(now_ms) - i128::from(duration_ms(self.policy.cooldown))
     }
 
+    /// Inclusive upper bound of a live item's `last_failure_ms` at `now_ms`: an item dated
+    /// later is ahead of `now_ms` by more than [`CLOCK_SKEW_ALLOWANCE`] and counts as absent.
+    fn dated_at_most(now_ms: u64) -> u64 {
+        now_ms.saturating_add(duration_ms(CLOCK_SKEW_ALLOWANCE))
+    }
+
     fn workflow_expires_at(&self, now_ms: u64) -> u64 {
         now_ms
             .saturating_add(duration_ms(self.policy.cooldown))
@@ -419,5 +434,6 @@ mod tests {
         );
         assert_eq!(t.workflow_expires_at(1_000_500), 1_001 + 60 + 3600);
         assert_eq!(t.stale_before(1_000), 1_000 - 60_000);
+        assert_eq!(DynamoPoisonTable::dated_at_most(1_000), 31_000);
     }
 }
