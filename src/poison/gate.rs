@@ -13,6 +13,12 @@
 //! `poison_table_errors`, the hook for a metric). After [`MAX_TABLE_ERRORS`] errors the gate
 //! stops calling the table for the rest of the invocation, so an unreachable table costs an
 //! invocation a few bounded timeouts, not one per run.
+//!
+//! An expected recovery ([`PoisonGate::expect_recovery`]) is kept in the process
+//! ([`super::seen`]) before it is written, and stays there until a write lands: the gate's
+//! next use in this process (this invocation's next settle or recovered claim, or the next
+//! invocation's, the warm process usually serving it) writes the ones a table error left
+//! unwritten, and a claim of such a run by this process does not count its recovery.
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -24,7 +30,7 @@ use tokio::time::{Instant, timeout_at};
 use tracing::{error, info, warn};
 
 use super::recovery::dead_holder_step;
-use super::seen::SeenCounters;
+use super::seen::{Expected, SeenCounters};
 use super::{FailureCounter, PoisonError, PoisonMode, PoisonPolicy, PoisonTable, now_ms};
 use crate::report::{Outcome, RunReport};
 use crate::store::holder::{holder, holder_claimed_recoveries};
@@ -32,6 +38,10 @@ use crate::store::holder::{holder, holder_claimed_recoveries};
 /// Table errors after which an invocation stops calling the table (fails open for the rest of
 /// it): 3.
 pub const MAX_TABLE_ERRORS: u32 = 3;
+
+/// Unwritten expected recoveries one gate call writes at most (the rest wait for the next
+/// call): 8, so that a backlog of them delays no claim by more than a few writes.
+const EXPECTED_WRITES_PER_USE: usize = 8;
 
 /// The poison-pill table as seen by one invocation: each workflow's counter is read at most
 /// once, and a success writes only when a counter exists.
@@ -122,7 +132,7 @@ impl PoisonGate {
     /// Log a failed table call (the table's name and the AWS error with its source chain are
     /// in `e`) and count it.
     fn table_error(&mut self, workflow: Option<&str>, e: &PoisonError, consequence: &str) {
-        self.errors += 1;
+        self.errors = self.errors.saturating_add(1);
         error!(
             table = %self.table.name(),
             workflow = workflow.unwrap_or(""),
@@ -262,17 +272,72 @@ impl PoisonGate {
     /// and the step an earlier holder left interrupted, still the run's newest, must not count
     /// again as one. Part of [`PoisonGate::record`]; called alone for the runs this invocation
     /// did not execute.
+    ///
+    /// The expectation is kept in the process first, then written with the others a table
+    /// error left unwritten (at most [`EXPECTED_WRITES_PER_USE`] per call); one that cannot be
+    /// written now (a table error, or the error cap reached: a warning names the run) stays in
+    /// the process for the gate's next use, and a claim of the run by this process does not
+    /// count its recovery meanwhile ([`PoisonGate::on_claim`]). Only another process claiming
+    /// the run before any write lands can still count it.
     pub async fn expect_recovery(&mut self, report: &RunReport) {
-        let recovery_expected = report.left_to_reaper || report.outcome == Outcome::LeaseLost;
-        if !recovery_expected || !self.table_usable() {
-            return;
+        if report.left_to_reaper || report.outcome == Outcome::LeaseLost {
+            let expected = Expected {
+                run_id: report.run_id,
+                workflow: report.workflow.clone(),
+                lease_recoveries: report.lease_recoveries.saturating_add(1),
+            };
+            if !self.seen.keep_expected(expected) {
+                warn!(
+                    run_id = %report.run_id,
+                    workflow = report.workflow.as_str(),
+                    "expected lease recovery not kept in this process ({} unwritten already): \
+                     written now or never, its recovery may count as a failure",
+                    super::seen::MAX_UNWRITTEN_EXPECTED
+                );
+            }
+            if !self.table_usable() {
+                warn!(
+                    table = %self.table.name(),
+                    run_id = %report.run_id,
+                    workflow = report.workflow.as_str(),
+                    "expected lease recovery not written ({MAX_TABLE_ERRORS} poison-pill table \
+                     errors in this invocation): kept in this process, written at the table's \
+                     next use here; meanwhile only a claim by another process would count it"
+                );
+                return;
+            }
         }
-        let expected = report.lease_recoveries.saturating_add(1);
-        let table = self.table.clone();
-        let note = table.observe_lease_recoveries(report.run_id, expected, now_ms());
-        if let Err(e) = self.bounded("observe lease recoveries", note).await {
-            let workflow = report.workflow.as_str();
-            self.table_error(Some(workflow), &e, "its recovery will count as a failure");
+        self.write_expected().await;
+    }
+
+    /// Write the expected recoveries this process keeps unwritten (at most
+    /// [`EXPECTED_WRITES_PER_USE`]), stopping at the first table error.
+    async fn write_expected(&mut self) {
+        for expected in self.seen.unwritten(EXPECTED_WRITES_PER_USE) {
+            if !self.table_usable() {
+                return;
+            }
+            let table = self.table.clone();
+            let note = table.observe_lease_recoveries(
+                expected.run_id,
+                expected.lease_recoveries,
+                now_ms(),
+            );
+            match self.bounded("observe lease recoveries", note).await {
+                // `false`: the table knew it already (a recovery observed since, or this
+                // process's write retried): written all the same.
+                Ok(_) => self.seen.expected_written(&expected),
+                Err(e) => {
+                    let consequence = format!(
+                        "the expected recovery of run {} stays in this process, to write at the \
+                         table's next use (a claim by another process before then would count \
+                         it)",
+                        expected.run_id
+                    );
+                    self.table_error(Some(&expected.workflow), &e, &consequence);
+                    return;
+                }
+            }
         }
     }
 
@@ -375,12 +440,31 @@ impl PoisonGate {
     /// that names no holder (a parallel branch's) is counted under this invocation's worker id
     /// instead. A recovery of a claim whose answer was lost, or of steps unreadable (an
     /// infrastructure error), does not count. A run never recovered costs nothing.
+    ///
+    /// A recovery this process expected and has not written to the table yet
+    /// ([`PoisonGate::expect_recovery`]) is not counted either; the unwritten expectations are
+    /// written first.
     pub async fn on_claim(&mut self, run: &Run, steps: impl Future<Output = Option<Vec<Step>>>) {
         let recoveries = run.lease_recoveries;
-        if recoveries == 0 || !self.table_usable() {
+        if recoveries == 0 {
             return;
         }
         let workflow = run.workflow_name.as_str();
+        if self.seen.expected(run.id).is_some_and(|e| recoveries <= e) {
+            info!(
+                run_id = %run.id,
+                workflow,
+                lease_recoveries = recoveries,
+                "run recovered after its lease expired, a recovery this process expected (its \
+                 note to the poison-pill table is not written yet): not counted"
+            );
+            self.write_expected().await;
+            return;
+        }
+        self.write_expected().await;
+        if !self.table_usable() {
+            return;
+        }
         let table = self.table.clone();
         let observed = table.observe_lease_recoveries(run.id, recoveries, now_ms());
         match self.bounded("observe lease recoveries", observed).await {
@@ -720,6 +804,139 @@ mod tests {
             0,
             "an expected recovery is no death"
         );
+    }
+
+    /// Fault injection: the memory table, failing every call while `down` is set (a
+    /// throttled or unreachable DynamoDB), counting the calls it receives.
+    struct Switch {
+        inner: MemoryPoisonTable,
+        down: std::sync::atomic::AtomicBool,
+        calls: std::sync::atomic::AtomicU32,
+    }
+
+    impl Switch {
+        fn new(policy: PoisonPolicy) -> Self {
+            Self {
+                inner: MemoryPoisonTable::new(policy),
+                down: true.into(),
+                calls: 0.into(),
+            }
+        }
+
+        fn check(&self) -> Result<(), PoisonError> {
+            use std::sync::atomic::Ordering::SeqCst;
+            self.calls.fetch_add(1, SeqCst);
+            if self.down.load(SeqCst) {
+                return Err(PoisonError {
+                    table: "switch".into(),
+                    operation: "any",
+                    cause: "ThrottlingException (injected)".into(),
+                });
+            }
+            Ok(())
+        }
+    }
+
+    #[async_trait]
+    impl PoisonTable for Switch {
+        fn name(&self) -> &str {
+            "switch"
+        }
+        async fn counter(&self, w: &str, now: u64) -> Result<Option<FailureCounter>, PoisonError> {
+            self.check()?;
+            self.inner.counter(w, now).await
+        }
+        async fn record_failure(
+            &self,
+            w: &str,
+            id: &str,
+            now: u64,
+        ) -> Result<FailureCounter, PoisonError> {
+            self.check()?;
+            self.inner.record_failure(w, id, now).await
+        }
+        async fn reset(&self, w: &str) -> Result<(), PoisonError> {
+            self.check()?;
+            self.inner.reset(w).await
+        }
+        async fn observe_lease_recoveries(
+            &self,
+            run: Uuid,
+            n: u32,
+            now: u64,
+        ) -> Result<bool, PoisonError> {
+            self.check()?;
+            self.inner.observe_lease_recoveries(run, n, now).await
+        }
+    }
+
+    /// The hostile review h4's D4: a run whose lease this invocation lost, while the table
+    /// refused the expected recovery's note (one error; another run's note skipped once the
+    /// error cap was reached), came back from the reaper and was counted as a death of its
+    /// healthy workflow. Now the process keeps both notes, does not count the recoveries it
+    /// expected, and writes the notes at the table's next use, so another process does not
+    /// count them either.
+    #[tokio::test]
+    async fn an_expected_recovery_the_table_refused_is_kept_written_later_and_never_counted() {
+        use std::sync::atomic::Ordering::SeqCst;
+        let strict = PoisonPolicy {
+            threshold: 1,
+            cooldown: Duration::from_secs(60),
+        };
+        let table = Arc::new(Switch::new(strict));
+        let seen = Arc::new(super::super::seen::SeenCounters::default());
+        let gate = |id: &str| {
+            PoisonGate::new(table.clone(), strict, PoisonMode::Fail, later(), id)
+                .sharing(seen.clone())
+        };
+        let (mut first_run, first_steps) = recovered("wf", Some("inv-1")).await;
+        let (mut second_run, second_steps) = recovered("wf", Some("inv-1")).await;
+        let lost = |run: &Run| {
+            let mut r = report("wf", Outcome::LeaseLost);
+            (r.run_id, r.lease_recoveries) = (run.id, 0);
+            r
+        };
+
+        let mut one = gate("inv-1");
+        one.expect_recovery(&lost(&first_run)).await;
+        assert_eq!(one.table_errors(), 1, "the note failed");
+        one.record(&report("other", Outcome::Failed)).await;
+        one.record(&report("other", Outcome::Failed)).await;
+        assert_eq!(one.table_errors(), MAX_TABLE_ERRORS);
+        let calls = table.calls.load(SeqCst);
+        one.expect_recovery(&lost(&second_run)).await;
+        assert_eq!(table.calls.load(SeqCst), calls, "past the cap: no call");
+        assert_eq!(seen.expected(first_run.id), Some(1), "kept");
+        assert_eq!(seen.expected(second_run.id), Some(1), "kept");
+
+        // The reaper recovers both. This process's next invocation claims the first while the
+        // table still fails: expected here, not counted.
+        (first_run.lease_recoveries, second_run.lease_recoveries) = (1, 1);
+        let mut two = gate("inv-2");
+        two.on_claim(&first_run, async { Some(first_steps) }).await;
+        assert_eq!(
+            two.lease_recoveries(),
+            0,
+            "an expected recovery is no death"
+        );
+        assert_eq!(two.blocked_reason("wf").await, None);
+
+        // The table is back: the process's next gate call writes both notes.
+        table.down.store(false, SeqCst);
+        let mut three = gate("inv-3");
+        three.record(&report("wf", Outcome::Completed)).await;
+        assert_eq!(three.table_errors(), 0);
+        assert_eq!(seen.expected(first_run.id), None, "written");
+        assert_eq!(seen.expected(second_run.id), None, "written");
+
+        // Another process (its own counters) claims the second: the table knew to expect it.
+        let mut elsewhere = PoisonGate::new(table.clone(), strict, PoisonMode::Fail, later(), "b");
+        elsewhere
+            .on_claim(&second_run, async { Some(second_steps) })
+            .await;
+        assert_eq!(elsewhere.lease_recoveries(), 0);
+        assert_eq!(elsewhere.blocked_reason("wf").await, None);
+        assert!(table.inner.counter("wf", now_ms()).await.unwrap().is_none());
     }
 
     #[tokio::test]
