@@ -730,6 +730,74 @@ async fn failing_dynamodb(status: u16, code: &'static str) -> (String, Arc<Mutex
     (endpoint, seen)
 }
 
+/// A stand-in for DynamoDB that answers every request late (fault injection: the real SDK
+/// client talks to it): after `delay` with an empty JSON object, as DynamoDB answers a
+/// `GetItem` that found nothing, or never (`None`: it accepts the request and hangs). Returns
+/// its endpoint and the requests it received.
+async fn slow_dynamodb(delay: Option<Duration>) -> (String, Arc<Mutex<usize>>) {
+    let seen = Arc::new(Mutex::new(0));
+    let counted = Arc::clone(&seen);
+    let app = axum::Router::new().fallback(move || {
+        let counted = Arc::clone(&counted);
+        async move {
+            *counted.lock().unwrap() += 1;
+            match delay {
+                Some(delay) => tokio::time::sleep(delay).await,
+                None => std::future::pending().await,
+            }
+            (
+                axum::http::StatusCode::OK,
+                [("content-type", "application/x-amz-json-1.0")],
+                "{}",
+            )
+        }
+    });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let endpoint = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    (endpoint, seen)
+}
+
+/// The hostile review h4's D6: a DynamoDB that hangs cost each gate call the SDK's 5 s
+/// operation timeout, three calls per invocation (15 s); one that answers in 1.9 s (under the
+/// SDK's 2 s attempt timeout) was never cut, 1.9 s per call. Now the first call waits
+/// `CALL_BUDGET` (1 s) at most and opens the gate's breaker: one request per invocation,
+/// every run executes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hanging_or_slow_table_costs_an_invocation_one_call_budget() {
+    let api = LocalApi::start(&Uuid::new_v4().to_string()).await.unwrap();
+    let p = policy(3, Duration::from_secs(300));
+    for (n, delay) in [(1, None), (2, Some(Duration::from_millis(1900)))] {
+        let (endpoint, seen) = slow_dynamodb(delay).await;
+        let t = Arc::new(DynamoPoisonTable::new(
+            dynamodb_config(&endpoint),
+            "poison",
+            "fn",
+            p,
+        ));
+        let w = worker(&api, t, p, PoisonMode::Fail);
+        create_runs(&api, "quick-shell", 3, 0).await;
+        create_runs(&api, "always-fails", 1, 0).await;
+        let start = std::time::Instant::now();
+        let s = invoke(&w, n).await;
+        let took = start.elapsed();
+        println!("{delay:?}: the invocation took {took:?}");
+        assert_eq!(
+            outcomes_of(&s, "quick-shell"),
+            vec![Outcome::Completed; 3],
+            "{delay:?}: {s:?}"
+        );
+        assert_eq!(outcomes_of(&s, "always-fails"), vec![Outcome::Failed]);
+        assert_eq!(
+            *seen.lock().unwrap(),
+            1,
+            "{delay:?}: one request, then none"
+        );
+        assert_eq!(s.poison_table_errors, 1, "{delay:?}");
+        assert!(took < Duration::from_secs(5), "{delay:?}: {took:?}");
+    }
+}
+
 /// A passing fault at cold start (throttled, a 5xx) does not stop the worker: it starts with the
 /// table unchecked, each call failing open while the fault lasts. A refusal (access denied)
 /// still fails the cold start, naming the table.

@@ -10,9 +10,10 @@
 //!
 //! Every table error fails open: the run executes, an error log names the table and the AWS
 //! error, and [`PoisonGate::table_errors`] counts it (the invocation summary's
-//! `poison_table_errors`, the hook for a metric). After [`MAX_TABLE_ERRORS`] errors the gate
-//! stops calling the table for the rest of the invocation, so an unreachable table costs an
-//! invocation a few bounded timeouts, not one per run.
+//! `poison_table_errors`, the hook for a metric). After [`MAX_TABLE_ERRORS`] errors, the first
+//! call unanswered within [`CALL_BUDGET`], or [`SLOW_BUDGET`] spent on slow answers, the gate
+//! stops calling the table for the rest of the invocation (its breaker opens), so a table that
+//! is unreachable, hangs or crawls costs an invocation about a second, not seconds per run.
 //!
 //! An expected recovery ([`PoisonGate::expect_recovery`]) is kept in the process
 //! ([`super::seen`]) before it is written, and stays there until a write lands: the gate's
@@ -39,6 +40,25 @@ use crate::store::holder::{holder, holder_claimed_recoveries};
 /// it): 3.
 pub const MAX_TABLE_ERRORS: u32 = 3;
 
+/// The longest one gate call waits for the table: 1 s (less when the invocation's last write
+/// comes first). Every gate call sits on the claim loop's path (a run's start waits for its
+/// workflow's read, a settle for its write, a recovered claim for its note), so this, not the
+/// SDK's 5 s operation timeout, is what a hanging table costs a healthy workflow. DynamoDB
+/// answers in milliseconds in-region (tens with a new TLS connection); 1 s also leaves room for
+/// the SDK's retry of one transient error (its jittered backoff is at most 1 s, usually much
+/// less). A call cut there fails open, and the gate's breaker opens for the rest of the
+/// invocation: one such wait per invocation at most.
+pub const CALL_BUDGET: Duration = Duration::from_secs(1);
+
+/// An answer slower than this (100 ms, ten times DynamoDB's usual in-region latency) is
+/// *slow*: used, but its wait counts toward [`SLOW_BUDGET`].
+pub const SLOW_CALL: Duration = Duration::from_millis(100);
+
+/// Time one invocation's gate may spend waiting on slow answers ([`SLOW_CALL`]) before its
+/// breaker opens: 2 s. With [`CALL_BUDGET`], a table that answers every call slowly costs an
+/// invocation at most 3 s in all (healthy answers, under 100 ms, never count).
+pub const SLOW_BUDGET: Duration = Duration::from_secs(2);
+
 /// Unwritten expected recoveries one gate call writes at most (the rest wait for the next
 /// call): 8, so that a backlog of them delays no claim by more than a few writes.
 const EXPECTED_WRITES_PER_USE: usize = 8;
@@ -54,6 +74,10 @@ pub struct PoisonGate {
     /// The workflows whose counter this invocation has read (at most once each).
     read: HashSet<String>,
     errors: u32,
+    /// A call went unanswered within its budget (the breaker is open).
+    timed_out: bool,
+    /// Time spent on slow answers ([`SLOW_CALL`]) in this invocation.
+    slow: Duration,
     /// New lease recoveries seen at claim.
     lease_recoveries: u32,
     /// No table call past this (the invocation's last write).
@@ -80,6 +104,8 @@ impl PoisonGate {
             seen: Arc::default(),
             read: HashSet::new(),
             errors: 0,
+            timed_out: false,
+            slow: Duration::ZERO,
             lease_recoveries: 0,
             until,
             invocation: invocation.to_string(),
@@ -99,19 +125,53 @@ impl PoisonGate {
         self.lease_recoveries
     }
 
-    /// `call`, bounded by the gate's `until`.
+    /// `call`, bounded by [`CALL_BUDGET`] and the gate's `until`. An answer later than that is
+    /// an error and opens the breaker; a slow one ([`SLOW_CALL`]) counts toward
+    /// [`SLOW_BUDGET`], whose exhaustion opens it too (counted as one table error, logged).
     async fn bounded<T>(
-        &self,
+        &mut self,
         operation: &'static str,
         call: impl Future<Output = Result<T, PoisonError>>,
     ) -> Result<T, PoisonError> {
-        timeout_at(self.until, call).await.unwrap_or_else(|_| {
-            Err(PoisonError {
+        let started = Instant::now();
+        let budget_end = started.checked_add(CALL_BUDGET).unwrap_or(self.until);
+        let end = budget_end.min(self.until);
+        let Ok(result) = timeout_at(end, call).await else {
+            self.timed_out = true;
+            let cause = if end < self.until {
+                format!(
+                    "no answer within {} ms (the gate's budget per call): not calling the table \
+                     again in this invocation",
+                    CALL_BUDGET.as_millis()
+                )
+            } else {
+                "no answer before the invocation's last write".to_string()
+            };
+            return Err(PoisonError {
                 table: self.table.name().to_string(),
                 operation,
-                cause: "no answer before the invocation's last write".into(),
-            })
-        })
+                cause,
+            });
+        };
+        let waited = started.elapsed();
+        if waited >= SLOW_CALL && self.slow < SLOW_BUDGET {
+            self.slow = self.slow.saturating_add(waited);
+            if self.slow >= SLOW_BUDGET {
+                self.errors = self.errors.saturating_add(1);
+                error!(
+                    table = %self.table.name(),
+                    operation,
+                    slow_ms = u64::try_from(self.slow.as_millis()).unwrap_or(u64::MAX),
+                    poison_table_errors = self.errors,
+                    "poison-pill table answering slowly: {} ms of this invocation spent on \
+                     answers slower than {} ms; not calling it again in this invocation (every \
+                     run executes)",
+                    self.slow.as_millis(),
+                    SLOW_CALL.as_millis()
+                );
+            }
+        }
+        result
     }
 
     /// The mode this gate applies.
@@ -125,8 +185,10 @@ impl PoisonGate {
         self.errors
     }
 
+    /// Whether the breaker is closed: fewer than [`MAX_TABLE_ERRORS`] errors, no call timed
+    /// out, and [`SLOW_BUDGET`] not spent.
     fn table_usable(&self) -> bool {
-        self.errors < MAX_TABLE_ERRORS
+        self.errors < MAX_TABLE_ERRORS && !self.timed_out && self.slow < SLOW_BUDGET
     }
 
     /// Log a failed table call (the table's name and the AWS error with its source chain are
@@ -141,10 +203,14 @@ impl PoisonGate {
             "poison-pill table call failed: {consequence}"
         );
         if !self.table_usable() {
+            let why = if self.timed_out {
+                "a poison-pill table call went unanswered in time".to_string()
+            } else {
+                format!("{} poison-pill table errors", self.errors)
+            };
             error!(
                 table = %self.table.name(),
-                "{MAX_TABLE_ERRORS} poison-pill table errors: not calling it again in this \
-                 invocation (every run executes)"
+                "{why}: not calling it again in this invocation (every run executes)"
             );
         }
     }
@@ -300,9 +366,10 @@ impl PoisonGate {
                     table = %self.table.name(),
                     run_id = %report.run_id,
                     workflow = report.workflow.as_str(),
-                    "expected lease recovery not written ({MAX_TABLE_ERRORS} poison-pill table \
-                     errors in this invocation): kept in this process, written at the table's \
-                     next use here; meanwhile only a claim by another process would count it"
+                    "expected lease recovery not written (the poison-pill table is not called \
+                     again in this invocation: errors, or no answer in time): kept in this \
+                     process, written at the table's next use here; meanwhile only a claim by \
+                     another process would count it"
                 );
                 return;
             }
@@ -937,6 +1004,136 @@ mod tests {
         assert_eq!(elsewhere.lease_recoveries(), 0);
         assert_eq!(elsewhere.blocked_reason("wf").await, None);
         assert!(table.inner.counter("wf", now_ms()).await.unwrap().is_none());
+    }
+
+    /// Fault injection: the memory table answering each call after `delay`, or never
+    /// (`None`: a DynamoDB that accepts the request and hangs), counting the calls.
+    struct Slow {
+        inner: MemoryPoisonTable,
+        delay: Option<Duration>,
+        calls: std::sync::atomic::AtomicU32,
+    }
+
+    impl Slow {
+        fn new(delay: Option<Duration>) -> Self {
+            Self {
+                inner: MemoryPoisonTable::new(policy()),
+                delay,
+                calls: 0.into(),
+            }
+        }
+
+        async fn wait(&self) {
+            self.calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            match self.delay {
+                Some(delay) => tokio::time::sleep(delay).await,
+                None => std::future::pending().await,
+            }
+        }
+
+        fn calls(&self) -> u32 {
+            self.calls.load(std::sync::atomic::Ordering::SeqCst)
+        }
+    }
+
+    #[async_trait]
+    impl PoisonTable for Slow {
+        fn name(&self) -> &str {
+            "slow"
+        }
+        async fn counter(&self, w: &str, now: u64) -> Result<Option<FailureCounter>, PoisonError> {
+            self.wait().await;
+            self.inner.counter(w, now).await
+        }
+        async fn record_failure(
+            &self,
+            w: &str,
+            id: &str,
+            now: u64,
+        ) -> Result<FailureCounter, PoisonError> {
+            self.wait().await;
+            self.inner.record_failure(w, id, now).await
+        }
+        async fn reset(&self, w: &str) -> Result<(), PoisonError> {
+            self.wait().await;
+            self.inner.reset(w).await
+        }
+        async fn observe_lease_recoveries(
+            &self,
+            run: Uuid,
+            n: u32,
+            now: u64,
+        ) -> Result<bool, PoisonError> {
+            self.wait().await;
+            self.inner.observe_lease_recoveries(run, n, now).await
+        }
+    }
+
+    /// The hostile review h4's D6: a hanging DynamoDB cost each gate call the SDK's 5 s
+    /// operation timeout, three times per invocation (15 s). Now the first call waits
+    /// CALL_BUDGET at most, and opens the breaker: the rest of the invocation calls nothing.
+    /// (Tokio's clock is paused: the waits are exact, and instant.)
+    #[tokio::test(start_paused = true)]
+    async fn a_hanging_table_costs_an_invocation_one_call_budget_at_most() {
+        let table = Arc::new(Slow::new(None));
+        let mut gate = PoisonGate::new(table.clone(), policy(), PoisonMode::Fail, later(), "w");
+        let start = Instant::now();
+        assert_eq!(gate.blocked_reason("a").await, None, "fails open");
+        assert_eq!(start.elapsed(), CALL_BUDGET);
+        assert_eq!(gate.blocked_reason("b").await, None);
+        gate.record(&report("a", Outcome::Failed)).await;
+        let mut lost = report("b", Outcome::LeaseLost);
+        lost.left_to_reaper = true;
+        gate.record(&lost).await;
+        let (run, steps) = recovered("c", Some("dead")).await;
+        gate.on_claim(&run, async { Some(steps) }).await;
+        assert_eq!(start.elapsed(), CALL_BUDGET, "no second wait");
+        assert_eq!(table.calls(), 1);
+        assert_eq!(gate.table_errors(), 1);
+
+        // The invocation's last write sooner than the budget bounds the call instead.
+        let until = Instant::now() + Duration::from_millis(200);
+        let mut gate = PoisonGate::new(table.clone(), policy(), PoisonMode::Fail, until, "w");
+        let start = Instant::now();
+        assert_eq!(gate.blocked_reason("a").await, None);
+        assert_eq!(start.elapsed(), Duration::from_millis(200));
+        // Defer mode's batch read before the first claim: bounded alike.
+        let registered = WorkerCapabilities::new(Some(vec!["a".into(), "b".into()]), vec![]);
+        let mut gate = PoisonGate::new(table.clone(), policy(), PoisonMode::Defer, later(), "w");
+        let start = Instant::now();
+        assert_eq!(gate.capabilities_for_claim(&registered).await, registered);
+        assert_eq!(start.elapsed(), CALL_BUDGET);
+    }
+
+    /// Slow answers that succeed (under CALL_BUDGET) were never cut: each workflow's first run
+    /// waited for its read. Now the gate spends at most SLOW_BUDGET on slow answers (plus the
+    /// one that crosses it) per invocation; healthy answers never count.
+    #[tokio::test(start_paused = true)]
+    async fn slow_answers_cost_an_invocation_the_slow_budget_at_most() {
+        let crawl = Duration::from_millis(900);
+        let table = Arc::new(Slow::new(Some(crawl)));
+        let mut gate = PoisonGate::new(table.clone(), policy(), PoisonMode::Fail, later(), "w");
+        let start = Instant::now();
+        for w in ["a", "b", "c", "d", "e", "f"] {
+            assert_eq!(gate.blocked_reason(w).await, None);
+        }
+        assert_eq!(table.calls(), 3, "2.7 s of slow answers spend the budget");
+        assert_eq!(start.elapsed(), crawl * 3);
+        assert!(start.elapsed() <= SLOW_BUDGET + CALL_BUDGET);
+        assert_eq!(
+            gate.table_errors(),
+            1,
+            "the breaker's opening is counted once"
+        );
+
+        let table = Arc::new(Slow::new(Some(Duration::from_millis(20))));
+        let mut gate = PoisonGate::new(table.clone(), policy(), PoisonMode::Fail, later(), "w");
+        for i in 0..200 {
+            gate.record(&report(&format!("w{i}"), Outcome::Failed))
+                .await;
+        }
+        assert_eq!(table.calls(), 200, "answers in 20 ms are healthy");
+        assert_eq!(gate.table_errors(), 0);
     }
 
     #[tokio::test]

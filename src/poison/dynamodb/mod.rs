@@ -56,8 +56,9 @@
 //!   `UpdateItem` on the run's item, "absent or below the claimed value".
 //!
 //! Every call is bounded (`sdk_timeouts`: connect 1 s, attempt 2 s, operation 5 s, with the
-//! SDK's standard retries). Errors are [`PoisonError`]s carrying the table name and the SDK
-//! error with its source chain; the invocation fails open on them (see
+//! SDK's standard retries); the gate cuts each run-time call much sooner (1 s, its
+//! `CALL_BUDGET`), as it sits on the claim loop's path. Errors are [`PoisonError`]s carrying the
+//! table name and the SDK error with its source chain; the invocation fails open on them (see
 //! `super::gate`).
 //!
 //! IAM actions the function needs on the table: `dynamodb:DescribeTable` (cold start),
