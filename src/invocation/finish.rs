@@ -74,6 +74,9 @@ impl Batch<'_> {
         for r in &runs {
             *outcomes.entry(r.outcome).or_insert(0) += 1;
         }
+        // Expected recoveries a table error left unwritten: before another process claims
+        // their runs (bounded by the gate's budget and the last write).
+        self.poison.write_expected().await;
         let wake_ups = self.wake_ups(&runs, &outcomes, stop_reason).await;
         let mut spend = Spend::default();
         for r in &runs {

@@ -17,8 +17,8 @@
 //!
 //! An expected recovery ([`PoisonGate::expect_recovery`]) is kept in the process
 //! ([`super::seen`]) before it is written, and stays there until a write lands: the gate's
-//! next use in this process (this invocation's next settle or recovered claim, or the next
-//! invocation's, the warm process usually serving it) writes the ones a table error left
+//! next use in this process (this invocation's next settle or recovered claim, its end, or the
+//! next invocation's, the warm process usually serving it) writes the ones a table error left
 //! unwritten, and a claim of such a run by this process does not count its recovery.
 
 use std::collections::HashSet;
@@ -378,8 +378,10 @@ impl PoisonGate {
     }
 
     /// Write the expected recoveries this process keeps unwritten (at most
-    /// [`EXPECTED_WRITES_PER_USE`]), stopping at the first table error.
-    async fn write_expected(&mut self) {
+    /// [`EXPECTED_WRITES_PER_USE`]), stopping at the first table error. Also called once at
+    /// the end of an invocation, so that a note a table error left unwritten does not wait for
+    /// this process's next invocation (another process may claim the run first).
+    pub async fn write_expected(&mut self) {
         for expected in self.seen.unwritten(EXPECTED_WRITES_PER_USE) {
             if !self.table_usable() {
                 return;
