@@ -58,6 +58,15 @@ async fn pre_then_fit(h: &Harness) -> uuid::Uuid {
     h.create("fit", 0).await
 }
 
+/// The first report of run `id` in `summary`: handed back, its step `step` deferred.
+fn assert_deferred(summary: &ironflow_lambda::InvocationSummary, id: uuid::Uuid, step: &str) {
+    let report = summary.runs.iter().find(|r| r.run_id == id);
+    let report = report.unwrap_or_else(|| panic!("{id} not claimed: {summary:?}"));
+    assert_eq!(report.outcome, Outcome::HandedBack, "{summary:?}");
+    let note = report.error.as_deref().unwrap_or_default();
+    assert!(note.contains(&format!("step '{step}' deferred")), "{note}");
+}
+
 async fn a_step_that_would_not_fit_is_not_started_and_runs_next_with_a_full_budget(
     backend: Backend,
 ) {
@@ -67,10 +76,7 @@ async fn a_step_that_would_not_fit_is_not_started_and_runs_next_with_a_full_budg
     let id = pre_then_fit(&h).await;
 
     let first = h.invoke(&worker, INVOCATION).await;
-    let fit = first.runs.iter().find(|r| r.run_id == id).expect("claimed");
-    assert_eq!(fit.outcome, Outcome::HandedBack, "{first:?}");
-    let note = fit.error.as_deref().unwrap_or_default();
-    assert!(note.contains("step 'long' deferred"), "{note}");
+    assert_deferred(&first, id, "long");
     assert!(h.steps(id).await.is_empty(), "no step record was created");
     assert_eq!(executions(&h.path("long")), 0, "the step never started");
     assert_eq!(h.status(id).await, RunStatus::Pending);
@@ -92,14 +98,7 @@ async fn a_step_that_never_fits_still_fails_with_the_loop_guard_s_message(backen
     let id = pre_then_fit(&h).await;
 
     let first = h.invoke(&worker, INVOCATION).await;
-    let fit = first.runs.iter().find(|r| r.run_id == id).expect("claimed");
-    assert!(
-        fit.error
-            .as_deref()
-            .unwrap_or_default()
-            .contains("deferred"),
-        "{first:?}"
-    );
+    assert_deferred(&first, id, "long");
     assert!(h.steps(id).await.is_empty(), "no step record was created");
 
     let mut invocations = 1;
@@ -180,9 +179,7 @@ async fn the_pending_time_after_a_deferral_does_not_count_toward_the_run_timeout
         .unwrap();
     let id = h.create("three", 0).await;
     let deferred = |summary: &ironflow_lambda::InvocationSummary, step: &str| {
-        assert_eq!(summary.runs[0].outcome, Outcome::HandedBack, "{summary:?}");
-        let note = summary.runs[0].error.as_deref().unwrap_or_default();
-        assert!(note.contains(&format!("step '{step}' deferred")), "{note}");
+        assert_deferred(summary, id, step);
     };
 
     // `a` takes 3 s: `b`, expected to take 5 s, does not fit in the 4.5 s left.
@@ -234,14 +231,7 @@ async fn a_deferred_run_is_not_claimed_again_by_the_same_invocation(backend: Bac
 
     let claims_of_fit = first.runs.iter().filter(|r| r.run_id == id).count();
     assert_eq!(claims_of_fit, 1, "claimed once: {first:?}");
-    let fit = first.runs.iter().find(|r| r.run_id == id).expect("claimed");
-    assert!(
-        fit.error
-            .as_deref()
-            .unwrap_or_default()
-            .contains("deferred"),
-        "{fit:?}"
-    );
+    assert_deferred(&first, id, "long");
     assert_eq!(h.status(id).await, RunStatus::Pending);
     assert_eq!(h.status(after).await, RunStatus::Completed, "{first:?}");
     assert_eq!(first.count(Outcome::Completed), 2, "{first:?}");

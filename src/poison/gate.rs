@@ -875,44 +875,67 @@ mod tests {
         );
     }
 
-    /// Fault injection: the memory table, failing every call while `down` is set (a
-    /// throttled or unreachable DynamoDB), counting the calls it receives.
-    struct Switch {
+    /// Fault injection: the memory table, each call counted, then answered after `delay`
+    /// (`Some(None)`: never, a DynamoDB that accepts the request and hangs) and failed while
+    /// `down` is set (a throttled or unreachable DynamoDB).
+    struct Faulty {
         inner: MemoryPoisonTable,
         down: std::sync::atomic::AtomicBool,
+        delay: Option<Option<Duration>>,
         calls: std::sync::atomic::AtomicU32,
     }
 
-    impl Switch {
-        fn new(policy: PoisonPolicy) -> Self {
+    impl Faulty {
+        /// Failing every call until `down` is cleared.
+        fn switch(policy: PoisonPolicy) -> Self {
             Self {
                 inner: MemoryPoisonTable::new(policy),
                 down: true.into(),
+                delay: None,
                 calls: 0.into(),
             }
         }
 
-        fn check(&self) -> Result<(), PoisonError> {
+        /// Answering every call after `delay`, or never.
+        fn slow(delay: Option<Duration>) -> Self {
+            Self {
+                inner: MemoryPoisonTable::new(policy()),
+                down: false.into(),
+                delay: Some(delay),
+                calls: 0.into(),
+            }
+        }
+
+        async fn before(&self) -> Result<(), PoisonError> {
             use std::sync::atomic::Ordering::SeqCst;
             self.calls.fetch_add(1, SeqCst);
+            match self.delay {
+                Some(Some(delay)) => tokio::time::sleep(delay).await,
+                Some(None) => std::future::pending().await,
+                None => {}
+            }
             if self.down.load(SeqCst) {
                 return Err(PoisonError {
-                    table: "switch".into(),
+                    table: "faulty".into(),
                     operation: "any",
                     cause: "ThrottlingException (injected)".into(),
                 });
             }
             Ok(())
         }
+
+        fn calls(&self) -> u32 {
+            self.calls.load(std::sync::atomic::Ordering::SeqCst)
+        }
     }
 
     #[async_trait]
-    impl PoisonTable for Switch {
+    impl PoisonTable for Faulty {
         fn name(&self) -> &str {
-            "switch"
+            "faulty"
         }
         async fn counter(&self, w: &str, now: u64) -> Result<Option<FailureCounter>, PoisonError> {
-            self.check()?;
+            self.before().await?;
             self.inner.counter(w, now).await
         }
         async fn record_failure(
@@ -921,11 +944,11 @@ mod tests {
             id: &str,
             now: u64,
         ) -> Result<FailureCounter, PoisonError> {
-            self.check()?;
+            self.before().await?;
             self.inner.record_failure(w, id, now).await
         }
         async fn reset(&self, w: &str) -> Result<(), PoisonError> {
-            self.check()?;
+            self.before().await?;
             self.inner.reset(w).await
         }
         async fn observe_lease_recoveries(
@@ -934,7 +957,7 @@ mod tests {
             n: u32,
             now: u64,
         ) -> Result<bool, PoisonError> {
-            self.check()?;
+            self.before().await?;
             self.inner.observe_lease_recoveries(run, n, now).await
         }
     }
@@ -952,7 +975,7 @@ mod tests {
             threshold: 1,
             cooldown: Duration::from_secs(60),
         };
-        let table = Arc::new(Switch::new(strict));
+        let table = Arc::new(Faulty::switch(strict));
         let seen = Arc::new(super::super::seen::SeenCounters::default());
         let gate = |id: &str| {
             PoisonGate::new(table.clone(), strict, PoisonMode::Fail, later(), id)
@@ -1008,76 +1031,13 @@ mod tests {
         assert!(table.inner.counter("wf", now_ms()).await.unwrap().is_none());
     }
 
-    /// Fault injection: the memory table answering each call after `delay`, or never
-    /// (`None`: a DynamoDB that accepts the request and hangs), counting the calls.
-    struct Slow {
-        inner: MemoryPoisonTable,
-        delay: Option<Duration>,
-        calls: std::sync::atomic::AtomicU32,
-    }
-
-    impl Slow {
-        fn new(delay: Option<Duration>) -> Self {
-            Self {
-                inner: MemoryPoisonTable::new(policy()),
-                delay,
-                calls: 0.into(),
-            }
-        }
-
-        async fn wait(&self) {
-            self.calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-            match self.delay {
-                Some(delay) => tokio::time::sleep(delay).await,
-                None => std::future::pending().await,
-            }
-        }
-
-        fn calls(&self) -> u32 {
-            self.calls.load(std::sync::atomic::Ordering::SeqCst)
-        }
-    }
-
-    #[async_trait]
-    impl PoisonTable for Slow {
-        fn name(&self) -> &str {
-            "slow"
-        }
-        async fn counter(&self, w: &str, now: u64) -> Result<Option<FailureCounter>, PoisonError> {
-            self.wait().await;
-            self.inner.counter(w, now).await
-        }
-        async fn record_failure(
-            &self,
-            w: &str,
-            id: &str,
-            now: u64,
-        ) -> Result<FailureCounter, PoisonError> {
-            self.wait().await;
-            self.inner.record_failure(w, id, now).await
-        }
-        async fn reset(&self, w: &str) -> Result<(), PoisonError> {
-            self.wait().await;
-            self.inner.reset(w).await
-        }
-        async fn observe_lease_recoveries(
-            &self,
-            run: Uuid,
-            n: u32,
-            now: u64,
-        ) -> Result<bool, PoisonError> {
-            self.wait().await;
-            self.inner.observe_lease_recoveries(run, n, now).await
-        }
-    }
-
     /// The hostile review h4's D6: a hanging DynamoDB cost each gate call the SDK's 5 s
     /// operation timeout, three times per invocation (15 s). Now the first call waits
     /// CALL_BUDGET at most, and opens the breaker: the rest of the invocation calls nothing.
     /// (Tokio's clock is paused: the waits are exact, and instant.)
     #[tokio::test(start_paused = true)]
     async fn a_hanging_table_costs_an_invocation_one_call_budget_at_most() {
-        let table = Arc::new(Slow::new(None));
+        let table = Arc::new(Faulty::slow(None));
         let mut gate = PoisonGate::new(table.clone(), policy(), PoisonMode::Fail, later(), "w");
         let start = Instant::now();
         assert_eq!(gate.blocked_reason("a").await, None, "fails open");
@@ -1113,7 +1073,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn slow_answers_cost_an_invocation_the_slow_budget_at_most() {
         let crawl = Duration::from_millis(900);
-        let table = Arc::new(Slow::new(Some(crawl)));
+        let table = Arc::new(Faulty::slow(Some(crawl)));
         let mut gate = PoisonGate::new(table.clone(), policy(), PoisonMode::Fail, later(), "w");
         let start = Instant::now();
         for w in ["a", "b", "c", "d", "e", "f"] {
@@ -1128,7 +1088,7 @@ mod tests {
             "the breaker's opening is counted once"
         );
 
-        let table = Arc::new(Slow::new(Some(Duration::from_millis(20))));
+        let table = Arc::new(Faulty::slow(Some(Duration::from_millis(20))));
         let mut gate = PoisonGate::new(table.clone(), policy(), PoisonMode::Fail, later(), "w");
         for i in 0..200 {
             gate.record(&report(&format!("w{i}"), Outcome::Failed))
