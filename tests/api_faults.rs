@@ -429,10 +429,12 @@ async fn a_failure_whose_write_the_api_refused_is_reported_left_to_the_reaper(ba
     );
 }
 
-/// A claim answered with a run of a workflow this worker has no handler for (an API that let
-/// it through the workflow filter): the run goes back to Pending untouched, as no failure of
-/// its workflow and not left to the reaper; the claims stop and the errors name it. The
-/// worker's own runs are claimed once the API filters again.
+/// A claim answered with a run of a workflow this worker has no handler for (an API that
+/// ignores the workflow filter): the run goes back to Pending untouched, as no failure of its
+/// workflow and not left to the reaper, and is no run of the batch; the claims stop with a
+/// claim error naming it, so the invocation could not run (an SQS record is retried, the error
+/// alarm raised) instead of reporting an empty backlog. The worker's own runs are claimed once
+/// the API filters again.
 async fn a_claimed_run_of_a_workflow_not_registered_here_is_released_untouched(backend: Backend) {
     let h = Harness::start_on(backend).await;
     let proxy = FaultProxy::start(&h.api.url(), 17).await;
@@ -449,16 +451,13 @@ async fn a_claimed_run_of_a_workflow_not_registered_here_is_released_untouched(b
     let summary = h.invoke(&worker, Duration::from_secs(8)).await;
 
     assert_eq!(proxy.stats().total("unfiltered"), 1, "{:?}", proxy.stats());
-    assert_eq!(summary.stop_reason, StopReason::NoPendingRun, "{summary:?}");
-    assert_eq!(summary.runs.len(), 1, "{summary:?}");
-    let report = &summary.runs[0];
-    assert_eq!(report.run_id, foreign);
-    assert_eq!(report.outcome, Outcome::Released, "{report:?}");
-    assert!(!report.left_to_reaper, "{report:?}");
+    assert_eq!(summary.stop_reason, StopReason::ClaimError, "{summary:?}");
+    assert!(summary.runs.is_empty(), "{summary:?}");
+    assert_eq!(summary.claimed, 0, "{summary:?}");
+    let why = summary.errors.join("; ");
     assert!(
-        summary.errors.iter().any(|e| e.contains("someone-elses")),
-        "{:?}",
-        summary.errors
+        why.contains("someone-elses") && why.contains("ignored the claim's workflow list"),
+        "{why}"
     );
     let run = h.run(foreign).await;
     assert_eq!(run.status.state, RunStatus::Pending, "{run:?}");

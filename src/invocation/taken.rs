@@ -155,24 +155,27 @@ impl Batch<'_> {
     }
 
     /// Write `run`, claimed, back to Pending untouched: no handler of its workflow is registered
-    /// here (an API whose claim filter let it through). It is no failure of the workflow, and
-    /// its lease is not left to the reaper, which would fail it once its `max_retries` were
-    /// spent. The claims stop (the next one could take it again), and the errors name it.
+    /// here, so the API ignored the claim's workflow list (an API older than the filter, a
+    /// gateway that drops the query). It is no failure of the workflow, and its lease is not
+    /// left to the reaper, which would fail it once its `max_retries` were spent. It is no run
+    /// of this batch either (the summary does not list it): the claims stop with a claim error
+    /// naming it, so that an invocation that took nothing else fails (its SQS records retried,
+    /// the function's error alarm raised) instead of reporting an empty backlog while the
+    /// foreign run, the oldest, keeps every claim from reaching this worker's own.
     async fn release_foreign(&mut self, run: &Run) -> Taken {
         let why = format!(
-            "run released: no handler of its workflow '{}' is registered in this worker (the \
-             API's claim did not filter it out)",
-            run.workflow_name
+            "run {} released untouched: no handler of its workflow '{}' is registered in this \
+             worker, so the API ignored the claim's workflow list (an ironflow API older than \
+             the filter, or a gateway that drops the query); until it filters, this worker's \
+             claims keep meeting runs it cannot take",
+            run.id, run.workflow_name
         );
-        warn!(run_id = %run.id, workflow = %run.workflow_name, "{why}");
-        let mut report = self.ctx.release(run, &why).await;
-        if report.outcome == Outcome::Released {
-            report.error = Some(why.clone());
-        }
-        self.errors.push(format!("run {}: {why}", run.id));
-        self.order.push(run.id);
-        self.keep_unexecuted(report).await;
-        Taken::Stop(StopReason::NoPendingRun)
+        error!(run_id = %run.id, workflow = %run.workflow_name, "{why}");
+        let report = self.ctx.release(run, &why).await;
+        self.errors.push(why);
+        // Its recovery is expected if the write-back failed (left to the reaper).
+        self.poison.expect_recovery(&report).await;
+        Taken::Stop(StopReason::ClaimError)
     }
 
     /// Write `run`, claimed, back to Pending unexecuted: its first step would not fit
