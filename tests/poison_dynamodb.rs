@@ -381,7 +381,12 @@ async fn a_counter_dated_in_the_future_never_blocks_longer_than_the_cooldown_plu
     let now = now_ms();
     put_counter(&ep, &name, &key, 3, now + 86_400_000).await;
     assert_eq!(t.counter("wf", now).await.unwrap(), None);
+    // Deleted: read as absent, no success would reset it, and it would block once the
+    // clocks caught up with its date.
+    assert!(raw_item(&ep, &name, &key).await.is_none(), "healed");
+    put_counter(&ep, &name, &key, 3, now + 86_400_000).await;
     assert!(t.counters(&["wf".into()], now).await.unwrap().is_empty());
+    assert!(raw_item(&ep, &name, &key).await.is_none(), "healed");
     let warnings: Vec<String> = logs
         .text()
         .lines()

@@ -81,11 +81,19 @@ impl PoisonTable for MemoryPoisonTable {
         workflow: &str,
         now_ms: u64,
     ) -> Result<Option<FailureCounter>, PoisonError> {
-        let counter = self.state().workflows.get(workflow).map(|e| e.counter);
-        Ok(counter.filter(|c| {
-            !self.future_dated.check(self.name(), workflow, c, now_ms)
-                && !self.policy.is_expired(c, now_ms)
-        }))
+        let mut state = self.state();
+        let Some(counter) = state.workflows.get(workflow).map(|e| e.counter) else {
+            return Ok(None);
+        };
+        if self
+            .future_dated
+            .check(self.name(), workflow, &counter, now_ms)
+        {
+            // Read as absent, it would never be reset by a success (as in DynamoDB).
+            state.workflows.remove(workflow);
+            return Ok(None);
+        }
+        Ok(Some(counter).filter(|c| !self.policy.is_expired(c, now_ms)))
     }
 
     async fn record_failure(

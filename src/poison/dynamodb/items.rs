@@ -86,10 +86,33 @@ impl DynamoPoisonTable {
     }
 
     /// Whether the counter of item `key` counts as absent at `now_ms`: expired, or dated
-    /// beyond the clock-skew allowance (logged once per item).
-    fn expired(&self, key: &str, counter: &FailureCounter, now_ms: u64) -> bool {
-        self.future_dated.check(&self.table, key, counter, now_ms)
-            || self.policy.is_expired(counter, now_ms)
+    /// beyond the clock-skew allowance (logged once per item, and deleted: [`Self::heal`]).
+    async fn expired(&self, key: &str, counter: &FailureCounter, now_ms: u64) -> bool {
+        if self.future_dated.check(&self.table, key, counter, now_ms) {
+            self.heal(key, counter.last_failure_ms).await;
+            return true;
+        }
+        self.policy.is_expired(counter, now_ms)
+    }
+
+    /// Delete the future-dated counter of item `key` (while its `last_failure_ms` is still
+    /// `last`): read as absent, it would never be reset by a success, and would block again
+    /// once the clocks caught up with its date. Best effort: a failure leaves it to the next
+    /// read or failure (which restarts it).
+    async fn heal(&self, key: &str, last: u64) {
+        let deleted = self
+            .client
+            .delete_item()
+            .table_name(&self.table)
+            .key(PARTITION_KEY, AttributeValue::S(key.to_string()))
+            .condition_expression("#l = :l")
+            .expression_attribute_names("#l", LAST_FAILURE_MS)
+            .expression_attribute_values(":l", AttributeValue::N(last.to_string()))
+            .send()
+            .await;
+        if let Err(e) = deleted {
+            tracing::debug!(item = key, error = %DisplayErrorContext(&e), "future-dated counter not deleted");
+        }
     }
 
     /// The item under `key`, strongly consistent (when the condition-failure response did not
@@ -188,7 +211,10 @@ impl PoisonTable for DynamoPoisonTable {
         };
         let stored = StoredCounter::parse(item).map_err(|w| self.malformed("read", w))?;
         let key = workflow_key(&self.namespace, workflow);
-        Ok(Some(stored.counter).filter(|c| !self.expired(&key, c, now_ms)))
+        if self.expired(&key, &stored.counter, now_ms).await {
+            return Ok(None);
+        }
+        Ok(Some(stored.counter))
     }
 
     async fn counters(
@@ -244,7 +270,7 @@ impl PoisonTable for DynamoPoisonTable {
                         continue;
                     };
                     let stored = StoredCounter::parse(item).map_err(|w| self.malformed(op, w))?;
-                    if !self.expired(pk, &stored.counter, now_ms) {
+                    if !self.expired(pk, &stored.counter, now_ms).await {
                         found.insert((*workflow).clone(), stored.counter);
                     }
                 }
@@ -302,7 +328,11 @@ impl PoisonTable for DynamoPoisonTable {
             }
             // Expired: restart the streak. Live (another instance restarted it meanwhile):
             // increment.
-            restart = self.expired(&key, &old.counter, now_ms);
+            // The write restarts a future-dated counter itself: no delete needed.
+            restart = self
+                .future_dated
+                .check(&self.table, &key, &old.counter, now_ms)
+                || self.policy.is_expired(&old.counter, now_ms);
         }
         Err(PoisonError {
             table: self.table.clone(),
