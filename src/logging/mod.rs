@@ -386,37 +386,31 @@ pub(crate) fn filter_problem() -> Option<String> {
     let rust_log = std::env::var("RUST_LOG").ok()?;
     silences_this_crate(&rust_log).then(|| {
         format!(
-            "RUST_LOG={rust_log:?} leaves every line of this worker out: a word that is no level \
-             (trace, debug, info, warn, error, off) is read as a target; using \
-             AWS_LAMBDA_LOG_LEVEL or info instead"
+            "RUST_LOG={rust_log:?} leaves every line of this worker out, its cold-start errors \
+             included (a word that is no level, such as infoo, is read as a target; a [span] \
+             filter enables nothing outside its span): using AWS_LAMBDA_LOG_LEVEL or info instead"
         )
     })
 }
 
-/// Whether the `RUST_LOG` directives `directives` (comma-separated `[target][[span]][=level]`)
-/// leave every line of this crate out: none is a bare level or names a target this crate's
-/// start with (tracing matches a target by its prefix). A blank value is no filter.
+/// Whether the `RUST_LOG` directives `directives` leave this crate's cold-start error out: an
+/// ERROR line of `ironflow_lambda::entry` outside any span, as the filter itself judges it (a
+/// mistyped level is a target directive; a span filter such as `[run]=debug` enables nothing
+/// outside its span). Directives that do not parse are not this check's: [`filter`] sets them
+/// aside anyway.
 fn silences_this_crate(directives: &str) -> bool {
-    const LEVELS: [&str; 6] = ["trace", "debug", "info", "warn", "error", "off"];
-    let mut any = false;
-    for directive in directives
-        .split(',')
-        .map(str::trim)
-        .filter(|d| !d.is_empty())
-    {
-        any = true;
-        let target = directive
-            .split(['=', '['])
-            .next()
-            .unwrap_or_default()
-            .trim();
-        let bare_level =
-            !directive.contains('=') && LEVELS.iter().any(|l| l.eq_ignore_ascii_case(target));
-        if target.is_empty() || bare_level || "ironflow_lambda".starts_with(target) {
-            return false;
-        }
+    // `off` says so: no line is what it asks for.
+    if directives.trim().eq_ignore_ascii_case("off") {
+        return false;
     }
-    any
+    let Ok(filter) = EnvFilter::try_new(directives) else {
+        return false;
+    };
+    let probe = tracing_subscriber::registry().with(filter);
+    !tracing::subscriber::with_default(
+        probe,
+        || tracing::enabled!(target: "ironflow_lambda::entry", Level::ERROR),
+    )
 }
 
 /// Install the line layer ([`JsonLines`]) writing to `writer` (stdout on Lambda), under `filter`,
@@ -492,19 +486,23 @@ mod tests {
             "warnn,aws_config=debug",
             "hyper=debug",
             "Info=warn",
+            "[run]=debug",
+            "ironflow_lambda[run]=debug",
+            " info ",
         ] {
             assert!(silences_this_crate(silencing), "{silencing}");
         }
         for kept in [
-            "",
             "info",
             "INFO",
-            "off",
+            "2",
             "warn,aws_config=debug",
             "hyper=debug,ironflow_lambda=info",
+            "ironflow_lambda::entry=info",
             "ironflow=debug",
-            "[run]=debug",
-            "=warn",
+            "info,[run]=debug",
+            "not a directive[",
+            "off",
         ] {
             assert!(!silences_this_crate(kept), "{kept}");
         }
