@@ -29,7 +29,7 @@ pub enum BuildError {
     /// ([`LambdaWorkerBuilder::register`](crate::LambdaWorkerBuilder::register)).
     #[error("invalid workflow name {name}: {reason}")]
     InvalidWorkflowName {
-        /// The name, quoted and escaped (cut after 80 characters).
+        /// The name, quoted and escaped (cut after 80 characters, with its length).
         name: String,
         /// What is wrong and what is expected.
         reason: &'static str,

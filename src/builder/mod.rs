@@ -351,7 +351,13 @@ fn check_workflow_name(name: &str) -> Result<(), BuildError> {
     } else {
         return Ok(());
     };
-    let shown: String = format!("{name:?}").chars().take(80).collect();
+    let quoted = format!("{name:?}");
+    let shown = if quoted.chars().count() <= 80 {
+        quoted
+    } else {
+        let start: String = quoted.chars().take(79).collect();
+        format!("{start}…\" ({} bytes)", name.len())
+    };
     Err(BuildError::InvalidWorkflowName {
         name: shown,
         reason,
@@ -443,11 +449,15 @@ mod tests {
             "{empty}"
         );
         let prefix = builder()
-            .worker_id_prefix(&"p".repeat(129))
+            .worker_id_prefix(&"p".repeat(100_000))
             .build()
             .err()
             .unwrap();
         assert!(prefix.to_string().contains("128 bytes"), "{prefix}");
+        assert!(
+            prefix.to_string().contains("100000 bytes in all") && prefix.to_string().len() < 600,
+            "named by its start and length, not echoed: {prefix}"
+        );
         let storm = builder()
             .lease_refresh_interval(Duration::from_nanos(1))
             .build()
@@ -478,6 +488,7 @@ mod tests {
                 "{name:?}: {err}"
             );
             assert!(err.to_string().contains("expected"), "{err}");
+            assert!(err.to_string().len() < 600, "{err}");
         }
         let w = builder()
             .register(Named("b".into()))

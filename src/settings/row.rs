@@ -211,8 +211,8 @@ impl<T: Value> Entry for Setting<T> {
     }
     fn found(&self, raw: &str) -> String {
         match self.shown {
-            Shown::Raw => raw.to_string(),
-            Shown::Masked(mask) => mask(raw),
+            Shown::Raw => cut(raw),
+            Shown::Masked(mask) => cut(&mask(raw)),
             Shown::Hidden(note) => note.to_string(),
         }
     }
@@ -222,4 +222,17 @@ impl<T: Value> Entry for Setting<T> {
             _ => format!("{:?}", self.found(&(self.access.get)(s).show(self.unit))),
         }
     }
+}
+
+/// The longest part of a refused value an error shows, in characters: a 100 kB value is named
+/// by its start and its length, not echoed whole.
+const SHOWN_MAX: usize = 120;
+
+/// `value` as an error shows it: whole, or its first [`SHOWN_MAX`] characters and its length.
+fn cut(value: &str) -> String {
+    if value.chars().count() <= SHOWN_MAX {
+        return value.to_string();
+    }
+    let start: String = value.chars().take(SHOWN_MAX).collect();
+    format!("{start}… ({} bytes in all)", value.len())
 }
