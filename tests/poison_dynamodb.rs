@@ -803,9 +803,33 @@ async fn a_hanging_or_slow_table_costs_an_invocation_one_call_budget() {
     }
 }
 
-/// A passing fault at cold start (throttled, a 5xx) does not stop the worker: it starts with the
-/// table unchecked, each call failing open while the fault lasts. A refusal (access denied)
-/// still fails the cold start, naming the table.
+/// The cold start's `connect_poison_table` against a DynamoDB at `endpoint` (a stand-in).
+async fn cold_start_through(endpoint: &str) -> Result<LambdaWorkerBuilder, BuildError> {
+    let aws = aws_config::defaults(aws_config::BehaviorVersion::latest())
+        .endpoint_url(endpoint)
+        .region(Region::new("us-east-1"))
+        .credentials_provider(Credentials::new("testing", "testing", None, None, "tests"))
+        .load()
+        .await;
+    let vars = |name: &str| match name {
+        "IRONFLOW_API_URL" => Some("http://127.0.0.1:1".to_string()),
+        "IRONFLOW_WORKER_TOKEN" => Some("t".to_string()),
+        "IRONFLOW_POISON_TABLE" => Some("poison".to_string()),
+        _ => None,
+    };
+    LambdaWorkerBuilder::from_lookup_and_secrets(vars, &aws)
+        .await
+        .unwrap()
+        .provider(Arc::new(ClaudeCodeProvider::new()))
+        .register(samples::QuickShell)
+        .connect_poison_table()
+        .await
+}
+
+/// A passing fault at cold start (throttled, a 5xx, no answer) does not stop the worker: it
+/// starts with the table unchecked, each call failing open while the fault lasts, and a table
+/// that does not answer holds the cold start about 2 s, not the SDK's 5 s. A refusal (access
+/// denied) still fails the cold start, naming the table.
 #[tokio::test]
 async fn a_passing_fault_of_describe_table_starts_the_worker_unchecked_and_a_refusal_does_not() {
     for (status, code, starts) in [
@@ -815,25 +839,7 @@ async fn a_passing_fault_of_describe_table_starts_the_worker_unchecked_and_a_ref
         (400, "AccessDeniedException", false),
     ] {
         let (endpoint, seen) = failing_dynamodb(status, code).await;
-        let aws = aws_config::defaults(aws_config::BehaviorVersion::latest())
-            .endpoint_url(&endpoint)
-            .region(Region::new("us-east-1"))
-            .credentials_provider(Credentials::new("testing", "testing", None, None, "tests"))
-            .load()
-            .await;
-        let vars = |name: &str| match name {
-            "IRONFLOW_API_URL" => Some("http://127.0.0.1:1".to_string()),
-            "IRONFLOW_WORKER_TOKEN" => Some("t".to_string()),
-            "IRONFLOW_POISON_TABLE" => Some("poison".to_string()),
-            _ => None,
-        };
-        let connected = LambdaWorkerBuilder::from_lookup_and_secrets(vars, &aws)
-            .await
-            .unwrap()
-            .provider(Arc::new(ClaudeCodeProvider::new()))
-            .register(samples::QuickShell)
-            .connect_poison_table()
-            .await;
+        let connected = cold_start_through(&endpoint).await;
         assert!(*seen.lock().unwrap() >= 1, "{code}: DescribeTable was sent");
         match connected {
             Ok(builder) => {
@@ -857,6 +863,14 @@ async fn a_passing_fault_of_describe_table_starts_the_worker_unchecked_and_a_ref
             }
         }
     }
+    let (hanging, seen) = slow_dynamodb(None).await;
+    let start = std::time::Instant::now();
+    let builder = cold_start_through(&hanging).await.unwrap();
+    let waited = start.elapsed();
+    assert!(*seen.lock().unwrap() >= 1, "DescribeTable was sent");
+    // The check's own bound is 2 s; the SDK's operation timeout (5 s) no longer applies.
+    assert!(waited < Duration::from_millis(4500), "{waited:?}");
+    assert_eq!(builder.build().unwrap().poison_mode(), PoisonMode::Fail);
 }
 
 #[tokio::test]

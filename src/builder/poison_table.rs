@@ -71,7 +71,7 @@ impl LambdaWorkerBuilder {
     ///
     /// [`BuildError::PoisonTable`] naming the table when it does not exist, has another key
     /// schema, or `DescribeTable` is refused (no credentials, access denied). A passing fault
-    /// (throttled, a 5xx, no answer within the table's timeouts) is logged as a warning and the
+    /// (throttled, a 5xx, no answer within 2 s) is logged as a warning and the
     /// table used unchecked: each of its calls then fails open while the fault lasts.
     pub async fn connect_poison_table(self) -> Result<Self, BuildError> {
         let Some(name) = self.unconnected_table() else {

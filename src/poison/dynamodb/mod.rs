@@ -131,6 +131,10 @@ pub fn sdk_timeouts() -> TimeoutConfig {
         .build()
 }
 
+/// The longest the cold start's `DescribeTable` waits, retries included: 2 s (an
+/// unanswered check then starts the worker with the table unchecked).
+const DESCRIBE_TIMEOUT: Duration = Duration::from_secs(2);
+
 /// The table cannot be used at cold start (`IRONFLOW_POISON_TABLE`).
 #[derive(Debug, thiserror::Error)]
 pub enum DynamoSetupError {
@@ -311,10 +315,21 @@ impl DynamoPoisonTable {
 
     /// `DescribeTable`: the table exists, keyed by `pk` (S) alone.
     pub(crate) async fn check_table(&self) -> Result<(), DynamoSetupError> {
+        // A cold start's check: a table that does not answer costs it at most this much
+        // (Lambda gives the whole init phase 10 s), then the worker starts unchecked.
+        let check_timeouts = TimeoutConfig::builder()
+            .connect_timeout(Duration::from_secs(1))
+            .operation_attempt_timeout(Duration::from_secs(1))
+            .operation_timeout(DESCRIBE_TIMEOUT)
+            .build();
         let out = match self
             .client
             .describe_table()
             .table_name(&self.table)
+            .customize()
+            .config_override(
+                aws_sdk_dynamodb::config::Builder::new().timeout_config(check_timeouts),
+            )
             .send()
             .await
         {
