@@ -65,7 +65,6 @@ pub struct LambdaWorker {
     pub(crate) stuck: Arc<StuckExecutions>,
     pub(crate) capabilities: WorkerCapabilities,
     pub(crate) poison_table: Arc<dyn PoisonTable>,
-    pub(crate) poison_mode: PoisonMode,
     /// The poison-pill counters this process's invocations have read or written.
     pub(crate) poison_seen: Arc<SeenCounters>,
     pub(crate) pool: PoolWarden,
@@ -166,8 +165,6 @@ impl LambdaWorker {
         let calls_store = Arc::new(GuardedStore::api(&s.api_url, credentials, calls_writes));
         let calls_engine = Engine::new(calls_store.clone(), provider);
 
-        let poison_mode = s.poison_mode;
-
         Ok(Self {
             engine: Arc::new(engine),
             engine_store,
@@ -177,7 +174,6 @@ impl LambdaWorker {
             stuck: Arc::default(),
             capabilities,
             poison_table: parts.poison_table,
-            poison_mode,
             poison_seen: Arc::default(),
             pool: PoolWarden::new(parts.idle_probe_after),
             pace: RunPace::new(s.claim_ahead_percent),
@@ -213,7 +209,7 @@ impl LambdaWorker {
 
     /// The poison-pill mode invocations apply (`IRONFLOW_POISON_MODE`).
     pub fn poison_mode(&self) -> PoisonMode {
-        self.poison_mode
+        self.settings.poison_mode
     }
 
     /// The settings this worker runs with.
@@ -243,7 +239,6 @@ impl LambdaWorker {
             wake: self.wake.as_ref(),
             push_turn: &self.push_turn,
             poison_table: &self.poison_table,
-            poison_mode: self.poison_mode,
             poison_seen: &self.poison_seen,
             fleet: self.fleet.as_ref(),
             api: &self.api,

@@ -207,7 +207,7 @@ impl<'w> Batch<'w> {
         let poison = PoisonGate::new(
             worker.poison_table.clone(),
             s.poison,
-            worker.poison_mode,
+            s.poison_mode,
             budget.last_write(),
             &worker_id,
         )

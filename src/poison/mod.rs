@@ -151,8 +151,8 @@ impl FutureDatedLog {
                 ahead_ms = counter.last_failure_ms.saturating_sub(now_ms),
                 allowance_ms = duration_ms(CLOCK_SKEW_ALLOWANCE),
                 "poison-pill counter dated in the future beyond the clock-skew allowance (a \
-                 skewed host clock or a bad write): counted as absent, the next failure \
-                 restarts it"
+                 skewed host clock or a bad write): counted as absent, deleted when read, and \
+                 restarted by the next failure"
             );
         }
         true

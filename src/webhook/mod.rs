@@ -49,9 +49,9 @@ use self::notice::{Notice, Verdict};
 use self::replay::{BodyDigest, Seen};
 use self::replay_table::ReplayTable;
 use crate::api::ApiClient;
+use crate::poison::PoisonTable;
 use crate::poison::gate::PoisonGate;
 use crate::poison::seen::SeenCounters;
-use crate::poison::{PoisonMode, PoisonTable};
 use crate::report::WakeTrigger;
 use crate::secrets::WebhookSecretSource;
 use crate::settings::{Settings, WebhookSecret};
@@ -201,8 +201,6 @@ pub(crate) struct WorkerView<'a> {
     pub push_turn: &'a tokio::sync::Mutex<()>,
     /// The poison-pill table (blocked workflows are left out of the backlog in defer mode).
     pub poison_table: &'a Arc<dyn PoisonTable>,
-    /// Whether a blocked workflow's runs are deferred or failed.
-    pub poison_mode: PoisonMode,
     /// The counters read from the table, shared with the invocations.
     pub poison_seen: &'a Arc<SeenCounters>,
     /// The fleet's wake-up mark across environments, if configured.
@@ -311,7 +309,7 @@ async fn wake_fleet(
     let mut gate = PoisonGate::new(
         worker.poison_table.clone(),
         worker.settings.poison,
-        worker.poison_mode,
+        worker.settings.poison_mode,
         reads_until,
         invocation.request_id,
     )
